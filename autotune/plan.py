@@ -1,0 +1,300 @@
+"""ParallelPlan: one frozen type that owns every degree and divisibility invariant.
+
+Rank grid (outermost -> innermost): ``pp, dp, cp, tp``. Consecutive global ranks differ first in TP, so a
+TP group of size <= gpus_per_node stays inside one node (NVLink); CP groups come next, then DP, and PP
+stages are spread furthest apart (they only exchange point-to-point activations). This is Megatron's
+default order (``tp-cp-ep-dp-pp``) and torchtitan's ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``.
+With HSDP the DP axis splits into ``dp_replicate`` (outer) x ``dp_shard`` (inner).
+
+``check_plan`` returns the reasons a plan is illegal for a model and cluster (a value, for the search);
+``ParallelPlan(...)`` raises ``ConfigError`` only for rules that need nothing but the plan itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = [
+    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "ParallelPlan",
+    "MESH_ORDER", "plan_errors", "check_plan",
+]
+
+
+class _StrEnum(str, Enum):
+    def __str__(self) -> str:
+        return self.value
+
+
+class MeshAxis(_StrEnum):
+    PP = "pp"
+    DP = "dp"
+    CP = "cp"
+    TP = "tp"
+
+
+MESH_ORDER: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.CP, MeshAxis.TP)
+"""Outermost to innermost; see the module docstring."""
+
+
+class Sharding(_StrEnum):
+    NONE = "none"                    # DDP / ZeRO-0 / FSDP NO_SHARD: everything replicated over DP
+    ZERO1 = "zero1"                  # optimizer states sharded (Megatron distributed optimizer)
+    ZERO2 = "zero2"                  # + gradients
+    ZERO3 = "zero3"                  # + parameters
+    FSDP_FULL = "fsdp-full"          # FSDP FULL_SHARD: like ZeRO-3, reshard after forward
+    FSDP_GRAD_OP = "fsdp-grad-op"    # FSDP SHARD_GRAD_OP: params kept gathered between forward and backward
+    HSDP = "hsdp"                    # FULL_SHARD inside groups of hsdp_shard_size, replicated across groups
+
+
+class Recompute(_StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"          # Korthikanti et al. 2022 Sec. 4.2: recompute the attention core only
+    FULL = "full"                    # recompute each transformer block in backward
+
+
+class Schedule(_StrEnum):
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"      # Narayanan et al. 2021 Sec. 2.2.2, needs virtual_stages >= 2
+
+
+class Precision(_StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+class Framework(_StrEnum):
+    FSDP = "fsdp"                    # torchrun + FSDP2 / DTensor TP / torch.distributed.pipelining
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+
+
+_FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
+    Framework.FSDP: frozenset({Sharding.NONE, Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP}),
+    Framework.DEEPSPEED: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3}),
+    Framework.MEGATRON: frozenset({Sharding.NONE, Sharding.ZERO1}),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelPlan:
+    """How one training step is laid out over ``tp * pp * dp * cp`` GPUs."""
+
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row split of every block)."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages)."""
+    dp: int = 1
+    """Data-parallel degree (replicas, or the sharding group for ZeRO/FSDP)."""
+    cp: int = 1
+    """Context-parallel degree (ring attention over the sequence)."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per DP rank."""
+    global_batch: int
+    """Sequences per optimizer step over all replicas: the user's, never changed by the tuner."""
+    seq_len: int
+    """Tokens per sequence."""
+    sharding: Sharding = Sharding.NONE
+    hsdp_shard_size: int | None = None
+    """With ``sharding=hsdp``: ranks per shard group (divides dp); replicas = dp / hsdp_shard_size."""
+    recompute: Recompute = Recompute.NONE
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms/dropout split over the TP group (needs tp > 1)."""
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved schedule)."""
+    offload: bool = False
+    """Optimizer states (and the fp32 master copy) live in host memory; the step runs on the CPU."""
+    precision: Precision = Precision.BF16
+    framework: Framework = Framework.FSDP
+
+    def __post_init__(self) -> None:
+        for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                object.__setattr__(self, name, _coerce(name, value, "plan"))
+        errors = plan_errors(self)
+        if errors:
+            raise ConfigError(errors[0])
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step per pipeline = gradient accumulation steps."""
+        return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def grad_accum(self) -> int:
+        return self.num_microbatches
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks over which sharded states are split: dp, or the HSDP shard-group size."""
+        return self.hsdp_shard_size if self.sharding is Sharding.HSDP and self.hsdp_shard_size else self.dp
+
+    @property
+    def zero_stage(self) -> int:
+        """0-3 in ZeRO terms: what is sharded (optimizer=1, +grads=2, +params=3)."""
+        return {Sharding.NONE: 0, Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3,
+                Sharding.FSDP_FULL: 3, Sharding.FSDP_GRAD_OP: 2, Sharding.HSDP: 3}[self.sharding]
+
+    @property
+    def params_sharded(self) -> bool:
+        return self.zero_stage == 3
+
+    def replace(self, **changes: Any) -> ParallelPlan:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Enum) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, where: str = "plan") -> ParallelPlan:
+        """Parse a plan (e.g. ``plan.json``); unknown keys and bad values are ``ConfigError``."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected a mapping of plan fields")
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(f"{where}: unknown plan field '{unknown[0]}'; allowed: {', '.join(names)}")
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            kwargs[key] = _coerce(key, value, where)
+        for required in ("global_batch", "seq_len"):
+            if required not in kwargs:
+                raise ConfigError(f"{where}: missing plan field '{required}'")
+        return cls(**kwargs)
+
+
+_ENUM_FIELDS: dict[str, type[Enum]] = {
+    "sharding": Sharding, "recompute": Recompute, "schedule": Schedule, "precision": Precision,
+    "framework": Framework,
+}
+_BOOL_FIELDS = {"sequence_parallel", "offload"}
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    if key in _ENUM_FIELDS:
+        enum = _ENUM_FIELDS[key]
+        try:
+            return enum(value)
+        except ValueError:
+            allowed = ", ".join(e.value for e in enum)  # type: ignore[attr-defined]
+            raise ConfigError(f"{where}: {key} must be one of {allowed}, got {value!r}") from None
+    if key in _BOOL_FIELDS:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        return value
+    if key == "hsdp_shard_size" and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def plan_errors(plan: ParallelPlan) -> list[str]:
+    """Rules that need only the plan. Each message names the flag and what would satisfy it."""
+    for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len", "virtual_stages"):
+        value = getattr(plan, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return [f"{name.replace('_', '-')} must be a positive integer, got {value!r}"]
+    errors: list[str] = []
+    per_step = plan.dp * plan.micro_batch
+    if plan.global_batch % per_step:
+        errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
+                      f"{plan.dp} x {plan.micro_batch} = {per_step}")
+    errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan)
+    if plan.sequence_parallel and plan.tp == 1:
+        errors.append("sequence parallel needs TP > 1 (it splits norms/dropout over the TP group)")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        errors.append(f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
+                      "(load-balanced ring attention splits each sequence into 2*CP chunks)")
+    return errors
+
+
+def _sharding_errors(plan: ParallelPlan) -> list[str]:
+    errors: list[str] = []
+    if plan.sharding is Sharding.HSDP:
+        s = plan.hsdp_shard_size
+        if s is None or s <= 1 or s >= plan.dp or plan.dp % s:
+            errors.append(f"hsdp needs a shard-group size that divides DP={plan.dp} strictly between 1 and DP, "
+                          f"got {s}")
+    elif plan.hsdp_shard_size is not None:
+        errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
+    if plan.sharding is not Sharding.NONE and plan.dp == 1:
+        errors.append(f"sharding {plan.sharding} needs DP > 1 (with DP=1 there is nothing to shard over)")
+    if plan.offload and plan.sharding is Sharding.NONE:
+        errors.append("optimizer offload needs a sharded optimizer (zero1-3 or an FSDP mode)")
+    return errors
+
+
+def _pipeline_errors(plan: ParallelPlan) -> list[str]:
+    errors: list[str] = []
+    if plan.schedule is Schedule.INTERLEAVED:
+        if plan.pp == 1 or plan.virtual_stages < 2:
+            errors.append("the interleaved schedule needs PP > 1 and virtual stages >= 2")
+    elif plan.virtual_stages != 1:
+        errors.append(f"virtual stages {plan.virtual_stages} need --schedule interleaved")
+    if plan.pp > 1 and plan.global_batch % (plan.dp * plan.micro_batch) == 0:
+        m = plan.num_microbatches
+        if plan.schedule is not Schedule.GPIPE and m < plan.pp:
+            errors.append(f"{plan.schedule} needs micro-batches per step >= PP: {m} < {plan.pp} "
+                          "(raise the global batch or lower the micro-batch)")
+        if plan.schedule is Schedule.INTERLEAVED and m % plan.pp:
+            errors.append(f"interleaved needs micro-batches per step ({m}) divisible by PP ({plan.pp})")
+    return errors
+
+
+def _framework_errors(plan: ParallelPlan) -> list[str]:
+    fw = plan.framework
+    errors: list[str] = []
+    if plan.sharding not in _FRAMEWORK_SHARDING[fw]:
+        allowed = ", ".join(sorted(s.value for s in _FRAMEWORK_SHARDING[fw]))
+        errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
+    if fw is Framework.DEEPSPEED:
+        if plan.pp > 1 and plan.zero_stage > 1:
+            errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")
+        if plan.pp > 1 and plan.tp > 1:
+            errors.append("DeepSpeed pipeline + AutoTP fails in the pipeline engine; use TP=1 or PP=1")
+        if plan.pp > 1 and plan.schedule is not Schedule.ONE_F_ONE_B:
+            errors.append("DeepSpeed's pipeline engine runs its own 1F1B schedule only")
+        if plan.cp > 1:
+            errors.append("DeepSpeed has no context parallelism here; use CP=1 or --framework fsdp/megatron")
+        if plan.precision is Precision.FP8:
+            errors.append("DeepSpeed's engine has no fp8 training path; use bf16/fp16")
+    return errors
+
+
+def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
+    """Rules that need the model and the cluster; [] when the plan is legal."""
+    errors: list[str] = []
+    if plan.world_size != cluster.num_gpus:
+        errors.append(f"TP x PP x DP x CP = {plan.tp} x {plan.pp} x {plan.dp} x {plan.cp} = {plan.world_size} "
+                      f"does not equal the {cluster.num_gpus} GPUs")
+    if model.num_heads % plan.tp:
+        errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
+    if model.num_kv_heads % plan.tp:
+        errors.append(f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}")
+    if model.ffn_hidden_size % plan.tp:
+        errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
+    chunks = plan.pp * plan.virtual_stages
+    if model.num_layers % chunks:
+        errors.append(f"PP x virtual stages = {chunks} does not divide layers {model.num_layers}")
+    if not cluster.gpu.supports(str(plan.precision)):
+        errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
+    return errors

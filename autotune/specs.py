@@ -1,0 +1,152 @@
+"""The nouns the cost model reads: a model's shape and a cluster's hardware.
+
+Both are frozen data. They are built from data files by ``autotune.catalog`` (presets, Hugging Face
+``config.json``, cluster YAML); nothing here reads a file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+__all__ = ["ModelSpec", "GPUSpec", "LinkSpec", "ClusterSpec"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A dense decoder-only transformer (Llama or GPT family)."""
+
+    name: str
+    """Preset name or the path it was read from."""
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads: equal to ``num_heads`` for MHA, fewer for GQA, 1 for MQA."""
+    ffn_hidden_size: int
+    vocab_size: int
+    max_seq_len: int
+    tie_embeddings: bool = False
+    gated_mlp: bool = True
+    """SwiGLU/GeGLU MLP with three matrices (Llama); False for a plain two-matrix GELU MLP (GPT)."""
+    learned_positions: bool = False
+    """GPT-style learned position embeddings (``max_seq_len x hidden`` extra parameters)."""
+    bias: bool = False
+    """Linear layers carry biases (GPT-2/3); Llama has none."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_hidden_size(self) -> int:
+        """Width of K (and of V): ``num_kv_heads * head_dim``."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_mlp_matrices(self) -> int:
+        return 3 if self.gated_mlp else 2
+
+    @cached_property
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer block (Narayanan et al. 2021 Sec. 5.1: 12h^2 + 13h for GPT;
+        here generalised to GQA and gated MLPs): Q and O are h x h, K and V are h x kv, the MLP has
+        ``num_mlp_matrices`` h x ffn matrices, and two norms of h (RMSNorm weight / LayerNorm weight+bias)."""
+        h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
+        attn = 2 * h * h + 2 * h * kv
+        mlp = self.num_mlp_matrices * h * f
+        norms = 2 * h * (2 if self.bias else 1)
+        biases = (h + 2 * kv + h + (self.num_mlp_matrices - 1) * f + h) if self.bias else 0
+        return attn + mlp + norms + biases
+
+    @cached_property
+    def embedding_params(self) -> int:
+        """Input embedding (+ learned positions) and the output projection if untied."""
+        emb = self.vocab_size * self.hidden_size
+        pos = self.max_seq_len * self.hidden_size if self.learned_positions else 0
+        out = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return emb + pos + out
+
+    @cached_property
+    def num_params(self) -> int:
+        """Total parameters, final norm included."""
+        final_norm = self.hidden_size * (2 if self.bias else 1)
+        return self.num_layers * self.params_per_layer + self.embedding_params + final_norm
+
+    @cached_property
+    def num_non_embedding_params(self) -> int:
+        return self.num_params - self.embedding_params
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """One accelerator type from ``data/hardware.yaml`` (or a probe profile)."""
+
+    key: str
+    """Catalog key, e.g. ``h100-sxm``."""
+    name: str
+    bf16_flops: float | None
+    """Dense peak FLOP/s in bf16 (None: unsupported). Likewise the next three."""
+    fp16_flops: float | None
+    fp8_flops: float | None
+    fp32_flops: float | None
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    gemm_efficiency: float
+    """Fraction of the dense peak that large GEMMs reach (calibratable)."""
+    intra_node_link: str
+    default_gpus_per_node: int
+    default_inter_node_link: str
+    default_nics_per_node: int
+    sources: tuple[str, ...] = ()
+
+    def peak_flops(self, precision: str) -> float | None:
+        """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""
+        return {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops,
+                "fp32": self.fp32_flops}[precision]
+
+    def supports(self, precision: str) -> bool:
+        return self.peak_flops(precision) is not None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkSpec:
+    """A point-to-point link: bandwidth per direction and a per-message latency (alpha-beta model)."""
+
+    key: str
+    bw_bytes_per_s: float
+    latency_s: float
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterSpec:
+    """``num_nodes x gpus_per_node`` GPUs of one type.
+
+    Inside a node every GPU reaches every other over ``intra_link`` (NVSwitch or PCIe switch, so a ring
+    inside a node runs at the per-GPU link bandwidth). Between nodes each node has ``nics_per_node`` NICs
+    of ``inter_link``; a GPU's share is ``nics_per_node * bw / gpus_per_node``.
+    """
+
+    name: str
+    gpu: GPUSpec
+    num_nodes: int
+    gpus_per_node: int
+    intra_link: LinkSpec
+    inter_link: LinkSpec
+    nics_per_node: int
+    host_memory_bytes_per_node: int = 1024 * GIB
+    """Host RAM per node (for optimizer offload); DGX A100/H100 nodes have 1-2 TiB."""
+    collective_efficiency: float = 0.85
+    """Fraction of link bandwidth a large NCCL collective reaches (nccl-tests busbw / link peak;
+    ~0.8-0.9 on NVSwitch and IB). Calibratable."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def inter_node_bw_per_gpu_bytes_per_s(self) -> float:
+        return self.nics_per_node * self.inter_link.bw_bytes_per_s / self.gpus_per_node
