@@ -1,0 +1,5 @@
+"""How a trial is run: the search calls a Backend and gets a TrialResult back."""
+
+from autotune.backends.base import Backend, TrialRequest
+
+__all__ = ["Backend", "TrialRequest"]

@@ -1,0 +1,1 @@
+"""Real trials: a workload, how a plan is applied to it, and the subprocess that measures it."""
