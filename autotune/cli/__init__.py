@@ -1,0 +1,76 @@
+"""``autotune`` command line: one class per subcommand, each with ``add_arguments`` and ``run -> int``.
+
+Exit codes: 0 success (an infeasible plan is still a successful *query*), 2 bad input (one line on stderr),
+3 regression found (``retune``), 1 unexpected internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from autotune import __version__
+from autotune.errors import AutotuneError
+
+__all__ = ["main", "COMMANDS"]
+
+COMMANDS: dict[str, str] = {
+    "estimate": "autotune.cli.estimate:EstimateCommand",
+    "search": "autotune.cli.search:SearchCommand",
+    "emit": "autotune.cli.emit:EmitCommand",
+}
+"""Subcommand name -> ``module:Class``; imported lazily so ``estimate`` never imports optuna."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other user error
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _load(target: str) -> type:
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
+
+
+def build_parser(commands: dict[str, type] | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="autotune", description="Find the fastest way to train a model on a GPU cluster.")
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, cls in (commands or _available()).items():
+        p = sub.add_parser(name, help=cls.help, description=cls.help)
+        cls.add_arguments(p)
+        p.set_defaults(_command=cls)
+    return parser
+
+
+def _available() -> dict[str, type]:
+    found: dict[str, type] = {}
+    for name, target in COMMANDS.items():
+        try:
+            found[name] = _load(target)
+        except ModuleNotFoundError as e:
+            if not e.name or not e.name.startswith("autotune"):
+                raise
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._command().run(args))
+    except AutotuneError as e:
+        print(f"autotune {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autotune {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Human-readable text for estimates: one place, so estimate/search/explain print alike."""
+
+from __future__ import annotations
+
+from autotune.costmodel import Estimate
+from autotune.plan import ParallelPlan
+
+__all__ = ["plan_summary", "format_estimate", "gib"]
+
+_GIB = 1024**3
+
+_MEMORY_ROWS = (
+    ("weights_bytes", "weights"), ("gradients_bytes", "gradients"), ("optimizer_bytes", "optimizer states"),
+    ("activations_bytes", "activations"), ("logits_bytes", "logits/loss"), ("prefetch_bytes", "gather buffers"),
+    ("comm_buffer_bytes", "comm buckets"), ("reserve_bytes", "runtime reserve"),
+)
+_TIME_ROWS = (
+    ("compute_s", "compute"), ("recompute_s", "recompute"), ("tp_comm_s", "TP comm"), ("cp_comm_s", "CP comm"),
+    ("pp_p2p_s", "PP send/recv"), ("pp_bubble_s", "PP bubble"), ("dp_comm_s", "DP comm (exposed)"),
+    ("optimizer_s", "optimizer step"), ("offload_s", "offload traffic"),
+)
+
+
+def gib(num_bytes: float) -> str:
+    return f"{num_bytes / _GIB:.1f} GiB"
+
+
+def plan_summary(plan: ParallelPlan) -> str:
+    """One line: the degrees and the knobs that are not at their defaults."""
+    parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp}"] + ([f"CP{plan.cp}"] if plan.cp > 1 else [])
+    parts.append(f"mbs{plan.micro_batch}x{plan.num_microbatches}")
+    shard = str(plan.sharding) + (f"/{plan.hsdp_shard_size}" if plan.hsdp_shard_size else "")
+    parts += [shard, f"ac:{plan.recompute}"]
+    if plan.sequence_parallel:
+        parts.append("SP")
+    if plan.pp > 1:
+        parts.append(str(plan.schedule) + (f"/v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""))
+    if plan.offload:
+        parts.append("offload")
+    parts += [str(plan.precision), str(plan.framework)]
+    return " ".join(parts)
+
+
+def format_estimate(est: Estimate) -> str:
+    plan = est.plan
+    lines = [f"plan      {plan_summary(plan)}",
+             f"batch     {plan.global_batch} sequences x {plan.seq_len} tokens = {plan.tokens_per_step:,} tokens/step"]
+    verdict = "feasible" if est.feasible else "INFEASIBLE"
+    lines.append(f"verdict   {verdict}; binds: {est.bottleneck}")
+    lines += [f"  - {r}" for r in est.reasons]
+    lines.append("")
+    lines.append(f"memory per GPU (worst rank)        {gib(est.memory_bytes_per_gpu)} of {gib(est.memory_capacity_bytes)}"
+                 f" ({est.memory_bytes_per_gpu / est.memory_capacity_bytes:.0%})")
+    mem = est.memory.as_dict()
+    for key, label in _MEMORY_ROWS:
+        lines.append(f"  {label:<32} {mem[key] / _GIB:>9.2f} GiB")
+    if est.memory.host_bytes_per_node:
+        lines.append(f"  {'host memory per node (offload)':<32} {est.memory.host_bytes_per_node / _GIB:>9.1f} GiB")
+    lines.append("")
+    step = est.step_time_s
+    lines.append(f"step time                          {step * 1e3:,.1f} ms")
+    t = est.time.as_dict()
+    for key, label in _TIME_ROWS:
+        if t[key]:
+            lines.append(f"  {label:<32} {t[key] * 1e3:>9.1f} ms  {t[key] / step:>5.1%}")
+    lines.append("")
+    lines.append(f"throughput  {est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
+                 f"{est.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {est.mfu:.1%}")
+    return "\n".join(lines)
