@@ -1,0 +1,59 @@
+"""ParallelPlan owns its invariants; check_plan reports model/cluster rules as reasons."""
+
+import pytest
+
+from autotune.catalog import load_model, make_cluster
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan, Sharding, check_plan
+
+
+def _plan(**kw):
+    base = {"global_batch": 64, "seq_len": 4096}
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_round_trip_and_derived_values():
+    plan = _plan(tp=8, dp=2, micro_batch=2, sharding="fsdp-full")
+    assert plan.sharding is Sharding.FSDP_FULL
+    assert (plan.world_size, plan.num_microbatches, plan.zero_stage) == (16, 16, 3)
+    assert ParallelPlan.from_dict(plan.to_dict()) == plan
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dp": 3}, "global batch 64 is not divisible by DP x micro-batch = 3 x 1"),
+    ({"sequence_parallel": True}, "sequence parallel needs TP > 1"),
+    ({"pp": 4, "dp": 1, "micro_batch": 32}, "1f1b needs micro-batches per step >= PP: 2 < 4"),
+    ({"pp": 2, "virtual_stages": 2}, "need --schedule interleaved"),
+    ({"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 3}, "hsdp needs a shard-group size"),
+    ({"dp": 2, "sharding": "zero3", "framework": "fsdp"}, "framework fsdp does not offer sharding zero3"),
+    ({"dp": 2, "pp": 2, "sharding": "zero2", "framework": "deepspeed"}, "rejects ZeRO-2/3"),
+    ({"tp": 2, "pp": 2, "framework": "deepspeed"}, "AutoTP"),
+    ({"offload": True}, "offload needs a sharded optimizer"),
+    ({"cp": 3, "seq_len": 4096}, "2 x CP"),
+    ({"sharding": "zero9"}, "sharding must be one of"),
+])
+def test_plan_rules_raise_one_line(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        _plan(**kwargs)
+
+
+def test_check_plan_reports_model_and_cluster_rules():
+    model = load_model("70b")  # 64 heads, 8 KV heads, 80 layers
+    cluster = make_cluster(num_gpus=16)
+    assert check_plan(_plan(tp=8, dp=2), model, cluster) == []
+    reasons = check_plan(_plan(tp=16, dp=1), model, cluster)
+    assert "TP 16 does not divide KV heads 8" in reasons
+    assert any("does not divide layers 80" in r for r in check_plan(_plan(tp=8, pp=3, dp=1, seq_len=4095), model,
+                                                                       make_cluster(num_gpus=24)))
+    assert any("equal the 16 GPUs" in r for r in check_plan(_plan(tp=8), model, cluster))
+    assert any("no fp8" in r for r in check_plan(_plan(tp=8, dp=2, precision="fp8"), model,
+                                                 make_cluster(num_gpus=16, gpu="a100-80gb")))
+
+
+def test_from_dict_rejects_unknown_and_wrong_types():
+    with pytest.raises(ConfigError, match="unknown plan field 'tensor_parallel'"):
+        ParallelPlan.from_dict({"tensor_parallel": 2, "global_batch": 8, "seq_len": 128})
+    with pytest.raises(ConfigError, match="tp must be a positive integer"):
+        ParallelPlan.from_dict({"tp": "2", "global_batch": 8, "seq_len": 128})
+    with pytest.raises(ConfigError, match="missing plan field 'seq_len'"):
+        ParallelPlan.from_dict({"global_batch": 8})
