@@ -1,0 +1,129 @@
+"""``plan.json``: a self-describing plan document (plan + model + cluster + estimate).
+
+``autotune emit --plan runs/x/best/plan.json --out d`` needs nothing else: the model is stored as the
+Hugging Face ``config.json`` keys that ``catalog.model_from_dict`` reads, and the cluster as the keys of a
+cluster YAML, so both round-trip through the same parsers a user's files go through. A bare mapping of
+``ParallelPlan`` fields (what ``ParallelPlan.to_dict`` writes) is accepted too; then the model and the
+cluster must come from flags.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune import __version__
+from autotune.catalog import make_cluster, model_from_dict
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["PLAN_FORMAT", "PlanDocument", "plan_document", "read_plan_document", "model_to_config"]
+
+PLAN_FORMAT = "autotune-plan/1"
+_GIB = 1024**3
+_DOC_KEYS = {"format", "autotune_version", "plan", "model", "cluster", "estimate"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanDocument:
+    """What a plan file holds; model and cluster are None for a bare plan mapping."""
+
+    plan: ParallelPlan
+    model: ModelSpec | None = None
+    cluster: ClusterSpec | None = None
+    estimate: dict[str, Any] | None = None
+    """The cost model's verdict when the file was written (``Estimate.to_dict()``), for reference."""
+
+
+def model_to_config(model: ModelSpec) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` keys that rebuild ``model`` with ``catalog.model_from_dict``."""
+    gpt_like = model.learned_positions or model.bias
+    return {
+        "model_type": "gpt2" if gpt_like else "llama",
+        "hidden_size": model.hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.num_kv_heads,
+        "intermediate_size": model.ffn_hidden_size,
+        "vocab_size": model.vocab_size,
+        "max_position_embeddings": model.max_seq_len,
+        "tie_word_embeddings": model.tie_embeddings,
+        "hidden_act": "silu" if model.gated_mlp else "gelu",
+    }
+
+
+def _cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
+    return {
+        "name": cluster.name,
+        "gpu": cluster.gpu.key,
+        "num_nodes": cluster.num_nodes,
+        "gpus_per_node": cluster.gpus_per_node,
+        "intra_node_link": cluster.intra_link.key,
+        "inter_node_link": cluster.inter_link.key,
+        "nics_per_node": cluster.nics_per_node,
+        "host_memory_gib": cluster.host_memory_bytes_per_node / _GIB,
+    }
+
+
+def plan_document(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
+                  estimate: dict[str, Any] | None) -> dict[str, Any]:
+    """The JSON object ``emit_all`` writes as ``plan.json``."""
+    return {
+        "format": PLAN_FORMAT,
+        "autotune_version": __version__,
+        "plan": plan.to_dict(),
+        "model": {"name": model.name, "config": model_to_config(model)},
+        "cluster": _cluster_to_dict(cluster),
+        "estimate": estimate,
+    }
+
+
+def _model_from(data: Any, where: str) -> ModelSpec:
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+        raise ConfigError(f"{where}: 'model' must be a mapping with 'name' and 'config'")
+    return model_from_dict(data["config"], name=str(data.get("name", where)))
+
+
+def _cluster_from(data: Any, where: str) -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: 'cluster' must be a mapping")
+    try:
+        nodes, per_node = int(data["num_nodes"]), int(data["gpus_per_node"])
+        return make_cluster(num_gpus=nodes * per_node, gpu=str(data["gpu"]), gpus_per_node=per_node,
+                            intra_node=data.get("intra_node_link"), inter_node=data.get("inter_node_link"),
+                            nics_per_node=data.get("nics_per_node"),
+                            host_memory_gib=data.get("host_memory_gib"))
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{where}: 'cluster' needs gpu, num_nodes and gpus_per_node ({e})") from None
+
+
+def read_plan_document(path: str | Path) -> PlanDocument:
+    """Read ``plan.json`` as written by ``emit_all`` (or a bare plan mapping)."""
+    where = str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read ({e.strerror}); pass an existing plan.json") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a JSON object")
+    if "plan" not in data:  # a bare ParallelPlan mapping
+        return PlanDocument(plan=ParallelPlan.from_dict(data, where=where))
+    unknown = sorted(set(data) - _DOC_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key '{unknown[0]}'; allowed: {', '.join(sorted(_DOC_KEYS))}")
+    if data.get("format", PLAN_FORMAT) != PLAN_FORMAT:
+        raise ConfigError(f"{where}: format {data['format']!r} is not {PLAN_FORMAT!r}; re-run autotune emit")
+    estimate = data.get("estimate")
+    return PlanDocument(
+        plan=ParallelPlan.from_dict(data["plan"], where=f"{where}: plan"),
+        model=_model_from(data["model"], where) if data.get("model") is not None else None,
+        cluster=_cluster_from(data["cluster"], where) if data.get("cluster") is not None else None,
+        estimate=estimate if isinstance(estimate, dict) else None,
+    )

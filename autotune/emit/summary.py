@@ -1,0 +1,108 @@
+"""``summary.md``: what the plan is, what the cost model said, which files were written and how to launch
+them, and which artefacts were left out because their framework cannot express the plan (and why)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.emit.fsdp import transformer_layer_cls
+from autotune.plan import Framework, ParallelPlan, Recompute
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["render_summary"]
+
+_GIB = 1024**3
+_PRIMARY = {
+    Framework.FSDP: "launch_torchrun.sh (autotune's FSDP2 trainer), torchtitan.toml or accelerate_fsdp.yaml",
+    Framework.DEEPSPEED: "ds_config.json with launch_deepspeed.sh",
+    Framework.MEGATRON: "megatron_args.txt",
+}
+
+
+def _plan_table(plan: ParallelPlan) -> list[str]:
+    sharding = str(plan.sharding)
+    if plan.hsdp_shard_size is not None:
+        sharding += f" (shard groups of {plan.hsdp_shard_size})"
+    schedule = f"{plan.schedule} x {plan.virtual_stages} virtual stage(s)" if plan.pp > 1 else "-"
+    rows = [("tensor parallel (TP)", plan.tp), ("pipeline parallel (PP)", plan.pp),
+            ("data parallel (DP)", plan.dp), ("context parallel (CP)", plan.cp), ("sharding", sharding),
+            ("micro-batch per GPU", plan.micro_batch), ("gradient accumulation", plan.grad_accum),
+            ("global batch (sequences)", plan.global_batch), ("sequence length", plan.seq_len),
+            ("recompute", plan.recompute), ("sequence parallel", plan.sequence_parallel),
+            ("pipeline schedule", schedule), ("optimizer offload", plan.offload),
+            ("precision", plan.precision), ("framework", plan.framework)]
+    return ["| knob | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _estimate_lines(est: dict[str, Any] | None) -> list[str]:
+    if est is None:
+        return ["No estimate: the cost model was not run for this plan."]
+    lines = [f"- feasible: {'yes' if est.get('feasible') else 'no'}"]
+    lines += [f"  - {reason}" for reason in est.get("reasons", [])]
+    if "memory_bytes_per_gpu" in est:
+        cap = est.get("memory_capacity_bytes")
+        of = f" of {cap / _GIB:.1f} GiB" if cap else ""
+        lines.append(f"- memory per GPU: {est['memory_bytes_per_gpu'] / _GIB:.1f} GiB{of}")
+    if "step_time_s" in est:
+        lines.append(f"- step time: {est['step_time_s']:.3f} s, {est.get('tokens_per_s', 0):,.0f} tokens/s, "
+                     f"MFU {100 * est.get('mfu', 0):.1f}%, bound by {est.get('bottleneck', '?')}")
+    return lines
+
+
+def _deepspeed_notes(plan: ParallelPlan) -> list[str]:
+    notes: list[str] = []
+    if plan.recompute is not Recompute.NONE:
+        what = "the attention core" if plan.recompute is Recompute.SELECTIVE else "each block"
+        notes.append("- DeepSpeed: activation_checkpointing configures deepspeed.checkpointing; the model "
+                     f"code decides what to recompute ({plan.recompute}: {what}).")
+    if plan.offload:
+        notes.append("- DeepSpeed offload: create the optimizer as deepspeed.ops.adam.DeepSpeedCPUAdam "
+                     "(DeepSpeed insists by default; the step-time estimate assumes its speed).")
+    if plan.pp > 1:
+        notes.append(f"- DeepSpeed pipeline: build the model as deepspeed.pipe.PipelineModule(num_stages="
+                     f"{plan.pp}, partition_method='uniform') and train with engine.train_batch().")
+    return notes
+
+
+def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]:
+    notes = [f"- Each data-parallel rank takes {plan.micro_batch} sequence(s) of {plan.seq_len} tokens per "
+             f"micro-step, {plan.grad_accum} micro-step(s) per optimizer step ({plan.global_batch} in all)."]
+    if "ds_config.json" in written:
+        notes += _deepspeed_notes(plan)
+    if "accelerate_fsdp.yaml" in written:
+        notes.append(f"- accelerate: wraps each {transformer_layer_cls(model)}; pass Accelerator("
+                     f"gradient_accumulation_steps={plan.grad_accum}) and a per-device batch of "
+                     f"{plan.micro_batch}. Launch on each node: accelerate launch --config_file "
+                     "accelerate_fsdp.yaml --machine_rank R --main_process_ip HOST --main_process_port PORT "
+                     "train.py")
+    if "torchtitan.toml" in written and plan.tp > 1 and not plan.sequence_parallel:
+        notes.append("- torchtitan always uses sequence parallelism with TP: activations shrink, the "
+                     "communication volume stays the same.")
+    if "megatron_args.txt" in written:
+        notes.append("- Megatron-LM: torchrun ... pretrain_gpt.py $(cat megatron_args.txt) plus your data, "
+                     f"tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags.")
+    return notes
+
+
+def _skipped_lines(skipped: list[tuple[str, list[str]]]) -> list[str]:
+    grouped: dict[tuple[str, ...], list[str]] = {}
+    for name, reasons in skipped:  # ds_config.json and launch_deepspeed.sh share their reasons
+        grouped.setdefault(tuple(reasons), []).append(f"`{name}`")
+    return ["", "## Not emitted", "", "These frameworks cannot run this plan as it was priced:", "",
+            *(f"- {', '.join(names)}: {'; '.join(reasons)}." for reasons, names in grouped.items())]
+
+
+def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
+                   estimate: dict[str, Any] | None, written: list[tuple[str, str]],
+                   skipped: list[tuple[str, list[str]]]) -> str:
+    """``written``: (file, what it is); ``skipped``: (file, why its framework cannot express the plan)."""
+    gpus = f"{cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.key}"
+    lines = [f"# autotune plan: {model.name} on {cluster.name}", "",
+             f"{cluster.num_gpus} GPUs ({gpus}), {model.num_params / 1e9:.2f}B parameters.", "",
+             *_plan_table(plan), "", "## Estimate (cost model)", "", *_estimate_lines(estimate), "",
+             "## Files", "", f"Priced for **{plan.framework}**: start with {_PRIMARY[plan.framework]}.", "",
+             *(f"- `{name}`: {what}" for name, what in written)]
+    if skipped:
+        lines += _skipped_lines(skipped)
+    lines += ["", "## Notes", "", *_notes(plan, model, {name for name, _ in written})]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,47 @@
+"""ParallelPlan -> ``torchrun`` arguments for autotune's own trainer (``python -m autotune.trials.worker``).
+
+The worker reads everything else from ``plan.json`` (plan, model and cluster), so its only argument is
+``--plan PATH``. The torchrun part carries the node layout and the c10d rendezvous; the endpoint
+(``HOST:PORT``) is per launch and added by ``launch_torchrun.sh`` / ``launch_slurm.sbatch``.
+Flags use torchrun's underscore spelling (``--nproc_per_node``), accepted by every torch >= 2.0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec
+
+__all__ = ["WORKER_MODULE", "rdzv_id", "torchrun_args", "worker_args", "torchrun_args_text"]
+
+WORKER_MODULE = "autotune.trials.worker"
+
+
+def rdzv_id(plan: ParallelPlan, cluster: ClusterSpec) -> str:
+    """A stable rendezvous id: agents of one job must agree on it, other jobs should not collide."""
+    text = json.dumps([plan.to_dict(), cluster.name], sort_keys=True)
+    return f"autotune-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def torchrun_args(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
+    """Launcher flags (everything but ``--rdzv_endpoint`` and the entry point)."""
+    assert plan.world_size == cluster.num_gpus, "check_plan() runs before any emitter"
+    return [
+        "--nnodes", str(cluster.num_nodes),
+        "--nproc_per_node", str(cluster.gpus_per_node),
+        "--rdzv_backend", "c10d",
+        "--max_restarts", "0",
+    ]
+
+
+def worker_args(plan_path: str = "plan.json") -> list[str]:
+    """The entry point torchrun starts on every rank."""
+    return ["-m", WORKER_MODULE, "--plan", plan_path]
+
+
+def torchrun_args_text(plan: ParallelPlan, cluster: ClusterSpec) -> str:
+    """``torchrun_args.txt``: one shell-quoted line; add ``--rdzv_endpoint HOST:PORT`` to launch."""
+    return shlex.join([*torchrun_args(plan, cluster), *worker_args()]) + "\n"

@@ -1,0 +1,168 @@
+"""``emit_all``: write every artefact that can express the plan into one directory.
+
+All files are rendered in memory first, so a plan an emitter rejects leaves nothing half-written. Each file is
+then written atomically (temporary file in the same directory, fsync, ``os.replace``). Existing files are
+never overwritten without ``force``; with ``force``, a file left over from an earlier emit that this plan
+cannot express is removed so the directory never mixes two plans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.emit import launchers
+from autotune.emit.deepspeed import deepspeed_unsupported, to_ds_config
+from autotune.emit.fsdp import accelerate_unsupported, to_accelerate_config
+from autotune.emit.megatron import megatron_args_text, megatron_unsupported
+from autotune.emit.planfile import plan_document
+from autotune.emit.summary import render_summary
+from autotune.emit.torchrun import torchrun_args_text
+from autotune.emit.torchtitan import dumps_toml, to_torchtitan_config, torchtitan_unsupported
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan, check_plan
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["emit_all", "ARTEFACT_FILES"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Context:
+    plan: ParallelPlan
+    model: ModelSpec
+    cluster: ClusterSpec
+    estimate: dict[str, Any] | None
+    out_dir: Path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Artefact:
+    name: str
+    what: str
+    render: Callable[[_Context], str]
+    unsupported: Callable[[ParallelPlan], list[str]] = lambda plan: []
+    executable: bool = False
+
+
+def _json(data: dict[str, Any]) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _yaml(header: str, data: dict[str, Any]) -> str:
+    text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return f"# {header}\n{text}"
+
+
+_ARTEFACTS = (
+    _Artefact(name="plan.json", what="the plan with its model, cluster and estimate; "
+              "`autotune emit --plan plan.json --out DIR` re-emits everything from it",
+              render=lambda c: _json(plan_document(c.plan, c.model, c.cluster, c.estimate))),
+    _Artefact(name="ds_config.json", what="DeepSpeed config (`deepspeed.initialize(config=...)`)",
+              render=lambda c: _json(to_ds_config(c.plan, c.model)),
+              unsupported=deepspeed_unsupported),
+    _Artefact(name="accelerate_fsdp.yaml", what="accelerate FSDP2 config (`accelerate launch --config_file`)",
+              render=lambda c: _yaml(f"accelerate FSDP2 config: {launchers.plan_line(c.plan)}",
+                                     to_accelerate_config(c.plan, c.model, c.cluster)),
+              unsupported=accelerate_unsupported),
+    _Artefact(name="torchrun_args.txt", what="torchrun flags and autotune's trainer entry point "
+              "(add `--rdzv_endpoint HOST:PORT`)", render=lambda c: torchrun_args_text(c.plan, c.cluster)),
+    _Artefact(name="torchtitan.toml", what="torchtitan job-config keys (merge into a job config)",
+              render=lambda c: dumps_toml(to_torchtitan_config(c.plan, c.model),
+                                          header=f"torchtitan keys for: {launchers.plan_line(c.plan)}"),
+              unsupported=torchtitan_unsupported),
+    _Artefact(name="megatron_args.txt", what="Megatron-LM `pretrain_gpt.py` flags, one per line",
+              render=lambda c: megatron_args_text(c.plan, c.model), unsupported=megatron_unsupported),
+    _Artefact(name="launch_torchrun.sh", what="torchrun launcher: run on every node with MASTER_ADDR set",
+              render=lambda c: launchers.torchrun_script(c.plan, c.cluster), executable=True),
+    _Artefact(name="launch_deepspeed.sh", what="deepspeed launcher: `bash launch_deepspeed.sh train.py`",
+              render=lambda c: launchers.deepspeed_script(c.plan, c.cluster),
+              unsupported=deepspeed_unsupported, executable=True),
+    _Artefact(name="launch_slurm.sbatch", what="Slurm batch script: `sbatch launch_slurm.sbatch`",
+              render=lambda c: launchers.slurm_script(c.plan, c.cluster, c.out_dir), executable=True),
+    _Artefact(name="pytorchjob.yaml", what="Kubeflow PyTorchJob (see its header for the ConfigMap and image)",
+              render=lambda c: launchers.pytorchjob_yaml(c.plan, c.cluster)),
+)
+SUMMARY = "summary.md"
+ARTEFACT_FILES: tuple[str, ...] = (*(a.name for a in _ARTEFACTS), SUMMARY)
+"""Every file ``emit_all`` owns in an output directory."""
+
+
+def _estimate_dict(estimate: Any) -> dict[str, Any] | None:
+    if estimate is None or isinstance(estimate, Mapping):
+        return dict(estimate) if estimate is not None else None
+    return estimate.to_dict()  # type: ignore[no-any-return]
+
+
+def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[str, list[str]]]]:
+    contents: dict[str, tuple[str, bool]] = {}
+    skipped: list[tuple[str, list[str]]] = []
+    for art in _ARTEFACTS:
+        reasons = art.unsupported(ctx.plan)
+        if reasons:
+            skipped.append((art.name, reasons))
+        else:
+            contents[art.name] = (art.render(ctx), art.executable)
+    written = [(a.name, a.what) for a in _ARTEFACTS if a.name in contents]
+    summary = render_summary(plan=ctx.plan, model=ctx.model, cluster=ctx.cluster, estimate=ctx.estimate,
+                             written=written, skipped=skipped)
+    contents[SUMMARY] = (summary, False)
+    return contents, skipped
+
+
+def _write_atomic(path: Path, text: str, *, executable: bool) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755 if executable else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _prepare_dir(out_dir: Path, *, force: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir}: exists and is not a directory")
+    if not force:
+        existing = [name for name in ARTEFACT_FILES if (out_dir / name).exists()]
+        if existing:
+            raise ConfigError(f"{out_dir / existing[0]} already exists; pass --force to overwrite "
+                              f"({len(existing)} autotune file(s) in {out_dir})")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out_dir}: cannot create ({e.strerror})") from None
+
+
+def emit_all(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimate: Any, out_dir: str | Path,
+             *, force: bool = False) -> list[Path]:
+    """Write every artefact that can express ``plan`` (and ``summary.md``) into ``out_dir``.
+
+    ``estimate`` is an ``Estimate``, its ``to_dict()`` mapping, or None. Returns the written paths in
+    artefact order. Raises ``ConfigError`` for a plan illegal on this model/cluster or an existing file
+    without ``force``.
+    """
+    illegal = check_plan(plan, model, cluster)
+    if illegal:
+        raise ConfigError(illegal[0])
+    out = Path(out_dir).resolve()
+    ctx = _Context(plan=plan, model=model, cluster=cluster, estimate=_estimate_dict(estimate), out_dir=out)
+    contents, skipped = _render_all(ctx)
+    _prepare_dir(out, force=force)
+    paths: list[Path] = []
+    for name, (text, executable) in contents.items():
+        _write_atomic(out / name, text, executable=executable)
+        paths.append(out / name)
+    for name, _ in skipped:  # only reachable with force: a stale file from an earlier plan
+        (out / name).unlink(missing_ok=True)
+    return paths
