@@ -17,15 +17,17 @@ from typing import Any
 import yaml
 
 from autotune import __version__
-from autotune.emit.torchrun import WORKER_MODULE, rdzv_id, torchrun_args
+from autotune.emit.torchrun import TRIAL_DIR, WORKER_MODULE, rdzv_id, torchrun_args
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
 
 __all__ = ["render", "plan_line", "torchrun_script", "deepspeed_script", "slurm_script",
-           "pytorchjob_manifest", "pytorchjob_yaml", "K8S_RUN_DIR", "K8S_IMAGE"]
+           "pytorchjob_manifest", "pytorchjob_yaml", "K8S_CONFIG_DIR", "K8S_TRIAL_DIR", "K8S_IMAGE"]
 
-K8S_RUN_DIR = "/workspace/run"
-"""Where the PyTorchJob mounts the ConfigMap holding the emitted directory."""
+K8S_CONFIG_DIR = "/workspace/config"
+"""Where each pod mounts the ConfigMap made from the emitted ``trial/`` folder (read-only)."""
+K8S_TRIAL_DIR = "/workspace/trial"
+"""The worker's writable trial directory in each pod (an emptyDir the files are copied into)."""
 K8S_IMAGE = "autotune:latest"
 """Placeholder image; the manifest's header says to replace it."""
 
@@ -59,6 +61,7 @@ def torchrun_script(plan: ParallelPlan, cluster: ClusterSpec) -> str:
         "default_master_addr": "localhost" if cluster.num_nodes == 1 else "",
         "rdzv_id": shlex.quote(rdzv_id(plan, cluster)),
         "worker_module": shlex.quote(WORKER_MODULE),
+        "trial_dir": shlex.quote(TRIAL_DIR),
         "torchrun_args": shlex.join(torchrun_args(plan, cluster)),
     })
 
@@ -94,21 +97,31 @@ def slurm_script(plan: ParallelPlan, cluster: ClusterSpec, run_dir: Path) -> str
         "gpus_per_node": str(cluster.gpus_per_node),
         "run_dir": shlex.quote(str(run_dir)),
         "worker_module": shlex.quote(WORKER_MODULE),
+        "trial_dir": shlex.quote(TRIAL_DIR),
         "torchrun_args": shlex.join(torchrun_args(plan, cluster)),
     })
 
 
-def _pod_template(cluster: ClusterSpec, configmap: str, plan_path: str) -> dict[str, Any]:
+def _pod_command() -> list[str]:
+    """Copy the read-only ConfigMap files into the writable trial dir, then start torchrun, which takes
+    nodes, processes per node, node rank and master address from the operator's PET_* variables."""
+    torchrun = shlex.join(["torchrun", "-m", WORKER_MODULE, "--trial-dir", K8S_TRIAL_DIR])
+    return ["/bin/sh", "-c", f"cp {K8S_CONFIG_DIR}/*.json {K8S_TRIAL_DIR}/ && exec {torchrun}"]
+
+
+def _pod_template(cluster: ClusterSpec, configmap: str) -> dict[str, Any]:
     container = {
         "name": "pytorch",  # the operator requires one container of this name
         "image": K8S_IMAGE,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["torchrun", "-m", WORKER_MODULE, "--plan", plan_path],
+        "command": _pod_command(),
         "resources": {"limits": {"nvidia.com/gpu": cluster.gpus_per_node}},
-        "volumeMounts": [{"name": "run", "mountPath": K8S_RUN_DIR, "readOnly": True},
+        "volumeMounts": [{"name": "config", "mountPath": K8S_CONFIG_DIR, "readOnly": True},
+                         {"name": "trial", "mountPath": K8S_TRIAL_DIR},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    volumes = [{"name": "run", "configMap": {"name": configmap}},
+    volumes = [{"name": "config", "configMap": {"name": configmap}},
+               {"name": "trial", "emptyDir": {}},
                {"name": "dshm", "emptyDir": {"medium": "Memory"}}]  # NCCL and dataloaders need a big /dev/shm
     return {"metadata": {"labels": {"app.kubernetes.io/created-by": "autotune"}},
             "spec": {"containers": [container], "volumes": volumes}}
@@ -117,7 +130,7 @@ def _pod_template(cluster: ClusterSpec, configmap: str, plan_path: str) -> dict[
 def pytorchjob_manifest(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, Any]:
     """A Kubeflow ``kubeflow.org/v1`` PyTorchJob: one Master pod plus ``num_nodes - 1`` Worker pods."""
     name = rdzv_id(plan, cluster)
-    template = _pod_template(cluster, f"{name}-run", f"{K8S_RUN_DIR}/plan.json")
+    template = _pod_template(cluster, f"{name}-trial")
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if cluster.num_nodes > 1:
         replicas["Worker"] = {"replicas": cluster.num_nodes - 1, "restartPolicy": "OnFailure",
@@ -134,7 +147,9 @@ def pytorchjob_yaml(plan: ParallelPlan, cluster: ClusterSpec) -> str:
     manifest = pytorchjob_manifest(plan, cluster)
     return render("pytorchjob.yaml.tmpl", {
         **_common(plan, cluster),
-        "configmap": f"{manifest['metadata']['name']}-run",
+        "configmap": f"{manifest['metadata']['name']}-trial",
+        "trial_dir": TRIAL_DIR,
+        "pod_trial_dir": K8S_TRIAL_DIR,
         "num_workers": str(cluster.num_nodes - 1),
         "manifest": yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False).rstrip("\n"),
     })

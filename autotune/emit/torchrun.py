@@ -1,7 +1,8 @@
 """ParallelPlan -> ``torchrun`` arguments for autotune's own trainer (``python -m autotune.trials.worker``).
 
-The worker reads everything else from ``plan.json`` (plan, model and cluster), so its only argument is
-``--plan PATH``. The torchrun part carries the node layout and the c10d rendezvous; the endpoint
+The worker's only argument is ``--trial-dir DIR``: it reads the plan and the model from ``DIR/plan.json``
+and ``DIR/trial.json`` (``emit_all`` writes both under ``trial/``) and writes its markers and
+``result.json`` there. The torchrun part carries the node layout and the c10d rendezvous; the endpoint
 (``HOST:PORT``) is per launch and added by ``launch_torchrun.sh`` / ``launch_slurm.sbatch``.
 Flags use torchrun's underscore spelling (``--nproc_per_node``), accepted by every torch >= 2.0.
 """
@@ -15,9 +16,11 @@ import shlex
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
 
-__all__ = ["WORKER_MODULE", "rdzv_id", "torchrun_args", "worker_args", "torchrun_args_text"]
+__all__ = ["WORKER_MODULE", "TRIAL_DIR", "rdzv_id", "torchrun_args", "worker_args", "torchrun_args_text"]
 
 WORKER_MODULE = "autotune.trials.worker"
+TRIAL_DIR = "trial"
+"""The worker's directory inside the emitted folder."""
 
 
 def rdzv_id(plan: ParallelPlan, cluster: ClusterSpec) -> str:
@@ -37,11 +40,12 @@ def torchrun_args(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
     ]
 
 
-def worker_args(plan_path: str = "plan.json") -> list[str]:
+def worker_args(trial_dir: str = TRIAL_DIR) -> list[str]:
     """The entry point torchrun starts on every rank."""
-    return ["-m", WORKER_MODULE, "--plan", plan_path]
+    return ["-m", WORKER_MODULE, "--trial-dir", trial_dir]
 
 
 def torchrun_args_text(plan: ParallelPlan, cluster: ClusterSpec) -> str:
-    """``torchrun_args.txt``: one shell-quoted line; add ``--rdzv_endpoint HOST:PORT`` to launch."""
+    """``torchrun_args.txt``: one shell-quoted line, run from the emitted folder; add
+    ``--rdzv_endpoint HOST:PORT`` (``launch_torchrun.sh`` does)."""
     return shlex.join([*torchrun_args(plan, cluster), *worker_args()]) + "\n"

@@ -8,6 +8,7 @@ cannot express is removed so the directory never mixes two plans.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -64,6 +65,10 @@ _ARTEFACTS = (
     _Artefact(name="plan.json", what="the plan with its model, cluster and estimate; "
               "`autotune emit --plan plan.json --out DIR` re-emits everything from it",
               render=lambda c: _json(plan_document(c.plan, c.model, c.cluster, c.estimate))),
+    _Artefact(name="trial/plan.json", what="the plan alone, as autotune's trial worker reads it",
+              render=lambda c: _json(c.plan.to_dict())),
+    _Artefact(name="trial/trial.json", what="the model, for autotune's trial worker (`--trial-dir trial`)",
+              render=lambda c: _json({"model": dataclasses.asdict(c.model)})),
     _Artefact(name="ds_config.json", what="DeepSpeed config (`deepspeed.initialize(config=...)`)",
               render=lambda c: _json(to_ds_config(c.plan, c.model)),
               unsupported=deepspeed_unsupported),
@@ -117,6 +122,7 @@ def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[
 
 
 def _write_atomic(path: Path, text: str, *, executable: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
