@@ -1,0 +1,203 @@
+"""Apply a ParallelPlan to the trial model with PyTorch-native parallelism.
+
+``parallelize(model, *, plan, mesh)`` is one linear, keyword-only sequence:
+``apply_tp -> apply_ac -> apply_dp``. Pipeline parallelism comes first and from outside: the model is
+split into stage chunks by layers (``split_stages``) and each chunk is parallelized on its own, then
+``build_schedule`` wraps the chunks in ``torch.distributed.pipelining`` stages.
+
+The device mesh follows the plan's rank order (``autotune.plan``: pp, dp, cp, tp outermost to
+innermost), with the DP axis split into ``dp_replicate x dp_shard`` (HSDP; pure replication is
+``dp x 1``, FSDP is ``1 x dp``).
+
+Only torch is imported: this module runs where optuna and deepspeed are not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from autotune.errors import TrialError
+from autotune.plan import ParallelPlan, Recompute, Schedule, Sharding
+from autotune.trials.model import Transformer
+
+__all__ = ["MESH_DIMS", "build_mesh", "dp_degrees", "parallelize", "apply_tp", "apply_ac", "apply_dp",
+           "wraps_data_parallel", "split_stages", "build_schedule"]
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+"""The plan's ``pp, dp, cp, tp`` order with DP split for HSDP (``dp_replicate`` outer)."""
+
+
+def dp_degrees(plan: ParallelPlan) -> tuple[int, int]:
+    """``(dp_replicate, dp_shard)``: replicas x ranks that shard one replica's states."""
+    if plan.sharding is Sharding.HSDP:
+        assert plan.hsdp_shard_size is not None
+        return plan.dp // plan.hsdp_shard_size, plan.hsdp_shard_size
+    if plan.sharding is Sharding.NONE:
+        return plan.dp, 1
+    return 1, plan.dp
+
+
+def build_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
+    replicate, shard = dp_degrees(plan)
+    shape = (plan.pp, replicate, shard, plan.cp, plan.tp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def wraps_data_parallel(plan: ParallelPlan, *, fsdp_at_dp1: bool = False) -> bool:
+    """True when ``apply_dp`` wraps the model (and so owns mixed precision through its policy)."""
+    return plan.dp > 1 or fsdp_at_dp1
+
+
+def parallelize(model: nn.Module, *, plan: ParallelPlan, mesh: DeviceMesh,
+                param_dtype: torch.dtype | None = None, fsdp_at_dp1: bool = False) -> nn.Module:
+    """TP, then activation checkpointing, then data parallelism, in place; returns ``model``.
+
+    ``param_dtype``: compute dtype under FSDP's mixed-precision policy (None: keep fp32).
+    ``fsdp_at_dp1``: validation only; wrap with ``fully_shard`` even on one rank, to measure FSDP2's
+    own cost (a ParallelPlan forbids sharding at DP=1, so this cannot come from the plan).
+    """
+    if plan.cp > 1:
+        raise TrialError("context parallelism is not implemented in real trials; use CP=1")
+    if plan.tp > 1:
+        apply_tp(model, mesh["tp"], sequence_parallel=plan.sequence_parallel)
+    # AC after TP: the checkpointed forward must be the tensor-parallel one, so the recomputation in
+    # backward replays the TP collectives instead of a whole-layer computation.
+    if plan.recompute is not Recompute.NONE:
+        apply_ac(model, plan.recompute)
+    # DP last: fully_shard/replicate must see the final module tree (TP DTensors, checkpoint wrappers)
+    # to shard each block as one unit and to lay parameters out on the 2-D (dp, tp) mesh.
+    if wraps_data_parallel(plan, fsdp_at_dp1=fsdp_at_dp1):
+        mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        apply_dp(model, mesh, plan=plan, mp_policy=mp, fsdp_at_dp1=fsdp_at_dp1)
+    return model
+
+
+def _block_tp_plan(block: nn.Module, *, sequence_parallel: bool) -> dict[str, object]:
+    sp = sequence_parallel
+    out = Shard(1) if sp else Replicate()
+    mlp_in = ["mlp.up_proj"] + (["mlp.gate_proj"] if block.mlp.gate_proj is not None else [])
+    layer_plan: dict[str, object] = {
+        **{f"self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")},
+        "self_attn.o_proj": RowwiseParallel(output_layouts=out),
+        **{n: ColwiseParallel() for n in mlp_in},
+        "mlp.down_proj": RowwiseParallel(output_layouts=out),
+    }
+    if sp:  # norms run on sequence shards; the attention / MLP inputs are all-gathered first
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        layer_plan |= {"input_layernorm": SequenceParallel(), "post_attention_layernorm": SequenceParallel(),
+                       "self_attn": gather, "mlp": copy.deepcopy(gather)}
+    return layer_plan
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """Megatron TP (Shoeybi et al. 2019): Q/K/V and gate/up column-parallel, O and down row-parallel;
+    vocabulary-parallel embedding and head. With SP, the residual stream is sharded on the sequence."""
+    sp = sequence_parallel
+    residual = Shard(1) if sp else Replicate()  # layout of the hidden states between blocks
+    top: dict[str, object] = {}
+    if getattr(model, "embed_tokens", None) is not None:
+        top["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+        if sp and getattr(model, "embed_positions", None) is not None:  # [seq, h]: the sequence is dim 0
+            top["embed_positions"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
+    if getattr(model, "lm_head", None) is not None:
+        if sp:
+            top["norm"] = SequenceParallel()
+        top["lm_head"] = ColwiseParallel(input_layouts=residual, output_layouts=Replicate())
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel=sp))
+
+
+def apply_ac(model: nn.Module, recompute: Recompute) -> None:
+    """Full: checkpoint each block. Selective (Korthikanti et al. 2022 Sec. 4.2): checkpoint only the
+    attention core (rotary + SDPA), keeping the projections' outputs."""
+    for key, block in list(model.layers.items()):
+        if recompute is Recompute.FULL:
+            model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+        elif recompute is Recompute.SELECTIVE:
+            block.self_attn.core = checkpoint_wrapper(block.self_attn.core, preserve_rng_state=False)
+
+
+def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_policy: MixedPrecisionPolicy,
+             fsdp_at_dp1: bool = False) -> None:
+    """FSDP2 per block then the root (embeddings, norm, head). fsdp-full reshards after forward
+    (ZeRO-3), fsdp-grad-op keeps parameters gathered until backward (ZeRO-2-like), HSDP shards inside
+    ``dp_shard`` and replicates over ``dp_replicate``; sharding ``none`` is DDP-style replication."""
+    if plan.sharding is Sharding.NONE and not fsdp_at_dp1:
+        _apply_replicate(model, mesh["dp_replicate"], mp_policy)
+        return
+    dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.sharding is Sharding.HSDP else mesh["dp_shard"]
+    reshard = plan.sharding is not Sharding.FSDP_GRAD_OP
+    kwargs: dict[str, object] = {"mesh": dp_mesh, "reshard_after_forward": reshard, "mp_policy": mp_policy}
+    if plan.offload and dp_mesh.device_type == "cuda":
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for block in model.layers.values():
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def _apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy) -> None:
+    # FSDP2-style replicate (torch >= 2.10) handles TP DTensor parameters; bucketed per block like DDP.
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    for block in model.layers.values():
+        replicate(block, mesh=dp_mesh, mp_policy=mp_policy)
+    replicate(model, mesh=dp_mesh, mp_policy=mp_policy)
+
+
+def split_stages(model: Transformer, *, plan: ParallelPlan, pp_rank: int) -> list[tuple[int, Transformer]]:
+    """This rank's pipeline chunks as ``(stage_index, module)``, split by whole layers.
+
+    With ``v`` virtual stages there are ``pp * v`` chunks; rank ``r`` holds stages ``r, r + pp, ...``
+    (looped placement, Narayanan et al. 2021 Sec. 2.2). The first stage keeps the embeddings, the last
+    the final norm and head.
+    """
+    if model.spec.tie_embeddings:
+        raise TrialError("tied embeddings cannot be split over pipeline stages in trials; use PP=1")
+    num_stages = plan.pp * plan.virtual_stages
+    per_stage = model.spec.num_layers // num_stages
+    stage_ids = [pp_rank + v * plan.pp for v in range(plan.virtual_stages)]
+    chunks = []
+    for i, stage in enumerate(stage_ids):
+        chunk = model if i == len(stage_ids) - 1 else copy.deepcopy(model)
+        keep = {str(n) for n in range(stage * per_stage, (stage + 1) * per_stage)}
+        for key in [k for k in chunk.layers if k not in keep]:
+            del chunk.layers[key]
+        if stage != 0:
+            chunk.embed_tokens = chunk.embed_positions = None
+        if stage != num_stages - 1:
+            chunk.norm = chunk.lm_head = None
+        chunks.append((stage, chunk))
+    return chunks
+
+
+def build_schedule(chunks: list[tuple[int, nn.Module]], *, plan: ParallelPlan, mesh: DeviceMesh,
+                   device: torch.device, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """A ``torch.distributed.pipelining`` schedule over this rank's chunks; the loss is a per-micro-batch
+    mean and the schedule divides gradients by the number of micro-batches (``scale_grads``)."""
+    from torch.distributed import pipelining as pipe
+
+    group = mesh["pp"].get_group()
+    num_stages = plan.pp * plan.virtual_stages
+    stages = [pipe.PipelineStage(m, idx, num_stages, device, group=group) for idx, m in chunks]
+    n = plan.num_microbatches
+    if plan.schedule is Schedule.INTERLEAVED:
+        return pipe.ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)
+    cls = pipe.ScheduleGPipe if plan.schedule is Schedule.GPIPE else pipe.Schedule1F1B
+    return cls(stages[0], n_microbatches=n, loss_fn=loss_fn)

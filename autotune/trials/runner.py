@@ -1,0 +1,249 @@
+"""Launch one trial as a ``torchrun`` subprocess and turn how it ended into a ``TrialResult``.
+
+The trial directory layout is in ``autotune.trials.config``. The status comes from the files the worker
+writes and from the exit path, never from the logs:
+
+* ``result.json`` from rank 0                      -> its status (normally ``ok``)
+* a rank's ``result.rank<r>.json``                 -> ``oom`` if any rank ran out of memory, else the
+                                                      status of the rank that failed first
+* no result and the deadline passed                -> ``timeout``
+* the pruner asked to stop                         -> ``pruned``
+* no worker ever started (no ``started.<r>``)       -> ``rendezvous_error`` (the agents never formed a group)
+* workers started, then died without a result      -> ``error`` (signal or exit code)
+
+Every ``error`` carries the tail of ``stderr.log``. torchrun runs in its own session; its workers run
+in sessions of their own (torch.distributed.elastic starts them with ``start_new_session``), so
+stopping a trial signals torchrun's group (SIGTERM, then SIGKILL after a grace period) and then every
+worker that wrote a ``started`` marker. Workers also die with their agent (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.backends.base import ReportFn, TrialRequest
+from autotune.trials.config import TrialConfig
+from autotune.trials.result import TrialResult, TrialStatus
+
+__all__ = ["Launch", "trial_config", "launch_command", "run_trial", "live_trial_pids"]
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_STALE = ("result.json", "progress.jsonl", "result.rank*.json", "started.*", "joined.*")
+_POLL_S = 0.05
+_TAIL = "\n--- stderr tail ---\n"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Launch:
+    """How torchrun is started: one node with ``--standalone`` (a free port), or one agent of several."""
+
+    nproc_per_node: int | None = None
+    """Workers on this node (default: the plan's world size / nnodes)."""
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the c10d rendezvous; None with one node means ``--standalone``."""
+    rdzv_id: str = "autotune"
+    rdzv_conf: str | None = None
+    """torchrun ``--rdzv-conf``, e.g. ``join_timeout=60``."""
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the workers (tests inject faults here)."""
+    grace_s: float = 5.0
+    """SIGTERM -> SIGKILL delay when a trial is stopped."""
+
+
+def trial_config(request: TrialRequest, **overrides: object) -> TrialConfig:
+    """The worker's ``trial.json`` for a request: model, steps, the catalog peak for MFU."""
+    gpu = request.cluster.gpu
+    on_cpu = gpu.key == "cpu"
+    peak = gpu.peak_flops("fp32" if on_cpu else str(request.plan.precision))
+    kwargs: dict[str, object] = {"model": request.model, "warmup_steps": request.warmup_steps,
+                                 "measure_steps": request.measure_steps, "peak_flops_per_gpu": peak,
+                                 "device": "cpu" if on_cpu else "auto"}
+    return TrialConfig(**(kwargs | overrides))  # type: ignore[arg-type]
+
+
+def launch_command(trial_dir: Path, *, nproc: int, launch: Launch) -> list[str]:
+    cmd = [launch.python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if launch.nnodes == 1 and launch.rdzv_endpoint is None:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--nnodes", str(launch.nnodes), "--node-rank", str(launch.node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", str(launch.rdzv_endpoint), "--rdzv-id", launch.rdzv_id]
+    if launch.rdzv_conf:
+        cmd += ["--rdzv-conf", launch.rdzv_conf]
+    return [*cmd, "-m", "autotune.trials.worker", "--trial-dir", str(trial_dir)]
+
+
+def _environment(config: TrialConfig, nproc: int, launch: Launch) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(_REPO_ROOT / ".torch_extensions"))
+    if config.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    return env | launch.env
+
+
+def _prepare(trial_dir: Path, request: TrialRequest, config: TrialConfig, cmd: list[str]) -> None:
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    for pattern in _STALE:
+        for stale in trial_dir.glob(pattern):
+            stale.unlink()
+    (trial_dir / "plan.json").write_text(json.dumps(request.plan.to_dict(), indent=2) + "\n")
+    config.write(trial_dir / "trial.json")
+    (trial_dir / "cmd.txt").write_text(shlex.join(cmd) + "\n")
+
+
+def live_trial_pids(trial_dir: Path) -> list[int]:
+    """Processes launched for this trial: ``--trial-dir <trial_dir>`` in their argv (torchrun, workers)."""
+    needle = b"\0--trial-dir\0" + str(trial_dir).encode() + b"\0"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, trial_dir: Path, grace_s: float) -> None:
+    """SIGTERM torchrun's group (it forwards to its workers), SIGKILL after ``grace_s``, then any
+    worker still alive (each leads its own session), then reap."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _reap_workers(trial_dir)
+
+
+def _reap_workers(trial_dir: Path, wait_s: float = 5.0) -> None:
+    for pid in live_trial_pids(trial_dir):
+        _signal_group(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + wait_s
+    while live_trial_pids(trial_dir) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+
+
+class _Progress:
+    """Tails ``progress.jsonl`` and forwards each measured step to ``report``."""
+
+    def __init__(self, path: Path, report: ReportFn | None) -> None:
+        self.path, self.report, self.offset, self.steps = path, report, 0, []
+
+    def poll(self) -> bool:
+        """Forward new steps; True when the pruner asks to stop."""
+        if not self.path.exists():
+            return False
+        with self.path.open() as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            rec = json.loads(line)
+            self.steps.append(rec)
+            if self.report is not None and self.report(int(rec["step"]), float(rec["tokens_per_s"])):
+                return True
+        return False
+
+
+def _stderr_tail(trial_dir: Path, lines: int = 15) -> str:
+    try:
+        text = (trial_dir / "stderr.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _rank_failure(trial_dir: Path) -> TrialResult | None:
+    """OOM anywhere wins (peers then fail on broken connections); else the first rank to fail."""
+    files = sorted(trial_dir.glob("result.rank*.json"), key=lambda p: (p.stat().st_mtime_ns, p.name))
+    results = [TrialResult.read(p) for p in files]
+    oom = [r for r in results if r.status is TrialStatus.OOM]
+    return (oom or results or [None])[0]
+
+
+def _classify(trial_dir: Path, returncode: int, *, timed_out: bool, pruned: bool,
+              timeout_s: float) -> TrialResult:
+    final = trial_dir / "result.json"
+    if final.exists():
+        return TrialResult.read(final)
+    if pruned:
+        return TrialResult(status=TrialStatus.PRUNED, error="stopped by the pruner")
+    if timed_out:
+        return TrialResult(status=TrialStatus.TIMEOUT,
+                           error=f"no result after {timeout_s:g} s; process group killed")
+    failed = _rank_failure(trial_dir)
+    tail = _stderr_tail(trial_dir)
+    if failed is not None:
+        return TrialResult(status=failed.status, error=f"{failed.error}{_TAIL}{tail}")
+    if not any(trial_dir.glob("started.*")):
+        return TrialResult(status=TrialStatus.RENDEZVOUS_ERROR,
+                           error=f"no worker started; torchrun exited {returncode}{_TAIL}{tail}")
+    how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
+    return TrialResult(status=TrialStatus.ERROR,
+                       error=f"workers died without a result (torchrun {how}){_TAIL}{tail}")
+
+
+def run_trial(request: TrialRequest, *, report: ReportFn | None = None, launch: Launch | None = None,
+              config: TrialConfig | None = None) -> TrialResult:
+    """Run ``request`` under torchrun in ``request.trial_dir``; never raises for a failed trial."""
+    launch = launch or Launch()
+    config = config or trial_config(request)
+    trial_dir = request.trial_dir.resolve()
+    nproc = launch.nproc_per_node or request.plan.world_size // launch.nnodes
+    cmd = launch_command(trial_dir, nproc=nproc, launch=launch)
+    _prepare(trial_dir, request, config, cmd)
+    progress = _Progress(trial_dir / "progress.jsonl", report)
+    start, launched_at = time.monotonic(), time.time()
+    with (trial_dir / "stdout.log").open("wb") as out, (trial_dir / "stderr.log").open("wb") as err:
+        proc = subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                env=_environment(config, nproc, launch), start_new_session=True)
+        timed_out = pruned = False
+        try:
+            while proc.poll() is None:
+                pruned = progress.poll()
+                timed_out = time.monotonic() - start > request.timeout_s
+                if pruned or timed_out:
+                    break
+                time.sleep(_POLL_S)
+        finally:
+            _stop(proc, trial_dir, launch.grace_s)  # also after a normal exit: no worker outlives its trial
+    wall_s = time.monotonic() - start
+    progress.poll()
+    result = _classify(trial_dir, proc.returncode, timed_out=timed_out, pruned=pruned,
+                       timeout_s=request.timeout_s)
+    extra = dict(result.extra or {}) | {"exit_code": proc.returncode, "launched_at": launched_at,
+                                        "progress": progress.steps}
+    result = dataclasses.replace(result, wall_s=wall_s, extra=extra)
+    result.write(trial_dir / "result.json")
+    return result

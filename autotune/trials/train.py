@@ -1,0 +1,142 @@
+"""One training step of the trial workload under the PyTorch-native stack (FSDP2, DTensor TP, pipelining).
+
+``NativeTrainer(plan=..., config=..., device=...)`` builds the model, the mesh, the parallel layout
+and AdamW; ``step(i)`` runs one optimizer step over the global batch of step ``i`` and returns this
+rank's ``(loss, weight)`` (weight 0 on pipeline stages without the loss) so that the caller can
+average the loss over the ranks that hold it. The loss stays a device tensor: reading it would
+synchronise the GPU in the middle of the step.
+
+Only torch is imported: this module runs where optuna and deepspeed are not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from autotune.plan import ParallelPlan, Precision
+from autotune.trials.config import TrialConfig
+from autotune.trials.model import build_model, init_weights, synthetic_batch
+from autotune.trials.parallelize import (
+    build_mesh,
+    build_schedule,
+    dp_degrees,
+    parallelize,
+    split_stages,
+    wraps_data_parallel,
+)
+
+__all__ = ["NativeTrainer", "compute_dtype", "dp_rows", "lm_loss"]
+
+
+def compute_dtype(plan: ParallelPlan, device: torch.device) -> torch.dtype:
+    """bf16/fp16 compute on a GPU; fp32 on the CPU (gloo trials check correctness, not speed)."""
+    if device.type != "cuda":
+        return torch.float32
+    if plan.precision is Precision.FP8:
+        raise NotImplementedError("fp8 training is not implemented in real trials; use bf16")
+    return torch.float16 if plan.precision is Precision.FP16 else torch.bfloat16
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in fp32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def dp_rows(plan: ParallelPlan, dp_rank: int) -> slice:
+    """This DP rank's sequences of the global batch."""
+    per_rank = plan.global_batch // plan.dp
+    return slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+
+
+def _param_groups(modules: list[nn.Module]) -> list[dict[str, list[nn.Parameter]]]:
+    """DTensor and plain parameters in separate groups: a foreach kernel cannot mix them (TP without
+    SP leaves the norms plain)."""
+    params = [p for m in modules for p in m.parameters()]
+    dtensor = [p for p in params if isinstance(p, DTensor)]
+    plain = [p for p in params if not isinstance(p, DTensor)]
+    return [{"params": g} for g in (dtensor, plain) if g]
+
+
+class NativeTrainer:
+    def __init__(self, *, plan: ParallelPlan, config: TrialConfig, device: torch.device) -> None:
+        self.plan, self.config, self.device = plan, config, device
+        self.dtype = compute_dtype(plan, device)
+        self.mesh = build_mesh(plan, device.type)
+        _, shard = dp_degrees(plan)
+        self.dp_rank = self.mesh.get_local_rank("dp_replicate") * shard + self.mesh.get_local_rank("dp_shard")
+        self.modules = self._build()
+        self.optimizer = torch.optim.AdamW(_param_groups(self.modules), lr=config.lr, betas=(0.9, 0.95),
+                                           weight_decay=0.1, foreach=True)
+        self.microbatch_hook: Callable[[], None] | None = None
+        """Called after each micro-batch's backward (the worker's memory tracker resets per-module stats)."""
+        # Under FSDP/replicate the mixed-precision policy casts; otherwise autocast does.
+        wrapped = wraps_data_parallel(plan, fsdp_at_dp1=config.fsdp_at_dp1)
+        self._autocast = self.dtype != torch.float32 and not wrapped
+
+    def _build(self) -> list[nn.Module]:
+        cfg, plan = self.config, self.plan
+        model = build_model(cfg.model, device=self.device, seed=cfg.seed if cfg.full_init else None)
+        param_dtype = self.dtype if self.dtype != torch.float32 else None
+        kwargs = {"plan": plan, "mesh": self.mesh, "param_dtype": param_dtype, "fsdp_at_dp1": cfg.fsdp_at_dp1}
+        if plan.pp == 1:
+            chunks = [(0, model)]
+        else:
+            chunks = split_stages(model, plan=plan, pp_rank=self.mesh.get_local_rank("pp"))
+        modules = [parallelize(m, **kwargs) for _, m in chunks]
+        if not cfg.full_init:  # sharded on meta: allocate only this rank's shards, then fill them
+            for m in modules:
+                m.to_empty(device=self.device)
+                init_weights(m, seed=cfg.seed)
+        self.schedule = None
+        if plan.pp > 1:
+            self.schedule = build_schedule(list(zip([s for s, _ in chunks], modules, strict=True)), plan=plan,
+                                           mesh=self.mesh, device=self.device, loss_fn=lm_loss)
+            self._stage_ids = [s for s, _ in chunks]
+        return modules
+
+    def _cast(self) -> contextlib.AbstractContextManager:
+        if not self._autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def step(self, step: int) -> tuple[torch.Tensor, float]:
+        plan = self.plan
+        inputs, targets = synthetic_batch(self.config.model, batch=plan.global_batch, seq_len=plan.seq_len,
+                                          step=step, seed=self.config.seed, rows=dp_rows(plan, self.dp_rank),
+                                          device=self.device)
+        run = self._pipeline_step if self.schedule is not None else self._step
+        with self._cast():
+            loss, weight = run(inputs, targets)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, weight
+
+    def _step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Gradient accumulation over micro-batches; the loss is scaled so gradients are the batch mean."""
+        (model,) = self.modules
+        n = self.plan.num_microbatches
+        total = torch.zeros((), device=self.device)
+        for x, y in zip(inputs.chunk(n), targets.chunk(n), strict=True):
+            loss = lm_loss(model(x), y)
+            (loss / n).backward()
+            total += loss.detach()
+            if self.microbatch_hook is not None:
+                self.microbatch_hook()
+        return total / n, 1.0
+
+    def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        num_stages = self.plan.pp * self.plan.virtual_stages
+        first, last = 0 in self._stage_ids, num_stages - 1 in self._stage_ids
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if first else ()
+        if last:
+            self.schedule.step(*args, target=targets, losses=losses)
+            return torch.stack(losses).detach().mean(), 1.0
+        self.schedule.step(*args)
+        return torch.zeros((), device=self.device), 0.0
