@@ -78,7 +78,8 @@ def launch_command(trial_dir: Path, *, nproc: int, launch: Launch) -> list[str]:
     if launch.nnodes == 1 and launch.rdzv_endpoint is None:
         cmd.append("--standalone")
     else:
-        cmd += ["--nnodes", str(launch.nnodes), "--node-rank", str(launch.node_rank), "--rdzv-backend", "c10d",
+        cmd += ["--nnodes", str(launch.nnodes), "--node-rank", str(launch.node_rank),
+                "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", str(launch.rdzv_endpoint), "--rdzv-id", launch.rdzv_id]
     if launch.rdzv_conf:
         cmd += ["--rdzv-conf", launch.rdzv_conf]
