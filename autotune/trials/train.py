@@ -100,6 +100,11 @@ class NativeTrainer:
             self._stage_ids = [s for s, _ in chunks]
         return modules
 
+    @property
+    def memory_trackable(self) -> bool:
+        """MemTracker follows a module called once per micro-batch, not a pipeline schedule."""
+        return self.schedule is None
+
     def _cast(self) -> contextlib.AbstractContextManager:
         if not self._autocast:
             return contextlib.nullcontext()

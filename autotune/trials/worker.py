@@ -102,7 +102,7 @@ def _maybe_fault(step: int) -> None:
 
 def _tracked_step(trainer, step: int) -> tuple[torch.Tensor, float, float | None]:
     """One step under MemTracker; its peak of live CPU tensor bytes (None where it cannot track)."""
-    if getattr(trainer, "schedule", True) is not None:  # pipelines and DeepSpeed: RSS fallback
+    if not trainer.memory_trackable:  # pipelines and DeepSpeed: the RSS fallback
         return *trainer.step(step), None
     from torch.distributed._tools.mem_tracker import MemTracker
     tracker = MemTracker()

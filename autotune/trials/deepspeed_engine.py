@@ -1,0 +1,133 @@
+"""The trial workload under DeepSpeed: ``deepspeed.initialize`` with the config ``autotune emit`` writes.
+
+The ds_config is ``autotune.emit.deepspeed.to_ds_config(plan)`` (ZeRO 0-3, optimizer offload, AutoTP
+``tensor_parallel.autotp_size`` when TP > 1, the pipeline section when PP > 1) with three trial changes:
+fp32 on the CPU (no bf16 section), no gradient clipping (the native trainer has none either, so losses
+compare), ``zero_force_ds_cpu_optimizer: false`` so that offload keeps the client torch AdamW (no
+DeepSpeedCPUAdam JIT build), and AutoTP's ``preset_model: llama`` (the workload uses Llama's layer
+names). PP > 1 runs DeepSpeed's ``PipelineModule`` (its own 1F1B schedule).
+
+deepspeed is imported inside ``DeepSpeedTrainer``: importing this module needs only torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from autotune.plan import ParallelPlan, Recompute
+from autotune.trials.config import TrialConfig
+from autotune.trials.model import Transformer, build_model, synthetic_batch
+from autotune.trials.parallelize import apply_ac
+from autotune.trials.train import dp_rows, lm_loss
+
+__all__ = ["trial_ds_config", "DeepSpeedTrainer"]
+
+
+def trial_ds_config(plan: ParallelPlan, *, on_cpu: bool) -> dict[str, Any]:
+    from autotune.emit.deepspeed import to_ds_config
+
+    cfg = to_ds_config(plan)
+    cfg["gradient_clipping"] = 0.0
+    if on_cpu:  # gloo trials check correctness in fp32
+        cfg.pop("bf16", None)
+        cfg.pop("fp16", None)
+    if plan.offload:
+        cfg["zero_force_ds_cpu_optimizer"] = False
+        cfg["zero_optimization"]["offload_optimizer"]["pin_memory"] = not on_cpu
+    if plan.tp > 1:  # the workload's layers carry Hugging Face Llama names (q_proj ... down_proj)
+        cfg["tensor_parallel"]["preset_model"] = "llama"
+    cfg.pop("activation_checkpointing", None)  # recompute is applied to the module (apply_ac / interval)
+    cfg["steps_per_print"] = 10**9
+    cfg["wall_clock_breakdown"] = False
+    return cfg
+
+
+class _Embed(nn.Module):
+    """First pipeline layer: token (+ position) embeddings of the shared model."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.embed_tokens, self.embed_positions = model.embed_tokens, model.embed_positions
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(tokens)
+        if self.embed_positions is not None:
+            h = h + self.embed_positions(torch.arange(tokens.shape[1], device=tokens.device))
+        return h
+
+
+class _Head(nn.Module):
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.norm, self.lm_head = model.norm, model.lm_head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(h))
+
+
+def _pipeline_module(model: Transformer, plan: ParallelPlan, ds_config: dict[str, Any]) -> nn.Module:
+    from deepspeed.pipe import PipelineModule
+
+    if model.spec.tie_embeddings:
+        raise NotImplementedError("tied embeddings over DeepSpeed pipeline stages are not implemented")
+    pipe_cfg = ds_config["pipeline"]
+    layers = [_Embed(model), *model.layers.values(), _Head(model)]
+    return PipelineModule(layers=layers, num_stages=pipe_cfg["stages"], loss_fn=lm_loss,
+                          partition_method=pipe_cfg["partition"],
+                          activation_checkpoint_interval=pipe_cfg["activation_checkpoint_interval"])
+
+
+class DeepSpeedTrainer:
+    """Same interface as ``NativeTrainer``: ``step(i) -> (loss, weight)``, ``modules``, ``optimizer``."""
+
+    memory_trackable = False
+
+    def __init__(self, *, plan: ParallelPlan, config: TrialConfig, device: torch.device) -> None:
+        import deepspeed
+
+        # Skip the 25-33 s JIT build of the shared-memory comm op; gloo/nccl carry the collectives.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        # deepspeed.comm adopts the worker's process group; PipelineModule needs it before initialize.
+        deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
+        self.plan, self.config, self.device = plan, config, device
+        ds_config = trial_ds_config(plan, on_cpu=device.type == "cpu")
+        model = build_model(config.model, device=device, seed=config.seed)
+        if plan.pp > 1:
+            module = _pipeline_module(model, plan, ds_config)
+        else:
+            if plan.recompute is not Recompute.NONE:
+                apply_ac(model, plan.recompute)
+            module = model
+        del model
+        optimizer = torch.optim.AdamW(module.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False)
+        self.modules = [self.engine.module]
+        tp = plan.tp
+        self.dp_rank = (torch.distributed.get_rank() // tp) % plan.dp  # rank grid: pp, dp, tp
+
+    def step(self, step: int) -> tuple[torch.Tensor, float]:
+        plan = self.plan
+        inputs, targets = synthetic_batch(self.config.model, batch=plan.global_batch, seq_len=plan.seq_len,
+                                          step=step, seed=self.config.seed, rows=dp_rows(plan, self.dp_rank),
+                                          device=self.device)
+        n = plan.num_microbatches
+        micro = list(zip(inputs.chunk(n), targets.chunk(n), strict=True))
+        if plan.pp > 1:
+            return self.engine.train_batch(data_iter=iter(micro)).detach(), 1.0
+        total = torch.zeros((), device=self.device)
+        for x, y in micro:
+            loss = lm_loss(self.engine(x), y)
+            self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
+            self.engine.step()          # steps the optimizer at the accumulation boundary only
+            total += loss.detach()
+        return total / n, 1.0
+
+    def close(self) -> None:
+        """Drop the engine before ``destroy_process_group`` (PLATFORM.md: avoids the exit-time abort)."""
+        if hasattr(self.engine, "destroy"):
+            self.engine.destroy()
+        del self.engine, self.optimizer, self.modules
