@@ -1,0 +1,194 @@
+"""Activation memory on one GPU (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", arXiv:2205.05198, Sec. 4, Eq. 1-2 and Table 2).
+
+Convention: bytes on ONE rank, per transformer layer and per micro-batch unless a name says otherwise;
+``s`` is the sequence each rank sees (``seq_len / cp``: context parallelism splits the sequence), ``b``
+the micro-batch, ``t`` the TP degree, ``e`` the activation element size (2 for bf16). ``memory.py`` takes
+the worst of the first and the last pipeline stage.
+
+The paper's GPT layer stores ``sbh(34 + 5as/h)`` bytes: LayerNorm inputs 4sbh, QKV and MLP inputs 4sbh,
+dropout masks 2sbh (those 10 are not split by TP without sequence parallelism), Q and K 4sbh, V 2sbh, the
+output-projection input 2sbh, GeLU input and output 16sbh (the 24 split by TP), and the attention core
+5as^2b (softmax 2, its dropout mask 1, dropout output 2). Generalised here, term by term:
+
+- GQA: K and V are ``kv_hidden`` wide, so Q+K+V store ``e sb(h + 2 kv)``.
+- Gated MLP (SwiGLU): eager PyTorch stores gate, silu(gate), up and their product (4 ffn-wide tensors);
+  Megatron's fused ``bias_swiglu`` stores the gate/up input and the product (3); a GeLU MLP stores 2.
+- FlashAttention (Dao et al. 2022, Alg. 2) stores no ``s^2`` scores, only the output (the projection's
+  input, already counted) and an fp32 log-sum-exp per head and token: ``4 a s b``. ``FLASH_ATTENTION``
+  is the default for bf16 training (torch SDPA, Megatron/TE, DeepSpeed all dispatch to it).
+- Norms: fused RMSNorm/LayerNorm kernels (Apex, TE, torch.compile) store the input and per-token fp32
+  statistics; eager PyTorch's decomposed RMSNorm also stores ``x * rstd`` (seen in the CPU cross-check).
+- No dropout by default (``DROPOUT``): Llama 1-3, Mistral, OLMo pretrain without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.plan import Framework, ParallelPlan, Recompute, Schedule
+from autotune.specs import ModelSpec
+
+__all__ = [
+    "FLASH_ATTENTION", "DROPOUT", "Kernels", "kernels_for", "LayerShape", "norm_side_bytes", "tp_split_bytes",
+    "attention_core_bytes", "layer_activation_bytes", "backward_working_bytes", "head_activation_bytes",
+    "loss_stored_bytes", "loss_transient_bytes", "in_flight_microbatches", "microbatches_at_loss",
+]
+
+FLASH_ATTENTION = True
+"""Attention stores no ``s x s`` matrices (FlashAttention / memory-efficient SDPA). False reproduces the
+paper's ``5as/h`` term."""
+DROPOUT = False
+"""Dropout layers with 1-byte masks (GPT-3/Megatron defaults); modern LLM pretraining uses none."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Kernels:
+    """Which implementation choices shape what autograd stores."""
+
+    flash_attention: bool = FLASH_ATTENTION
+    fused_norm: bool = True
+    """Norm stores its input + fp32 statistics only (False: eager decomposed RMSNorm, +1 sbh per norm)."""
+    fused_swiglu: bool = False
+    """Megatron's fused SwiGLU: 3 ffn-wide tensors instead of eager PyTorch's 4."""
+    fused_cross_entropy: bool = False
+    """Megatron's vocab-parallel cross-entropy computes its fp32 softmax and gradient in place."""
+    dropout: bool = DROPOUT
+    mask_bytes: int = 1
+    """Dropout masks are stored as 1-byte tensors (Korthikanti Sec. 4.1)."""
+
+
+def kernels_for(plan: ParallelPlan) -> Kernels:
+    """The kernels each framework runs: Megatron fuses SwiGLU and the cross-entropy; PyTorch (FSDP2 trials)
+    and DeepSpeed run the model's eager MLP and ``F.cross_entropy``."""
+    megatron = plan.framework is Framework.MEGATRON
+    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerShape:
+    """One rank's view of a layer's tensors (before TP splitting)."""
+
+    s: float
+    b: int
+    h: int
+    kv: int
+    ffn: int
+    heads: int
+    vocab: int
+    gated: bool
+
+    @classmethod
+    def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
+        return cls(s=plan.seq_len / plan.cp, b=plan.micro_batch, h=model.hidden_size,
+                   kv=model.kv_hidden_size, ffn=model.ffn_hidden_size, heads=model.num_heads,
+                   vocab=model.vocab_size, gated=model.gated_mlp)
+
+
+def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
+    """Tensors of the residual side, not split by TP (split by ``t`` with sequence parallelism): two norm
+    inputs, two norm outputs (the QKV and MLP inputs), ``x*rstd`` of unfused norms, two dropout masks.
+    Korthikanti Sec. 4.1 / Eq. 2: 10sbh (4 + 4 + 2) for LayerNorm with dropout, e = 2."""
+    tensors = 2 * (2 + (0 if k.fused_norm else 1))
+    masks = 2 * k.mask_bytes if k.dropout else 0
+    return x.s * x.b * x.h * (tensors * e + masks)
+
+
+def tp_split_bytes(x: LayerShape, e: int, k: Kernels) -> float:
+    """Tensors split by TP (before dividing by ``t``): Q, K, V (K and V ``kv`` wide), the
+    output-projection input, and the MLP intermediates (gated: 4 eager / 3 fused ffn-wide; GeLU: 2).
+    Korthikanti Eq. 2: 24sbh for kv = h, ffn = 4h, e = 2 (Q,K 4 + V 2 + projection input 2 + GeLU 16)."""
+    sb = x.s * x.b
+    attention = sb * (2 * x.h + 2 * x.kv) * e
+    mlp_tensors = (3 if k.fused_swiglu else 4) if x.gated else 2
+    return attention + sb * x.ffn * mlp_tensors * e
+
+
+def attention_core_bytes(x: LayerShape, e: int, k: Kernels) -> float:
+    """What the attention core stores beyond Q, K, V and its output (before dividing by ``t``).
+    Eager: softmax ``e as^2b``, with dropout also its mask and output (Korthikanti: 5as^2b).
+    FlashAttention: the fp32 log-sum-exp, ``4 a s b`` (Dao et al. 2022, Alg. 2)."""
+    if k.flash_attention:
+        return 4.0 * x.heads * x.s * x.b
+    per_score = e + ((k.mask_bytes + e) if k.dropout else 0)
+    return per_score * x.heads * x.s * x.s * x.b
+
+
+def layer_activation_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
+                           k: Kernels) -> float:
+    """Stored bytes of one layer for one micro-batch (Korthikanti Table 2): ``sbh(34 + 5as/h)`` without
+    parallelism; ``sbh(10 + 24/t + 5as/(ht))`` with TP; everything ``/t`` with TP + SP; selective
+    recompute drops the attention core; full recompute keeps only the layer input ``2sbh`` (``/t``
+    with SP)."""
+    side_div = tp if sp else 1
+    if recompute is Recompute.FULL:
+        return x.s * x.b * x.h * e / side_div
+    stored = norm_side_bytes(x, e, k) / side_div + tp_split_bytes(x, e, k) / tp
+    if recompute is Recompute.NONE:
+        stored += attention_core_bytes(x, e, k) / tp
+    return stored
+
+
+def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
+                           k: Kernels) -> float:
+    """Transient of one layer's backward on top of what is stored. Gradients alive at once inside the MLP
+    (``num_mlp_matrices`` ffn-wide, e.g. dL/d(product), dL/d(silu), dL/d(up)) plus the incoming ``sbh``
+    gradient: the MemTracker "Temp" peak of the CPU cross-check. With recompute, the recomputed part of
+    one layer: full, the whole layer minus its stored input; selective, the attention core."""
+    side_div = tp if sp else 1
+    grads = x.s * x.b * (x.ffn * (3 if x.gated else 2) / tp + x.h / side_div) * e
+    if recompute is Recompute.NONE:
+        return grads
+    full_layer = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)
+    stored = layer_activation_bytes(x, tp=tp, sp=sp, recompute=recompute, e=e, k=k)
+    return grads + full_layer - stored
+
+
+def head_activation_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels, first: bool,
+                          last: bool) -> float:
+    """Stored at the ends of the model per micro-batch (Korthikanti Sec. 4.3), logits excluded: the
+    embedding's dropout mask on the first stage (token ids are negligible); the final norm's input,
+    ``x*rstd`` if unfused, and output (the output layer's input) on the last stage."""
+    side_div = tp if sp else 1
+    sbh = x.s * x.b * x.h
+    stored = sbh * k.mask_bytes / side_div if (first and k.dropout) else 0.0
+    if last:
+        stored += sbh * e * (2 + (0 if k.fused_norm else 1)) / side_div
+    return stored
+
+
+def loss_stored_bytes(x: LayerShape, *, tp: int, e: int) -> float:
+    """Logits kept for the loss per micro-batch on the last stage (Korthikanti Sec. 4.3: fp32 for the
+    cross-entropy): the output layer's logits (``e``) and the fp32 (log-)softmax (4), vocab split by ``t``."""
+    return x.s * x.b * x.vocab / tp * (e + 4)
+
+
+def loss_transient_bytes(x: LayerShape, *, tp: int, k: Kernels) -> float:
+    """fp32 buffers of the loss backward: eager ``F.cross_entropy`` holds the gradient of the log-softmax
+    output and of its input at once (2 x 4 B per logit; the CPU cross-check's peak); Megatron's fused
+    vocab-parallel cross-entropy writes the gradient into its softmax buffer (0)."""
+    return 0.0 if k.fused_cross_entropy else x.s * x.b * x.vocab / tp * 8.0
+
+
+def in_flight_microbatches(plan: ParallelPlan, *, rank: int) -> float:
+    """Micro-batches of a whole stage whose activations pipeline rank ``rank`` holds at its peak.
+
+    PP = 1: one (gradient accumulation frees each micro-batch in its backward). GPipe: all ``m``.
+    1F1B: ``min(pp - rank, m)`` (Narayanan et al. 2021 Sec. 2.2.1: rank 0 holds ``pp``). Interleaved with
+    ``v`` chunks: Megatron's warm-up of ``2(pp - rank - 1) + (v - 1) pp`` chunk forwards plus the one in
+    progress, in stage units (``/v``); rank 0 gives ``pp (1 + (pp - 1)/(pp v))`` (Korthikanti Sec. 4.2.3)."""
+    m, pp, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+    if pp == 1:
+        return 1.0
+    if plan.schedule is Schedule.GPIPE:
+        return float(m)
+    if plan.schedule is Schedule.INTERLEAVED:
+        chunks = 2 * (pp - rank - 1) + (v - 1) * pp + 1
+        return min(chunks / v, float(m))
+    return float(min(pp - rank, m))
+
+
+def microbatches_at_loss(plan: ParallelPlan) -> float:
+    """Micro-batches whose logits the last stage holds: all with GPipe (every forward before any
+    backward), else one (the loss's backward follows its forward at once)."""
+    return float(plan.num_microbatches) if plan.pp > 1 and plan.schedule is Schedule.GPIPE else 1.0

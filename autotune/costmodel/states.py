@@ -1,0 +1,261 @@
+"""Model states per GPU: weights, gradients, optimizer states, gather buffers and communication buckets.
+
+Convention: bytes on ONE rank of ONE pipeline stage (``first``/``last`` say which ends of the model it holds);
+``memory.py`` evaluates the first and the last stage and keeps the larger.
+
+Accounting follows ZeRO (Rajbhandari et al. 2020, Sec. 3.1): mixed-precision Adam keeps ``2 psi`` bf16
+weights, ``2 psi`` bf16 gradients and ``K psi = 12 psi`` fp32 master weights, momentum and variance. fp8
+training keeps bf16 weights here (Transformer Engine casts to fp8 per GEMM; the bf16 copy stays). Where a
+framework stores something else, ``state_bytes_per_param`` says so with its source:
+
+- DeepSpeed (bf16/fp16, ZeRO 0-3) also materialises an fp32 copy of the gradient partition in
+  ``step()`` (stage_1_and_2.py / stage3.py ``single_grad_partition = ....to(fp32)``); its own estimator
+  counts it: ``estimate_zero2_model_states_mem_needs`` "18 = 2_grads_16bit + 4_grads_32bit +
+  4_params_32bit + 8_optimizer_states_32bit". We count it too (conservative: it lives during the step).
+- Megatron keeps fp32 ``main_grad`` buffers (4 B), unsharded even with the distributed optimizer
+  (megatron/training/theoretical_memory_usage.py: 18 B/param, or 6 + 12/d with the distributed optimizer).
+- FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (autotune/trials/parallelize.py,
+  torchtitan): the sharded parameter IS the fp32 master (4 B), sharded gradients are fp32 (4 B), Adam adds
+  8 B; bf16 copies exist only unsharded (per unit in flight, or the whole stage for fsdp-grad-op, whose
+  ``reshard_after_forward=False`` keeps every unit gathered from forward to backward). Sharding ``none``
+  is DDP + bf16 autocast: fp32 params, grads and Adam, plus the bf16 weight casts saved for backward.
+
+Sharding: ZeRO-1 shards the optimizer, ZeRO-2/fsdp-grad-op also gradients, ZeRO-3/fsdp-full/hsdp also
+parameters, over ``plan.shard_degree`` (DP, or the HSDP shard group) times CP (CP ranks hold the same
+parameters; torchtitan and Megatron shard over ``dp x cp``). Offload (ZeRO-Offload, Ren et al. 2021)
+moves optimizer states and master weights to the host; DeepSpeed and FSDP2 (``CPUOffloadPolicy``) move the
+sharded gradients too, FSDP2 the sharded parameters as well.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.plan import Framework, ParallelPlan, Sharding
+from autotune.specs import ModelSpec
+
+__all__ = [
+    "Numerics", "MIXED_BF16", "FP32", "StateBytesPerParam", "ModelStates", "state_bytes_per_param",
+    "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "layer_params_per_gpu",
+    "root_params_per_gpu", "stage_params_per_gpu", "largest_module_params_per_gpu", "gathered_bytes",
+    "comm_bucket_bytes",
+    "DDP_BUCKET_BYTES", "DEEPSPEED_REDUCE_BUCKET_ELEMENTS", "DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS",
+    "DEEPSPEED_PREFETCH_BUCKET_ELEMENTS", "DEEPSPEED_OVERLAP_COMM", "DEEPSPEED_SUB_GROUP_ELEMENTS",
+    "TORCH_ADAMW_FOREACH",
+]
+
+DDP_BUCKET_BYTES = 25 * 1024**2
+"""torch DDP ``bucket_cap_mb=25`` (torch/nn/parallel/distributed.py). With ``gradient_as_bucket_view=True``
+the buckets are the gradients themselves; one bucket in flight is counted as staging."""
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""``zero_optimization.reduce_bucket_size`` default (deepspeed/runtime/zero/config.py, 5e8 elements): the
+ZeRO-1/2 ``ipg_buffer`` and the ZeRO-3 ``__ipg_bucket_flat_buffer`` (bf16). autotune's ds_config leaves it
+at DeepSpeed's default; an emitter that lowers it must lower this too."""
+DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
+"""``zero_optimization.sub_group_size`` default (deepspeed/runtime/zero/config.py, 1e9): ZeRO-3 runs the
+optimizer step on this many parameters at a time."""
+TORCH_ADAMW_FOREACH = True
+"""The trials' optimizer is ``torch.optim.AdamW(foreach=True)`` (autotune/trials/train.py)."""
+DEEPSPEED_OVERLAP_COMM = True
+"""autotune's ds_config sets ``overlap_comm: true`` for ZeRO >= 1 (autotune/emit/deepspeed.py)."""
+DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
+"""``allreduce_bucket_size`` default (deepspeed/runtime/constants.py, 5e8): ZeRO-0 flattens gradients into
+buckets of this many elements for the all-reduce."""
+DEEPSPEED_PREFETCH_BUCKET_ELEMENTS = 50_000_000
+"""``stage3_prefetch_bucket_size`` default (deepspeed/runtime/zero/config.py, 5e7 elements): parameters
+ZeRO-3 all-gathers ahead of the module that runs."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Numerics:
+    """Element sizes of one training recipe."""
+
+    compute_bytes: int
+    """Weights as the GEMMs read them, and activations: 2 (bf16/fp16) or 4 (fp32)."""
+    mixed: bool
+    """An fp32 master copy is kept apart from the compute weights (mixed precision)."""
+
+
+MIXED_BF16 = Numerics(compute_bytes=2, mixed=True)
+"""bf16/fp16/fp8 plans (Micikevicius et al. 2018 mixed precision with fp32 master weights)."""
+FP32 = Numerics(compute_bytes=4, mixed=False)
+"""Plain fp32 training (CPU trials, the measured cross-check): weights, gradients 4 B, Adam 8 B."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StateBytesPerParam:
+    """Bytes per parameter, split by how each part is sharded."""
+
+    weight: float
+    """Persistent parameter storage (sharded by ZeRO-3 / fsdp-full / hsdp)."""
+    unsharded_copy: float
+    """Compute copy held gathered for the whole step (FSDP2 grad-op / DDP autocast); 0 otherwise."""
+    grad: float
+    """Gradient as accumulated (sharded by ZeRO-2 and up)."""
+    grad_fp32_partition: float
+    """fp32 gradient partition built for the step (DeepSpeed; sharded like the optimizer)."""
+    optimizer: float
+    """fp32 master (when separate) + Adam moments (sharded by ZeRO-1 and up)."""
+
+
+def state_bytes_per_param(plan: ParallelPlan, numerics: Numerics) -> StateBytesPerParam:
+    """Bytes per parameter of each model state (ZeRO paper Sec. 3.1: 2 + 2 + 12; framework notes in the
+    module docstring)."""
+    c = numerics.compute_bytes
+    if not numerics.mixed:  # plain fp32 + Adam: 4 + 4 + 8, nothing else
+        held = c if plan.framework is Framework.FSDP and plan.sharding is Sharding.FSDP_GRAD_OP else 0.0
+        return StateBytesPerParam(weight=c, unsharded_copy=held, grad=c, grad_fp32_partition=0.0,
+                                  optimizer=8.0)
+    if plan.framework is Framework.FSDP:
+        held = c if plan.sharding in (Sharding.FSDP_GRAD_OP, Sharding.NONE) else 0.0
+        return StateBytesPerParam(weight=4.0, unsharded_copy=held, grad=4.0, grad_fp32_partition=0.0,
+                                  optimizer=8.0)
+    if plan.framework is Framework.MEGATRON:
+        return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=4.0, grad_fp32_partition=0.0,
+                                  optimizer=12.0)
+    return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=c, grad_fp32_partition=4.0, optimizer=12.0)
+
+
+def state_shard_degree(plan: ParallelPlan) -> int:
+    """Ranks that split a sharded state: DP (or the HSDP shard group) x CP."""
+    return plan.shard_degree * plan.cp
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelStates:
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    step_bytes: float
+    """Temporaries of the optimizer step only (DeepSpeed's fp32 gradient partition, AdamW's foreach
+    buffer)."""
+    host_bytes: float
+    """Offloaded bytes of this GPU (in host memory)."""
+
+
+def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16) -> ModelStates:
+    """Weights, gradients and optimizer states of ``num_params`` parameters on one GPU.
+
+    ZeRO Sec. 3.1/5: stage ``z`` divides the optimizer (z>=1), gradients (z>=2) and parameters (z=3) by
+    the shard degree ``N_d``. Offload: optimizer (+ fp32 gradient partition, + sharded gradients for
+    DeepSpeed/FSDP2, + sharded parameters for FSDP2) go to the host."""
+    b = state_bytes_per_param(plan, numerics)
+    n = state_shard_degree(plan) if plan.sharding is not Sharding.NONE else 1
+    z = plan.zero_stage
+    weight_sharded = z >= 3 or plan.sharding is Sharding.FSDP_GRAD_OP  # FSDP2 always shards the storage
+    weight = num_params * b.weight / (n if weight_sharded else 1)
+    held = num_params * b.unsharded_copy
+    grad = num_params * b.grad / (n if z >= 2 else 1)
+    opt_params = num_params / (n if z >= 1 else 1)
+    optimizer = opt_params * b.optimizer
+    if not plan.offload:
+        fp32_grads = _step_group(opt_params, plan) * b.grad_fp32_partition
+        step = optimizer_step_temp_bytes(opt_params, plan) + fp32_grads
+        return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=optimizer,
+                           step_bytes=step, host_bytes=0.0)
+    host = optimizer + opt_params * b.grad_fp32_partition
+    if plan.framework is not Framework.MEGATRON and z >= 2:  # sharded gradients stream to the host
+        host, grad = host + grad, 0.0
+    if plan.framework is Framework.FSDP and weight_sharded:  # CPUOffloadPolicy: sharded parameters too
+        host, weight = host + weight, 0.0
+    return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=0.0, step_bytes=0.0,
+                       host_bytes=host)
+
+
+def _step_group(opt_params: float, plan: ParallelPlan) -> float:
+    """Parameters one optimizer call updates: DeepSpeed ZeRO-3 steps ``sub_group_size`` at a time
+    (stage3.py ``_prepare_fp32_grad_for_sub_group`` ... ``grad = None``), the others the whole shard."""
+    if plan.framework is Framework.DEEPSPEED and plan.zero_stage == 3:
+        return min(opt_params, DEEPSPEED_SUB_GROUP_ELEMENTS)
+    return opt_params
+
+
+def optimizer_step_temp_bytes(opt_params: float, plan: ParallelPlan) -> float:
+    """Temporary of the optimizer step: torch's multi-tensor AdamW (``foreach=True``, what
+    autotune/trials/train.py builds, also as DeepSpeed's client optimizer) allocates
+    ``exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)``, one fp32 tensor per parameter of the call
+    (torch/optim/adam.py ``_multi_tensor_adam``). Megatron's fused Adam has none, nor has a fused torch
+    AdamW (``TORCH_ADAMW_FOREACH = False``); with offload the step runs on the host."""
+    if plan.offload or plan.framework is Framework.MEGATRON or not TORCH_ADAMW_FOREACH:
+        return 0.0
+    return _step_group(opt_params, plan) * 4.0
+
+
+def layer_params_per_gpu(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Parameters of one transformer block on one TP rank (Megatron splits every matrix by ``t``)."""
+    return model.params_per_layer / plan.tp
+
+
+def root_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> float:
+    """Embedding (first stage) and final norm + output layer (last stage) on one TP rank; vocab-parallel
+    embeddings split ``V x h`` by ``t``. Tied embeddings: with PP both ends hold a copy (Megatron
+    ``share_embeddings_and_output_weights`` keeps one on each end and all-reduces its gradient)."""
+    vh = model.vocab_size * model.hidden_size / plan.tp
+    params = 0.0
+    if first:
+        params += vh + (model.max_seq_len * model.hidden_size if model.learned_positions else 0)
+    if last:
+        params += model.hidden_size * (2 if model.bias else 1)
+        if not (first and model.tie_embeddings):
+            params += vh
+    return params
+
+
+def stage_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> float:
+    """Parameters one GPU of a stage holds before sharding: its ``L/pp`` blocks and its ends."""
+    blocks = model.num_layers / plan.pp * layer_params_per_gpu(model, plan)
+    return blocks + root_params_per_gpu(model, plan, first=first, last=last)
+
+
+def largest_module_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> float:
+    """Largest leaf module (DeepSpeed ZeRO-3 gathers per ``nn.Module``; its estimator's
+    ``largest_layer_params``): an MLP matrix ``h x ffn``, Q/O ``h x h``, or the vocab matrix on an end."""
+    h = model.hidden_size
+    candidates = [h * model.ffn_hidden_size / plan.tp, h * h / plan.tp]
+    if first or last:
+        candidates.append(model.vocab_size * h / plan.tp)
+    return max(candidates)
+
+
+def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *, first: bool,
+                   last: bool, backward: bool) -> float:
+    """Unsharded parameter/gradient buffers in flight (ZeRO-3 / FSDP), in backward or at the loss.
+
+    FSDP2 (per-block units + a root unit holding the ends; measured with FSDPMemTracker, see
+    benchmarks/memory_crosscheck.py): the root stays gathered from forward to backward; in backward the
+    current and the prefetched block are gathered and one unit's unsharded gradient waits for its
+    reduce-scatter (in ``reduce_dtype`` fp32). fsdp-grad-op holds every unit gathered already
+    (``state_bytes_per_param.unsharded_copy``), so only the gradient remains. DeepSpeed ZeRO-3 gathers per
+    leaf module: the largest module's parameter and gradient (its estimator's ``4 x largest_layer_params``)
+    plus the prefetch bucket."""
+    c = numerics.compute_bytes
+    if plan.framework is Framework.DEEPSPEED and plan.zero_stage == 3:
+        module = largest_module_params_per_gpu(model, plan, first=first, last=last)
+        return module * 2 * c + DEEPSPEED_PREFETCH_BUCKET_ELEMENTS * c
+    if plan.framework is not Framework.FSDP or plan.sharding is Sharding.NONE:
+        return 0.0
+    layer = layer_params_per_gpu(model, plan)
+    root = root_params_per_gpu(model, plan, first=first, last=last)
+    grad = max(layer, root) * 4.0 if backward else 0.0
+    if plan.sharding is Sharding.FSDP_GRAD_OP:
+        return grad
+    return root * c + (2 * layer * c + grad if backward else 0.0)
+
+
+def comm_bucket_bytes(plan: ParallelPlan, stage_params: float, numerics: Numerics = MIXED_BF16) -> float:
+    """Gradient buckets outside the model states. DeepSpeed ZeRO-1/2/3 allocate flat ``reduce_bucket_size``
+    buffers whatever the model size (stage_1_and_2.py ``setup_buckets``: a second one with
+    ``overlap_comm``, which autotune's ds_config sets; stage3.py one per dtype); ZeRO-0 flattens gradients
+    into all-reduce buckets. torch DDP: one 25 MiB bucket in flight. Megatron's buckets are views into its
+    ``main_grad`` buffer and FSDP2's reduce-scatter input is counted in ``gathered_bytes``: nothing here."""
+    c = numerics.compute_bytes
+    if plan.dp * plan.cp == 1:
+        return 0.0
+    if plan.framework is Framework.DEEPSPEED:
+        if plan.zero_stage == 0:
+            return min(DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS, stage_params) * c
+        buffers = 2 if plan.zero_stage < 3 and DEEPSPEED_OVERLAP_COMM else 1
+        return buffers * DEEPSPEED_REDUCE_BUCKET_ELEMENTS * c
+    if plan.framework is Framework.FSDP and plan.sharding is Sharding.NONE:
+        return min(DDP_BUCKET_BYTES, stage_params * 4.0)
+    return 0.0
