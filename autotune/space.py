@@ -153,7 +153,8 @@ def resolve_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         elif isinstance(spec := space.knobs.get(knob), Rule):
             out[knob] = _rule_values(spec, model, cluster)
         else:
-            out[knob] = spec if spec is not None else (_DEFAULTS[knob],)
+            values = spec or (_DEFAULTS[knob],)
+            out[knob] = tuple(_parse_value(knob, v, space.source) if v is not None else v for v in values)
         if not out[knob]:
             raise ConfigError(f"{space.source}: knob '{knob}' has no candidates for {model.name} "
                               f"on {cluster.name}")

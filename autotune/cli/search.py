@@ -1,0 +1,231 @@
+"""``autotune search``: rank every legal plan with the cost model, then measure the best in an Optuna study.
+
+Examples::
+
+    autotune search --model 70b --gpus 16                        # plan here, measure on the cluster
+    autotune search --model 70b --gpus 16 --tp 8 --trials 24      # pin TP; 24 real trials where GPUs exist
+    autotune search --model 70b --gpus 16 --study s1 --resume     # add trials to study s1
+    autotune search --model tiny --gpus 4 --device cpu --trials 3 --global-batch 16  # gloo, on a laptop
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.catalog import make_cluster
+from autotune.cli._args import add_model_cluster_args, add_plan_args, default_seq_len, resolve_model_cluster
+from autotune.costmodel import Estimate, estimate
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan
+from autotune.render import gib, plan_summary
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["SearchCommand"]
+
+_PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size", "recompute",
+             "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework")
+_DEFAULT_MEASURED_TRIALS = 16
+_FAILED = ("oom", "timeout", "error", "rendezvous_error")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
+class SearchCommand:
+    help = "Find the fastest plan: rank all legal plans with the cost model, then measure the best (Optuna)."
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        add_model_cluster_args(p)
+        add_plan_args(p, pinning=True)
+        g = p.add_argument_group("search")
+        g.add_argument("--space", metavar="FILE", help="search space YAML, or a bundled one: default, fsdp, "
+                       "deepspeed, megatron (default: search_spaces/default.yaml)")
+        g.add_argument("--trials", type=_count, help=f"trials to launch in this run (default: "
+                       f"{_DEFAULT_MEASURED_TRIALS} measured; with predictions only, the top-K)")
+        g.add_argument("--timeout", type=float, metavar="S", help="stop launching trials after S seconds")
+        g.add_argument("--top", type=_count, default=5, metavar="K",
+                       help="the cost model's K best plans are tried first; rows shown (default 5)")
+        g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+        g.add_argument("--study", help="study name (default: <model>-<gpus>x<gpu>)")
+        g.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: SQLite in its dir)")
+        g.add_argument("--resume", action="store_true", help="add trials to the existing study of this name")
+        g.add_argument("--force", action="store_true", help="replace an existing study of this name")
+        g.add_argument("--backend", choices=("auto", "simulate", "torchrun", "deepspeed"), default="auto",
+                       help="auto: real trials when this node has the GPUs (or --device cpu), "
+                       "else predictions")
+        g.add_argument("--device", choices=("cpu", "cuda"), help="cpu: gloo trials on CPU processes")
+        g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
+        g.add_argument("--json", action="store_true", help="print one JSON object")
+        g.add_argument("--quiet", action="store_true", help="print only the best plan")
+
+    def run(self, args: argparse.Namespace) -> int:
+        import optuna  # here, so that `autotune estimate` never imports it
+
+        from autotune.search import StudyOptions, run_study, top_trials
+
+        if args.resume and args.force:
+            raise ConfigError("--resume keeps the study and --force replaces it: pass one")
+        model, cluster = resolve_model_cluster(args)
+        choice, ranking = _rank(args, model, cluster)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study, study_dir, url = _open(args, model, cluster, ranking)
+        measured = choice.backend.measures
+        default_trials = _DEFAULT_MEASURED_TRIALS if measured else max(args.top, 1)
+        options = StudyOptions(n_trials=args.trials if args.trials is not None else default_trials,
+                               timeout_s=args.timeout, top_k=args.top)
+        log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr))
+        if log and choice.note:
+            log(choice.note)
+        launched = run_study(study, ranking, choice.backend, options, trials_dir=study_dir.trials, log=log)
+        top = top_trials(study, max(args.top, 1))
+        if not top:
+            print(f"autotune search: no trial succeeded in study '{study.study_name}'; "
+                  f"see {study_dir.trials}/*/stderr.log", file=sys.stderr)
+            return 1
+        best_plan = ParallelPlan.from_dict(top[0].user_attrs["plan"])
+        best_est = estimate(model, cluster, best_plan)
+        emitted = _emit(best_plan, model, cluster, best_est, study_dir.best)
+        out = _summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
+        out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus,
+                   study_dir=str(study_dir.root))
+        study_dir.summary.write_text(json.dumps(out, indent=2) + "\n")
+        if args.json:
+            print(json.dumps(out, indent=2))
+        elif args.quiet:
+            print(f"best: {plan_summary(best_plan)}  {top[0].value:,.0f} tokens/s ({out['value_source']})")
+        else:
+            print(_report(out, model, cluster, ranking))
+        return 0
+
+
+def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> tuple[Any, Any]:
+    """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
+    from autotune.backends.registry import get_backend
+    from autotune.search import plan_search
+    from autotune.space import load_space
+
+    space = load_space(args.space)
+    choice = get_backend(args.backend, cluster=cluster, device=args.device)
+    ranking = plan_search(space, model, cluster, pins={k: getattr(args, k) for k in _PIN_KEYS},
+                          global_batch=args.global_batch, seq_len=args.seq_len or default_seq_len(model),
+                          frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster))
+    return choice, ranking
+
+
+def _open(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
+          ranking: Any) -> tuple[Any, Any, str]:
+    import optuna
+
+    from autotune.search import make_sampler
+    from autotune.store import open_study, study_name_for
+
+    ctx = ranking.ctx
+    identity = {"model": model.name, "num_params": model.num_params, "cluster": cluster.name,
+                "num_gpus": cluster.num_gpus, "global_batch": ctx.global_batch, "seq_len": ctx.seq_len,
+                "space": ranking.choices}
+    study, study_dir, url = open_study(
+        name=args.study or study_name_for(model, cluster), runs_dir=Path(args.out), storage=args.storage,
+        identity=identity, resume=args.resume, force=args.force, sampler=make_sampler(args.seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
+    study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
+    return study, study_dir, url
+
+
+def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
+    """The same cluster with another GPU count: for "the smallest cluster that would fit"."""
+    if args.cluster:
+        def from_file(n: int) -> ClusterSpec:
+            if n % cluster.gpus_per_node:
+                raise ConfigError(f"{n} GPUs is not a whole number of nodes")
+            return dataclasses.replace(cluster, num_nodes=n // cluster.gpus_per_node)
+        return from_file
+    return lambda n: make_cluster(num_gpus=n, gpu=args.gpu, gpus_per_node=args.gpus_per_node,
+                                  intra_node=args.intra_node, inter_node=args.inter_node,
+                                  nics_per_node=args.nics_per_node, host_memory_gib=args.host_memory_gib)
+
+
+def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estimate,
+          out_dir: Path) -> list[str] | None:
+    """Launch files for the best plan (``autotune.emit``); None while that package is not installed."""
+    try:
+        from autotune.emit import emit_all  # INTEGRATION POINT: autotune/emit (another issue)
+    except ImportError as e:
+        if e.name and not e.name.startswith("autotune.emit"):
+            raise
+        return None
+    return [str(p) for p in emit_all(plan, model, cluster, est, out_dir, force=True)]
+
+
+def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any, emitted: list[str] | None,
+             launched: int, measured: bool, note: str | None) -> dict[str, Any]:
+    """The ``--json`` object: the best plan's estimate (as ``estimate --json``) plus the search around it."""
+    states = [t.user_attrs.get("status", str(t.state.name).lower()) for t in study.trials]
+    return {
+        **best.to_dict(),
+        "study": study.study_name, "storage": url, "backend_note": note,
+        "value_source": "measured" if measured else "predicted",
+        "best_trial": top[0].number, "best_value_tokens_per_s": top[0].value,
+        "trials": {"total": len(states), "launched_this_run": launched, "ok": states.count("ok"),
+                   "infeasible": states.count("infeasible"), "failed": sum(s in _FAILED for s in states)},
+        "num_legal_plans": ranking.num_legal, "num_feasible_plans": len(ranking.feasible),
+        "pruned_by_reason": ranking.pruned,
+        "emitted": emitted if emitted is not None else [],
+        "emit_available": emitted is not None,
+        "top": [_row(t) for t in top],
+    }
+
+
+def _row(trial: Any) -> dict[str, Any]:
+    attrs = trial.user_attrs
+    predicted, measured = attrs.get("predicted", {}), attrs.get("measured", {})
+    return {"trial": trial.number, "plan": attrs.get("plan"), "status": attrs.get("status"),
+            "tokens_per_s": trial.value, "predicted_tokens_per_s": predicted.get("tokens_per_s"),
+            "measured_tokens_per_s": measured.get("tokens_per_s"),
+            "mfu": measured.get("mfu", predicted.get("mfu")),
+            "memory_bytes_per_gpu": measured.get("peak_memory_bytes", predicted.get("memory_bytes_per_gpu")),
+            "memory_capacity_bytes": predicted.get("memory_capacity_bytes"),
+            "bottleneck": predicted.get("bottleneck")}
+
+
+def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking: Any) -> str:
+    ctx = ranking.ctx
+    lines = [f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters) on {cluster.name}",
+             f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
+             f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; pruned:"]
+    lines += [f"  {n:>12,}  {reason}" for reason, n in out["pruned_by_reason"].items()]
+    trials = out["trials"]
+    lines += [f"study     {out['study']} ({out['storage']}): {trials['total']} trials, "
+              f"{trials['launched_this_run']} launched now, {trials['infeasible']} infeasible proposals "
+              "never launched", ""]
+    lines += _table(out["top"], measured=out["value_source"] == "measured")
+    best = ParallelPlan.from_dict(out["plan"])
+    lines += ["", f"best      {plan_summary(best)}"]
+    if out["emit_available"]:
+        lines += [f"emitted   {path}" for path in out["emitted"]]
+    else:
+        lines.append("emitted   nothing yet: autotune.emit is not installed (launch files come with it)")
+    return "\n".join(lines)
+
+
+def _table(rows: list[dict[str, Any]], *, measured: bool) -> list[str]:
+    plans = [plan_summary(ParallelPlan.from_dict(row["plan"])) for row in rows]
+    width = max(len(p) for p in plans)
+    head = f"{'#':>3}  {'plan':<{width}}  " + (f"{'meas tok/s':>10} " if measured else "") + \
+        f"{'pred tok/s':>10} {'MFU':>6}  {'memory/GPU':<21} {'binds':<26} status"
+    lines = [head]
+    for i, (row, plan) in enumerate(zip(rows, plans, strict=True), start=1):
+        mem = f"{gib(row['memory_bytes_per_gpu'])} / {gib(row['memory_capacity_bytes'])}"
+        meas = f"{row['measured_tokens_per_s'] or 0:>10,.0f} " if measured else ""
+        lines.append(f"{i:>3}  {plan:<{width}}  {meas}{row['predicted_tokens_per_s']:>10,.0f} "
+                     f"{row['mfu']:>6.1%}  {mem:<21} {row['bottleneck']:<26} {row['status']}")
+    return lines

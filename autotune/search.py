@@ -1,0 +1,324 @@
+"""The search: rank every legal plan with the cost model, then let an Optuna study measure the promising ones.
+
+1. ``plan_search`` enumerates the space (``space.py``) and estimates every legal plan, smallest micro-batch
+   first; once a plan does not fit, the larger micro-batches of its ladder are counted with it (memory grows
+   with the micro-batch) instead of estimated. Bad input is a ``ConfigError`` that names the fix.
+2. ``run_study`` enqueues the cost model's top-K, then asks and tells. Multivariate TPE (seeded) proposes;
+   ``_gate`` judges every proposal with the cost model before anything runs. An infeasible proposal never
+   launches: its reason goes to ``user_attrs`` and its violation (e.g. excess bytes) to the sampler through
+   ``trial.set_constraint`` (feasible iff <= 0), and the trial is told PRUNED. The objective is tokens/s:
+   measured on real backends, predicted on ``simulate``; the study maximises it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.backends.base import Backend, TrialRequest
+from autotune.cli._args import default_global_batch
+from autotune.costmodel import Estimate, estimate
+from autotune.errors import ConfigError
+from autotune.plan import Framework, ParallelPlan
+from autotune.render import gib, plan_summary
+from autotune.space import (
+    BATCH_RULE,
+    PlanContext,
+    SearchSpace,
+    Tally,
+    enumerate_plans,
+    layout_dps,
+    params_of,
+    resolve_choices,
+    suggest_plan,
+)
+from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trials.result import TrialResult, TrialStatus
+
+__all__ = ["Estimator", "Ranking", "StudyOptions", "plan_search", "rank_plans", "rule_of", "make_sampler",
+           "run_study", "top_trials", "best_trial"]
+
+Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
+ClusterAt = Callable[[int], ClusterSpec]
+"""Builds the same kind of cluster with another GPU count (for "the smallest cluster that fits")."""
+
+_CONSTRAINTS = ("plan_rule_violations", "memory_excess_bytes", "host_memory_excess_bytes")
+_MAX_FIT_DOUBLINGS = 12
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ranking:
+    """Every legal plan of a space, judged by the cost model."""
+
+    ctx: PlanContext
+    choices: dict[str, list[Any]]
+    """Per knob, the values legal plans use: the study's categorical choices."""
+    feasible: list[Estimate]
+    """Best predicted tokens/s first."""
+    pruned: dict[str, int]
+    """Rule (illegal) or cost-model reason (infeasible) -> combinations, most first."""
+    num_legal: int
+    closest: Estimate | None
+    """The infeasible legal plan that needs the least memory."""
+
+
+# ---------------------------------------------------------------------------------------------- ranking
+def rule_of(reason: str) -> str:
+    """A reason without its numbers: 'out of memory: needs 91.2 GiB ...' -> 'out of memory'."""
+    return re.sub(r"\s*\b\d[\d.,]*\b", "", reason.split(":", 1)[0]).strip()
+
+
+def rank_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, estimator: Estimator = estimate,
+               *, first_fit: bool = False) -> Ranking:
+    """Estimate every legal plan (stop at the first that fits with ``first_fit``)."""
+    tally, feasible, closest = Tally(), [], None
+    for ladder in enumerate_plans(choices, ctx, tally):
+        for i, micro_batch in enumerate(ladder.micro_batches):
+            est = estimator(ctx.model, ctx.cluster, ladder.plan(micro_batch))
+            if est.feasible:
+                feasible.append(est)
+                continue
+            tally.count(rule_of(est.reasons[0]), len(ladder.micro_batches) - i)  # larger ones cannot fit
+            if closest is None or est.memory_bytes_per_gpu < closest.memory_bytes_per_gpu:
+                closest = est
+            break
+        if first_fit and feasible:
+            break
+    feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
+    return Ranking(ctx=ctx, choices=tally.choices(), feasible=feasible, num_legal=tally.num_legal,
+                   pruned=dict(tally.pruned.most_common()), closest=closest)
+
+
+def plan_search(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, *, pins: Mapping[str, Any],
+                global_batch: int | None, seq_len: int, estimator: Estimator = estimate,
+                frameworks: Collection[Framework] | None = None,
+                cluster_at: ClusterAt | None = None) -> Ranking:
+    """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
+
+    ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size.
+    """
+    if frameworks is not None:
+        space = _only_frameworks(space, model, cluster, pins, frameworks)
+    choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
+    ranking = rank_plans(choices, ctx, estimator)
+    if ranking.feasible:
+        return ranking
+    if ranking.num_legal == 0 and BATCH_RULE in ranking.pruned and layout_dps(choices, ctx):
+        raise ConfigError(_batch_error(choices, ctx))
+    if ranking.num_legal == 0:
+        top = "; ".join(f"{n:,} {r}" for r, n in list(ranking.pruned.items())[:3])
+        raise ConfigError(f"no legal plan for {model.name} on {cluster.name} in {space.source}: {top}")
+    raise ConfigError(_fits_nowhere(ranking, space, pins, global_batch, estimator, cluster_at))
+
+
+def _only_frameworks(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, pins: Mapping[str, Any],
+                     frameworks: Collection[Framework]) -> SearchSpace:
+    wanted = resolve_choices(space, model, cluster, pins)["framework"]
+    kept = tuple(f for f in wanted if f in frameworks)
+    if not kept:
+        asked, runs = ", ".join(map(str, wanted)), ", ".join(sorted(map(str, frameworks)))
+        raise ConfigError(f"framework {asked} cannot be measured here (this backend runs {runs}); "
+                          "use --backend simulate to plan it")
+    return dataclasses.replace(space, knobs={**space.knobs, "framework": kept})
+
+
+def _context(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, pins: Mapping[str, Any],
+             global_batch: int | None, seq_len: int) -> tuple[dict[str, tuple[Any, ...]], PlanContext]:
+    choices = resolve_choices(space, model, cluster, pins)
+    ctx = PlanContext(model=model, cluster=cluster, global_batch=global_batch or 1, seq_len=seq_len,
+                      dp=pins.get("dp"))
+    if global_batch is None:  # ~4M tokens, a multiple of the smallest DP a legal layout has
+        smallest_dp = min(layout_dps(choices, ctx), default=1)
+        ctx = dataclasses.replace(ctx, global_batch=default_global_batch(seq_len, smallest_dp))
+    return choices, ctx
+
+
+def _batch_error(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> str:
+    dps = sorted(layout_dps(choices, ctx))
+    gb = ctx.global_batch
+    near = sorted({d * k for d in dps for k in range(max(1, gb // d - 2), gb // d + 4)},
+                  key=lambda x: (abs(x - gb), x))
+    fix = next((x for x in near[:24]
+                if any(enumerate_plans(choices, dataclasses.replace(ctx, global_batch=x)))), None)
+    hint = f"; try --global-batch {fix}" if fix else ""
+    return (f"--global-batch {gb}: no DP x micro-batch of a legal layout divides it "
+            f"(DP can be {', '.join(map(str, dps))}){hint}")
+
+
+def _fits_nowhere(ranking: Ranking, space: SearchSpace, pins: Mapping[str, Any], global_batch: int | None,
+                  estimator: Estimator, cluster_at: ClusterAt | None) -> str:
+    ctx, closest = ranking.ctx, ranking.closest
+    cluster = ctx.cluster
+    need = (f" (the closest plan needs {gib(closest.memory_bytes_per_gpu)} of "
+            f"{gib(closest.memory_capacity_bytes)} per GPU)") if closest else ""
+    head = (f"{ctx.model.name} fits nowhere on {cluster.num_gpus} {cluster.gpu.key}: "
+            f"every legal plan is infeasible{need}")
+    if cluster_at is None:
+        return head
+    n = cluster.num_gpus
+    for _ in range(_MAX_FIT_DOUBLINGS):
+        n *= 2
+        try:
+            choices, bigger = _context(space, ctx.model, cluster_at(n), pins, global_batch, ctx.seq_len)
+        except ConfigError:
+            continue
+        if rank_plans(choices, bigger, estimator, first_fit=True).feasible:
+            return f"{head}; the cost model finds plans that fit on {n} GPUs: --gpus {n}"
+    return f"{head}, even on {n} GPUs"
+
+
+# ---------------------------------------------------------------------------------------------- the study
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StudyOptions:
+    n_trials: int
+    """Trials to launch (measure, or simulate) in this run; infeasible proposals do not count."""
+    timeout_s: float | None = None
+    top_k: int = 5
+    trial_timeout_s: float = 600.0
+
+
+def make_sampler(seed: int, num_existing_trials: int = 0) -> optuna.samplers.BaseSampler:
+    """Multivariate TPE; a resumed study gets a fresh seed so it does not replay its random start."""
+    return optuna.samplers.TPESampler(seed=seed + num_existing_trials, multivariate=True, constant_liar=True)
+
+
+def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: StudyOptions, *,
+              trials_dir: Path, estimator: Estimator = estimate,
+              log: Callable[[str], None] | None = None) -> int:
+    """Enqueue the top-K, then ask/tell until ``n_trials`` have launched, every feasible plan has run, or the
+    timeout passes. Returns the number launched."""
+    for rank, est in enumerate(ranking.feasible[:options.top_k], start=1):
+        study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model", "predicted_rank": rank},
+                            skip_if_exists=True)
+    deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
+    tried = {_key(t.params) for t in study.get_trials(deepcopy=False) if _was_launched(t)}
+    launched = asks = 0
+    while launched < options.n_trials and asks < 20 * options.n_trials + options.top_k + 50:
+        if len(tried) >= len(ranking.feasible) or (deadline is not None and time.monotonic() > deadline):
+            break
+        trial, asks = study.ask(), asks + 1
+        plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
+        est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
+        if est is None or plan is None or _reuse_finished(study, trial):
+            continue
+        request = TrialRequest(model=ranking.ctx.model, cluster=ranking.ctx.cluster, plan=plan,
+                               trial_dir=trials_dir / f"{trial.number:05d}",
+                               timeout_s=options.trial_timeout_s)
+        result = backend.run(request, _reporter(trial))
+        launched += 1
+        tried.add(_key(trial.params))
+        _record(study, trial, result, backend.measures)
+        if log:
+            log(_progress_line(trial.number, plan, result))
+    return launched
+
+
+def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
+
+
+def _was_launched(trial: FrozenTrial) -> bool:
+    attrs = trial.user_attrs
+    return attrs.get("status", "infeasible") != "infeasible" and "duplicate_of" not in attrs
+
+
+def _gate(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan | None, reason: str | None,
+          ctx: PlanContext, estimator: Estimator) -> Estimate | None:
+    """The one place a proposal is judged before it may launch; returns its estimate when feasible.
+
+    Every proposal gets the same constraints, so the sampler learns where the boundary is:
+    ``plan_rule_violations`` (an illegal combination, or a reason the cost model gives beyond memory),
+    ``memory_excess_bytes`` and ``host_memory_excess_bytes`` (predicted need minus capacity; <= 0 fits).
+    An illegal or infeasible proposal is recorded with its reason and told PRUNED: it never launches.
+    """
+    est = estimator(ctx.model, ctx.cluster, plan) if plan is not None else None
+    memory = host = 0.0
+    other = 1.0 if plan is None else 0.0
+    if est is not None:
+        memory = est.memory_bytes_per_gpu - est.memory_capacity_bytes
+        host = est.memory.host_bytes_per_node - ctx.cluster.host_memory_bytes_per_node
+        other = float(sum(not r.startswith(("out of memory", "out of host memory")) for r in est.reasons))
+        trial.set_user_attr("plan", est.plan.to_dict())
+        trial.set_user_attr("predicted", _predicted(est))
+    for name, value in zip(_CONSTRAINTS, (other, memory, host), strict=True):
+        trial.set_constraint(name, value)
+    if est is not None and est.feasible:
+        return est
+    trial.set_user_attr("status", str(TrialStatus.INFEASIBLE))
+    trial.set_user_attr("reason", reason or est.reasons[0])  # type: ignore[union-attr]
+    study.tell(trial, state=TrialState.PRUNED)
+    return None
+
+
+def _predicted(est: Estimate) -> dict[str, Any]:
+    return {"tokens_per_s": est.tokens_per_s, "mfu": est.mfu, "step_time_s": est.step_time_s,
+            "memory_bytes_per_gpu": est.memory_bytes_per_gpu, "bottleneck": est.bottleneck,
+            "memory_capacity_bytes": est.memory_capacity_bytes}
+
+
+def _reuse_finished(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """A plan already run in this study is not run again: its outcome is told once more."""
+    for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        status = old.user_attrs.get("status")
+        if old.number == trial.number or old.params != trial.params or status == str(TrialStatus.INFEASIBLE):
+            continue
+        trial.set_user_attr("duplicate_of", old.number)
+        for key in ("status", "measured", "error", "value_source"):
+            if key in old.user_attrs:
+                trial.set_user_attr(key, old.user_attrs[key])
+        trial.set_constraint("trial_failed", 0.0 if old.state is TrialState.COMPLETE else 1.0)
+        study.tell(trial, old.value if old.state is TrialState.COMPLETE else None,
+                   state=None if old.state is TrialState.COMPLETE else TrialState.PRUNED)
+        return True
+    return False
+
+
+def _reporter(trial: optuna.Trial) -> Callable[[int, float], bool]:
+    def report(step: int, tokens_per_s: float) -> bool:
+        trial.report(tokens_per_s, step)
+        return trial.should_prune()
+    return report
+
+
+def _record(study: optuna.Study, trial: optuna.Trial, result: TrialResult, measured: bool) -> None:
+    trial.set_user_attr("status", str(result.status))
+    trial.set_user_attr("value_source", "measured" if measured else "predicted")
+    if measured:
+        trial.set_user_attr("measured", {k: v for k, v in result.to_dict().items()
+                                         if k in ("tokens_per_s", "step_time_s", "step_time_cov",
+                                                  "peak_memory_bytes", "mfu", "wall_s") and v is not None})
+    if result.error:
+        trial.set_user_attr("error", result.error)
+    if result.ok and result.tokens_per_s:
+        trial.set_constraint("trial_failed", 0.0)
+        study.tell(trial, result.tokens_per_s)
+    elif result.status is TrialStatus.PRUNED:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:  # oom, timeout, error: a constraint, so the sampler steers away
+        trial.set_constraint("trial_failed", 1.0)
+        study.tell(trial, state=TrialState.PRUNED)
+
+
+def _progress_line(number: int, plan: ParallelPlan, result: TrialResult) -> str:
+    value = f"{result.tokens_per_s:,.0f} tokens/s" if result.tokens_per_s else (result.error or "")
+    return f"trial {number}: {plan_summary(plan)} -> {result.status}: {value}"
+
+
+def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
+    """Feasible finished trials, best value first (duplicates of one plan shown once)."""
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if "duplicate_of" not in t.user_attrs and all(v <= 0 for v in t.constraints.values())]
+    return sorted(done, key=lambda t: t.value, reverse=True)[:k]  # type: ignore[arg-type, return-value]
+
+
+def best_trial(study: optuna.Study) -> FrozenTrial | None:
+    best = top_trials(study, 1)
+    return best[0] if best else None

@@ -1,0 +1,142 @@
+"""Where a search lives: ``runs/<study>/`` and its Optuna storage.
+
+Layout::
+
+    runs/<study>/
+      study.json      what the study is for (model, cluster, batch, space): written once, checked on --resume
+      study.db        Optuna storage (SQLite) unless --storage URL names another (PostgreSQL, MySQL, ...)
+      summary.json    the last search's answer (what ``--json`` prints)
+      trials/<n>/     one per launched trial: plan.json, cmd.txt, stdout.log, stderr.log, result.json
+      best/           launch files of the best plan (``autotune.emit``)
+
+The study is created once, here, before any trial runs (workers that race to create a fresh SQLite or
+PostgreSQL schema lose). Its identity is pinned in ``study.json`` and in the study's user attrs, so reusing a
+name for another model, cluster or batch is a ``ConfigError``, never a silently mixed study.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import ConfigError
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["StudyDir", "study_name_for", "default_storage_url", "open_study"]
+
+_IDENTITY_ATTR = "autotune_identity"
+
+
+@dataclass(frozen=True, slots=True)
+class StudyDir:
+    root: Path
+
+    @property
+    def marker(self) -> Path:
+        return self.root / "study.json"
+
+    @property
+    def db(self) -> Path:
+        return self.root / "study.db"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def trials(self) -> Path:
+        return self.root / "trials"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best"
+
+
+def study_name_for(model: ModelSpec, cluster: ClusterSpec) -> str:
+    """The default study name: model, GPU count and type, e.g. ``70b-16xh100-sxm``."""
+    path = Path(model.name)
+    model_name = path.parent.name if path.name == "config.json" else path.stem
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{model_name}-{cluster.num_gpus}x{cluster.gpu.key}").strip("-")
+
+
+def default_storage_url(study_dir: StudyDir) -> str:
+    return f"sqlite:///{study_dir.db}"
+
+
+def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict[str, Any], resume: bool,
+               force: bool, sampler: optuna.samplers.BaseSampler,
+               pruner: optuna.pruners.BasePruner | None = None) -> tuple[optuna.Study, StudyDir, str]:
+    """Create the study, or reopen it with ``resume``; ``force`` replaces an existing one.
+
+    Checks everything before writing anything: an existing study without ``resume``/``force``, or one made
+    for another model/cluster/batch/space, is a ``ConfigError`` and nothing is touched.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-' only")
+    study_dir = StudyDir(runs_dir / name)
+    url = storage or default_storage_url(study_dir)
+    identity = json.loads(json.dumps(identity))  # as it reads back from JSON
+    existing = _existing_identity(study_dir, url, name, own_storage=storage is None)
+    if existing is not None and not force:
+        _check_same(name, existing, identity)
+        if not resume:
+            raise ConfigError(f"study '{name}' already exists ({study_dir.root}); pass --resume to add "
+                              "trials to it, --force to start over, or --study NEW")
+    if existing is not None and force:
+        _remove(study_dir, url, name, own_storage=storage is None)
+    study_dir.root.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(study_name=name, storage=url, load_if_exists=True, direction="maximize",
+                                sampler=sampler, pruner=pruner)
+    if _IDENTITY_ATTR not in study.user_attrs:
+        study.set_user_attr(_IDENTITY_ATTR, identity)
+    if not study_dir.marker.exists():
+        study_dir.marker.write_text(json.dumps({"study": name, "storage": url, **identity}, indent=2) + "\n")
+    return study, study_dir, url
+
+
+def _existing_identity(study_dir: StudyDir, url: str, name: str, *,
+                       own_storage: bool) -> dict[str, Any] | None:
+    """What an existing study of this name is for; None when there is none."""
+    if study_dir.marker.exists():
+        data = json.loads(study_dir.marker.read_text())
+        return {k: v for k, v in data.items() if k not in ("study", "storage")}
+    if study_dir.root.exists() and any(study_dir.root.iterdir()):
+        raise ConfigError(f"{study_dir.root} exists and is not an autotune study; "
+                          "choose another --study or --out")
+    if own_storage:
+        return None
+    try:
+        study = optuna.load_study(study_name=name, storage=url)
+    except KeyError:
+        return None
+    return study.user_attrs.get(_IDENTITY_ATTR, {"model": "(not an autotune study)"})
+
+
+def _check_same(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    for key in new:
+        if old.get(key) == new[key]:
+            continue
+        if key == "space":
+            knob = next((k for k in new[key] if old.get(key, {}).get(k) != new[key][k]), "?")
+            was = old.get(key, {}).get(knob)
+            detail = f"a different search space (knob '{knob}': {was} vs {new[key][knob]})"
+        else:
+            detail = f"{key} {old.get(key)!r}, this run asks for {new[key]!r}"
+        raise ConfigError(f"study '{name}' was made for {old.get('model')} on {old.get('cluster')} with "
+                          f"{detail}; use another --study (or --force to replace it)")
+
+
+def _remove(study_dir: StudyDir, url: str, name: str, *, own_storage: bool) -> None:
+    if not own_storage:
+        try:
+            optuna.delete_study(study_name=name, storage=url)
+        except KeyError:
+            pass
+    if study_dir.marker.exists():
+        shutil.rmtree(study_dir.root)
