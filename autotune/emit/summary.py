@@ -75,6 +75,9 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
                      f"{plan.micro_batch}. Launch on each node: accelerate launch --config_file "
                      "accelerate_fsdp.yaml --machine_rank R --main_process_ip HOST --main_process_port PORT "
                      "train.py")
+        if plan.tp > 1:
+            notes.append("- accelerate TP applies a Hugging Face transformers model's tp_plan: it needs "
+                         "transformers installed and a model class that defines one.")
     if "torchtitan.toml" in written and plan.tp > 1 and not plan.sequence_parallel:
         notes.append("- torchtitan always uses sequence parallelism with TP: activations shrink, the "
                      "communication volume stays the same.")

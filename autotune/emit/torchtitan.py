@@ -1,8 +1,10 @@
 """ParallelPlan -> the equivalent torchtitan job-config keys (``torchtitan.toml``; pure).
 
-Keys are those of torchtitan's TOML ``JobConfig`` (``torchtitan/config/job_config.py``: sections
-``[training]``, ``[parallelism]``, ``[activation_checkpoint]``, ``[model]``, ``[float8]``). The file is a
-fragment to merge into a job config that names the model (``[model] name/flavor``) and the data.
+Keys are those of torchtitan's TOML ``JobConfig`` as of v0.2.2, its last TOML release
+(``torchtitan/config/job_config.py``; later versions configure jobs in Python): sections ``[training]``,
+``[parallelism]``, ``[activation_checkpoint]`` and, for fp8, ``[model] converters`` with
+``[quantize.linear.float8]``. torchtitan rejects unknown keys. The file is a fragment to merge into a job
+config that names the model (``[model] name/flavor``) and the data.
 
 Mapping notes:
 * Batch: torchtitan accumulates ``global_batch_size / (local_batch_size x DP)`` micro-steps. Without PP,
@@ -10,6 +12,9 @@ Mapping notes:
   pipeline in micro-batches of ``pipeline_parallel_microbatch_size``.
 * With TP > 1 torchtitan always applies sequence parallelism (norms run on sequence shards), so a plan
   without it gets it anyway: activations only shrink, the communication volume is the same.
+* PP: ``pipeline_parallel_layers_per_stage`` = layers / (PP x virtual stages) with the first/last-stage
+  discounts set to 0, so torchtitan cuts exactly PP x virtual stages equal chunks (embedding on the first,
+  norm and output on the last), as the cost model assumes.
 * ``selective`` recompute maps to per-op SAC (``selective_ac_option = "op"``): matmul and attention outputs
   are kept, cheap element-wise ops recomputed.
 """
@@ -65,6 +70,8 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
     if plan.pp > 1:
         out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
         out["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.virtual_stages)
+        out["pipeline_parallel_first_stage_less_layers"] = 0
+        out["pipeline_parallel_last_stage_less_layers"] = 0
         out["pipeline_parallel_microbatch_size"] = plan.micro_batch
     return out
 
@@ -91,11 +98,12 @@ def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict
         ac["selective_ac_option"] = "op"
     cfg: dict[str, dict[str, Any]] = {"training": _training(plan), "parallelism": _parallelism(plan, model),
                                       "activation_checkpoint": ac}
-    if plan.precision is Precision.FP8:
-        cfg["model"] = {"converters": ["float8"]}
+    if plan.precision is Precision.FP8:  # torchao float8 linears; tensorwise scaling suits fp8 all-gathers
+        cfg["model"] = {"converters": ["quantize.linear.float8"]}
         sharded = _dp_degrees(plan)[1] > 1
-        cfg["float8"] = {"enable_fsdp_float8_all_gather": sharded,
-                         "precompute_float8_dynamic_scale_for_fsdp": sharded}
+        cfg["quantize.linear.float8"] = {"recipe_name": "tensorwise",
+                                         "enable_fsdp_float8_all_gather": sharded,
+                                         "precompute_float8_dynamic_scale_for_fsdp": sharded}
     return cfg
 
 

@@ -1,0 +1,47 @@
+"""Named plans the emitter tests share: one per layout family the golden files pin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.catalog import load_model, make_cluster
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    gpus: int
+    plan: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> tuple[ParallelPlan, ModelSpec, ClusterSpec]:
+        return ParallelPlan(**self.plan), load_model(self.model), make_cluster(num_gpus=self.gpus)
+
+
+CASES: dict[str, Case] = {
+    "zero0": Case("7b", 8, dict(dp=8, micro_batch=2, global_batch=64, seq_len=2048, framework="deepspeed")),
+    "zero1": Case("7b", 8, dict(dp=8, global_batch=32, seq_len=2048, sharding="zero1", precision="fp16",
+                                framework="deepspeed")),
+    "zero2": Case("13b", 16, dict(dp=16, global_batch=128, seq_len=4096, sharding="zero2", recompute="full",
+                                  framework="deepspeed")),
+    "zero3": Case("70b", 32, dict(dp=32, global_batch=256, seq_len=4096, sharding="zero3", offload=True,
+                                  recompute="full", framework="deepspeed")),
+    "ds_pipeline": Case("7b", 8, dict(pp=2, dp=4, micro_batch=2, global_batch=64, seq_len=2048,
+                                      sharding="zero1", recompute="full", framework="deepspeed")),
+    "autotp": Case("llama3-8b", 8, dict(tp=2, dp=4, micro_batch=2, global_batch=64, seq_len=4096,
+                                        sharding="zero2", framework="deepspeed")),
+    "fsdp_full": Case("70b", 16, dict(tp=8, dp=2, global_batch=512, seq_len=4096, sharding="fsdp-full",
+                                      recompute="full")),
+    "hsdp": Case("llama3-8b", 32, dict(dp=32, micro_batch=2, global_batch=256, seq_len=8192, sharding="hsdp",
+                                       hsdp_shard_size=8)),
+    "fsdp_grad_op_cp_fp8": Case("llama3-8b", 16, dict(tp=2, cp=2, dp=4, global_batch=64, seq_len=8192,
+                                                      sharding="fsdp-grad-op", precision="fp8")),
+    "megatron_interleaved": Case("70b", 64, dict(tp=8, pp=4, dp=2, global_batch=512, seq_len=4096,
+                                                 sharding="zero1", sequence_parallel=True,
+                                                 recompute="selective", schedule="interleaved",
+                                                 virtual_stages=5, framework="megatron")),
+    "gpt_megatron": Case("gpt3-175b", 64, dict(tp=8, pp=8, global_batch=64, seq_len=2048, recompute="full",
+                                               framework="megatron")),
+}

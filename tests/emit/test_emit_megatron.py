@@ -1,0 +1,126 @@
+"""megatron_args.txt: parsed by an argparse that mirrors the Megatron-LM flags autotune emits (Megatron-LM is
+not installable from PyPI as a library), then checked against Megatron's own rules from
+``megatron/training/arguments.py::validate_args``: layers divisible by PP (and per-stage layers by the
+layers per virtual stage), global batch divisible by micro-batch x DP, interleaving needs PP > 1,
+selective recompute takes no method, GQA groups divide the heads, CPU offload rides on the
+precision-aware distributed optimizer, and the model shape matches the ModelSpec."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+import pytest
+from emit_cases import CASES
+
+from autotune.emit import megatron_args, megatron_unsupported
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan
+
+
+def _megatron_parser() -> argparse.ArgumentParser:
+    """Only the flags autotune emits, with Megatron's types and choices."""
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for flag in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
+                 "num-layers-per-virtual-pipeline-stage", "micro-batch-size", "global-batch-size",
+                 "num-layers", "hidden-size", "num-attention-heads", "ffn-hidden-size", "seq-length",
+                 "max-position-embeddings", "num-query-groups", "recompute-num-layers",
+                 "fp8-amax-history-len"):
+        p.add_argument(f"--{flag}", type=int)
+    for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
+                 "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
+                 "untie-embeddings-and-output-weights", "bf16", "fp16"):
+        p.add_argument(f"--{flag}", action="store_true")
+    p.add_argument("--optimizer-offload-fraction", type=float)
+    positions = ["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
+    p.add_argument("--position-embedding-type", choices=positions, default="learned_absolute")
+    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
+    p.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"])
+    return p
+
+
+def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
+    model_parallel = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+    assert world_size % model_parallel == 0
+    dp = world_size // model_parallel
+    assert a.num_layers % a.pipeline_model_parallel_size == 0
+    if a.num_layers_per_virtual_pipeline_stage is not None:
+        per_stage = a.num_layers // a.pipeline_model_parallel_size
+        assert per_stage % a.num_layers_per_virtual_pipeline_stage == 0
+        assert a.pipeline_model_parallel_size > 1  # with p2p overlap (Megatron's default)
+    assert a.global_batch_size % (a.micro_batch_size * dp) == 0
+    if a.recompute_granularity == "selective":
+        assert a.recompute_method is None
+    if a.sequence_parallel:
+        assert a.tensor_model_parallel_size > 1
+    if a.group_query_attention:
+        assert a.num_attention_heads % a.num_query_groups == 0
+    if a.optimizer_cpu_offload:
+        assert a.use_precision_aware_optimizer and a.use_distributed_optimizer
+    assert not (a.bf16 and a.fp16)
+    if a.fp8_format:
+        assert a.bf16
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_megatron_args_follow_megatron_rules(name, emitted):
+    plan, model, _ = CASES[name].build()
+    path = emitted(name) / "megatron_args.txt"
+    assert path.exists() == (not megatron_unsupported(plan))
+    if not path.exists():
+        return
+    a = _megatron_parser().parse_args(shlex.split(path.read_text()))
+    _check_megatron_rules(a, plan.world_size)
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size) == (
+        plan.tp, plan.pp, plan.cp)
+    assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (plan.micro_batch, plan.global_batch,
+                                                                       plan.seq_len)
+    per_stage = model.num_layers // plan.pp
+    assert per_stage // (a.num_layers_per_virtual_pipeline_stage or per_stage) == plan.virtual_stages
+    assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.ffn_hidden_size) == (
+        model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size)
+    assert (a.num_query_groups or a.num_attention_heads) == model.num_kv_heads
+    assert a.swiglu == model.gated_mlp and a.disable_bias_linear == (not model.bias)
+    assert a.sequence_parallel == plan.sequence_parallel
+    assert a.use_distributed_optimizer == (str(plan.sharding) == "zero1")
+    assert (a.recompute_granularity or "none") == str(plan.recompute)
+
+
+def test_one_flag_per_line_and_nothing_to_quote(emitted):
+    text = (emitted("megatron_interleaved") / "megatron_args.txt").read_text()
+    for line in text.splitlines():
+        assert line.startswith("--") and len(line.split()) <= 2 and shlex.split(line) == line.split()
+    assert "--num-layers-per-virtual-pipeline-stage 4" in text.splitlines()  # 80 / (4 x 5)
+
+
+def test_gpt_models_keep_learned_positions_and_biases(emitted):
+    text = (emitted("gpt_megatron") / "megatron_args.txt").read_text()
+    a = _megatron_parser().parse_args(shlex.split(text))
+    assert a.position_embedding_type == "learned_absolute" and a.normalization == "LayerNorm"
+    assert not a.disable_bias_linear and not a.swiglu and not a.untie_embeddings_and_output_weights
+
+
+def test_fp8_runs_on_bf16():
+    plan = ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, precision="fp8", framework="megatron")
+    flags = [f for group in megatron_args(plan, CASES["autotp"].build()[1]) for f in group]
+    assert "--bf16" in flags and flags[flags.index("--fp8-format") + 1] == "hybrid"
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"sharding": "fsdp-full"}, "optimizer states only"),
+    ({"pp": 2, "dp": 4, "schedule": "gpipe"}, "not GPipe"),
+])
+def test_plans_megatron_cannot_run_get_no_args(changes, reason):
+    plan = ParallelPlan(**{**dict(dp=8, global_batch=64, seq_len=4096), **changes})
+    assert any(reason in r for r in megatron_unsupported(plan))
+    with pytest.raises(ConfigError, match="Megatron-LM cannot express"):
+        megatron_args(plan, CASES["zero0"].build()[1])
+
+
+def test_megatron_rules_are_checked_before_emitting():
+    plan = ParallelPlan(pp=3, dp=2, global_batch=12, seq_len=2048, framework="megatron")
+    with pytest.raises(ConfigError, match="not divisible by PP x virtual stages = 3"):
+        megatron_args(plan, CASES["zero0"].build()[1])  # 32 layers

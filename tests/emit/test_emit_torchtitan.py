@@ -1,0 +1,152 @@
+"""torchtitan.toml: checked against torchtitan v0.2.2, its last TOML release.
+
+Always: ``tomllib`` parses the file; every key is a field of v0.2.2's ``JobConfig`` (pinned below from
+``torchtitan/config/job_config.py`` at tag v0.2.2, whose ``ConfigManager`` rejects unknown fields) with an
+allowed value; the degrees multiply to the world size (``ParallelDims``); the batch passes the trainer's
+``global % (local x DP) == 0``; the pipeline split follows ``pipeline_llm``'s stage count and the schedule
+name resolves with torch's own ``get_schedule_class``.
+When torchtitan 0.2.x is importable, its own ``ConfigManager`` and ``ParallelDims`` parse the file too
+(torchtitan is not a test dependency: 0.3 dropped TOML, and 0.2.2 pulls tokenizers/triton).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from emit_cases import CASES
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+
+from autotune.emit import to_torchtitan_config, torchtitan_unsupported
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan
+
+tomllib = pytest.importorskip("tomllib")
+
+V0_2_2_FIELDS = {
+    "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"},
+    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm",
+                 "steps", "enable_cpu_offload", "dtype", "mixed_precision_param", "mixed_precision_reduce",
+                 "gc_freq", "gc_debug", "dataloader"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
+                    "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "disable_loss_parallel", "enable_async_tensor_parallel",
+                    "pipeline_parallel_degree", "module_fqns_per_model_part",
+                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
+                    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
+                    "context_parallel_load_balancer", "context_parallel_rotate_method",
+                    "expert_parallel_degree", "expert_tensor_parallel_degree",
+                    "expert_parallel_comm_backend"},
+    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
+                              "early_stop", "memory_budget", "visualize_memory_budget_pareto",
+                              "preserve_rng_state", "determinism_check", "debug"},
+    "quantize.linear.float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
+                               "recipe_name", "filter_fqns", "emulate"},
+}
+V0_2_2_LITERALS = {
+    ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
+    ("training", "mixed_precision_param"): {"bfloat16", "float32"},
+    ("training", "mixed_precision_reduce"): {"float32"},
+    ("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
+    ("quantize.linear.float8", "recipe_name"): {"tensorwise", "rowwise", "rowwise_with_gw_hp"},
+}
+CONVERTERS = {"quantize.linear.float8", "quantize.grouped_mm.float8", "quantize.linear.mx",
+              "quantize.grouped_mm.mx"}
+
+
+def _flatten(data: dict, prefix: str = "") -> dict[str, dict]:
+    """``{"quantize": {"linear": {"float8": {...}}}}`` -> ``{"quantize.linear.float8": {...}}``."""
+    out: dict[str, dict] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if name in V0_2_2_FIELDS:
+            out[name] = value
+        else:
+            out.update(_flatten(value, f"{name}."))
+    return out
+
+
+def _cases():
+    return [n for n in CASES if not torchtitan_unsupported(CASES[n].build()[0])]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_emitted_iff_torchtitan_can_run_it(name, emitted):
+    plan = CASES[name].build()[0]
+    assert (emitted(name) / "torchtitan.toml").exists() == (not torchtitan_unsupported(plan))
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_keys_and_values_are_torchtitan_v0_2_2(name, emitted):
+    sections = _flatten(tomllib.loads((emitted(name) / "torchtitan.toml").read_text()))
+    for section, values in sections.items():
+        assert set(values) <= V0_2_2_FIELDS[section], f"{section}: {set(values) - V0_2_2_FIELDS[section]}"
+        for key, value in values.items():
+            if (section, key) in V0_2_2_LITERALS:
+                assert value in V0_2_2_LITERALS[section, key], f"{section}.{key} = {value!r}"
+    assert set(sections.get("model", {}).get("converters", [])) <= CONVERTERS
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_layout_batch_and_pipeline_follow_torchtitan_rules(name, emitted):
+    plan, model, _ = CASES[name].build()
+    doc = tomllib.loads((emitted(name) / "torchtitan.toml").read_text())
+    par, train = doc["parallelism"], doc["training"]
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    degrees = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
+    assert dp * math.prod(par[d] for d in degrees) == plan.world_size
+    if par["data_parallel_replicate_degree"] > 1 and par["data_parallel_shard_degree"] == 1:
+        assert dp == plan.world_size  # torchtitan: "DDP has not supported > 1D parallelism"
+    assert train["global_batch_size"] % (train["local_batch_size"] * dp) == 0
+    accumulation = train["global_batch_size"] // (train["local_batch_size"] * dp)
+    if plan.pp == 1:
+        assert accumulation == plan.num_microbatches
+        return
+    schedule = get_schedule_class(par["pipeline_parallel_schedule"])  # torch's own registry
+    per_stage = par["pipeline_parallel_layers_per_stage"]
+    stages = math.ceil((model.num_layers + par["pipeline_parallel_first_stage_less_layers"]
+                        + par["pipeline_parallel_last_stage_less_layers"]) / per_stage)  # pipeline_llm
+    assert stages % plan.pp == 0
+    assert (stages // plan.pp == 1) == issubclass(schedule, PipelineScheduleSingle)
+    assert stages == plan.pp * plan.virtual_stages and per_stage * stages == model.num_layers
+    assert train["local_batch_size"] % par["pipeline_parallel_microbatch_size"] == 0
+    assert accumulation * train["local_batch_size"] // par["pipeline_parallel_microbatch_size"] \
+        == plan.num_microbatches
+
+
+def test_interleaved_pipeline_maps_to_interleaved1f1b():
+    plan = ParallelPlan(pp=4, dp=2, global_batch=64, seq_len=2048, schedule="interleaved", virtual_stages=2,
+                        sharding="fsdp-full")
+    par = to_torchtitan_config(plan, CASES["zero0"].build()[1])["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert par["pipeline_parallel_layers_per_stage"] == 4  # 32 layers / (4 x 2)
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"sharding": "zero1", "framework": "deepspeed"}, "optimizer-only"),
+    ({"sharding": "none", "tp": 2, "dp": 4}, "DDP"),
+    ({"offload": True, "sharding": "fsdp-full"}, "parameters and gradients too"),
+    ({"precision": "fp16"}, "fp16"),
+])
+def test_plans_torchtitan_cannot_run_get_no_config(changes, reason):
+    plan = ParallelPlan(**{**dict(dp=8, global_batch=64, seq_len=4096), **changes})
+    assert any(reason in r for r in torchtitan_unsupported(plan))
+    with pytest.raises(ConfigError, match="torchtitan cannot express"):
+        to_torchtitan_config(plan, CASES["zero0"].build()[1])
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_torchtitan_itself_parses_it_when_installed(name, emitted):
+    config = pytest.importorskip("torchtitan.config")
+    if not hasattr(config, "ConfigManager") or not hasattr(config, "JobConfig"):
+        pytest.skip("torchtitan >= 0.3 configures jobs in Python, not TOML")
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    plan = CASES[name].build()[0]
+    job = config.ConfigManager().parse_args(["--job.config_file", str(emitted(name) / "torchtitan.toml")])
+    p = job.parallelism
+    ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+                 cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
+                 ep=1, etp=1, world_size=plan.world_size)
