@@ -1,0 +1,110 @@
+"""How long `autotune search` takes end to end in planning mode (cost model only, no GPU).
+
+Each case runs the real command in a fresh interpreter (imports, enumeration of the whole space, the cost
+model on every legal plan, the Optuna study in a new SQLite file, the emitted launch files) ``--repeat``
+times; wall and CPU time of each run are recorded. Budgets (issue "Search end to end"): llama3-405b on
+16,384 GPUs <= 10 s, 70b on 16 GPUs <= 3 s, on 2 cores.
+
+    python benchmarks/search_speed.py [--repeat 5]   # writes benchmarks/results/search_speed.{json,md}
+
+Other processes on the machine inflate wall time; the load average is recorded next to the numbers and
+the verdict uses the fastest run (the one least disturbed), as ``timeit`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = [
+    {"name": "llama3-405b on 16,384 H100", "budget_s": 10.0,
+     "argv": ["--model", "llama3-405b", "--gpus", "16384"]},
+    {"name": "70b on 16 H100", "budget_s": 3.0, "argv": ["--model", "70b", "--gpus", "16"]},
+    {"name": "llama3-405b on 16,384 H100, global batch 2048 (16M tokens)", "budget_s": None,
+     "argv": ["--model", "llama3-405b", "--gpus", "16384", "--global-batch", "2048"]},
+]
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_once(argv: list[str]) -> tuple[float, float, dict]:
+    """One end-to-end run: (wall s, CPU s of the child, its --json output)."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "autotune", "search", *argv, "--backend", "simulate", "--out", out,
+               "--json"]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, json.loads(proc.stdout)
+
+
+def measure(case: dict, repeat: int) -> dict:
+    runs = [run_once(case["argv"]) for _ in range(repeat)]
+    walls, cpus, out = [r[0] for r in runs], [r[1] for r in runs], runs[-1][2]
+    budget = case["budget_s"]
+    return {
+        "case": case["name"], "command": "autotune search " + " ".join(case["argv"]) + " --backend simulate",
+        "budget_s": budget, "wall_s_min": min(walls), "wall_s_median": statistics.median(walls),
+        "cpu_s_median": statistics.median(cpus), "walls_s": walls,
+        "within_budget": None if budget is None else min(walls) <= budget,
+        "legal_plans": out["num_legal_plans"], "feasible_plans": out["num_feasible_plans"],
+        "pruned_combinations": sum(out["pruned_by_reason"].values()),
+        "pruned_by_reason": out["pruned_by_reason"],
+        "best_plan": out["plan"], "best_tokens_per_s": out["tokens_per_s"], "best_mfu": out["mfu"],
+    }
+
+
+def _markdown(result: dict) -> str:
+    lines = ["# `autotune search` speed (planning mode)", "",
+             f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}, Python "
+             f"{result['machine']['python']}; load average {result['load_before']} before, "
+             f"{result['load_after']} after; commit {result['commit']}.", "",
+             "| case | budget | fastest | median wall | median CPU | legal plans | fit | pruned |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["cases"]:
+        budget = f"{r['budget_s']:.0f} s" if r["budget_s"] else "-"
+        verdict = "" if r["within_budget"] is None else (" ok" if r["within_budget"] else " OVER")
+        lines.append(f"| {r['case']} | {budget} | {r['wall_s_min']:.2f} s{verdict} | "
+                     f"{r['wall_s_median']:.2f} s | {r['cpu_s_median']:.2f} s | {r['legal_plans']:,} | "
+                     f"{r['feasible_plans']:,} | {r['pruned_combinations']:,} |")
+    for r in result["cases"]:
+        lines += ["", f"## {r['case']}", "", f"`{r['command']}`", "", "Pruned by reason:", ""]
+        lines += [f"- {n:,} {reason}" for reason, n in r["pruned_by_reason"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=_ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True,
+                            text=True, check=False).stdout.strip()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    cases = [measure(case, args.repeat) for case in CASES]
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    result = {"commit": commit, "load_before": load_before, "load_after": load_after,
+              "machine": machine, "repeat": args.repeat, "cases": cases}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "search_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "search_speed.md").write_text(_markdown(result))
+    print(_markdown(result))
+    return 0 if all(c["within_budget"] is not False for c in cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
