@@ -13,10 +13,20 @@ __all__ = ["render_summary"]
 
 _GIB = 1024**3
 _PRIMARY = {
-    Framework.FSDP: "launch_torchrun.sh (autotune's FSDP2 trainer), torchtitan.toml or accelerate_fsdp.yaml",
-    Framework.DEEPSPEED: "ds_config.json with launch_deepspeed.sh",
-    Framework.MEGATRON: "megatron_args.txt",
+    Framework.FSDP: ("launch_torchrun.sh",
+                     "launch_torchrun.sh (autotune's trainer), torchtitan.toml or accelerate_fsdp.yaml"),
+    Framework.DEEPSPEED: ("ds_config.json", "ds_config.json with launch_deepspeed.sh"),
+    Framework.MEGATRON: ("megatron_args.txt", "megatron_args.txt"),
 }
+"""Per framework the plan was priced for: the file that must exist, and what to start with."""
+
+
+def _priced_for(plan: ParallelPlan, written: set[str]) -> str:
+    needed, start = _PRIMARY[plan.framework]
+    if needed in written:
+        return f"Priced for **{plan.framework}**: start with {start}."
+    return (f"**Priced for {plan.framework}, but {plan.framework} cannot run this plan** (see Not emitted): "
+            "the estimate does not transfer to the files below as is.")
 
 
 def _plan_table(plan: ParallelPlan) -> list[str]:
@@ -103,7 +113,7 @@ def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec
     lines = [f"# autotune plan: {model.name} on {cluster.name}", "",
              f"{cluster.num_gpus} GPUs ({gpus}), {model.num_params / 1e9:.2f}B parameters.", "",
              *_plan_table(plan), "", "## Estimate (cost model)", "", *_estimate_lines(estimate), "",
-             "## Files", "", f"Priced for **{plan.framework}**: start with {_PRIMARY[plan.framework]}.", "",
+             "## Files", "", _priced_for(plan, {name for name, _ in written}), "",
              *(f"- `{name}`: {what}" for name, what in written)]
     if skipped:
         lines += _skipped_lines(skipped)

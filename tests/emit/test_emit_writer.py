@@ -146,3 +146,14 @@ def test_templates_ship_as_package_data():
 def test_artefact_list_is_complete():
     assert set(ARTEFACT_FILES) == ALWAYS | {f for files in EXPECTED.values() for f in files}
     assert not any(os.path.isabs(f) for f in ARTEFACT_FILES)
+
+
+def test_summary_flags_a_plan_its_own_framework_cannot_run(tmp_path):
+    """The search space may price DeepSpeed + AutoTP with sequence parallelism, which AutoTP lacks."""
+    plan = ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero2", sequence_parallel=True,
+                        framework="deepspeed")
+    _, model, cluster = CASES["autotp"].build()
+    emit_all(plan, model, cluster, None, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "**Priced for deepspeed, but deepspeed cannot run this plan**" in summary
+    assert not (tmp_path / "ds_config.json").exists()
