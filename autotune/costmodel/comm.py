@@ -1,0 +1,112 @@
+"""Alpha-beta times of NCCL collectives, and where a process group sits in the cluster.
+
+Convention: every function returns seconds on ONE rank of the group, for a payload of ``nbytes`` (the size of
+the full tensor: the all-reduced buffer, the gathered output, or the reduce-scatter input), with the bandwidth
+a rank actually gets (``GroupLink.bw_bytes_per_s``, already scaled by ``ClusterSpec.collective_efficiency``).
+
+Bandwidth terms follow nccl-tests ``doc/PERFORMANCE.md``: a ring all-reduce moves ``2(n-1)/n`` times the
+buffer through every rank's link (its "bus bandwidth" factor), all-gather and reduce-scatter ``(n-1)/n``.
+Latency terms are the ring's ``2(n-1)`` / ``(n-1)`` steps, or a tree's ``2 log2(n)`` hops.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from autotune.specs import ClusterSpec
+
+__all__ = [
+    "GroupLink", "group_link", "allreduce_busbw_factor", "allgather_busbw_factor", "ring_allreduce_s",
+    "tree_allreduce_s", "allreduce_s", "allgather_s", "reduce_scatter_s", "p2p_s",
+]
+
+
+class GroupLink(NamedTuple):
+    """What one rank of a process group gets from the fabric."""
+
+    bw_bytes_per_s: float
+    """Per-rank ring bandwidth a large collective reaches (link peak x collective efficiency)."""
+    latency_s: float
+    """Per-step latency (alpha) of the slowest hop."""
+    num_nodes: int
+    """Nodes the group spans (1: it stays inside a node)."""
+
+
+def allreduce_busbw_factor(n: int) -> float:
+    """Bytes through each rank's link per byte of buffer for a ring all-reduce: ``2(n-1)/n``
+    (nccl-tests PERFORMANCE.md, "AllReduce": busBw = algBw * 2(n-1)/n)."""
+    return 2.0 * (n - 1) / n
+
+
+def allgather_busbw_factor(n: int) -> float:
+    """``(n-1)/n`` for all-gather and reduce-scatter (nccl-tests PERFORMANCE.md, "AllGather",
+    "ReduceScatter"), with the buffer size taken as the full (gathered) tensor."""
+    return (n - 1) / n
+
+
+def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
+    """Bandwidth and latency of a group of ``size`` ranks whose members are ``stride`` global ranks apart.
+
+    Ranks fill nodes in order, so ``k = min(size, gpus_per_node // stride)`` members share a node (1 when
+    ``stride >= gpus_per_node``). If ``size <= k`` the group stays in a node and rings run at the intra-node
+    link. Otherwise every node-crossing ring hop goes over the NICs: NCCL builds one ring per channel and
+    lays the channels over all NICs of the node (GPUDirect RDMA), so a group gets the node's NICs divided
+    by the ``gpus_per_node / k`` groups of the same axis that run the same collective at the same time:
+    ``nics * bw * k / gpus_per_node`` per rank. With ``k = 1`` (e.g. DP across nodes under TP=8) this is
+    the per-GPU NIC share; with a whole node in one group (pure DP/FSDP) it is the node's full NIC
+    bandwidth, which is what nccl-tests reports as multi-node busbw on DGX-class nodes. The ring runs at
+    its slowest hop: ``min(intra link, that NIC bandwidth)``.
+    """
+    per_node = cluster.gpus_per_node
+    k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
+    eff = cluster.collective_efficiency
+    intra = cluster.intra_link
+    if size <= k:
+        return GroupLink(intra.bw_bytes_per_s * eff, intra.latency_s, 1)
+    inter = cluster.inter_link
+    nic_bw = cluster.nics_per_node * inter.bw_bytes_per_s * k / per_node
+    bw = min(intra.bw_bytes_per_s, nic_bw) * eff
+    return GroupLink(bw, max(intra.latency_s, inter.latency_s), math.ceil(size / k))
+
+
+def ring_allreduce_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """Ring all-reduce: ``2(n-1)/n * bytes / bw + 2(n-1) * alpha`` (reduce-scatter then all-gather;
+    nccl-tests PERFORMANCE.md bus-bandwidth factor)."""
+    if n <= 1:
+        return 0.0
+    return allreduce_busbw_factor(n) * nbytes / link.bw_bytes_per_s + 2 * (n - 1) * link.latency_s
+
+
+def tree_allreduce_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """NCCL double-binary-tree all-reduce (Sanders et al. 2009; NCCL 2.4): each rank sends and receives
+    about the buffer twice (reduce up, broadcast down, pipelined), with ``2 log2(n)`` latency hops.
+    Only the node level is a tree; its latency term is what wins over a ring at large node counts."""
+    if n <= 1:
+        return 0.0
+    return 2.0 * nbytes / link.bw_bytes_per_s + 2 * math.ceil(math.log2(n)) * link.latency_s
+
+
+def allreduce_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """What NCCL's tuner picks: the faster of ring and tree (tree only across nodes)."""
+    ring = ring_allreduce_s(nbytes, n, link)
+    if link.num_nodes <= 1:
+        return ring
+    return min(ring, tree_allreduce_s(nbytes, n, link))
+
+
+def allgather_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """Ring all-gather producing ``nbytes`` on every rank: ``(n-1)/n * bytes / bw + (n-1) * alpha``."""
+    if n <= 1:
+        return 0.0
+    return allgather_busbw_factor(n) * nbytes / link.bw_bytes_per_s + (n - 1) * link.latency_s
+
+
+def reduce_scatter_s(nbytes: float, n: int, link: GroupLink) -> float:
+    """Ring reduce-scatter of an ``nbytes`` input: the same traffic as an all-gather of the output."""
+    return allgather_s(nbytes, n, link)
+
+
+def p2p_s(nbytes: float, link: GroupLink) -> float:
+    """One point-to-point send: ``alpha + bytes / bw``."""
+    return link.latency_s + nbytes / link.bw_bytes_per_s

@@ -1,0 +1,108 @@
+"""Work of a dense decoder per token and layer: FLOPs of GEMMs and attention, and the HBM bytes of the
+memory-bound (elementwise) kernels between them.
+
+Conventions:
+- A multiply-add is 2 FLOPs. Backward = 2 x forward (input and weight gradients; Narayanan et al. 2021
+  Sec. 5.1).
+- GEMM FLOPs are ``2 x tokens x weights`` of each linear layer, counted exactly for GQA (K and V are
+  ``h x kv``) and gated MLPs (three ``h x ffn`` matrices), plus the LM head ``2 h V``.
+- Attention scores and the weighted sum (``QK^T`` and ``PV``) are ``4 s h`` per token per layer when every key
+  is visited (Narayanan Eq. 3's ``s/(6h)`` term). FlashAttention with a causal mask skips the tiles above the
+  diagonal (Dao 2023, FlashAttention-2 Sec. 3.1.1), so a causal layer EXECUTES about half of that:
+  ``CAUSAL_ATTENTION_FRACTION``. Published MFU conventions (PaLM App. B, Megatron Eq. 3, torchtitan) count the
+  full ``4 s h``; ``model_flops_per_token`` follows them so MFUs compare, while the time model passes the
+  executed fraction (``causal_fraction``).
+- Cross-checks (tests): for GPT-shaped models (MHA, ``ffn = 4h``, 2 matrices) the layer GEMMs reduce to
+  ``24 h^2`` per token, so full recompute gives Narayanan Eq. 3 ``96 B s l h^2 (1 + s/6h + V/16lh)`` and no
+  recompute Korthikanti Eq. 7 ``72 B s l h^2 (1 + s/6h + V/12lh)``. Selective recompute adds one
+  attention-core forward, ``4 B s^2 h l``; Korthikanti's HFU (Eq. 8, ``s/3h``) counts the attention term
+  twice, i.e. more.
+- Elementwise bytes (``elementwise_bytes_per_token``) follow the tensors Korthikanti et al. 2022 Sec. 4.1
+  count for activation memory, as HBM traffic: each kernel reads its inputs and writes its output once (fused
+  kernels, as in Megatron and torch.compile).
+"""
+
+from __future__ import annotations
+
+from autotune.specs import ModelSpec
+
+__all__ = [
+    "CAUSAL_ATTENTION_FRACTION", "layer_gemm_flops_per_token", "attention_flops_per_token",
+    "lm_head_flops_per_token", "model_flops_per_token", "recompute_flops_per_token",
+    "elementwise_bytes_per_token", "score_bytes_per_token", "LOGITS_BYTES_PER_VOCAB",
+]
+
+CAUSAL_ATTENTION_FRACTION = 0.5
+"""Share of ``QK^T``/``PV`` tiles a causal FlashAttention kernel computes (those on or below the diagonal;
+the diagonal tiles add ``block/s``, under 5% of the halved work at s >= 2048 with 128-wide tiles)."""
+
+
+def layer_gemm_flops_per_token(model: ModelSpec) -> float:
+    """Forward GEMM FLOPs of one block per token: ``2 x`` its weight-matrix entries
+    (Q, O: ``h x h``; K, V: ``h x kv``; MLP: ``num_mlp_matrices x h x ffn``). Biases and norms are not
+    GEMMs."""
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    return 2.0 * (2 * h * h + 2 * h * kv + model.num_mlp_matrices * h * f)
+
+
+def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal_fraction: float = 1.0) -> float:
+    """Forward ``QK^T`` and ``PV`` FLOPs of one layer per query token: ``2 x 2 x s x h`` (Narayanan Eq. 3
+    counts ``4 B s^2 h`` per layer), times the fraction of key tiles a causal kernel visits."""
+    return 4.0 * seq_len * model.hidden_size * causal_fraction
+
+
+def lm_head_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of the output projection ``h x V`` per token (Narayanan Eq. 3's ``V/(16 l h)`` term)."""
+    return 2.0 * model.hidden_size * model.vocab_size
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Forward + backward model FLOPs per trained token, no recompute: ``3 x (L x (GEMMs + full attention)
+    + LM head)``. This is the MFU numerator of PaLM (App. B) and Megatron (Korthikanti Eq. 7)."""
+    per_layer = layer_gemm_flops_per_token(model) + attention_flops_per_token(model, seq_len)
+    return 3.0 * (model.num_layers * per_layer + lm_head_flops_per_token(model))
+
+
+def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str, *,
+                              causal_fraction: float = 1.0) -> float:
+    """Extra forward FLOPs per token of activation recomputation (Korthikanti et al. 2022 Sec. 4-5):
+    ``full`` repeats every block's forward (not the LM head); ``selective`` only the attention core
+    (``QK^T``, softmax, ``PV``); ``none`` nothing."""
+    if recompute == "full":
+        per_layer = layer_gemm_flops_per_token(model) + attention_flops_per_token(
+            model, seq_len, causal_fraction=causal_fraction)
+    elif recompute == "selective":
+        per_layer = attention_flops_per_token(model, seq_len, causal_fraction=causal_fraction)
+    else:
+        return 0.0
+    return model.num_layers * per_layer
+
+
+NORM_RESIDUAL_PASSES = 11
+"""16-bit ``h``-wide tensors read or written per token by one block's forward outside GEMMs: two norms (read +
+write: 4) and two fused bias-dropout-residual adds (read 2, write 1, 1-byte mask: 3.5 each). A Llama block
+(no dropout; RoPE on q/k instead) moves about as much."""
+SCORE_BYTES = 13
+"""Bytes per attention-score element per head when the ``s x s`` scores are materialised (pre-FlashAttention
+kernels): write ``QK^T`` (2), fused scale-mask-softmax read + write (4), dropout read + write + mask (5),
+read by the ``PV`` GEMM (2). Korthikanti Sec. 4.1 stores 5 of these bytes as activations."""
+LOGITS_BYTES_PER_VOCAB = 12
+"""Bytes per token and vocabulary entry of the LM head's loss (Megatron's fp32 vocab-parallel cross-entropy):
+write 16-bit logits (2), read them and write fp32 softmax (6), read it for the gradient and write it (4)."""
+
+
+def elementwise_bytes_per_token(model: ModelSpec, *, tp: int = 1, sequence_parallel: bool = False) -> float:
+    """Forward HBM bytes per token of one block's memory-bound kernels on one TP rank, attention scores
+    excluded (``score_bytes_per_token``): norms and residual adds on ``h`` (split over TP only with sequence
+    parallelism: Korthikanti Sec. 4.2.2), and the MLP activation on the ``ffn/tp`` slice (GELU: read + write;
+    SwiGLU: read two, write one)."""
+    h_passes = NORM_RESIDUAL_PASSES / (tp if sequence_parallel else 1)
+    act_passes = 3 if model.gated_mlp else 2
+    return 2.0 * (h_passes * model.hidden_size + act_passes * model.ffn_hidden_size / tp)
+
+
+def score_bytes_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1) -> float:
+    """Forward HBM bytes per query token of materialised attention scores: ``SCORE_BYTES x heads/tp x s``
+    (Korthikanti Sec. 4.1's ``5 a s^2 b`` activation term, as traffic). Zero for FlashAttention, which keeps
+    the scores in on-chip memory (Dao et al. 2022 Sec. 3)."""
+    return SCORE_BYTES * model.num_heads / tp * seq_len

@@ -1,0 +1,47 @@
+"""Pipeline-parallel terms: the fill/drain bubble and the load of the busiest stage.
+
+Convention: times are those of the most-loaded pipeline rank, which sets the pace of every stage.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["bubble_fraction", "stage_split"]
+
+
+def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle time of a pipeline flush relative to the ideal compute time of one step.
+
+    GPipe and 1F1B (PipeDream-Flush) both idle ``(p-1)`` micro-batch slots while filling and draining:
+    ``(p-1)/m`` (Narayanan et al. 2021 Sec. 2.2.1, Eq. 1). The interleaved schedule gives each rank ``v``
+    model chunks, so a slot is ``1/v`` as long: ``(p-1)/(m v)`` (Sec. 2.2.2). 1F1B differs from GPipe in
+    memory (at most ``p`` micro-batches in flight), not in bubble.
+    """
+    if pp <= 1:
+        return 0.0
+    return (pp - 1) / (num_microbatches * max(1, virtual_stages))
+
+
+def stage_split(num_layers: int, pp: int, head_layers: float) -> tuple[int, int]:
+    """Blocks on the last pipeline rank (which also runs the LM head, worth ``head_layers`` blocks of time)
+    and the most blocks on any other rank, for the split whose busiest rank is least loaded.
+
+    The last rank takes ``k`` blocks plus the head, the other ``p-1`` ranks share the rest
+    (``ceil((L-k)/(p-1))`` on the busiest); ``k`` balances ``k + head`` against that. With ``L`` divisible by
+    ``p`` and a small head this is Megatron's uniform split (``L/p`` everywhere, head on the last); with a
+    large vocabulary it is the balanced split DeepSpeed makes with ``partition_method:
+    type:transformer|embedding`` (BLOOM-176B) and Megatron with ``--decoder-last-pipeline-num-layers``.
+    Interleaving does not change it: a rank's ``v`` chunks together hold the same blocks.
+    """
+    if pp <= 1:
+        return num_layers, 0
+    ideal = (num_layers + head_layers) / pp
+    best: tuple[float, int, int] = (math.inf, num_layers, 0)
+    for k in (math.floor(ideal - head_layers), math.ceil(ideal - head_layers)):
+        k = min(max(k, 0), num_layers)
+        rest = math.ceil((num_layers - k) / (pp - 1))
+        load = max(k + head_layers, rest)
+        if load < best[0]:
+            best = (load, k, rest)
+    return best[1], best[2]
