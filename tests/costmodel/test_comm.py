@@ -1,0 +1,75 @@
+"""Alpha-beta collectives and topology placement (autotune.costmodel.comm)."""
+
+import math
+
+import pytest
+
+from autotune.catalog import make_cluster
+from autotune.costmodel import comm
+
+_GB = 1e9
+
+
+def _link(bw_gb_s: float, latency_s: float = 0.0, nodes: int = 1) -> comm.GroupLink:
+    return comm.GroupLink(bw_gb_s * _GB, latency_s, nodes)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 64])
+def test_ring_allreduce_busbw_matches_nccl_tests(n):
+    """nccl-tests PERFORMANCE.md: algbw = S / t and busbw = algbw * 2(n-1)/n, which for an ideal ring equals
+    the per-rank link bandwidth; all-gather / reduce-scatter use (n-1)/n."""
+    size, link = 4 * _GB, _link(100)
+    algbw = size / comm.ring_allreduce_s(size, n, link)
+    assert algbw * 2 * (n - 1) / n == pytest.approx(100 * _GB)
+    assert comm.allreduce_busbw_factor(n) == pytest.approx(2 * (n - 1) / n)
+    algbw_ag = size / comm.allgather_s(size, n, link)
+    assert algbw_ag * (n - 1) / n == pytest.approx(100 * _GB)
+    assert comm.reduce_scatter_s(size, n, link) == comm.allgather_s(size, n, link)
+
+
+def test_latency_terms_and_tree_for_small_messages_across_many_nodes():
+    link = _link(25, latency_s=5e-6, nodes=128)
+    assert comm.ring_allreduce_s(0.0, 1024, link) == pytest.approx(2 * 1023 * 5e-6)
+    assert comm.tree_allreduce_s(0.0, 1024, link) == pytest.approx(2 * 10 * 5e-6)
+    assert comm.allreduce_s(1e3, 1024, link) == comm.tree_allreduce_s(1e3, 1024, link)
+    two_nodes = _link(25, latency_s=5e-6, nodes=2)  # few ranks, big buffer: the ring's 2(n-1)/n < 2 wins
+    assert comm.allreduce_s(10 * _GB, 16, two_nodes) == comm.ring_allreduce_s(10 * _GB, 16, two_nodes)
+    assert comm.ring_allreduce_s(1e9, 1, link) == 0.0 and comm.allgather_s(1e9, 1, link) == 0.0
+    assert comm.p2p_s(25 * _GB, link) == pytest.approx(1.0 + 5e-6)
+
+
+def test_placement_inside_a_node_and_across_nodes():
+    """Rank order pp, dp, cp, tp on 8-GPU H100 nodes with 8 x 400 Gb/s NICs."""
+    cluster = make_cluster(num_gpus=32, gpu="h100-sxm")
+    eff = cluster.collective_efficiency
+    tp8 = comm.group_link(cluster, 8, 1)
+    assert tp8.num_nodes == 1 and tp8.bw_bytes_per_s == pytest.approx(450 * _GB * eff)  # NVLink 4
+    dp_under_tp8 = comm.group_link(cluster, 4, 8)  # one member per node, 8 such rings share the NICs
+    assert dp_under_tp8.num_nodes == 4 and dp_under_tp8.bw_bytes_per_s == pytest.approx(50 * _GB * eff)
+    pure_dp = comm.group_link(cluster, 32, 1)  # whole nodes in one ring: all 8 NICs, capped by NVLink
+    assert pure_dp.num_nodes == 4 and pure_dp.bw_bytes_per_s == pytest.approx(400 * _GB * eff)
+    dp_under_tp4 = comm.group_link(cluster, 8, 4)  # 2 members per node, 4 concurrent rings
+    assert dp_under_tp4.bw_bytes_per_s == pytest.approx(100 * _GB * eff)
+
+
+def test_node_nic_aggregate_matches_nccl_issue_1048():
+    """NVIDIA/nccl#1048: 2 nodes of 8 A100 with 4 x 200 Gb/s NICs; all-reduce busbw theoretical 100 GB/s
+    (measured 86), with one NIC 24 GB/s."""
+    four = make_cluster(num_gpus=16, gpu="a100-80gb", nics_per_node=4)
+    one = make_cluster(num_gpus=16, gpu="a100-80gb", nics_per_node=1)
+    eff = four.collective_efficiency
+    assert comm.group_link(four, 16, 1).bw_bytes_per_s / eff == pytest.approx(100 * _GB)
+    assert comm.group_link(one, 16, 1).bw_bytes_per_s / eff == pytest.approx(25 * _GB)
+
+
+def test_gradient_allreduce_of_30b_model_over_1gbe_takes_minutes_over_infiniband_seconds():
+    """30B parameters of bf16 gradients (60 GB), data parallel over 2 nodes x 8 GPUs."""
+    grads = 30e9 * 2
+    slow = make_cluster(num_gpus=16, gpu="a100-80gb", inter_node="1gbe", nics_per_node=1)
+    fast = make_cluster(num_gpus=16, gpu="a100-80gb", inter_node="ib-200", nics_per_node=8)
+    t_slow = comm.allreduce_s(grads, 16, comm.group_link(slow, 16, 1))
+    t_fast = comm.allreduce_s(grads, 16, comm.group_link(fast, 16, 1))
+    # 2 x 15/16 x 60 GB over 0.125 GB/s x 0.85: ~18 minutes; over 8 x 25 GB/s (x 0.85): ~0.7 s
+    assert 10 * 60 < t_slow < 30 * 60
+    assert 0.3 < t_fast < 2.0
+    assert math.isclose(t_slow / t_fast, 200 / 0.125, rel_tol=0.01)

@@ -1,0 +1,148 @@
+"""Step-time model: FLOPs cross-checks, pipeline bubble, topology effects, sanity, published runs."""
+
+import importlib.util
+import sys
+import timeit
+from pathlib import Path
+
+import pytest
+
+from autotune.catalog import load_model, make_cluster
+from autotune.costmodel import flops, pipeline
+from autotune.costmodel.steptime import block_times, step_time
+from autotune.plan import ParallelPlan
+from autotune.specs import ModelSpec
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _gpt(h: int = 12288, layers: int = 96, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
+    return ModelSpec(name="gpt", hidden_size=h, num_layers=layers, num_heads=h // 128, num_kv_heads=h // 128,
+                     ffn_hidden_size=4 * h, vocab_size=vocab, max_seq_len=seq, gated_mlp=False)
+
+
+def test_flops_reproduce_narayanan_eq3_and_korthikanti_eq7():
+    model, b, s = _gpt(), 1536, 2048
+    L, h, V = model.num_layers, model.hidden_size, model.vocab_size
+    tokens = b * s
+    eq3 = 96 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    eq7 = 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    one_attention_fwd = 4 * b * s * s * h * L
+    model_flops = flops.model_flops_per_token(model, s) * tokens
+    assert model_flops == pytest.approx(eq7, rel=1e-12)
+    full = flops.recompute_flops_per_token(model, s, "full") * tokens
+    assert model_flops + full == pytest.approx(eq3, rel=1e-12)
+    # selective = one more attention-core forward (Korthikanti's Eq. 8 HFU counts the s/6h term twice: more)
+    assert flops.recompute_flops_per_token(model, s, "selective") * tokens == pytest.approx(one_attention_fwd)
+    assert flops.recompute_flops_per_token(model, s, "none") == 0.0
+
+
+def test_gqa_and_gated_mlp_gemm_count():
+    llama = load_model("70b")  # h 8192, 8 KV heads of 128, SwiGLU 28672
+    h, kv, f = 8192, 1024, 28672
+    assert flops.layer_gemm_flops_per_token(llama) == 2 * (2 * h * h + 2 * h * kv + 3 * h * f)
+    assert flops.layer_gemm_flops_per_token(llama) == pytest.approx(
+        2 * (llama.params_per_layer - 2 * h), rel=1e-12)  # = 2 x weights (norms are not GEMMs)
+
+
+def test_bubble_shrinks_with_microbatches_and_virtual_stages():
+    assert pipeline.bubble_fraction(8, 8) == pytest.approx(7 / 8)
+    assert pipeline.bubble_fraction(8, 64) == pytest.approx(7 / 64)
+    assert pipeline.bubble_fraction(8, 64, 4) == pytest.approx(7 / 256)
+    assert pipeline.bubble_fraction(1, 3) == 0.0
+    model, cluster = load_model("70b"), make_cluster(num_gpus=32)
+    base = {"tp": 8, "pp": 4, "dp": 1, "seq_len": 4096}
+    few = step_time(model, cluster, ParallelPlan(global_batch=8, **base)).pp_bubble_s
+    many = step_time(model, cluster, ParallelPlan(global_batch=64, **base))
+    inter = step_time(model, cluster,
+                      ParallelPlan(global_batch=64, schedule="interleaved", virtual_stages=4, **base))
+    assert many.pp_bubble_s == pytest.approx(few)  # (p-1) slots of one micro-batch either way ...
+    assert many.pp_bubble_s / many.step_time_s < 0.5 * few / step_time(
+        model, cluster, ParallelPlan(global_batch=8, **base)).step_time_s  # ... a smaller share of the step
+    assert inter.pp_bubble_s == pytest.approx(many.pp_bubble_s / 4)
+
+
+def test_stage_split_balances_a_large_lm_head():
+    assert pipeline.stage_split(96, 8, 0.2) == (12, 12)  # Megatron's uniform split
+    assert pipeline.stage_split(70, 12, 1.46) == (4, 6)  # BLOOM: fewer blocks next to the 250k-vocab head
+
+
+def test_tp_across_nodes_is_much_slower_than_inside_a_node():
+    model = load_model("gpt3-175b")
+    plan = {"global_batch": 64, "seq_len": 2048, "sequence_parallel": True, "pp": 8}
+    ib = make_cluster(num_gpus=128)
+    tp8 = step_time(model, ib, ParallelPlan(tp=8, dp=2, **plan))
+    tp16 = step_time(model, ib, ParallelPlan(tp=16, dp=1, **plan))
+    assert tp16.tp_comm_s > 2 * tp8.tp_comm_s and tp16.step_time_s > tp8.step_time_s
+    eth = make_cluster(num_gpus=128, inter_node="100gbe", nics_per_node=1)
+    tp8_eth = step_time(model, eth, ParallelPlan(tp=8, dp=2, **plan))
+    tp16_eth = step_time(model, eth, ParallelPlan(tp=16, dp=1, **plan))
+    assert tp8_eth.tp_comm_s == pytest.approx(tp8.tp_comm_s)  # TP8 never leaves the node
+    assert tp16_eth.tp_comm_s > 50 * tp8_eth.tp_comm_s
+    assert tp16_eth.step_time_s > 2 * tp8_eth.step_time_s
+
+
+def test_70b_on_16_h100_tp8_dp2_is_sane():
+    model, cluster = load_model("70b"), make_cluster(num_gpus=16, gpu="h100-sxm")
+    plan = ParallelPlan(tp=8, dp=2, global_batch=64, seq_len=4096, sharding="zero1", sequence_parallel=True,
+                        recompute="selective", framework="megatron")
+    t = step_time(model, cluster, plan)
+    mfu = t.model_flops / t.step_time_s / 16 / cluster.gpu.peak_flops("bf16")
+    assert 0.25 < mfu < 0.65
+    assert t.compute_s > max(t.tp_comm_s, t.dp_comm_s, t.optimizer_s)
+    assert t.hardware_flops > t.model_flops
+    assert t.as_dict()["step_time_s"] == pytest.approx(t.step_time_s)
+
+
+def test_dp_over_1gbe_dominates_and_sharding_traffic_scales_as_documented():
+    model = load_model("13b")
+    plan = {"dp": 16, "global_batch": 64, "seq_len": 4096, "micro_batch": 1}
+    slow = step_time(model, make_cluster(num_gpus=16, inter_node="1gbe", nics_per_node=1),
+                     ParallelPlan(sharding="zero1", framework="deepspeed", **plan))
+    assert slow.dp_comm_s > 5 * slow.compute_s
+    ib = make_cluster(num_gpus=16)
+    zero1 = step_time(model, ib, ParallelPlan(sharding="zero1", framework="megatron", **plan))
+    fsdp = step_time(model, ib, ParallelPlan(sharding="fsdp-full", **plan))
+    # 4 micro-batches: FSDP gathers twice and reduce-scatters every micro-batch, ZeRO-1 syncs once per step
+    assert fsdp.dp_comm_total_s > 3 * zero1.dp_comm_total_s
+    offload = step_time(model, ib,
+                        ParallelPlan(sharding="zero2", framework="deepspeed", offload=True, **plan))
+    assert offload.optimizer_s > zero1.optimizer_s and offload.offload_s > 0
+
+
+def test_context_parallel_exchange_hides_behind_long_attention():
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    plan = ParallelPlan(cp=8, dp=1, global_batch=1, seq_len=8192, framework="megatron")
+    short = block_times(model, cluster, plan)
+    long = block_times(model, cluster, plan.replace(seq_len=131072))
+    assert short.cp_s > 0 and long.cp_s == 0.0
+
+
+def test_flash_attention_switch_and_speed():
+    model, cluster = load_model("70b"), make_cluster(num_gpus=16)
+    plan = ParallelPlan(tp=8, dp=2, global_batch=64, seq_len=4096, sharding="zero1", framework="megatron")
+    assert step_time(model, cluster, plan, flash_attention=False).step_time_s > step_time(
+        model, cluster, plan).step_time_s
+    per_call_s = min(timeit.repeat(lambda: step_time(model, cluster, plan), number=200, repeat=3)) / 200
+    assert per_call_s < 200e-6  # ~20-25 us on the 2-core dev box; the search calls it ~1e5 times
+
+
+def _published_runs():
+    path = _ROOT / "benchmarks" / "published_runs.py"
+    spec = importlib.util.spec_from_file_location("published_runs", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["published_runs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_runs_within_bounds():
+    """benchmarks/published_runs.py: median |error| <= 10%, none above 30% (on the included rows)."""
+    runs = _published_runs()
+    outcomes, skipped = runs.compare()
+    stats = runs.summary(outcomes)
+    assert stats["rows"] >= 50
+    assert stats["median_abs_error"] <= 0.10
+    assert stats["max_abs_error"] <= 0.30
+    assert set(skipped) == {"opt-175b-992gpu", "llama1-65b-2048gpu"}
+    assert all(o.excluded.startswith("DeepSpeed ZeRO-3") for o in outcomes if o.excluded)
