@@ -277,6 +277,8 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
             errors.append("DeepSpeed has no context parallelism here; use CP=1 or --framework fsdp/megatron")
         if plan.precision is Precision.FP8:
             errors.append("DeepSpeed's engine has no fp8 training path; use bf16/fp16")
+        if plan.sequence_parallel:
+            errors.append("DeepSpeed AutoTP has no Megatron-style sequence parallelism; drop --sequence-parallel")
     return errors
 
 
