@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.backends.base import ReportFn, TrialRequest
+from autotune.catalog import load_gpu
 from autotune.trials.config import TrialConfig
 from autotune.trials.result import TrialResult, TrialStatus
 
@@ -62,14 +63,18 @@ class Launch:
     """SIGTERM -> SIGKILL delay when a trial is stopped."""
 
 
-def trial_config(request: TrialRequest, **overrides: object) -> TrialConfig:
-    """The worker's ``trial.json`` for a request: model, steps, the catalog peak for MFU."""
-    gpu = request.cluster.gpu
-    on_cpu = gpu.key == "cpu"
+def trial_config(request: TrialRequest, *, device: str | None = None, **overrides: object) -> TrialConfig:
+    """The worker's ``trial.json`` for a request: model, steps, the catalog peak for MFU.
+
+    ``device``: ``cpu`` | ``cuda`` | None (CPU when the cluster's GPU is the catalog's ``cpu``, else auto).
+    On the CPU, MFU is against the catalog ``cpu`` entry's fp32 peak, whatever cluster was planned.
+    """
+    on_cpu = device == "cpu" or (device is None and request.cluster.gpu.key == "cpu")
+    gpu = load_gpu("cpu") if on_cpu else request.cluster.gpu
     peak = gpu.peak_flops("fp32" if on_cpu else str(request.plan.precision))
     kwargs: dict[str, object] = {"model": request.model, "warmup_steps": request.warmup_steps,
                                  "measure_steps": request.measure_steps, "peak_flops_per_gpu": peak,
-                                 "device": "cpu" if on_cpu else "auto"}
+                                 "device": "cpu" if on_cpu else (device or "auto")}
     return TrialConfig(**(kwargs | overrides))  # type: ignore[arg-type]
 
 

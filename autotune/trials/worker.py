@@ -214,7 +214,7 @@ def _teardown() -> None:
     dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m autotune.trials.worker")
     parser.add_argument("--trial-dir", type=Path, required=True)
     trial_dir = parser.parse_args(argv).trial_dir.resolve()
@@ -240,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         result.write(trial_dir / "result.json")
     _teardown()
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter finalisation (~1.5 s of module teardown per trial); nothing is left open
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
