@@ -30,6 +30,7 @@ __all__ = ["SearchCommand"]
 _PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size", "recompute",
              "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework")
 _DEFAULT_MEASURED_TRIALS = 16
+_CPU_SEQUENCES_PER_PROCESS = 4
 _FAILED = ("oom", "timeout", "error", "rendezvous_error")
 
 
@@ -63,7 +64,8 @@ class SearchCommand:
         g.add_argument("--backend", choices=("auto", "simulate", "torchrun", "deepspeed"), default="auto",
                        help="auto: real trials when this node has the GPUs (or --device cpu), "
                        "else predictions")
-        g.add_argument("--device", choices=("cpu", "cuda"), help="cpu: gloo trials on CPU processes")
+        g.add_argument("--device", choices=("cpu", "cuda"), help="cpu: gloo trials on CPU processes (global "
+                       f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)")
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
         g.add_argument("--quiet", action="store_true", help="print only the best plan")
@@ -116,8 +118,11 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> t
 
     space = load_space(args.space)
     choice = get_backend(args.backend, cluster=cluster, device=args.device)
+    global_batch = args.global_batch
+    if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
+        global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
     ranking = plan_search(space, model, cluster, pins={k: getattr(args, k) for k in _PIN_KEYS},
-                          global_batch=args.global_batch, seq_len=args.seq_len or default_seq_len(model),
+                          global_batch=global_batch, seq_len=args.seq_len or default_seq_len(model),
                           frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster))
     return choice, ranking
 
@@ -201,7 +206,8 @@ def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking
     ctx = ranking.ctx
     lines = [f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters) on {cluster.name}",
              f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
-             f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; pruned:"]
+             f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; "
+             "combinations pruned, by reason:"]
     lines += [f"  {n:>12,}  {reason}" for reason, n in out["pruned_by_reason"].items()]
     trials = out["trials"]
     lines += [f"study     {out['study']} ({out['storage']}): {trials['total']} trials, "
