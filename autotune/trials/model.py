@@ -1,9 +1,9 @@
 """The trial workload: a Llama-style decoder built from any ``ModelSpec``, and its synthetic data.
 
-RMSNorm, rotary positions (learned positions when ``spec.learned_positions``), SwiGLU or GELU MLP, GQA
-through ``F.scaled_dot_product_attention(is_causal=True)``. Module names follow Hugging Face Llama
-(``q_proj``, ``o_proj``, ``gate_proj``, ``down_proj``, ``lm_head``) so that name-driven tensor-parallel
-tools (DeepSpeed AutoTP) recognise the layers.
+RMSNorm (LayerNorm when ``spec.bias``), rotary positions (learned when ``spec.learned_positions``),
+SwiGLU or GELU MLP, GQA through ``F.scaled_dot_product_attention(is_causal=True)``. Module names follow
+Hugging Face Llama (``q_proj``, ``o_proj``, ``gate_proj``, ``down_proj``, ``lm_head``) so that name-driven
+tensor-parallel tools (DeepSpeed AutoTP) recognise the layers.
 
 Initialisation is deterministic and independent of layout: every plain parameter is drawn from its own
 generator seeded by ``(seed, parameter name)``, so a rank that builds only some layers (a pipeline
@@ -39,6 +39,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    """RMSNorm (Llama); LayerNorm with a bias for GPT-style specs (``bias=True``), as ``ModelSpec`` counts."""
+    return nn.LayerNorm(spec.hidden_size) if spec.bias else RMSNorm(spec.hidden_size)
 
 
 def rotary(x: torch.Tensor) -> torch.Tensor:
@@ -104,9 +109,9 @@ class Block(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(spec.hidden_size)
+        self.input_layernorm = make_norm(spec)
         self.self_attn = Attention(spec)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size)
+        self.post_attention_layernorm = make_norm(spec)
         self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +130,7 @@ class Transformer(nn.Module):
         self.embed_positions: nn.Embedding | None = (
             nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_positions else None)
         self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
-        self.norm: RMSNorm | None = RMSNorm(spec.hidden_size)
+        self.norm: nn.Module | None = make_norm(spec)
         self.lm_head: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
