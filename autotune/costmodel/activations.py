@@ -131,12 +131,15 @@ def layer_activation_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recom
 
 def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
                            k: Kernels) -> float:
-    """Transient of one layer's backward on top of what is stored. Gradients alive at once inside the MLP
-    (``num_mlp_matrices`` ffn-wide, e.g. dL/d(product), dL/d(silu), dL/d(up)) plus the incoming ``sbh``
-    gradient: the MemTracker "Temp" peak of the CPU cross-check. With recompute, the recomputed part of
-    one layer: full, the whole layer minus its stored input; selective, the attention core."""
+    """Transient of one layer's backward on top of what is stored. Inside the MLP, gradients of
+    ``num_mlp_matrices`` ffn-wide tensors are alive at once (dL/d(product), dL/d(silu), dL/d(up)) while the
+    product, the down projection's input, is already freed: a net ``num_mlp_matrices - 1`` ffn-wide tensors,
+    plus the incoming ``sbh`` gradient (the CPU cross-check's MemTracker "Temp" peak). With recompute, the
+    recomputed part of one layer: full, the whole layer but its stored input; selective, the attention
+    core."""
     side_div = tp if sp else 1
-    grads = x.s * x.b * (x.ffn * (3 if x.gated else 2) / tp + x.h / side_div) * e
+    net_ffn_tensors = (3 if x.gated else 2) - 1
+    grads = x.s * x.b * (x.ffn * net_ffn_tensors / tp + x.h / side_div) * e
     if recompute is Recompute.NONE:
         return grads
     full_layer = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)
@@ -157,17 +160,21 @@ def head_activation_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernel
     return stored
 
 
-def loss_stored_bytes(x: LayerShape, *, tp: int, e: int) -> float:
-    """Logits kept for the loss per micro-batch on the last stage (Korthikanti Sec. 4.3: fp32 for the
-    cross-entropy): the output layer's logits (``e``) and the fp32 (log-)softmax (4), vocab split by ``t``."""
-    return x.s * x.b * x.vocab / tp * (e + 4)
+def loss_stored_bytes(x: LayerShape, *, tp: int) -> float:
+    """Kept for the loss's backward per micro-batch on the last stage (Korthikanti Sec. 4.3: the
+    cross-entropy works on fp32 logits): the fp32 (log-)softmax, 4 B per logit, vocab split by ``t``. The
+    logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs)."""
+    return x.s * x.b * x.vocab / tp * 4.0
 
 
-def loss_transient_bytes(x: LayerShape, *, tp: int, k: Kernels) -> float:
-    """fp32 buffers of the loss backward: eager ``F.cross_entropy`` holds the gradient of the log-softmax
-    output and of its input at once (2 x 4 B per logit; the CPU cross-check's peak); Megatron's fused
-    vocab-parallel cross-entropy writes the gradient into its softmax buffer (0)."""
-    return 0.0 if k.fused_cross_entropy else x.s * x.b * x.vocab / tp * 8.0
+def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float:
+    """Loss buffers that come and go around the stored softmax. Eager ``F.cross_entropy`` holds the fp32
+    gradients of the log-softmax output and of its input at once in backward (8 B per logit; the CPU
+    cross-check's peak), more than the forward's ``e``-byte logits + fp32 copy. Megatron's fused
+    vocab-parallel cross-entropy writes its gradient in place: only the logits (``e``) while the fp32
+    buffer is made."""
+    per_logit = e if k.fused_cross_entropy else max(8.0, e + 4.0)
+    return x.s * x.b * x.vocab / tp * per_logit
 
 
 def in_flight_microbatches(plan: ParallelPlan, *, rank: int) -> float:

@@ -135,7 +135,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, numerics: Numer
     at_loss = microbatches_at_loss(plan) if last else 0.0
     stored = (in_flight_microbatches(plan, rank=rank) * (per_stage + head_first)
               + at_loss * head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last))
-    one_logits = loss_stored_bytes(x, tp=t, e=e) if last else 0.0
+    one_logits = loss_stored_bytes(x, tp=t) if last else 0.0
     backward = _Moment(
         activations=stored + backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k),
         logits=(at_loss - 1) * one_logits if last else 0.0,  # this micro-batch's loss is freed by now
@@ -143,7 +143,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, numerics: Numer
     step = _Moment(activations=0.0, logits=0.0, prefetch=0.0, step_temp=step_bytes)
     if not last:
         return [backward, step]
-    loss = _Moment(activations=stored, logits=at_loss * one_logits + loss_transient_bytes(x, tp=t, k=k),
+    loss = _Moment(activations=stored, logits=at_loss * one_logits + loss_transient_bytes(x, tp=t, e=e, k=k),
                    prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=False),
                    step_temp=0.0)
     return [loss, backward, step]

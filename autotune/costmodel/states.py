@@ -155,7 +155,10 @@ def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics 
                            step_bytes=step, host_bytes=0.0)
     host = optimizer + opt_params * b.grad_fp32_partition
     if plan.framework is not Framework.MEGATRON and z >= 2:  # sharded gradients stream to the host
-        host, grad = host + grad, 0.0
+        # DeepSpeed ZeRO-2 reduces them straight into the fp32 host partition; ZeRO-3 also keeps its
+        # bf16 gradient partition in pinned host memory (stage3.py ``grad_partitions_flat_buffer``).
+        kept = 0.0 if plan.framework is Framework.DEEPSPEED and z == 2 else grad
+        host, grad = host + kept, 0.0
     if plan.framework is Framework.FSDP and weight_sharded:  # CPUOffloadPolicy: sharded parameters too
         host, weight = host + weight, 0.0
     return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=0.0, step_bytes=0.0,
@@ -221,9 +224,10 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MI
                    last: bool, backward: bool) -> float:
     """Unsharded parameter/gradient buffers in flight (ZeRO-3 / FSDP), in backward or at the loss.
 
-    FSDP2 (per-block units + a root unit holding the ends; measured with FSDPMemTracker, see
-    benchmarks/memory_crosscheck.py): the root stays gathered from forward to backward; in backward the
-    current and the prefetched block are gathered and one unit's unsharded gradient waits for its
+    FSDP2 (per-block units + a root unit holding the ends, as autotune/trials/parallelize.py wraps them;
+    measured with FSDPMemTracker, benchmarks/memory_crosscheck.py): nothing stays gathered at the loss
+    (the root reshards after forward too); in backward the root is gathered for the whole backward, the
+    current and the prefetched block are gathered, and one unit's unsharded gradient waits for its
     reduce-scatter (in ``reduce_dtype`` fp32). fsdp-grad-op holds every unit gathered already
     (``state_bytes_per_param.unsharded_copy``), so only the gradient remains. DeepSpeed ZeRO-3 gathers per
     leaf module: the largest module's parameter and gradient (its estimator's ``4 x largest_layer_params``)
@@ -239,7 +243,7 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MI
     grad = max(layer, root) * 4.0 if backward else 0.0
     if plan.sharding is Sharding.FSDP_GRAD_OP:
         return grad
-    return root * c + (2 * layer * c + grad if backward else 0.0)
+    return (root + 2 * layer) * c + grad if backward else 0.0
 
 
 def comm_bucket_bytes(plan: ParallelPlan, stage_params: float, numerics: Numerics = MIXED_BF16) -> float:

@@ -1,0 +1,373 @@
+"""Cross-check the analytic memory model (autotune/costmodel/memory.py) against MEASURED per-rank peaks.
+
+The workload is the trials' own model (autotune/trials/model.py) with the trials' loss and optimizer
+(fp32 cross-entropy, ``AdamW(foreach=True)``) and two micro-batches of gradient accumulation, so the
+gradients of the first micro-batch are alive during the second one's forward, as in training.
+
+CPU (default), plain fp32, compared with ``memory_breakdown(numerics=FP32)`` on the ``cpu`` GPU type:
+- one process, real tensors, ``MemTracker`` (torch/distributed/_tools): recompute none / selective / full;
+- FSDP2 ``fully_shard`` per block + root over a fake process group of 4 and 8 ranks in ``FakeTensorMode``
+  with ``FSDPMemTracker``: fsdp-full and fsdp-grad-op; one process, nothing allocated.
+The CPU runs the eager, decomposed RMSNorm, so the model is asked with ``Kernels(fused_norm=False)``.
+
+GPU (``--gpu``, one CUDA device), bf16 autocast as the trials run at DP=1: ``torch.cuda.max_memory_allocated``
+against ``memory_breakdown(numerics=MIXED_BF16)`` without its reserve; plus the CUDA context (device memory
+in use outside the caching allocator) and the allocator's reserved/allocated slack, which ground the
+reserve constants.
+
+Usage: python benchmarks/memory_crosscheck.py [--gpu] [--tiny] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from autotune.catalog import make_cluster
+from autotune.costmodel.activations import Kernels
+from autotune.costmodel.memory import MemoryBreakdown, memory_breakdown
+from autotune.costmodel.states import FP32, MIXED_BF16, Numerics
+from autotune.plan import ParallelPlan, Recompute, Sharding
+from autotune.specs import ModelSpec
+from autotune.trials.model import Transformer
+from autotune.trials.parallelize import apply_ac
+
+_MIB = 1024**2
+ACCUMULATION = 2
+"""Micro-batches per step: gradients from the first are alive during the second's forward."""
+
+# Llama-shaped, GQA, SwiGLU; sized so that one step runs in well under a second on 2 CPU cores.
+SMALL = ModelSpec(name="crosscheck-small", hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                  ffn_hidden_size=688, vocab_size=2048, max_seq_len=512)
+TINY = ModelSpec(name="crosscheck-tiny", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                 ffn_hidden_size=344, vocab_size=512, max_seq_len=128)
+GPU_MODEL = ModelSpec(name="crosscheck-gpu", hidden_size=2048, num_layers=8, num_heads=16, num_kv_heads=4,
+                      ffn_hidden_size=5632, vocab_size=32000, max_seq_len=2048)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: ModelSpec
+    plan: ParallelPlan
+
+
+def cpu_cases(spec: ModelSpec, *, micro_batch: int, seq_len: int, worlds: tuple[int, ...]) -> list[Case]:
+    cases = [Case(f"1 rank, recompute {rc}", spec, ParallelPlan(
+        micro_batch=micro_batch, global_batch=micro_batch * ACCUMULATION, seq_len=seq_len, recompute=rc))
+        for rc in ("none", "selective", "full")]
+    for world in worlds:
+        for sharding in ("fsdp-full", "fsdp-grad-op"):
+            cases.append(Case(f"{sharding}, {world} ranks (fake PG)", spec, ParallelPlan(
+                dp=world, micro_batch=micro_batch, global_batch=micro_batch * world * ACCUMULATION,
+                seq_len=seq_len, sharding=sharding)))
+    return cases
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, spec: ModelSpec, plan: ParallelPlan,
+                device: str, autocast: bool, after_microbatch=None) -> None:
+    for _ in range(ACCUMULATION):
+        ids = torch.randint(spec.vocab_size, (plan.micro_batch, plan.seq_len), device=device)
+        ctx = torch.autocast(device, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+        with ctx:
+            logits = model(ids)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())  # autotune.trials.train.lm_loss
+        del logits
+        loss.backward()
+        if after_microbatch is not None:
+            after_microbatch()
+    opt.step()
+    opt.zero_grad()
+
+
+def _adamw(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as autotune/trials/train.py
+
+
+def measure_one_rank(case: Case) -> dict[str, float]:
+    """Peak bytes by MemTracker category, fp32, real tensors."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    torch.manual_seed(0)
+    model = Transformer(case.spec)
+    if case.plan.recompute is not Recompute.NONE:
+        apply_ac(model, case.plan.recompute)
+    opt = _adamw(model)
+    _train_step(model, opt, case.spec, case.plan, "cpu", False)  # creates the optimizer states
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        _train_step(model, opt, case.spec, case.plan, "cpu", False, tracker.reset_mod_stats)
+    return _categories(tracker.get_tracker_snapshot("peak"))
+
+
+def measure_fsdp(case: Case) -> dict[str, float]:
+    """Per-rank peak of FSDP2 over a fake process group, by FSDPMemTracker category (nothing allocated)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world = case.plan.dp
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        reshard = case.plan.sharding is not Sharding.FSDP_GRAD_OP
+        with FakeTensorMode():
+            model = Transformer(case.spec)
+            for block in model.layers.values():  # as autotune/trials/parallelize.py apply_dp
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            opt = _adamw(model)
+            tracker = FSDPMemTracker(model, opt)
+            with tracker:
+                for _ in range(2):
+                    _train_step(model, opt, case.spec, case.plan, "cpu", False, tracker.reset_mod_stats)
+            return _categories(tracker.get_tracker_snapshot("peak"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _categories(snapshot: dict) -> dict[str, float]:
+    (per_device,) = snapshot.values()
+    return {str(getattr(k, "name", k)): float(v) for k, v in per_device.items()}
+
+
+_STATE_KEYS = ("PARAM", "BUFFER", "GRAD", "OPT", "SHARDED_PARAM", "SHARDED_GRAD")
+
+
+def measured_groups(measured: dict[str, float], plan: ParallelPlan) -> dict[str, float]:
+    """Measured peak split like the model's groups: model states vs what comes and goes."""
+    states = sum(measured.get(k, 0.0) for k in _STATE_KEYS)
+    if plan.sharding is Sharding.FSDP_GRAD_OP:  # the model counts the gathered copy as weights
+        states += measured.get("UNSHARDED_PARAM", 0.0)
+    return {"states": states, "transient": measured["Total"] - states, "total": measured["Total"]}
+
+
+def predicted_groups(mem: MemoryBreakdown) -> dict[str, float]:
+    states = mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes
+    total = mem.total_bytes - mem.reserve_bytes
+    return {"states": states, "transient": total - states, "total": total}
+
+
+def predict(case: Case, numerics: Numerics, kernels: Kernels, gpu: str = "cpu") -> MemoryBreakdown:
+    cluster = make_cluster(num_gpus=case.plan.world_size, gpu=gpu, gpus_per_node=case.plan.world_size)
+    return memory_breakdown(case.spec, cluster, case.plan, numerics=numerics, kernels=kernels)
+
+
+def compare(case: Case, measured: dict[str, float], mem: MemoryBreakdown) -> dict[str, object]:
+    got, want = predicted_groups(mem), measured_groups(measured, case.plan)
+    row: dict[str, object] = {"case": case.name, "plan": case.plan.to_dict(), "measured": measured,
+                              "predicted": mem.as_dict()}
+    for key in ("states", "transient", "total"):
+        row[f"{key}_measured_mib"] = want[key] / _MIB
+        row[f"{key}_predicted_mib"] = got[key] / _MIB
+        row[f"{key}_rel_error"] = (got[key] - want[key]) / want[key] if want[key] else 0.0
+    return row
+
+
+def run_cpu(*, tiny: bool) -> list[dict[str, object]]:
+    spec, mb, seq, worlds = (TINY, 4, 128, (4,)) if tiny else (SMALL, 4, 256, (4, 8))
+    kernels = Kernels(fused_norm=False)  # eager F.rms_norm on CPU stores x * rstd too
+    rows = []
+    for case in cpu_cases(spec, micro_batch=mb, seq_len=seq, worlds=worlds):
+        measured = measure_fsdp(case) if case.plan.dp > 1 else measure_one_rank(case)
+        rows.append(compare(case, measured, predict(case, FP32, kernels)))
+    return rows
+
+
+def _unvalidated_plan(**fields: object) -> ParallelPlan:
+    """A plan ParallelPlan refuses as a search choice: FSDP over one rank (nothing to shard). The trials'
+    ``fsdp_at_dp1`` validation mode runs exactly this, and it is the only FSDP2 mixed-precision layout
+    one GPU can measure; the memory model handles shard degree 1 like any other."""
+    base = ParallelPlan(global_batch=1, seq_len=1)
+    defaults = {f: getattr(base, f) for f in ParallelPlan.__dataclass_fields__}
+    plan = object.__new__(ParallelPlan)
+    for name, value in {**defaults, **fields}.items():
+        object.__setattr__(plan, name, value)
+    return plan
+
+
+def _saved_bytes(fn, *args: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd saves for ``fn(*args)`` (parameters excluded)."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sum(storages.values())
+
+
+def gpu_kernel_facts(device: str) -> dict[str, object]:
+    """Does F.rms_norm store only its input on this device (fused)? What does bf16 SDPA store?"""
+    b, s, h, heads = 2, 1024, 1024, 8
+    x = torch.randn(b, s, h, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.nn.Parameter(torch.ones(h, device=device, dtype=torch.bfloat16))
+    norm_saved = _saved_bytes(lambda t: F.rms_norm(t, (h,), w), x)
+    q = torch.randn(b, heads, s, h // heads, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_()
+    sdpa_saved = _saved_bytes(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), q, k, v)
+    return {"rms_norm_saved_bytes": norm_saved, "rms_norm_input_bytes": x.numel() * 2,
+            "rms_norm_fused": norm_saved < 1.5 * x.numel() * 2,
+            "sdpa_saved_bytes": sdpa_saved, "sdpa_qkvo_bytes": 4 * q.numel() * 2,
+            "sdpa_lse_bytes": 4 * b * heads * s}
+
+
+def gpu_cases() -> list[Case]:
+    spec = GPU_MODEL
+    cases = [Case(f"fsdp2 1 GPU, bf16, recompute {rc}", spec, _unvalidated_plan(
+        micro_batch=4, global_batch=4 * ACCUMULATION, seq_len=2048, sharding=Sharding.FSDP_FULL,
+        recompute=Recompute(rc))) for rc in ("none", "selective", "full")]
+    cases.append(Case("fsdp2 1 GPU, bf16, full recompute, short (step-bound)", spec, _unvalidated_plan(
+        micro_batch=1, global_batch=ACCUMULATION, seq_len=256, sharding=Sharding.FSDP_FULL,
+        recompute=Recompute.FULL)))
+    return cases
+
+
+def measure_gpu(case: Case, mesh) -> dict[str, float]:
+    """FSDP2 (bf16 params, fp32 reduce) on a 1-rank NCCL mesh, as trials wrap it; allocator peaks."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Transformer(case.spec)
+    if case.plan.recompute is not Recompute.NONE:
+        apply_ac(model, case.plan.recompute)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    opt = _adamw(model)
+    _train_step(model, opt, case.spec, case.plan, "cuda", False)  # optimizer states exist from here on
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    _train_step(model, opt, case.spec, case.plan, "cuda", False)
+    torch.cuda.synchronize()
+    out = {"Total": float(torch.cuda.max_memory_allocated()),
+           "reserved": float(torch.cuda.max_memory_reserved())}
+    del model, opt
+    torch.cuda.empty_cache()
+    return out
+
+
+def run_gpu() -> dict[str, object]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.cuda.init()
+    (torch.ones(64, 64, device="cuda", dtype=torch.bfloat16) @ torch.ones(64, 64, device="cuda",
+                                                                         dtype=torch.bfloat16)).sum().item()
+    free, total = torch.cuda.mem_get_info()
+    context = total - free - torch.cuda.memory_reserved()
+    dist.init_process_group("nccl", rank=0, world_size=1, store=dist.HashStore(),
+                            device_id=torch.device("cuda", 0))
+    dist.all_reduce(torch.ones(1 << 20, device="cuda"))
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    nccl = total - free - torch.cuda.memory_reserved() - context
+    facts = gpu_kernel_facts("cuda")
+    kernels = Kernels(fused_norm=bool(facts["rms_norm_fused"]))
+    mesh = init_device_mesh("cuda", (1,))
+    rows = []
+    for case in gpu_cases():
+        measured = measure_gpu(case, mesh)
+        row = compare_totals(case, measured, predict(case, MIXED_BF16, kernels, gpu="h200"))
+        row["reserved_mib"] = measured["reserved"] / _MIB
+        rows.append(row)
+    dist.destroy_process_group()
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context_bytes": context,
+            "nccl_world1_bytes": nccl, "kernel_facts": facts, "rows": rows}
+
+
+def compare_totals(case: Case, measured: dict[str, float], mem: MemoryBreakdown) -> dict[str, object]:
+    predicted = mem.total_bytes - mem.reserve_bytes
+    return {"case": case.name, "plan": case.plan.to_dict(), "predicted": mem.as_dict(),
+            "total_measured_mib": measured["Total"] / _MIB, "total_predicted_mib": predicted / _MIB,
+            "total_rel_error": (predicted - measured["Total"]) / measured["Total"]}
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def markdown(cpu_rows: list[dict[str, object]], gpu: dict[str, object] | None) -> str:
+    lines = ["# Memory model vs measured per-rank peak", "",
+             "Generated by `python benchmarks/memory_crosscheck.py` (CPU) and `--gpu` (one CUDA device).",
+             "Predicted = `memory_breakdown()` without its runtime reserve; relative error ="
+             " (predicted - measured) / measured. *States* are weights + gradients + optimizer (for"
+             " fsdp-grad-op also the gathered copy); *transient* is everything else at the peak.", "",
+             "## CPU, fp32 (`numerics=FP32`, eager RMSNorm: `Kernels(fused_norm=False)`)", "",
+             f"Model {SMALL.name}: h={SMALL.hidden_size}, L={SMALL.num_layers}, heads={SMALL.num_heads}/"
+             f"{SMALL.num_kv_heads} KV, ffn={SMALL.ffn_hidden_size}, V={SMALL.vocab_size}; micro-batch"
+             f" 4 x 256 tokens, {ACCUMULATION} micro-batches per step, AdamW(foreach=True).", "",
+             "| case | measured MiB | predicted MiB | error | states meas / pred | transient meas / pred |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in cpu_rows:
+        lines.append(f"| {r['case']} | {r['total_measured_mib']:.1f} | {r['total_predicted_mib']:.1f} | "
+                     f"{_pct(r['total_rel_error'])} | {r['states_measured_mib']:.1f} / "
+                     f"{r['states_predicted_mib']:.1f} | {r['transient_measured_mib']:.1f} / "
+                     f"{r['transient_predicted_mib']:.1f} |")
+    if gpu is not None:
+        lines += ["", f"## GPU, bf16 mixed precision ({gpu['device']}, torch {gpu['torch']})", "",
+                  "FSDP2 on a 1-rank mesh, `MixedPrecisionPolicy(bf16, reduce fp32)`; model "
+                  f"{GPU_MODEL.name}: "
+                  f"h={GPU_MODEL.hidden_size}, L={GPU_MODEL.num_layers}, ffn={GPU_MODEL.ffn_hidden_size}, "
+                  f"V={GPU_MODEL.vocab_size}. Measured = `torch.cuda.max_memory_allocated()`.", "",
+                  "| case | measured MiB | predicted MiB | error | allocator reserved MiB |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in gpu["rows"]:
+            lines.append(f"| {r['case']} | {r['total_measured_mib']:.0f} | {r['total_predicted_mib']:.0f} | "
+                         f"{_pct(r['total_rel_error'])} | {r['reserved_mib']:.0f} |")
+        facts = gpu["kernel_facts"]
+        lines += ["", f"- CUDA context (device memory in use outside the caching allocator after the first "
+                  f"bf16 GEMM): {gpu['context_bytes'] / _MIB:.0f} MiB; a 1-rank NCCL communicator added "
+                  f"{gpu['nccl_world1_bytes'] / _MIB:.0f} MiB.",
+                  f"- `F.rms_norm` (bf16) saved {facts['rms_norm_saved_bytes']} B for a "
+                  f"{facts['rms_norm_input_bytes']} B input (fused: {facts['rms_norm_fused']}); causal SDPA "
+                  "saved "
+                  f"{facts['sdpa_saved_bytes']} B for Q/K/V/O of {facts['sdpa_qkvo_bytes']} B "
+                  f"(+ LSE {facts['sdpa_lse_bytes']} B)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", action="store_true", help="measure on the CUDA device instead of the CPU")
+    p.add_argument("--tiny", action="store_true", help="the small, fast CPU variant the test runs")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    gpu_json = args.out / "memory_crosscheck_gpu.json"
+    if args.gpu:
+        result = run_gpu()
+        gpu_json.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
+        for r in result["rows"]:
+            print(f"{r['case']}: measured {r['total_measured_mib']:.0f} MiB, predicted "
+                  f"{r['total_predicted_mib']:.0f} MiB ({_pct(r['total_rel_error'])})")
+        return 0
+    rows = run_cpu(tiny=args.tiny)
+    payload = {"host": platform.platform(), "torch": torch.__version__, "rows": rows}
+    (args.out / "memory_crosscheck.json").write_text(json.dumps(payload, indent=1) + "\n")
+    gpu = json.loads(gpu_json.read_text()) if gpu_json.exists() else None
+    (args.out / "memory_crosscheck.md").write_text(markdown(rows, gpu))
+    for r in rows:
+        print(f"{r['case']}: measured {r['total_measured_mib']:.1f} MiB, predicted "
+              f"{r['total_predicted_mib']:.1f} MiB ({_pct(r['total_rel_error'])})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
