@@ -44,7 +44,7 @@ from autotune.specs import ClusterSpec, ModelSpec
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Estimator", "Ranking", "StudyOptions", "plan_search", "rank_plans", "rule_of", "make_sampler",
-           "run_study", "top_trials", "best_trial"]
+           "run_study", "top_trials"]
 
 Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
 ClusterAt = Callable[[int], ClusterSpec]
@@ -323,7 +323,3 @@ def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
             if "duplicate_of" not in t.user_attrs and all(v <= 0 for v in t.constraints.values())]
     return sorted(done, key=lambda t: t.value, reverse=True)[:k]  # type: ignore[arg-type, return-value]
 
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    best = top_trials(study, 1)
-    return best[0] if best else None

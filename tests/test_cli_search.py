@@ -1,36 +1,16 @@
-"""`autotune search` end to end in planning mode: the JSON contract, resume, and bad input (one line, exit 2,
-nothing written). Runs on the real cost model once it is there, else on test_search.py's fake terms."""
+"""`autotune search` end to end in planning mode on the real cost model: the JSON contract, resume, and bad
+input (one line, exit 2, nothing written)."""
 
 import json
 from pathlib import Path
 
 import pytest
-from test_search import install_fake_costmodel
 
-from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
-from autotune.costmodel import estimate
-from autotune.plan import ParallelPlan
 
-_ESTIMATE_KEYS = {"feasible", "reasons", "memory_bytes_per_gpu", "memory_breakdown", "step_time_s", "time_breakdown",
-                  "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "bottleneck", "plan"}
-
-
-def _real_costmodel_ready():
-    try:
-        estimate(load_model("7b"), make_cluster(num_gpus=8), ParallelPlan(dp=8, global_batch=64, seq_len=4096))
-    except NotImplementedError:
-        return False
-    return True
-
-
-REAL = _real_costmodel_ready()
-
-
-@pytest.fixture(autouse=True)
-def _costmodel(monkeypatch):
-    if not REAL:
-        install_fake_costmodel(monkeypatch)
+_ESTIMATE_KEYS = {"feasible", "reasons", "memory_bytes_per_gpu", "memory_breakdown", "step_time_s",
+                  "time_breakdown", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu",
+                  "bottleneck", "plan"}
 
 
 def _search(capsys, tmp_path, *argv):
@@ -62,7 +42,7 @@ def test_json_has_the_estimate_keys_and_the_search_around_them(capsys, tmp_path)
 def test_text_shows_the_table_the_pruned_reasons_and_that_it_only_planned(capsys, tmp_path):
     code, out, err = _search(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64")
     assert code == 0
-    assert "planning with the cost model" in err and "run the same command on a node" in err
+    assert "planning with the cost model" in err and "run the same command on the GPU node" in err
     for needle in ("legal plans", "pruned", "pred tok/s", "MFU", "memory/GPU", "binds", "best "):
         assert needle in out
     assert "meas tok/s" not in out
@@ -88,7 +68,8 @@ def test_resume_adds_trials_and_a_new_run_needs_resume_or_force(capsys, tmp_path
 
 
 def test_a_study_name_for_another_model_is_refused_and_left_alone(capsys, tmp_path):
-    _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s2", "--top", "1")
+    _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s2",
+          "--top", "1")
     study_dir = tmp_path / "runs" / "s2"
     before = {p.name: p.read_bytes() for p in study_dir.iterdir() if p.is_file()}
     code, _, err = _search(capsys, tmp_path, "--model", "13b", "--gpus", "8", "--global-batch", "64",
@@ -124,7 +105,6 @@ def test_a_model_that_fits_nowhere_is_told_the_smallest_cluster(capsys, tmp_path
     assert _json(capsys, tmp_path, "--model", "70b", "--gpus", str(n))["feasible"] is True
 
 
-@pytest.mark.skipif(not REAL, reason="needs the real cost model (memory.py and steptime.py)")
 def test_70b_on_16_h100_is_sane(capsys, tmp_path):
     out = _json(capsys, tmp_path, "--model", "70b", "--gpus", "16")
     plan = out["plan"]

@@ -1,14 +1,13 @@
 """The search over a known landscape: a fake cost model and fake backends, so the point of each test is exact.
 
-The fake cost model (``fake_memory``/``fake_step_time``, also used by test_cli_search.py): memory grows
-with the micro-batch and shrinks with TP, PP, sharding and recompute, and a throughput with one best plan.
+The fake cost model (``fake_memory``/``fake_step_time``): memory grows with the micro-batch and shrinks with
+TP, PP, sharding and recompute, and a throughput with one best plan.
 """
-
-import sys
 
 import optuna
 import pytest
 
+from autotune.backends import registry
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.memory import MemoryBreakdown
@@ -63,13 +62,6 @@ def fake_estimate(model, cluster, plan):
     return Estimate(plan=plan, feasible=fits, reasons=reasons, memory=memory,
                     memory_capacity_bytes=cluster.gpu.memory_bytes, time=fake_step_time(model, cluster, plan),
                     num_gpus=plan.world_size, peak_flops_per_gpu=cluster.gpu.bf16_flops)
-
-
-def install_fake_costmodel(monkeypatch):
-    """Make ``autotune.costmodel.estimate`` use the fake terms (for CLI tests)."""
-    module = sys.modules["autotune.costmodel.estimate"]
-    monkeypatch.setattr(module, "memory_breakdown", fake_memory)
-    monkeypatch.setattr(module, "step_time", fake_step_time)
 
 
 class RecordingBackend:
@@ -232,3 +224,23 @@ def test_a_backend_limits_the_frameworks():
     with pytest.raises(ConfigError, match="cannot be measured here"):
         _ranking(pins={"framework": "megatron"}, frameworks={Framework.DEEPSPEED})
 
+
+
+@pytest.mark.parametrize(("gpus", "local", "device", "real", "note"), [
+    (8, 8, None, True, None),
+    (8, 0, None, False, "this node has 0 of the 8 GPUs; to measure, run the same command on the GPU node"),
+    (16, 8, None, False, "the plan spans 2 nodes"),
+    (4, 0, "cpu", True, None),
+])
+def test_auto_measures_only_where_the_trial_can_run(monkeypatch, gpus, local, device, real, note):
+    monkeypatch.setattr(registry, "local_gpu_count", lambda: local)
+    choice = registry.get_backend("auto", cluster=make_cluster(num_gpus=gpus), device=device)
+    assert choice.backend.measures is real
+    assert choice.frameworks == ({Framework.FSDP, Framework.DEEPSPEED} if real else None)
+    assert (note is None and choice.note is None) or note in choice.note
+
+
+def test_cuda_without_the_gpus_is_bad_input(monkeypatch):
+    monkeypatch.setattr(registry, "local_gpu_count", lambda: 0)
+    with pytest.raises(ConfigError, match="--device cuda: this node has 0 CUDA GPUs"):
+        registry.get_backend("auto", cluster=make_cluster(num_gpus=8), device="cuda")

@@ -1,9 +1,11 @@
 """``get_backend(name, ...)``: simulate | torchrun | deepspeed | auto.
 
 ``auto`` runs real trials when they can run here: this node has at least the cluster's GPUs per node
-(``torch.cuda.device_count()``), or ``--device cpu`` asks for CPU trials on gloo. Otherwise it plans with the
-cost model and says so in one line, with how to measure. torch is imported only when a GPU driver is present,
-so planning on a laptop stays fast.
+(``torch.cuda.device_count()``) and the cluster is this one node, or ``--device cpu`` asks for CPU trials on
+gloo (all ranks as local processes). Otherwise it plans with the cost model and says so in one line, with
+how to measure. A multi-node trial needs a rendezvous that ``autotune search`` does not start, so a
+multi-node cluster is planned, not measured, from here. torch is imported only when a GPU driver is
+present, so planning on a laptop stays fast.
 """
 
 from __future__ import annotations
@@ -71,15 +73,21 @@ def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None) -
     if name != "auto":
         raise ConfigError(f"--backend: unknown backend '{name}'; known: {', '.join(BACKENDS)}")
     have = 0 if device == "cpu" else local_gpu_count()
-    if device == "cpu" or have >= cluster.gpus_per_node:
+    if device == "cpu" or (have >= cluster.gpus_per_node and cluster.num_nodes == 1):
         backends = {fw: _load(n, device or "cuda") for n, (_, _, fws) in _REAL.items() for fw in fws}
         return BackendChoice(backend=_ByFramework(backends), frameworks=frozenset(backends))
     if device == "cuda":
-        raise ConfigError(f"--device cuda: this node has {have} CUDA GPUs but the plan needs "
-                          f"{cluster.gpus_per_node} per node; drop --device to plan with the cost model")
-    return BackendChoice(backend=SimulateBackend(), frameworks=None, note=(
-        f"planning with the cost model (predictions, not measurements): this node has {have} of the "
-        f"{cluster.gpus_per_node} GPUs per node; to measure, run the same command on a node of the cluster"))
+        raise ConfigError(f"--device cuda: this node has {have} CUDA GPUs; the plan needs "
+                          f"{cluster.num_nodes} node(s) of {cluster.gpus_per_node}; drop --device to plan "
+                          "with the cost model")
+    if cluster.num_nodes == 1:
+        why = (f"this node has {have} of the {cluster.gpus_per_node} GPUs; to measure, run the same command "
+               "on the GPU node")
+    else:
+        why = (f"the plan spans {cluster.num_nodes} nodes and trials start on one node only; measure the "
+               "best plan on the cluster with its launch files in best/ (launch_slurm.sbatch, ...)")
+    return BackendChoice(backend=SimulateBackend(), frameworks=None,
+                         note=f"planning with the cost model (predictions, not measurements): {why}")
 
 
 def _load(name: str, device: str | None) -> Backend:
