@@ -28,7 +28,7 @@ from autotune.cli._args import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan
-from autotune.render import gib, plan_summary
+from autotune.render import plan_summary
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -67,7 +67,7 @@ class Ranking:
     """Rule (illegal) or cost-model reason (infeasible) -> combinations, most first."""
     num_legal: int
     closest: Estimate | None
-    """The infeasible legal plan that needs the least memory."""
+    """The infeasible legal plan that overcommits memory (GPU or host) the least."""
 
 
 # ---------------------------------------------------------------------------------------------- ranking
@@ -92,7 +92,7 @@ def rank_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, estimat
                 feasible.append(est)
                 continue
             tally.count(rule_of(est.reasons[0]), len(ladder.micro_batches) - i)  # larger ones cannot fit
-            if closest is None or est.memory_bytes_per_gpu < closest.memory_bytes_per_gpu:
+            if closest is None or _overcommit(est, ctx) < _overcommit(closest, ctx):
                 closest = est
             break
         if first_fit and feasible:
@@ -100,6 +100,12 @@ def rank_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, estimat
     feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
     return Ranking(ctx=ctx, choices=tally.choices(), feasible=feasible, num_legal=tally.num_legal,
                    pruned=dict(tally.pruned.most_common()), closest=closest)
+
+
+def _overcommit(est: Estimate, ctx: PlanContext) -> float:
+    """How far over its tightest memory (GPU or host) a plan is: 1.0 just fits."""
+    return max(est.memory_bytes_per_gpu / est.memory_capacity_bytes,
+               est.memory.host_bytes_per_node / ctx.cluster.host_memory_bytes_per_node)
 
 
 def plan_search(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, *, pins: Mapping[str, Any],
@@ -162,8 +168,7 @@ def _fits_nowhere(ranking: Ranking, space: SearchSpace, pins: Mapping[str, Any],
                   estimator: Estimator, cluster_at: ClusterAt | None) -> str:
     ctx, closest = ranking.ctx, ranking.closest
     cluster = ctx.cluster
-    need = (f" (the closest plan needs {gib(closest.memory_bytes_per_gpu)} of "
-            f"{gib(closest.memory_capacity_bytes)} per GPU)") if closest else ""
+    need = f" (the closest: {closest.reasons[0]})" if closest else ""
     head = (f"{ctx.model.name} fits nowhere on {cluster.num_gpus} {cluster.gpu.key}: "
             f"every legal plan is infeasible{need}")
     if cluster_at is None:
