@@ -37,6 +37,13 @@ master, m, v (12 B) and the 16-bit weight (2 B), plus the grad-norm pass over th
 ELEMENTWISE_BWD_FACTOR = 1.5
 """Backward/forward HBM traffic of elementwise kernels: the backward of ``y = f(x)`` reads ``x`` (or ``y``)
 and ``dy`` and writes ``dx`` (3 tensors) where the forward read 1 and wrote 1."""
+FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
+"""How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
+``FLASH_BWD_SLOWDOWN_DEFAULT``). Measured on an H200 through torch SDPA (causal, head dim 128, 4k-8k tokens):
+forward 555-601 TFLOP/s, backward 333-391, i.e. 1.5-1.7x. FA2 paper (Dao 2023, Sec. 4.1) on A100: forward up
+to 73% of peak, backward up to 63%, i.e. ~1.2x. Pre-FlashAttention kernels (batched GEMMs) have no
+slowdown."""
+FLASH_BWD_SLOWDOWN_DEFAULT = 1.2
 HBM_EFFICIENCY = 0.8
 """Fraction of the HBM peak a streaming kernel reaches (STREAM-like copy: ~1.6 of 2.0 TB/s on A100-80GB,
 ~2.7 of 3.35 TB/s on H100; see benchmarks/gpu_gemm.py's copy test)."""
@@ -95,6 +102,8 @@ class BlockTimes(NamedTuple):
     """Forward GEMMs."""
     attn_s: float
     """Forward attention core (``QK^T``, ``PV``)."""
+    attn_bwd_s: float
+    """Backward of the attention core: 2x its forward FLOPs, slower per FLOP with FlashAttention."""
     ew_s: float
     """Forward memory-bound kernels (norms, residuals, activation; softmax/dropout without FlashAttention)."""
     recompute_s: float
@@ -112,9 +121,9 @@ class BlockTimes(NamedTuple):
 
     @property
     def bwd_s(self) -> float:
-        """Backward = 2 x forward FLOPs; elementwise backward kernels move ``ELEMENTWISE_BWD_FACTOR`` x
-        bytes."""
-        return 2 * (self.gemm_s + self.attn_s) + ELEMENTWISE_BWD_FACTOR * self.ew_s
+        """2 x the forward GEMM FLOPs, ``attn_bwd_s``, and elementwise backward kernels moving
+        ``ELEMENTWISE_BWD_FACTOR`` x the forward bytes."""
+        return 2 * self.gemm_s + self.attn_bwd_s + ELEMENTWISE_BWD_FACTOR * self.ew_s
 
     @property
     def total_s(self) -> float:
@@ -188,7 +197,8 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     head_s = tokens * (3 * flops.lm_head_flops_per_token(model) / gemm_rate
                        + flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate) / tp
     cp_s = _cp_exposed_s(model, cluster, plan, tokens, attn_s)
-    return BlockTimes(gemm_s, attn_s, ew_s, recompute_s, tp_s, cp_s, head_s)
+    slowdown = FLASH_BWD_SLOWDOWN.get(cluster.gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash_attention else 1.0
+    return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s)
 
 
 def _exposed_s(comm_s: float, window_s: float, pieces: int) -> float:
