@@ -222,7 +222,11 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         request = TrialRequest(model=ranking.ctx.model, cluster=ranking.ctx.cluster, plan=plan,
                                trial_dir=trials_dir / f"{trial.number:05d}",
                                timeout_s=options.trial_timeout_s)
-        result = backend.run(request, _reporter(trial))
+        try:
+            result = backend.run(request, _reporter(trial))
+        except KeyboardInterrupt:  # leave no trial RUNNING forever in the study
+            study.tell(trial, state=TrialState.FAIL)
+            raise
         launched += 1
         tried.add(_key(trial.params))
         _record(study, trial, result, backend.measures)
