@@ -244,3 +244,14 @@ def test_cuda_without_the_gpus_is_bad_input(monkeypatch):
     monkeypatch.setattr(registry, "local_gpu_count", lambda: 0)
     with pytest.raises(ConfigError, match="--device cuda: this node has 0 CUDA GPUs"):
         registry.get_backend("auto", cluster=make_cluster(num_gpus=8), device="cuda")
+
+
+def test_an_interrupted_trial_is_not_left_running(tmp_path):
+    class Interrupted(RecordingBackend):
+        def run(self, request, report=None):
+            raise KeyboardInterrupt
+    study = _study()
+    with pytest.raises(KeyboardInterrupt):
+        run_study(study, _ranking(), Interrupted(), StudyOptions(n_trials=1, top_k=1), trials_dir=tmp_path,
+                  estimator=fake_estimate)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]
