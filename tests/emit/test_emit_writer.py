@@ -148,12 +148,8 @@ def test_artefact_list_is_complete():
     assert not any(os.path.isabs(f) for f in ARTEFACT_FILES)
 
 
-def test_summary_flags_a_plan_its_own_framework_cannot_run(tmp_path):
-    """The search space may price DeepSpeed + AutoTP with sequence parallelism, which AutoTP lacks."""
-    plan = ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero2", sequence_parallel=True,
-                        framework="deepspeed")
-    _, model, cluster = CASES["autotp"].build()
-    emit_all(plan, model, cluster, None, tmp_path)
-    summary = (tmp_path / "summary.md").read_text()
-    assert "**Priced for deepspeed, but deepspeed cannot run this plan**" in summary
-    assert not (tmp_path / "ds_config.json").exists()
+def test_a_plan_deepspeed_cannot_run_is_never_priced():
+    """DeepSpeed AutoTP has no sequence parallelism: the plan rules reject it, so no search prices it."""
+    with pytest.raises(ConfigError, match="no Megatron-style sequence parallelism"):
+        ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero2", sequence_parallel=True,
+                     framework="deepspeed")
