@@ -4,6 +4,7 @@ input (one line, exit 2, nothing written)."""
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.cli import main
@@ -71,11 +72,18 @@ def test_a_study_name_for_another_model_is_refused_and_left_alone(capsys, tmp_pa
     _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s2",
           "--top", "1")
     study_dir = tmp_path / "runs" / "s2"
-    before = {p.name: p.read_bytes() for p in study_dir.iterdir() if p.is_file()}
+    before = _contents(study_dir)
     code, _, err = _search(capsys, tmp_path, "--model", "13b", "--gpus", "8", "--global-batch", "64",
                            "--study", "s2", "--resume")
     assert code == 2 and "study 's2' was made for 7b" in err and len(err.strip().splitlines()) == 1
-    assert {p.name: p.read_bytes() for p in study_dir.iterdir() if p.is_file()} == before
+    assert _contents(study_dir) == before
+
+
+def _contents(study_dir):
+    """The marker and summary bytes and the study's trials (SQLite's own files change as it checkpoints)."""
+    study = optuna.load_study(study_name="s2", storage=f"sqlite:///{study_dir / 'study.db'}")
+    files = {name: (study_dir / name).read_bytes() for name in ("study.json", "summary.json")}
+    return files, [(t.number, t.state, t.value, t.params) for t in study.trials]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
