@@ -6,6 +6,7 @@ is checked on the way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cache
 
@@ -15,6 +16,7 @@ from trial_helpers import LR, MEASURE, SEED, WARMUP, make_request, reference_los
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.backends.torchrun import TorchrunBackend
 from autotune.plan import Framework, ParallelPlan
+from autotune.specs import ModelSpec
 from autotune.trials.result import TrialResult, TrialStatus
 
 REL_TOL = 1e-4
@@ -33,6 +35,8 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "ds-zero3+sel-ac": {"dp": 2, "sharding": "zero3", "framework": "deepspeed", "recompute": "selective"},
     "ds-pp2": {"pp": 2, "framework": "deepspeed"},
     "ds-autotp2": {"tp": 2, "framework": "deepspeed"},
+    "ds-zero2+offload": {"dp": 2, "sharding": "zero2", "offload": True, "framework": "deepspeed"},
+    "gpt-style-tp2-sp": {"tp": 2, "sequence_parallel": True, "micro_batch": 2},  # GPT-2-shaped tiny
     # four ranks, global batch 8
     "hsdp-2x2": {"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 2},
     "tp2xdp2-fsdp": {"tp": 2, "dp": 2, "sharding": "fsdp-full"},
@@ -40,6 +44,13 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "tp2xpp2-interleaved": {"tp": 2, "pp": 2, "schedule": "interleaved", "virtual_stages": 2,
                             "recompute": "selective"},
 }
+
+
+def _model(layout: str, tiny: ModelSpec) -> ModelSpec:
+    """``gpt-style-*`` layouts run a GPT-2-shaped tiny: LayerNorm with bias, GELU MLP, learned positions."""
+    if layout.startswith("gpt-style"):
+        return dataclasses.replace(tiny, gated_mlp=False, learned_positions=True, bias=True)
+    return tiny
 
 
 def _plan(fields: dict[str, object]) -> ParallelPlan:
@@ -65,13 +76,13 @@ def test_reference_is_sensitive_to_the_update(tiny):
 @pytest.mark.dist(timeout=150)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_process(layout, tiny, tmp_path):
-    plan = _plan(LAYOUTS[layout])
+    plan, model = _plan(LAYOUTS[layout]), _model(layout, tiny)
     backend_cls = DeepSpeedBackend if plan.framework is Framework.DEEPSPEED else TorchrunBackend
     backend = backend_cls(device="cpu", seed=SEED, lr=LR)
-    result = backend.run(make_request(tiny, plan, tmp_path / layout))
+    result = backend.run(make_request(model, plan, tmp_path / layout))
 
     assert result.status is TrialStatus.OK, result.error
-    expected = _reference(tiny, plan.global_batch)
+    expected = _reference(model, plan.global_batch)
     assert result.extra["losses"] == pytest.approx(list(expected), rel=REL_TOL)
     assert result.loss == pytest.approx(expected[-1], rel=REL_TOL)
     _check_contract(result, tmp_path / layout, plan)
