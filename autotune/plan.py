@@ -22,7 +22,7 @@ from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
     "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "ParallelPlan",
-    "MESH_ORDER", "plan_errors", "check_plan",
+    "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan",
 ]
 
 
@@ -76,7 +76,7 @@ class Framework(_StrEnum):
     MEGATRON = "megatron"
 
 
-_FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
+FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
     Framework.FSDP: frozenset({Sharding.NONE, Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP}),
     Framework.DEEPSPEED: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3}),
     Framework.MEGATRON: frozenset({Sharding.NONE, Sharding.ZERO1}),
@@ -263,8 +263,8 @@ def _pipeline_errors(plan: ParallelPlan) -> list[str]:
 def _framework_errors(plan: ParallelPlan) -> list[str]:
     fw = plan.framework
     errors: list[str] = []
-    if plan.sharding not in _FRAMEWORK_SHARDING[fw]:
-        allowed = ", ".join(sorted(s.value for s in _FRAMEWORK_SHARDING[fw]))
+    if plan.sharding not in FRAMEWORK_SHARDING[fw]:
+        allowed = ", ".join(sorted(s.value for s in FRAMEWORK_SHARDING[fw]))
         errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
     if fw is Framework.DEEPSPEED:
         if plan.pp > 1 and plan.zero_stage > 1:

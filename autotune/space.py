@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from itertools import product
+from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +49,8 @@ _RULES = ("divisors_of_gpus_per_node", "divisors_of_layers", "powers_of_two")
 _NOT_KNOBS = {"dp": "DP is derived: GPUs / (tp x pp x cp); pin it with --dp",
               "global_batch": "the global batch is yours, never tuned: pass --global-batch",
               "seq_len": "the sequence length is yours, never tuned: pass --seq-len"}
-_SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+_SPACES_DIR = Path(str(resources.files("autotune.search_spaces")))
+"""The top-level search_spaces/ folder, shipped inside the package as ``autotune.search_spaces``."""
 
 BATCH_RULE = "global batch is not divisible by DP x micro-batch"
 
@@ -205,7 +207,7 @@ def _layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
 
 def _variant_rule(ctx: PlanContext, v: _Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
     sharding, fw = v.sharding, v.framework
-    if sharding not in _plan._FRAMEWORK_SHARDING[fw]:  # plan.py owns the table of what each framework offers
+    if sharding not in _plan.FRAMEWORK_SHARDING[fw]:  # plan.py owns the table of what each framework offers
         return "the framework does not offer this sharding"
     if sharding is not Sharding.NONE and dp == 1:
         return "sharding needs DP > 1"

@@ -1,0 +1,21 @@
+"""The package ships every subpackage and its data (a non-editable install must work too)."""
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "autotune").rglob("__init__.py")}
+    assert found <= listed, f"add {sorted(found - listed)} to [tool.setuptools] packages"
+    assert "autotune.search_spaces" in listed
+
+
+def test_search_spaces_resolve_through_the_package():
+    from autotune.space import load_space
+
+    assert load_space("deepspeed").source.endswith("deepspeed.yaml")
