@@ -232,8 +232,8 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
     if plan.sharding is Sharding.HSDP:
         s = plan.hsdp_shard_size
         if s is None or s <= 1 or s >= plan.dp or plan.dp % s:
-            errors.append(f"hsdp needs a shard-group size that divides DP={plan.dp} strictly between 1 and DP, "
-                          f"got {s}")
+            errors.append(f"hsdp needs a shard-group size that divides DP={plan.dp} strictly between 1 "
+                          f"and DP, got {s}")
     elif plan.hsdp_shard_size is not None:
         errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
     if plan.sharding is not Sharding.NONE and plan.dp == 1:
@@ -278,7 +278,8 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
         if plan.precision is Precision.FP8:
             errors.append("DeepSpeed's engine has no fp8 training path; use bf16/fp16")
         if plan.sequence_parallel:
-            errors.append("DeepSpeed AutoTP has no Megatron-style sequence parallelism; drop --sequence-parallel")
+            errors.append("DeepSpeed AutoTP has no Megatron-style sequence parallelism; "
+                          "drop --sequence-parallel")
     return errors
 
 
@@ -286,8 +287,8 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
     """Rules that need the model and the cluster; [] when the plan is legal."""
     errors: list[str] = []
     if plan.world_size != cluster.num_gpus:
-        errors.append(f"TP x PP x DP x CP = {plan.tp} x {plan.pp} x {plan.dp} x {plan.cp} = {plan.world_size} "
-                      f"does not equal the {cluster.num_gpus} GPUs")
+        errors.append(f"TP x PP x DP x CP = {plan.tp} x {plan.pp} x {plan.dp} x {plan.cp} = "
+                      f"{plan.world_size} does not equal the {cluster.num_gpus} GPUs")
     if model.num_heads % plan.tp:
         errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
     if model.num_kv_heads % plan.tp:

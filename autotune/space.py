@@ -22,8 +22,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from itertools import product
 from importlib import resources
+from itertools import product
 from pathlib import Path
 from typing import Any, NamedTuple
 

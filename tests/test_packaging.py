@@ -1,9 +1,10 @@
 """The package ships every subpackage and its data (a non-editable install must work too)."""
 
+from pathlib import Path
+
 import pytest
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
