@@ -18,8 +18,15 @@ from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 
 __all__ = [
-    "model_names", "gpu_names", "link_names", "load_model", "model_from_dict", "load_gpu", "load_link",
-    "make_cluster", "load_cluster",
+    "model_names",
+    "gpu_names",
+    "link_names",
+    "load_model",
+    "model_from_dict",
+    "load_gpu",
+    "load_link",
+    "make_cluster",
+    "load_cluster",
 ]
 
 _MIB = 1024**2
@@ -57,7 +64,9 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({line})") from None
+        raise ConfigError(
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({line})"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
     return data
@@ -85,38 +94,54 @@ def _is_gated(cfg: dict[str, Any], where: str) -> bool:
     if act is None:
         return model_type not in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "gpt_bigcode"}
     if not isinstance(act, str) or act not in _GELU_ACTS | _GATED_ACTS:
-        raise ConfigError(f"{where}: key 'hidden_act' must be one of {sorted(_GELU_ACTS | _GATED_ACTS)}, got {act!r}")
+        raise ConfigError(
+            f"{where}: key 'hidden_act' must be one of {sorted(_GELU_ACTS | _GATED_ACTS)}, got {act!r}"
+        )
     return act in _GATED_ACTS
 
 
 def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
-    """Build a ModelSpec from Hugging Face config keys (GPT-2 aliases ``n_embd``/``n_layer``/``n_head`` too)."""
+    """Build a ModelSpec from Hugging Face config keys (GPT-2's ``n_embd``/``n_layer``/``n_head`` too)."""
     cfg = dict(cfg)
-    for hf, gpt2 in (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"),
-                     ("num_attention_heads", "n_head"), ("max_position_embeddings", "n_positions")):
+    for hf, gpt2 in (
+        ("hidden_size", "n_embd"),
+        ("num_hidden_layers", "n_layer"),
+        ("num_attention_heads", "n_head"),
+        ("max_position_embeddings", "n_positions"),
+    ):
         if hf not in cfg and gpt2 in cfg:
             cfg[hf] = cfg[gpt2]
     missing = [k for k in _REQUIRED_MODEL_KEYS if k not in cfg]
     if missing:
-        raise ConfigError(f"{name}: missing key '{missing[0]}' (a model file needs {', '.join(_REQUIRED_MODEL_KEYS)})")
+        raise ConfigError(
+            f"{name}: missing key '{missing[0]}' (a model file needs {', '.join(_REQUIRED_MODEL_KEYS)})"
+        )
     h = _int_field(cfg, "hidden_size", name)
     heads = _int_field(cfg, "num_attention_heads", name)
     if h % heads:
         raise ConfigError(f"{name}: 'hidden_size' {h} is not divisible by 'num_attention_heads' {heads}")
     kv = _int_field(cfg, "num_key_value_heads", name, default=heads)
     if heads % kv:
-        raise ConfigError(f"{name}: 'num_attention_heads' {heads} is not divisible by 'num_key_value_heads' {kv}")
+        raise ConfigError(
+            f"{name}: 'num_attention_heads' {heads} is not divisible by 'num_key_value_heads' {kv}"
+        )
     gated = _is_gated(cfg, name)
     ffn_default = 4 * h if not gated else None
     ffn = _int_field(cfg, "intermediate_size", name, default=cfg.get("n_inner") or ffn_default)
     gpt_like = str(cfg.get("model_type", "")) in {"gpt2", "gpt_bigcode", "opt"}
     return ModelSpec(
-        name=name, hidden_size=h, num_layers=_int_field(cfg, "num_hidden_layers", name),
-        num_heads=heads, num_kv_heads=kv, ffn_hidden_size=ffn,
+        name=name,
+        hidden_size=h,
+        num_layers=_int_field(cfg, "num_hidden_layers", name),
+        num_heads=heads,
+        num_kv_heads=kv,
+        ffn_hidden_size=ffn,
         vocab_size=_int_field(cfg, "vocab_size", name),
         max_seq_len=_int_field(cfg, "max_position_embeddings", name, default=4096),
         tie_embeddings=_bool_field(cfg, "tie_word_embeddings", name, default=gpt_like),
-        gated_mlp=gated, learned_positions=gpt_like, bias=gpt_like,
+        gated_mlp=gated,
+        learned_positions=gpt_like,
+        bias=gpt_like,
     )
 
 
@@ -128,8 +153,10 @@ def load_model(name_or_path: str) -> ModelSpec:
     path = Path(name_or_path)
     if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
         return model_from_dict(_read_mapping(path), name=str(path))
-    raise ConfigError(f"--model: unknown model '{name_or_path}'; known presets: {', '.join(model_names())}, "
-                      "or a path to a Hugging Face config.json / YAML")
+    raise ConfigError(
+        f"--model: unknown model '{name_or_path}'; known presets: {', '.join(model_names())}, "
+        "or a path to a Hugging Face config.json / YAML"
+    )
 
 
 def _tflops(value: Any) -> float | None:
@@ -142,12 +169,19 @@ def load_gpu(name: str) -> GPUSpec:
         raise ConfigError(f"--gpu: unknown GPU '{name}'; known: {', '.join(gpu_names())}")
     g = gpus[name]
     return GPUSpec(
-        key=name, name=g["name"], bf16_flops=_tflops(g["bf16_tflops"]), fp16_flops=_tflops(g["fp16_tflops"]),
-        fp8_flops=_tflops(g["fp8_tflops"]), fp32_flops=_tflops(g["fp32_tflops"]),
-        memory_bytes=int(g["memory_mib"]) * _MIB, memory_bandwidth_bytes_per_s=g["memory_bandwidth_gb_s"] * 1e9,
-        gemm_efficiency=float(g["gemm_efficiency"]), intra_node_link=g["intra_node_link"],
+        key=name,
+        name=g["name"],
+        bf16_flops=_tflops(g["bf16_tflops"]),
+        fp16_flops=_tflops(g["fp16_tflops"]),
+        fp8_flops=_tflops(g["fp8_tflops"]),
+        fp32_flops=_tflops(g["fp32_tflops"]),
+        memory_bytes=int(g["memory_mib"]) * _MIB,
+        memory_bandwidth_bytes_per_s=g["memory_bandwidth_gb_s"] * 1e9,
+        gemm_efficiency=float(g["gemm_efficiency"]),
+        intra_node_link=g["intra_node_link"],
         default_gpus_per_node=int(g["default_gpus_per_node"]),
-        default_inter_node_link=g["default_inter_node_link"], default_nics_per_node=int(g["default_nics_per_node"]),
+        default_inter_node_link=g["default_inter_node_link"],
+        default_nics_per_node=int(g["default_nics_per_node"]),
         sources=tuple(g.get("sources", ())),
     )
 
@@ -158,13 +192,24 @@ def load_link(name: str, *, flag: str = "--inter-node") -> LinkSpec:
     if key not in hw["links"]:
         raise ConfigError(f"{flag}: unknown link '{name}'; known: {', '.join(link_names())}")
     link = hw["links"][key]
-    return LinkSpec(key=key, bw_bytes_per_s=link["bw_gb_s"] * 1e9, latency_s=link["latency_us"] * 1e-6,
-                    sources=tuple(link.get("sources", ())))
+    return LinkSpec(
+        key=key,
+        bw_bytes_per_s=link["bw_gb_s"] * 1e9,
+        latency_s=link["latency_us"] * 1e-6,
+        sources=tuple(link.get("sources", ())),
+    )
 
 
-def make_cluster(*, num_gpus: int, gpu: str = "h100-sxm", gpus_per_node: int | None = None,
-                 intra_node: str | None = None, inter_node: str | None = None,
-                 nics_per_node: int | None = None, host_memory_gib: float | None = None) -> ClusterSpec:
+def make_cluster(
+    *,
+    num_gpus: int,
+    gpu: str = "h100-sxm",
+    gpus_per_node: int | None = None,
+    intra_node: str | None = None,
+    inter_node: str | None = None,
+    nics_per_node: int | None = None,
+    host_memory_gib: float | None = None,
+) -> ClusterSpec:
     """A homogeneous cluster from the CLI flags ``--gpus N --gpu T [--gpus-per-node K]``."""
     spec = load_gpu(gpu)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
@@ -173,21 +218,35 @@ def make_cluster(*, num_gpus: int, gpu: str = "h100-sxm", gpus_per_node: int | N
     if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node <= 0:
         raise ConfigError(f"--gpus-per-node: must be a positive integer, got {per_node!r}")
     if num_gpus % per_node:
-        raise ConfigError(f"--gpus {num_gpus} is not a multiple of --gpus-per-node {per_node}; "
-                          f"use a multiple such as {math.ceil(num_gpus / per_node) * per_node}")
+        raise ConfigError(
+            f"--gpus {num_gpus} is not a multiple of --gpus-per-node {per_node}; "
+            f"use a multiple such as {math.ceil(num_gpus / per_node) * per_node}"
+        )
     nics = nics_per_node if nics_per_node is not None else spec.default_nics_per_node
     if isinstance(nics, bool) or not isinstance(nics, int) or nics <= 0:
         raise ConfigError(f"nics_per_node: must be a positive integer, got {nics!r}")
     return ClusterSpec(
-        name=f"{num_gpus // per_node}x{per_node} {gpu}", gpu=spec, num_nodes=num_gpus // per_node,
-        gpus_per_node=per_node, intra_link=load_link(intra_node or spec.intra_node_link, flag="--intra-node"),
-        inter_link=load_link(inter_node or spec.default_inter_node_link), nics_per_node=nics,
+        name=f"{num_gpus // per_node}x{per_node} {gpu}",
+        gpu=spec,
+        num_nodes=num_gpus // per_node,
+        gpus_per_node=per_node,
+        intra_link=load_link(intra_node or spec.intra_node_link, flag="--intra-node"),
+        inter_link=load_link(inter_node or spec.default_inter_node_link),
+        nics_per_node=nics,
         host_memory_bytes_per_node=int((host_memory_gib if host_memory_gib is not None else 1024) * _GIB),
     )
 
 
-_CLUSTER_KEYS = {"gpu", "num_nodes", "gpus_per_node", "intra_node_link", "inter_node_link", "nics_per_node",
-                 "host_memory_gib", "name"}
+_CLUSTER_KEYS = {
+    "gpu",
+    "num_nodes",
+    "gpus_per_node",
+    "intra_node_link",
+    "inter_node_link",
+    "nics_per_node",
+    "host_memory_gib",
+    "name",
+}
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:
@@ -210,6 +269,12 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     nics = cfg.get("nics_per_node")
     if nics is not None:
         nics = _int_field(cfg, "nics_per_node", where)
-    return make_cluster(num_gpus=nodes * per_node, gpu=cfg["gpu"], gpus_per_node=per_node,
-                        intra_node=cfg.get("intra_node_link"), inter_node=cfg.get("inter_node_link"),
-                        nics_per_node=nics, host_memory_gib=host)
+    return make_cluster(
+        num_gpus=nodes * per_node,
+        gpu=cfg["gpu"],
+        gpus_per_node=per_node,
+        intra_node=cfg.get("intra_node_link"),
+        inter_node=cfg.get("inter_node_link"),
+        nics_per_node=nics,
+        host_memory_gib=host,
+    )

@@ -10,14 +10,25 @@ __all__ = ["plan_summary", "format_estimate", "gib"]
 _GIB = 1024**3
 
 _MEMORY_ROWS = (
-    ("weights_bytes", "weights"), ("gradients_bytes", "gradients"), ("optimizer_bytes", "optimizer states"),
-    ("activations_bytes", "activations"), ("logits_bytes", "logits/loss"), ("prefetch_bytes", "gather buffers"),
-    ("comm_buffer_bytes", "comm buckets"), ("reserve_bytes", "runtime reserve"),
+    ("weights_bytes", "weights"),
+    ("gradients_bytes", "gradients"),
+    ("optimizer_bytes", "optimizer states"),
+    ("activations_bytes", "activations"),
+    ("logits_bytes", "logits/loss"),
+    ("prefetch_bytes", "gather buffers"),
+    ("comm_buffer_bytes", "comm buckets"),
+    ("reserve_bytes", "runtime reserve"),
 )
 _TIME_ROWS = (
-    ("compute_s", "compute"), ("recompute_s", "recompute"), ("tp_comm_s", "TP comm"), ("cp_comm_s", "CP comm"),
-    ("pp_p2p_s", "PP send/recv"), ("pp_bubble_s", "PP bubble"), ("dp_comm_s", "DP comm (exposed)"),
-    ("optimizer_s", "optimizer step"), ("offload_s", "offload traffic"),
+    ("compute_s", "compute"),
+    ("recompute_s", "recompute"),
+    ("tp_comm_s", "TP comm"),
+    ("cp_comm_s", "CP comm"),
+    ("pp_p2p_s", "PP send/recv"),
+    ("pp_bubble_s", "PP bubble"),
+    ("dp_comm_s", "DP comm (exposed)"),
+    ("optimizer_s", "optimizer step"),
+    ("offload_s", "offload traffic"),
 )
 
 
@@ -43,19 +54,27 @@ def plan_summary(plan: ParallelPlan) -> str:
 
 def format_estimate(est: Estimate) -> str:
     plan = est.plan
-    lines = [f"plan      {plan_summary(plan)}",
-             f"batch     {plan.global_batch} sequences x {plan.seq_len} tokens = {plan.tokens_per_step:,} tokens/step"]
+    lines = [
+        f"plan      {plan_summary(plan)}",
+        f"batch     {plan.global_batch} sequences x {plan.seq_len} tokens = "
+        f"{plan.tokens_per_step:,} tokens/step",
+    ]
     verdict = "feasible" if est.feasible else "INFEASIBLE"
     lines.append(f"verdict   {verdict}; binds: {est.bottleneck}")
     lines += [f"  - {r}" for r in est.reasons]
     lines.append("")
-    lines.append(f"memory per GPU (worst rank)        {gib(est.memory_bytes_per_gpu)} of {gib(est.memory_capacity_bytes)}"
-                 f" ({est.memory_bytes_per_gpu / est.memory_capacity_bytes:.0%})")
+    lines.append(
+        f"memory per GPU (worst rank)        {gib(est.memory_bytes_per_gpu)} "
+        f"of {gib(est.memory_capacity_bytes)}"
+        f" ({est.memory_bytes_per_gpu / est.memory_capacity_bytes:.0%})"
+    )
     mem = est.memory.as_dict()
     for key, label in _MEMORY_ROWS:
         lines.append(f"  {label:<32} {mem[key] / _GIB:>9.2f} GiB")
     if est.memory.host_bytes_per_node:
-        lines.append(f"  {'host memory per node (offload)':<32} {est.memory.host_bytes_per_node / _GIB:>9.1f} GiB")
+        lines.append(
+            f"  {'host memory per node (offload)':<32} {est.memory.host_bytes_per_node / _GIB:>9.1f} GiB"
+        )
     lines.append("")
     step = est.step_time_s
     lines.append(f"step time                          {step * 1e3:,.1f} ms")
@@ -64,6 +83,8 @@ def format_estimate(est: Estimate) -> str:
         if t[key]:
             lines.append(f"  {label:<32} {t[key] * 1e3:>9.1f} ms  {t[key] / step:>5.1%}")
     lines.append("")
-    lines.append(f"throughput  {est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
-                 f"{est.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {est.mfu:.1%}")
+    lines.append(
+        f"throughput  {est.tokens_per_s:,.0f} tokens/s ({est.tokens_per_s_per_gpu:,.0f} per GPU), "
+        f"{est.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {est.mfu:.1%}"
+    )
     return "\n".join(lines)

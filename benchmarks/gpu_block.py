@@ -1,7 +1,8 @@
 """Device probe for the step-time model: GEMM, attention, whole-block and LM-head times on one GPU (bf16).
 
-Run on a GPU machine: `python benchmarks/gpu_block.py OUT_DIR`; writes OUT_DIR/probe.json. The H200 result that
-calibrates gemm_efficiency and the FlashAttention backward slowdown is benchmarks/results/gpu_block_h200.json."""
+Run on a GPU machine: `python benchmarks/gpu_block.py OUT_DIR`; writes OUT_DIR/probe.json.
+The H200 result behind gemm_efficiency and the FlashAttention backward slowdown:
+benchmarks/results/gpu_block_h200.json."""
 
 import json
 import os
@@ -99,8 +100,10 @@ def attention(heads, kv, b, s):
     q = torch.randn(b, heads, s, 128, device=DEV, dtype=DT, requires_grad=True)
     k = torch.randn(b, kv, s, 128, device=DEV, dtype=DT, requires_grad=True)
     v = torch.randn(b, kv, s, 128, device=DEV, dtype=DT, requires_grad=True)
+
     def g():
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv != heads)
+
     fwd = timed(g)
     fb = timed(lambda: g().sum().backward())
     flops_fwd = 4 * b * s * s * heads * 128 * 0.5

@@ -4,14 +4,30 @@ import json
 
 import pytest
 
-from autotune.catalog import gpu_names, load_cluster, load_gpu, load_link, load_model, make_cluster, model_names
+from autotune.catalog import (
+    gpu_names,
+    load_cluster,
+    load_gpu,
+    load_link,
+    load_model,
+    make_cluster,
+    model_names,
+)
 from autotune.errors import ConfigError
 
 
-@pytest.mark.parametrize(("name", "billions"), [
-    ("7b", 6.74), ("13b", 13.02), ("70b", 68.98), ("llama3-8b", 8.03), ("llama3-70b", 70.55),
-    ("llama3-405b", 405.85), ("gpt3-175b", 174.6),
-])
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        ("7b", 6.74),
+        ("13b", 13.02),
+        ("70b", 68.98),
+        ("llama3-8b", 8.03),
+        ("llama3-70b", 70.55),
+        ("llama3-405b", 405.85),
+        ("gpt3-175b", 174.6),
+    ],
+)
 def test_preset_parameter_counts_match_published_sizes(name, billions):
     # Llama 2 paper Table 1 / HF model cards: 6.74B, 13.0B, 69.0B; Llama 3: 8.03B, 70.6B, 405.9B; GPT-3 175B.
     assert load_model(name).num_params / 1e9 == pytest.approx(billions, rel=2e-3)
@@ -25,9 +41,18 @@ def test_gqa_and_gelu_shapes():
 
 
 def test_hf_config_json_is_read(tmp_path):
-    cfg = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
-           "max_position_embeddings": 32768, "hidden_act": "silu", "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     model = load_model(str(path))
@@ -36,19 +61,38 @@ def test_hf_config_json_is_read(tmp_path):
 
 def test_gpt2_style_keys(tmp_path):
     path = tmp_path / "gpt2.json"
-    path.write_text(json.dumps({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
-                                "vocab_size": 50257, "n_positions": 1024, "activation_function": "gelu_new"}))
+    path.write_text(
+        json.dumps(
+            {
+                "model_type": "gpt2",
+                "n_embd": 768,
+                "n_layer": 12,
+                "n_head": 12,
+                "vocab_size": 50257,
+                "n_positions": 1024,
+                "activation_function": "gelu_new",
+            }
+        )
+    )
     assert load_model(str(path)).num_params / 1e6 == pytest.approx(124.4, rel=5e-3)  # GPT-2 small: 124M
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{}", "missing key 'hidden_size'"),
-    ('{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 10}', "not divisible"),
-    ('{"hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10}',
-     "'hidden_size' must be a positive integer"),
-    ("[1, 2]", "expected a mapping"),
-    ("{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{}", "missing key 'hidden_size'"),
+        (
+            '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 3, "vocab_size": 10}',
+            "not divisible",
+        ),
+        (
+            '{"hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10}',
+            "'hidden_size' must be a positive integer",
+        ),
+        ("[1, 2]", "expected a mapping"),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_bad_model_file_names_the_key(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -66,14 +110,34 @@ def test_unknown_names_list_the_known_ones():
 
 
 def test_catalog_covers_required_gpus():
-    required = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l40s", "a10g", "rtx-4090",
-                "mi300x", "cpu"}
+    required = {
+        "a100-40gb",
+        "a100-80gb",
+        "h100-sxm",
+        "h100-pcie",
+        "h200",
+        "b200",
+        "l40s",
+        "a10g",
+        "rtx-4090",
+        "mi300x",
+        "cpu",
+    }
     assert required <= set(gpu_names())
     for name in required:
         gpu = load_gpu(name)
         assert gpu.memory_bytes > 0 and gpu.sources and 0 < gpu.gemm_efficiency <= 1
-    assert set(model_names()) >= {"7b", "13b", "70b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b",
-                                  "tiny", "small"}
+    assert set(model_names()) >= {
+        "7b",
+        "13b",
+        "70b",
+        "llama3-8b",
+        "llama3-70b",
+        "llama3-405b",
+        "gpt3-175b",
+        "tiny",
+        "small",
+    }
 
 
 def test_cluster_nic_share_and_divisibility(tmp_path):
@@ -83,7 +147,9 @@ def test_cluster_nic_share_and_divisibility(tmp_path):
     with pytest.raises(ConfigError, match="not a multiple of --gpus-per-node 8"):
         make_cluster(num_gpus=12, gpu="a100-80gb", gpus_per_node=8)
     path = tmp_path / "c.yaml"
-    path.write_text("gpu: h100-sxm\nnum_nodes: 4\ngpus_per_node: 8\ninter_node_link: 1gbe\nnics_per_node: 1\n")
+    path.write_text(
+        "gpu: h100-sxm\nnum_nodes: 4\ngpus_per_node: 8\ninter_node_link: 1gbe\nnics_per_node: 1\n"
+    )
     slow = load_cluster(path)
     assert slow.num_gpus == 32 and slow.inter_link.key == "eth-1g"
     path.write_text("gpu: h100-sxm\nnum_nodes: 4\ngpus_per_node: 8\nnic: 3\n")

@@ -14,15 +14,37 @@ from autotune.catalog import load_cluster, load_model
 from autotune.cli import main
 from autotune.errors import ConfigError
 
-_GOOD_MODEL = {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
-               "intermediate_size": 688, "vocab_size": 1000, "max_position_embeddings": 512,
-               "tie_word_embeddings": False, "hidden_act": "silu"}
-_GOOD_CLUSTER = {"gpu": "h100-sxm", "num_nodes": 2, "gpus_per_node": 8, "inter_node_link": "ib-400",
-                 "nics_per_node": 8, "host_memory_gib": 512}
-_BAD_VALUES = st.one_of(st.none(), st.booleans(), st.integers(max_value=0), st.floats(allow_nan=True),
-                        st.text(max_size=8), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3),
-                                                                                                  st.integers(), max_size=1))
-_SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_GOOD_MODEL = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 688,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
+_GOOD_CLUSTER = {
+    "gpu": "h100-sxm",
+    "num_nodes": 2,
+    "gpus_per_node": 8,
+    "inter_node_link": "ib-400",
+    "nics_per_node": 8,
+    "host_memory_gib": 512,
+}
+_BAD_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(max_value=0),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=1),
+)
+_SETTINGS = settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _assert_one_clear_line(error: ConfigError) -> None:
@@ -38,13 +60,17 @@ def _broken(draw, good: dict, required: list[str]):
     if draw(st.booleans()) and key in required:
         del cfg[key]
     else:
-        cfg[key] = draw(_BAD_VALUES.filter(lambda v, k=key: v != good[k] and not (k == "hidden_act" and v is None)))
+        cfg[key] = draw(
+            _BAD_VALUES.filter(lambda v, k=key: v != good[k] and not (k == "hidden_act" and v is None))
+        )
     return cfg
 
 
 @_SETTINGS
-@given(cfg=_broken(_GOOD_MODEL, ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]),
-       as_json=st.booleans())
+@given(
+    cfg=_broken(_GOOD_MODEL, ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]),
+    as_json=st.booleans(),
+)
 def test_bad_model_files(tmp_path, cfg, as_json):
     path = tmp_path / ("m.json" if as_json else "m.yaml")
     path.write_text(json.dumps(cfg) if as_json else yaml.safe_dump(cfg))
@@ -83,14 +109,37 @@ def test_garbage_files(tmp_path, text):
                 _assert_one_clear_line(e)
 
 
-_FLAGS = ["--gpus", "--gpu", "--gpus-per-node", "--tp", "--pp", "--dp", "--cp", "--micro-batch",
-          "--global-batch", "--seq-len", "--sharding", "--recompute", "--schedule", "--virtual-stages",
-          "--precision", "--framework", "--inter-node", "--hsdp-shard-size"]
+_FLAGS = [
+    "--gpus",
+    "--gpu",
+    "--gpus-per-node",
+    "--tp",
+    "--pp",
+    "--dp",
+    "--cp",
+    "--micro-batch",
+    "--global-batch",
+    "--seq-len",
+    "--sharding",
+    "--recompute",
+    "--schedule",
+    "--virtual-stages",
+    "--precision",
+    "--framework",
+    "--inter-node",
+    "--hsdp-shard-size",
+]
 
 
 @settings(max_examples=80, deadline=None)
-@given(flag=st.sampled_from(_FLAGS), value=st.one_of(st.text(max_size=6), st.integers(-3, 0).map(str),
-                                                       st.sampled_from(["7", "1.5", "zero9", "h101", "0x10"])))
+@given(
+    flag=st.sampled_from(_FLAGS),
+    value=st.one_of(
+        st.text(max_size=6),
+        st.integers(-3, 0).map(str),
+        st.sampled_from(["7", "1.5", "zero9", "h101", "0x10"]),
+    ),
+)
 def test_bad_cli_values_exit_2_with_one_line(flag, value):
     argv = ["estimate", "--model", "tiny", "--gpus", "4", "--gpu", "cpu", "--global-batch", "16", flag, value]
     err = io.StringIO()
@@ -101,6 +150,9 @@ def test_bad_cli_values_exit_2_with_one_line(flag, value):
             code = e.code
     assert code in (0, 2)
     if code == 2:
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip() and not ln.startswith("usage:")
-                 and not ln.startswith(" ")]
+        lines = [
+            ln
+            for ln in err.getvalue().splitlines()
+            if ln.strip() and not ln.startswith("usage:") and not ln.startswith(" ")
+        ]
         assert len(lines) == 1 and "Traceback" not in err.getvalue(), err.getvalue()

@@ -19,19 +19,22 @@ def test_round_trip_and_derived_values():
     assert ParallelPlan.from_dict(plan.to_dict()) == plan
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"dp": 3}, "global batch 64 is not divisible by DP x micro-batch = 3 x 1"),
-    ({"sequence_parallel": True}, "sequence parallel needs TP > 1"),
-    ({"pp": 4, "dp": 1, "micro_batch": 32}, "1f1b needs micro-batches per step >= PP: 2 < 4"),
-    ({"pp": 2, "virtual_stages": 2}, "need --schedule interleaved"),
-    ({"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 3}, "hsdp needs a shard-group size"),
-    ({"dp": 2, "sharding": "zero3", "framework": "fsdp"}, "framework fsdp does not offer sharding zero3"),
-    ({"dp": 2, "pp": 2, "sharding": "zero2", "framework": "deepspeed"}, "rejects ZeRO-2/3"),
-    ({"tp": 2, "pp": 2, "framework": "deepspeed"}, "AutoTP"),
-    ({"offload": True}, "offload needs a sharded optimizer"),
-    ({"cp": 3, "seq_len": 4096}, "2 x CP"),
-    ({"sharding": "zero9"}, "sharding must be one of"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dp": 3}, "global batch 64 is not divisible by DP x micro-batch = 3 x 1"),
+        ({"sequence_parallel": True}, "sequence parallel needs TP > 1"),
+        ({"pp": 4, "dp": 1, "micro_batch": 32}, "1f1b needs micro-batches per step >= PP: 2 < 4"),
+        ({"pp": 2, "virtual_stages": 2}, "need --schedule interleaved"),
+        ({"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 3}, "hsdp needs a shard-group size"),
+        ({"dp": 2, "sharding": "zero3", "framework": "fsdp"}, "framework fsdp does not offer sharding zero3"),
+        ({"dp": 2, "pp": 2, "sharding": "zero2", "framework": "deepspeed"}, "rejects ZeRO-2/3"),
+        ({"tp": 2, "pp": 2, "framework": "deepspeed"}, "AutoTP"),
+        ({"offload": True}, "offload needs a sharded optimizer"),
+        ({"cp": 3, "seq_len": 4096}, "2 x CP"),
+        ({"sharding": "zero9"}, "sharding must be one of"),
+    ],
+)
 def test_plan_rules_raise_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         _plan(**kwargs)
@@ -43,11 +46,17 @@ def test_check_plan_reports_model_and_cluster_rules():
     assert check_plan(_plan(tp=8, dp=2), model, cluster) == []
     reasons = check_plan(_plan(tp=16, dp=1), model, cluster)
     assert "TP 16 does not divide KV heads 8" in reasons
-    assert any("does not divide layers 80" in r for r in check_plan(_plan(tp=8, pp=3, dp=1, seq_len=4095), model,
-                                                                       make_cluster(num_gpus=24)))
+    assert any(
+        "does not divide layers 80" in r
+        for r in check_plan(_plan(tp=8, pp=3, dp=1, seq_len=4095), model, make_cluster(num_gpus=24))
+    )
     assert any("equal the 16 GPUs" in r for r in check_plan(_plan(tp=8), model, cluster))
-    assert any("no fp8" in r for r in check_plan(_plan(tp=8, dp=2, precision="fp8"), model,
-                                                 make_cluster(num_gpus=16, gpu="a100-80gb")))
+    assert any(
+        "no fp8" in r
+        for r in check_plan(
+            _plan(tp=8, dp=2, precision="fp8"), model, make_cluster(num_gpus=16, gpu="a100-80gb")
+        )
+    )
 
 
 def test_from_dict_rejects_unknown_and_wrong_types():

@@ -11,8 +11,13 @@ from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedul
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
-    "add_model_cluster_args", "resolve_model_cluster", "add_plan_args", "plan_from_args",
-    "default_seq_len", "default_global_batch", "DEFAULT_GLOBAL_BATCH_TOKENS",
+    "add_model_cluster_args",
+    "resolve_model_cluster",
+    "add_plan_args",
+    "plan_from_args",
+    "default_seq_len",
+    "default_global_batch",
+    "DEFAULT_GLOBAL_BATCH_TOKENS",
 ]
 
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
@@ -31,13 +36,19 @@ def _positive_int(text: str) -> int:
 
 def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and cluster")
-    g.add_argument("--model", required=True, help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path")
+    g.add_argument(
+        "--model", required=True, help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path"
+    )
     g.add_argument("--gpus", type=_positive_int, help="total GPUs (with --gpu and --gpus-per-node)")
     g.add_argument("--gpu", default="h100-sxm", help="GPU type from the catalog (default: h100-sxm)")
     g.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU's usual 8)")
     g.add_argument("--cluster", metavar="FILE", help="cluster YAML (gpu, num_nodes, gpus_per_node, links)")
-    g.add_argument("--inter-node", metavar="LINK", help="inter-node NIC type: ib-200, ib-400, 100gbe, 1gbe, ...")
-    g.add_argument("--intra-node", metavar="LINK", help="intra-node link: nvlink3, nvlink4, pcie4, pcie5, ...")
+    g.add_argument(
+        "--inter-node", metavar="LINK", help="inter-node NIC type: ib-200, ib-400, 100gbe, 1gbe, ..."
+    )
+    g.add_argument(
+        "--intra-node", metavar="LINK", help="intra-node link: nvlink3, nvlink4, pcie4, pcie5, ..."
+    )
     g.add_argument("--nics-per-node", type=_positive_int, help="NICs per node (default: the GPU's usual)")
     g.add_argument("--host-memory-gib", type=float, help="host RAM per node for offload (default 1024)")
 
@@ -51,34 +62,64 @@ def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterS
     else:
         if args.gpus is None:
             raise ConfigError("--gpus is required (or --cluster FILE)")
-        cluster = make_cluster(num_gpus=args.gpus, gpu=args.gpu, gpus_per_node=args.gpus_per_node,
-                               intra_node=args.intra_node, inter_node=args.inter_node,
-                               nics_per_node=args.nics_per_node, host_memory_gib=args.host_memory_gib)
+        cluster = make_cluster(
+            num_gpus=args.gpus,
+            gpu=args.gpu,
+            gpus_per_node=args.gpus_per_node,
+            intra_node=args.intra_node,
+            inter_node=args.inter_node,
+            nics_per_node=args.nics_per_node,
+            host_memory_gib=args.host_memory_gib,
+        )
     return model, cluster
 
 
 def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     """Plan knobs. With ``pinning`` (search) every knob defaults to None = free for the tuner."""
-    d: dict[str, Any] = {} if pinning else {
-        "tp": 1, "pp": 1, "cp": 1, "micro_batch": 1, "sharding": "none", "recompute": "none",
-        "schedule": None, "virtual_stages": 1, "precision": "bf16", "framework": "fsdp"}
+    d: dict[str, Any] = (
+        {}
+        if pinning
+        else {
+            "tp": 1,
+            "pp": 1,
+            "cp": 1,
+            "micro_batch": 1,
+            "sharding": "none",
+            "recompute": "none",
+            "schedule": None,
+            "virtual_stages": 1,
+            "precision": "bf16",
+            "framework": "fsdp",
+        }
+    )
     g = p.add_argument_group("plan" + (" (pin a knob; the rest stay free)" if pinning else ""))
     g.add_argument("--tp", type=_positive_int, default=d.get("tp"), help="tensor-parallel degree")
     g.add_argument("--pp", type=_positive_int, default=d.get("pp"), help="pipeline-parallel degree")
     g.add_argument("--dp", type=_positive_int, help="data-parallel degree (default: GPUs / (TP*PP*CP))")
     g.add_argument("--cp", type=_positive_int, default=d.get("cp"), help="context-parallel degree")
-    g.add_argument("--micro-batch", type=_positive_int, default=d.get("micro_batch"), help="sequences per micro-batch")
-    g.add_argument("--global-batch", type=_positive_int,
-                   help="sequences per optimizer step (yours; never tuned). Default: ~4M tokens")
-    g.add_argument("--seq-len", type=_positive_int, help="tokens per sequence (default: min(model max, 8192))")
+    g.add_argument(
+        "--micro-batch", type=_positive_int, default=d.get("micro_batch"), help="sequences per micro-batch"
+    )
+    g.add_argument(
+        "--global-batch",
+        type=_positive_int,
+        help="sequences per optimizer step (yours; never tuned). Default: ~4M tokens",
+    )
+    g.add_argument(
+        "--seq-len", type=_positive_int, help="tokens per sequence (default: min(model max, 8192))"
+    )
     g.add_argument("--sharding", choices=[s.value for s in Sharding], default=d.get("sharding"))
     g.add_argument("--hsdp-shard-size", type=_positive_int, help="ranks per HSDP shard group")
     g.add_argument("--recompute", choices=[r.value for r in Recompute], default=d.get("recompute"))
     g.add_argument("--sequence-parallel", action="store_true", default=None if pinning else False)
     g.add_argument("--schedule", choices=[s.value for s in Schedule], default=d.get("schedule"))
     g.add_argument("--virtual-stages", type=_positive_int, default=d.get("virtual_stages"))
-    g.add_argument("--offload", action="store_true", default=None if pinning else False,
-                   help="optimizer states on the host")
+    g.add_argument(
+        "--offload",
+        action="store_true",
+        default=None if pinning else False,
+        help="optimizer states on the host",
+    )
     g.add_argument("--precision", choices=[x.value for x in Precision], default=d.get("precision"))
     g.add_argument("--framework", choices=[f.value for f in Framework], default=d.get("framework"))
 
@@ -99,15 +140,29 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
     model_parallel = args.tp * args.pp * args.cp
     if args.dp is None:
         if cluster.num_gpus % model_parallel:
-            raise ConfigError(f"--tp x --pp x --cp = {model_parallel} does not divide --gpus {cluster.num_gpus}")
+            raise ConfigError(
+                f"--tp x --pp x --cp = {model_parallel} does not divide --gpus {cluster.num_gpus}"
+            )
         dp = cluster.num_gpus // model_parallel
     else:
         dp = args.dp
     global_batch = args.global_batch or default_global_batch(seq_len, dp * args.micro_batch)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
     return ParallelPlan(
-        tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, micro_batch=args.micro_batch, global_batch=global_batch,
-        seq_len=seq_len, sharding=args.sharding, hsdp_shard_size=args.hsdp_shard_size, recompute=args.recompute,
-        sequence_parallel=args.sequence_parallel, schedule=schedule, virtual_stages=args.virtual_stages,
-        offload=args.offload, precision=args.precision, framework=args.framework,
+        tp=args.tp,
+        pp=args.pp,
+        dp=dp,
+        cp=args.cp,
+        micro_batch=args.micro_batch,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        sharding=args.sharding,
+        hsdp_shard_size=args.hsdp_shard_size,
+        recompute=args.recompute,
+        sequence_parallel=args.sequence_parallel,
+        schedule=schedule,
+        virtual_stages=args.virtual_stages,
+        offload=args.offload,
+        precision=args.precision,
+        framework=args.framework,
     )

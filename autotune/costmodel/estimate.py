@@ -18,9 +18,15 @@ __all__ = ["Estimate", "estimate"]
 _GIB = 1024**3
 
 _TIME_LABELS = {
-    "compute_s": "compute", "recompute_s": "recompute", "tp_comm_s": "TP communication",
-    "cp_comm_s": "CP communication", "pp_p2p_s": "PP send/recv", "pp_bubble_s": "pipeline bubble",
-    "dp_comm_s": "DP/sharding communication", "optimizer_s": "optimizer step", "offload_s": "offload traffic",
+    "compute_s": "compute",
+    "recompute_s": "recompute",
+    "tp_comm_s": "TP communication",
+    "cp_comm_s": "CP communication",
+    "pp_p2p_s": "PP send/recv",
+    "pp_bubble_s": "pipeline bubble",
+    "dp_comm_s": "DP/sharding communication",
+    "optimizer_s": "optimizer step",
+    "offload_s": "offload traffic",
 }
 
 
@@ -99,13 +105,23 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Esti
     time = step_time(model, cluster, plan)
     capacity = cluster.gpu.memory_bytes
     if memory.total_bytes > capacity:
-        reasons.append(f"out of memory: needs {memory.total_bytes / _GIB:.1f} GiB per GPU but "
-                       f"{cluster.gpu.key} has {capacity / _GIB:.1f} GiB")
+        reasons.append(
+            f"out of memory: needs {memory.total_bytes / _GIB:.1f} GiB per GPU but "
+            f"{cluster.gpu.key} has {capacity / _GIB:.1f} GiB"
+        )
     host = cluster.host_memory_bytes_per_node
     if memory.host_bytes_per_node > host:
-        reasons.append(f"out of host memory: offload needs {memory.host_bytes_per_node / _GIB:.0f} GiB per node "
-                       f"but a node has {host / _GIB:.0f} GiB")
+        reasons.append(
+            f"out of host memory: offload needs {memory.host_bytes_per_node / _GIB:.0f} GiB per node "
+            f"but a node has {host / _GIB:.0f} GiB"
+        )
     return Estimate(
-        plan=plan, feasible=not reasons, reasons=tuple(reasons), memory=memory, memory_capacity_bytes=capacity,
-        time=time, num_gpus=plan.world_size, peak_flops_per_gpu=cluster.gpu.peak_flops(str(plan.precision)) or 0.0,
+        plan=plan,
+        feasible=not reasons,
+        reasons=tuple(reasons),
+        memory=memory,
+        memory_capacity_bytes=capacity,
+        time=time,
+        num_gpus=plan.world_size,
+        peak_flops_per_gpu=cluster.gpu.peak_flops(str(plan.precision)) or 0.0,
     )
