@@ -154,7 +154,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
         return model_from_dict(_read_mapping(path), name=str(path))
     raise ConfigError(
-        f"--model: unknown model '{name_or_path}'; known presets: {', '.join(model_names())}, "
+        f"--model: unknown model {name_or_path!r}; known presets: {', '.join(model_names())}, "
         "or a path to a Hugging Face config.json / YAML"
     )
 
@@ -166,7 +166,7 @@ def _tflops(value: Any) -> float | None:
 def load_gpu(name: str) -> GPUSpec:
     gpus = _data("hardware.yaml")["gpus"]
     if name not in gpus:
-        raise ConfigError(f"--gpu: unknown GPU '{name}'; known: {', '.join(gpu_names())}")
+        raise ConfigError(f"--gpu: unknown GPU {name!r}; known: {', '.join(gpu_names())}")
     g = gpus[name]
     return GPUSpec(
         key=name,
@@ -190,7 +190,7 @@ def load_link(name: str, *, flag: str = "--inter-node") -> LinkSpec:
     hw = _data("hardware.yaml")
     key = hw["link_aliases"].get(name, name)
     if key not in hw["links"]:
-        raise ConfigError(f"{flag}: unknown link '{name}'; known: {', '.join(link_names())}")
+        raise ConfigError(f"{flag}: unknown link {name!r}; known: {', '.join(link_names())}")
     link = hw["links"][key]
     return LinkSpec(
         key=key,
