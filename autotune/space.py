@@ -101,7 +101,7 @@ def load_space(name_or_path: str | None = None) -> SearchSpace:
     for key, value in data.items():
         if key not in KNOBS:
             hint = _NOT_KNOBS.get(key, f"allowed: {', '.join(KNOBS)}")
-            raise ConfigError(f"{where}: unknown knob '{key}'; {hint}")
+            raise ConfigError(f"{where}: unknown knob {key!r}; {hint}")
         parse = _parse_rule if isinstance(value, dict) else _parse_list
         knobs[key] = parse(key, value, where)
     return SearchSpace(knobs=knobs, source=where)

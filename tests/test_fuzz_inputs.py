@@ -156,3 +156,44 @@ def test_bad_cli_values_exit_2_with_one_line(flag, value):
             if ln.strip() and not ln.startswith("usage:") and not ln.startswith(" ")
         ]
         assert len(lines) == 1 and "Traceback" not in err.getvalue(), err.getvalue()
+
+
+_GOOD_SPACE = {"tp": {"rule": "divisors_of_gpus_per_node"}, "pp": [1, 2], "micro_batch": [1, 2],
+               "sharding": ["none", "fsdp-full"], "recompute": ["none", "full"], "offload": [False, True]}
+_KNOB_NAMES = st.sampled_from(["tp", "pp", "cp", "micro_batch", "sharding", "recompute", "offload",
+                               "framework", "schedule", "precision", "dp", "global_batch", "tensor_parallel",
+                               "\x85bad"])
+
+
+@st.composite
+def _broken_space(draw):
+    space = dict(_GOOD_SPACE)
+    kind = draw(st.sampled_from(["unknown_knob", "bad_value", "bad_rule", "empty"]))
+    knob = draw(_KNOB_NAMES)
+    if kind == "unknown_knob":
+        space[draw(st.text(min_size=1, max_size=10).filter(lambda k: k not in _KNOB_NAMES_SET))] = [1]
+    elif kind == "bad_value":
+        space[knob] = [draw(_BAD_VALUES.filter(lambda v: v is not False and v is not True))]
+    elif kind == "bad_rule":
+        space[knob] = {"rule": draw(st.text(max_size=12)), draw(st.sampled_from(["min", "max", "step"])): -1}
+    else:
+        space[knob] = []
+    return space
+
+
+_KNOB_NAMES_SET = {"tp", "pp", "cp", "micro_batch", "framework", "sharding", "hsdp_shard_size", "offload",
+                   "schedule", "virtual_stages", "recompute", "sequence_parallel", "precision"}
+
+
+@_SETTINGS
+@given(space=_broken_space())
+def test_bad_space_files(tmp_path, space):
+    from autotune.catalog import make_cluster
+    from autotune.space import load_space, resolve_choices
+
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(space, allow_unicode=True))
+    try:
+        resolve_choices(load_space(str(path)), load_model("tiny"), make_cluster(num_gpus=4, gpu="cpu"))
+    except ConfigError as e:
+        _assert_one_clear_line(e)
