@@ -13,7 +13,7 @@ interrupted run keeps what it measured:
     runs/gpu_validate/<config>/            each trial's result.json and progress.jsonl (git-ignored)
 
 Imports only torch, yaml and autotune modules free of optuna/deepspeed. ``--dry-run`` is a CPU smoke
-test: the ``tiny`` preset, two configs, gloo.
+test: the ``tiny`` preset, two configs, gloo, written under ``runs/gpu_validate_dry/``.
 
 Usage:  benchmarks/gpu_validate.sh            (H200: about 2-4 minutes; no new config after --budget-s 270,
                                               and the shell wrapper stops it at 6 minutes)
@@ -183,13 +183,15 @@ def _init_single_rank(device_pref: str) -> torch.device:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU smoke test: tiny model, two configs")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: benchmarks/results (GPU run), runs/gpu_validate_dry (--dry-run)")
     parser.add_argument("--trials-dir", type=Path, default=ROOT / "runs" / "gpu_validate")
     parser.add_argument("--gpu", default="h200", help="catalog GPU for the prediction and the MFU peak")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--budget-s", type=float, default=270.0, help="start no new config after this")
     args = parser.parse_args(argv)
+    args.out = args.out or ROOT / ("runs/gpu_validate_dry" if args.dry_run else "benchmarks/results")
     if not args.dry_run and not torch.cuda.is_available():
         parser.error("no CUDA device; use --dry-run for the CPU smoke test")
     start = time.monotonic()

@@ -21,7 +21,7 @@ from autotune.plan import ParallelPlan, Recompute
 from autotune.trials.config import TrialConfig
 from autotune.trials.model import Transformer, build_model, synthetic_batch
 from autotune.trials.parallelize import apply_ac
-from autotune.trials.train import dp_rows, lm_loss
+from autotune.trials.train import dp_rows, lm_loss, make_optimizer
 
 __all__ = ["trial_ds_config", "DeepSpeedTrainer"]
 
@@ -102,7 +102,9 @@ class DeepSpeedTrainer:
                 apply_ac(model, plan.recompute)
             module = model
         del model
-        optimizer = torch.optim.AdamW(module.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        # Offload steps DeepSpeed's CPU partitions with this optimizer: the fused kernel only on the GPU.
+        fused = device.type == "cuda" and not plan.offload
+        optimizer = make_optimizer(module.parameters(), lr=config.lr, fused=fused)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=ds_config, dist_init_required=False)
         self.modules = [self.engine.module]
