@@ -16,7 +16,7 @@ from autotune.costmodel import comm, flops, pipeline
 from autotune.plan import Framework, ParallelPlan, Recompute, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["TimeBreakdown", "BlockTimes", "block_times", "step_time"]
+__all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "host_traffic", "step_time"]
 
 ACT_BYTES = 2
 """Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit)."""
@@ -49,11 +49,33 @@ HBM_EFFICIENCY = 0.8
 H200 (0.86, measured with torch); STREAM-like kernels reach ~0.8 on A100 (benchmarks/gpu_gemm.py measures
 it)."""
 HOST_OPTIMIZER_BYTES_PER_S = 100e9
-"""Host DRAM bandwidth per node the CPU Adam step streams at: a 2-socket server reaches 150-300 GB/s STREAM;
-DeepSpeed's CPU-Adam (Ren et al. 2021, ZeRO-Offload Sec. 5.1) is memory-bound at roughly half of it."""
+"""Host DRAM bandwidth PER NODE that host-side work streams at (the CPU Adam step, FSDP2's CPU gradient
+accumulation); the GPUs of a node share it, so host work is timed over all their shards. A 2-socket server
+has 2 x 8 channels x 25.6-38.4 GB/s = 410-614 GB/s theoretical (DDR4-3200 / DDR5-4800) and reaches 150-300
+GB/s STREAM; DeepSpeed's CPU-Adam (Ren et al. 2021, ZeRO-Offload Sec. 5.1) is memory-bound at roughly half
+of that, and the trials split the cores over the node's ranks (trials/runner.py ``OMP_NUM_THREADS``)."""
 PCIE_BYTES_PER_S = 20e9
-"""Host<->GPU copy bandwidth per GPU, each direction: PCIe 4.0 x16 moves 20-25 GB/s in practice (nvbandwidth /
-bandwidthTest); Gen5 hosts do better, so offload is conservative there."""
+"""Host<->GPU copy bandwidth per GPU, each direction (PCIe is full duplex; H2D and D2H use separate copy
+engines): PCIe 4.0 x16 moves 20-25 GB/s pinned (nvbandwidth / bandwidthTest), 5.0 x16 ~50 GB/s for one GPU
+alone. With all GPUs of a node copying at once they share PCIe-switch uplinks and host DRAM (8 GPUs x 2
+directions x 20 GB/s = 320 GB/s is already a 2-socket server's STREAM), so 20 GB/s is kept on Gen5 hosts
+too."""
+HOST_ACCUMULATE_BYTES_PER_PARAM = 12
+"""Host DRAM traffic of FSDP2's CPU-side gradient accumulation ``grad += new_grad`` on fp32 shards: read 2 x
+4 B, write 4 B (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``)."""
+
+
+class HostTraffic(NamedTuple):
+    """Bytes one GPU moves to/from host memory per optimizer step under offload, by when they move."""
+
+    overlapped_h2d_bytes: float
+    """Host-to-device copies issued during the micro-batches (spread evenly), able to hide behind compute."""
+    overlapped_d2h_bytes: float
+    """Device-to-host copies issued during the micro-batches."""
+    step_bytes: float
+    """Copies outside the compute (gradients down before, parameters up after the host step), both ways."""
+    host_accumulate_bytes: float
+    """Host DRAM traffic of gradient accumulation done by the CPU (FSDP2), on the critical path."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,7 +99,7 @@ class TimeBreakdown:
     optimizer_s: float
     """Optimizer step (memory-bound) on GPU or host."""
     offload_s: float
-    """Exposed host<->device traffic of optimizer offload."""
+    """Exposed host<->device copies of offload (``host_traffic``) and host-side gradient accumulation."""
     model_flops: float
     """Model FLOPs per step over all GPUs (6N-style + attention, no recompute): the MFU numerator."""
     hardware_flops: float
@@ -217,18 +239,17 @@ def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     return (blocks * model.params_per_layer + model.vocab_size * model.hidden_size) / plan.tp
 
 
-def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float, blocks: int,
-               mb_compute_s: float) -> tuple[float, float]:
-    """(exposed, total) DP/ZeRO/FSDP communication per step (Rajbhandari et al. 2020 Sec. 7; Zhao et al. 2023,
-    FSDP Sec. 3). The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
+def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float) -> tuple[float, float]:
+    """(per micro-batch, once per step) seconds of DP/ZeRO/FSDP communication (Rajbhandari et al. 2020 Sec. 7;
+    Zhao et al. 2023, FSDP Sec. 3). The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same
+    weights).
 
     none: all-reduce grads once per step. zero1: reduce-scatter grads + all-gather 16-bit params once per step
     (Megatron distributed optimizer; DeepSpeed stage 1 with ``reduce_scatter: true``). zero2: DeepSpeed
     reduces gradients in every micro-batch's backward, gathers params once. zero3 / fsdp-full / hsdp: every
     micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
     keeps the forward gather for backward. hsdp shards inside groups of ``hsdp_shard_size`` and all-reduces
-    the shard across replicas once per step. Once-per-step traffic hides behind one micro-batch's compute,
-    per-micro-batch traffic behind each micro-batch's.
+    the shard across replicas once per step.
     """
     n = plan.dp * plan.cp
     if n <= 1:
@@ -238,39 +259,90 @@ def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float, blocks: 
     grad_bytes = params * GRAD_REDUCE_BYTES[plan.framework.value]
     param_bytes = params * PARAM_GATHER_BYTES
     sharding = plan.sharding
-    m = plan.num_microbatches
-    per_mb = once = 0.0
     if sharding is Sharding.NONE:
-        once = comm.allreduce_s(grad_bytes, n, link)
-    elif sharding is Sharding.ZERO1:
-        once = comm.reduce_scatter_s(grad_bytes, n, link) + comm.allgather_s(param_bytes, n, link)
-    elif sharding is Sharding.ZERO2:
-        per_mb = comm.reduce_scatter_s(grad_bytes, n, link)
-        once = comm.allgather_s(param_bytes, n, link)
-    else:
-        gathers = 1 if sharding is Sharding.FSDP_GRAD_OP else 2
-        per_mb = (gathers * comm.allgather_s(param_bytes, shard, link)
-                  + comm.reduce_scatter_s(grad_bytes, shard, link))
-        if sharding is Sharding.HSDP:
-            replicas = n // shard
-            rep_link = comm.group_link(cluster, replicas, plan.tp * shard)
-            once = comm.allreduce_s(grad_bytes / shard, replicas, rep_link)
-    exposed = m * _exposed_s(per_mb, mb_compute_s, blocks) + _exposed_s(once, mb_compute_s, blocks)
-    return exposed, m * per_mb + once
+        return 0.0, comm.allreduce_s(grad_bytes, n, link)
+    if sharding is Sharding.ZERO1:
+        return 0.0, comm.reduce_scatter_s(grad_bytes, n, link) + comm.allgather_s(param_bytes, n, link)
+    if sharding is Sharding.ZERO2:
+        return comm.reduce_scatter_s(grad_bytes, n, link), comm.allgather_s(param_bytes, n, link)
+    per_mb = (_gathers_per_microbatch(plan) * comm.allgather_s(param_bytes, shard, link)
+              + comm.reduce_scatter_s(grad_bytes, shard, link))
+    once = 0.0
+    if sharding is Sharding.HSDP:
+        replicas = n // shard
+        rep_link = comm.group_link(cluster, replicas, plan.tp * shard)
+        once = comm.allreduce_s(grad_bytes / shard, replicas, rep_link)
+    return per_mb, once
 
 
-def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, params: float) -> tuple[float, float]:
-    """(step, offload traffic) seconds. On GPU the AdamW step streams ``OPTIMIZER_BYTES_PER_PARAM`` per
-    parameter of this rank's optimizer shard through HBM. With offload (ZeRO-Offload, Ren et al. 2021) the
-    step runs on the host over the shards of all GPUs of a node at ``HOST_OPTIMIZER_BYTES_PER_S``, and each
-    GPU copies its 16-bit gradient shard down and its 16-bit parameter shard up over PCIe (kept exposed:
-    conservative)."""
-    shard = params / (plan.shard_degree * plan.cp) if plan.zero_stage >= 1 else params
+def _gathers_per_microbatch(plan: ParallelPlan) -> int:
+    """Parameter all-gathers per micro-batch of ZeRO-3/FSDP: forward and backward, or one for fsdp-grad-op
+    (``reshard_after_forward=False``)."""
+    return 1 if plan.sharding is Sharding.FSDP_GRAD_OP else 2
+
+
+def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
+    """Host<->GPU bytes per step of one GPU under offload (none without), for ``shard_params`` parameters in
+    its optimizer shard, as each framework moves them with the configs autotune emits:
+
+    - FSDP2 ``CPUOffloadPolicy`` (PR pytorch#120256; ``_fsdp_param.py`` ``all_gather_inputs``,
+      ``_fsdp_collectives.py`` ``foreach_reduce``): every all-gather first copies the fp32 sharded parameter
+      to the GPU (4 B, cast to bf16 there), every reduce-scatter output (fp32, 4 B) goes to the host; from the
+      second micro-batch on the CPU adds it into the host gradient (blocking copy, ``+=`` on the host).
+    - DeepSpeed ``offload_optimizer`` (ZeRO-1/2 stage_1_and_2.py, ZeRO-3 stage3.py; no ``offload_param``):
+      with accumulation every micro-batch moves the 16-bit gradient partition to a pinned host buffer and,
+      from the second on, brings it back to add the new one on the GPU
+      (``async_accumulate_grad_in_cpu_via_gpu``, ``partition_grads``; ZeRO-1 reduces, and so does this,
+      only at the boundary); at the boundary the fp32 partition goes down (4 B), after the step the 16-bit
+      partition comes up (2 B).
+    - Megatron ``--optimizer-cpu-offload`` (HybridDeviceOptimizer): the fp32 ``main_grad`` shard goes down
+      (4 B) and the updated 16-bit shard comes up (2 B, cast on the host) once per step.
+    """
+    if not plan.offload:
+        return HostTraffic(0.0, 0.0, 0.0, 0.0)
+    m = plan.num_microbatches
+    if plan.framework is Framework.FSDP:
+        return HostTraffic(overlapped_h2d_bytes=m * _gathers_per_microbatch(plan) * 4 * shard_params,
+                           overlapped_d2h_bytes=m * 4 * shard_params, step_bytes=0.0,
+                           host_accumulate_bytes=(m - 1) * HOST_ACCUMULATE_BYTES_PER_PARAM * shard_params)
+    step = (4 + 2) * shard_params
+    if plan.framework is Framework.MEGATRON or m == 1:
+        return HostTraffic(0.0, 0.0, step, 0.0)
+    if plan.zero_stage == 1:
+        return HostTraffic(0.0, 0.0, step + (2 + 2) * shard_params, 0.0)
+    return HostTraffic(overlapped_h2d_bytes=(m - 1) * 2 * shard_params,
+                       overlapped_d2h_bytes=m * 2 * shard_params, step_bytes=step, host_accumulate_bytes=0.0)
+
+
+def _offload_s(cluster: ClusterSpec, plan: ParallelPlan, traffic: HostTraffic, dp_per_mb_s: float,
+               window_s: float, pieces: int) -> float:
+    """Exposed seconds of offload traffic at ``PCIE_BYTES_PER_S`` per direction. Copies issued during a
+    micro-batch run on the same streams as its DP collectives (FSDP2 copies in on its all-gather stream and
+    out on its reduce-scatter stream; DeepSpeed on its reduction stream), so they hide behind that
+    micro-batch's compute together with them (``_exposed_s``); only what they add is charged here. Copies
+    around the host step, and host-side accumulation (at the node's ``HOST_OPTIMIZER_BYTES_PER_S``), are
+    exposed."""
+    m = plan.num_microbatches
+    copy_s = max(traffic.overlapped_h2d_bytes, traffic.overlapped_d2h_bytes) / m / PCIE_BYTES_PER_S
+    alone_s = _exposed_s(dp_per_mb_s, window_s, pieces)
+    added_s = m * (_exposed_s(dp_per_mb_s + copy_s, window_s, pieces) - alone_s)
+    host_s = traffic.host_accumulate_bytes * _gpus_sharing_host(cluster, plan) / HOST_OPTIMIZER_BYTES_PER_S
+    return added_s + traffic.step_bytes / PCIE_BYTES_PER_S + host_s
+
+
+def _gpus_sharing_host(cluster: ClusterSpec, plan: ParallelPlan) -> int:
+    return min(cluster.gpus_per_node, plan.world_size)
+
+
+def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) -> float:
+    """Optimizer step seconds. On GPU the AdamW step streams ``OPTIMIZER_BYTES_PER_PARAM`` per parameter of
+    this rank's optimizer shard through HBM. With offload (ZeRO-Offload, Ren et al. 2021) the step runs on the
+    host over the shards of all GPUs of a node at the node's ``HOST_OPTIMIZER_BYTES_PER_S``."""
     if not plan.offload:
         hbm = cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
-        return shard * OPTIMIZER_BYTES_PER_PARAM / hbm, 0.0
-    host_s = shard * cluster.gpus_per_node * OPTIMIZER_BYTES_PER_PARAM / HOST_OPTIMIZER_BYTES_PER_S
-    return host_s, shard * (2 + PARAM_GATHER_BYTES) / PCIE_BYTES_PER_S
+        return shard_params * OPTIMIZER_BYTES_PER_PARAM / hbm
+    node_params = shard_params * _gpus_sharing_host(cluster, plan)
+    return node_params * OPTIMIZER_BYTES_PER_PARAM / HOST_OPTIMIZER_BYTES_PER_S
 
 
 def _pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
@@ -300,8 +372,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
     mb_s = blocks * block_s + head_s
     params = _rank_params(model, plan, max(k_last, k_other))
-    dp_exposed, dp_total = _dp_comm_s(cluster, plan, params, blocks, mb_compute_s)
-    opt_s, offload_s = _optimizer_s(cluster, plan, params)
+    dp_mb_s, dp_once_s = _dp_comm_s(cluster, plan, params)
+    # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
+    dp_exposed = m * _exposed_s(dp_mb_s, mb_compute_s, blocks) + _exposed_s(dp_once_s, mb_compute_s, blocks)
+    shard = params / (plan.shard_degree * plan.cp) if plan.zero_stage >= 1 else params
+    offload_s = (_offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
+                 if plan.offload else 0.0)
     tokens = plan.tokens_per_step
     model_flops = flops.model_flops_per_token(model, plan.seq_len) * tokens
     extra = flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value) * tokens
@@ -312,6 +388,6 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
         pp_bubble_s=pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages) * m * mb_s,
-        dp_comm_s=dp_exposed, optimizer_s=opt_s, offload_s=offload_s,
-        model_flops=model_flops, hardware_flops=model_flops + extra, dp_comm_total_s=dp_total,
+        dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
+        model_flops=model_flops, hardware_flops=model_flops + extra, dp_comm_total_s=m * dp_mb_s + dp_once_s,
     )
