@@ -21,6 +21,9 @@ COMMANDS: dict[str, str] = {
     "estimate": "autotune.cli.estimate:EstimateCommand",
     "search": "autotune.cli.search:SearchCommand",
     "emit": "autotune.cli.emit:EmitCommand",
+    "report": "autotune.cli.report:ReportCommand",
+    "scale": "autotune.cli.scale:ScaleCommand",
+    "explain": "autotune.cli.explain:ExplainCommand",
 }
 """Subcommand name -> ``module:Class``; imported lazily so ``estimate`` never imports optuna."""
 

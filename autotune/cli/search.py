@@ -22,6 +22,7 @@ from autotune.cli._args import add_model_cluster_args, add_plan_args, default_se
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
+from autotune.progress import SearchProgress, wants_progress
 from autotune.render import gib, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -78,17 +79,25 @@ class SearchCommand:
         if args.resume and args.force:
             raise ConfigError("--resume keeps the study and --force replaces it: pass one")
         model, cluster = resolve_model_cluster(args)
-        choice, ranking = _rank(args, model, cluster)
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study, study_dir, url = _open(args, model, cluster, ranking)
-        measured = choice.backend.measures
-        default_trials = _DEFAULT_MEASURED_TRIALS if measured else max(args.top, 1)
-        options = StudyOptions(n_trials=args.trials if args.trials is not None else default_trials,
-                               timeout_s=args.timeout, top_k=args.top)
-        log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr))
-        if log and choice.note:
-            log(choice.note)
-        launched = run_study(study, ranking, choice.backend, options, trials_dir=study_dir.trials, log=log)
+        with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
+            choice, ranking = _rank(args, model, cluster, progress.ranking_estimator())
+            progress.ranked(len(ranking.feasible))
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            study, study_dir, url = _open(args, model, cluster, ranking)
+            measured = choice.backend.measures
+            default_trials = _DEFAULT_MEASURED_TRIALS if measured else max(args.top, 1)
+            options = StudyOptions(n_trials=args.trials if args.trials is not None else default_trials,
+                                   timeout_s=args.timeout, top_k=args.top)
+            log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr))
+            if progress.enabled:
+                log = lambda line: progress.trial_done(line, study)  # noqa: E731
+                if choice.note:
+                    progress.note(choice.note)
+                progress.start_trials(options.n_trials)
+            elif log and choice.note:
+                log(choice.note)
+            launched = run_study(study, ranking, choice.backend, options, trials_dir=study_dir.trials,
+                                 log=log)
         top = top_trials(study, max(args.top, 1))
         if not top:
             print(f"autotune search: no trial succeeded in study '{study.study_name}'; "
@@ -110,7 +119,8 @@ class SearchCommand:
         return 0
 
 
-def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> tuple[Any, Any]:
+def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
+          estimator: Any = estimate) -> tuple[Any, Any]:
     """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
     from autotune.backends.registry import get_backend
     from autotune.search import plan_search
@@ -123,7 +133,8 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> t
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
     ranking = plan_search(space, model, cluster, pins={k: getattr(args, k) for k in _PIN_KEYS},
                           global_batch=global_batch, seq_len=args.seq_len or default_seq_len(model),
-                          frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster))
+                          frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster),
+                          estimator=estimator)
     return choice, ranking
 
 
