@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import platform
@@ -33,7 +34,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from autotune.catalog import make_cluster
-from autotune.costmodel import states as states_module
 from autotune.costmodel.activations import Kernels
 from autotune.costmodel.memory import MemoryBreakdown, memory_breakdown
 from autotune.costmodel.states import FP32, MIXED_BF16, Numerics
@@ -318,11 +318,8 @@ def run_gpu() -> dict[str, object]:
     cases = gpu_cases()
     for case, foreach in [(c, True) for c in cases] + [(cases[-1], False)]:
         measured = measure_gpu(case, mesh, foreach)
-        states_module.TORCH_ADAMW_FOREACH = foreach
-        try:
-            row = compare_totals(case, measured, predict(case, MIXED_BF16, kernels, gpu="h200"))
-        finally:
-            states_module.TORCH_ADAMW_FOREACH = True
+        numerics = dataclasses.replace(MIXED_BF16, foreach_adamw=foreach)
+        row = compare_totals(case, measured, predict(case, numerics, kernels, gpu="h200"))
         if not foreach:
             row["case"] += ", AdamW foreach=False"
         row["reserved_mib"] = measured["reserved"] / _MIB

@@ -1,4 +1,4 @@
-"""`autotune estimate`: JSON contract, infeasible plans are answers (exit 0), bad input is one line (exit 2)."""
+"""`autotune estimate`: the JSON contract; infeasible is an answer (exit 0), bad input one line (exit 2)."""
 
 import json
 import subprocess
@@ -8,8 +8,19 @@ import pytest
 
 from autotune.cli import main
 
-_KEYS = {"feasible", "reasons", "memory_bytes_per_gpu", "memory_breakdown", "step_time_s", "time_breakdown",
-         "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu", "plan"}
+_KEYS = {
+    "feasible",
+    "reasons",
+    "memory_bytes_per_gpu",
+    "memory_breakdown",
+    "step_time_s",
+    "time_breakdown",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "tflops_per_gpu",
+    "plan",
+}
 
 
 def _estimate_json(capsys, *argv):
@@ -18,15 +29,32 @@ def _estimate_json(capsys, *argv):
 
 
 def test_json_has_the_documented_keys(capsys):
-    out = _estimate_json(capsys, "--model", "70b", "--gpus", "16", "--tp", "8", "--sharding", "fsdp-full",
-                         "--global-batch", "512", "--seq-len", "4096", "--recompute", "selective")
+    out = _estimate_json(
+        capsys,
+        "--model",
+        "70b",
+        "--gpus",
+        "16",
+        "--tp",
+        "8",
+        "--sharding",
+        "fsdp-full",
+        "--global-batch",
+        "512",
+        "--seq-len",
+        "4096",
+        "--recompute",
+        "full",
+        "--sequence-parallel",
+    )
     assert _KEYS <= set(out)
     assert out["feasible"] is True and out["reasons"] == []
     assert out["plan"]["dp"] == 2 and out["plan"]["tp"] == 8
     assert out["tokens_per_s"] == pytest.approx(out["tokens_per_s_per_gpu"] * 16)
-    assert 0.2 < out["mfu"] < 0.7
+    assert 0.15 < out["mfu"] < 0.7  # FSDP regathers per micro-batch: 256 of them here
     assert sum(v for k, v in out["memory_breakdown"].items() if k != "host_bytes_per_node") == pytest.approx(
-        out["memory_bytes_per_gpu"])
+        out["memory_bytes_per_gpu"]
+    )
 
 
 def test_infeasible_plan_still_answers(capsys):
@@ -39,17 +67,31 @@ def test_infeasible_plan_still_answers(capsys):
 def test_human_output_shows_both_breakdowns(capsys):
     assert main(["estimate", "--model", "7b", "--gpus", "8", "--tp", "2", "--global-batch", "64"]) == 0
     text = capsys.readouterr().out
-    for needle in ("memory per GPU", "optimizer states", "activations", "step time", "compute", "MFU", "binds:"):
+    for needle in (
+        "memory per GPU",
+        "optimizer states",
+        "activations",
+        "step time",
+        "compute",
+        "MFU",
+        "binds:",
+    ):
         assert needle in text
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "71b", "--gpus", "8"], "unknown model '71b'"),
-    (["--model", "70b", "--gpus", "16", "--gpu", "h101"], "unknown GPU 'h101'"),
-    (["--model", "70b", "--gpus", "16", "--tp", "16"], "TP 16 does not divide KV heads 8"),
-    (["--model", "70b", "--gpus", "12", "--gpus-per-node", "8"], "not a multiple of --gpus-per-node 8"),
-    (["--model", "70b", "--gpus", "16", "--tp", "8", "--global-batch", "3"], "not divisible by DP x micro-batch"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "71b", "--gpus", "8"], "unknown model '71b'"),
+        (["--model", "70b", "--gpus", "16", "--gpu", "h101"], "unknown GPU 'h101'"),
+        (["--model", "70b", "--gpus", "16", "--tp", "16"], "TP 16 does not divide KV heads 8"),
+        (["--model", "70b", "--gpus", "12", "--gpus-per-node", "8"], "not a multiple of --gpus-per-node 8"),
+        (
+            ["--model", "70b", "--gpus", "16", "--tp", "8", "--global-batch", "3"],
+            "not divisible by DP x micro-batch",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err
@@ -57,7 +99,11 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, message):
 
 
 def test_console_script_has_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "autotune", "estimate", "--model", "nope", "--gpus", "8"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "estimate", "--model", "nope", "--gpus", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "unknown model 'nope'" in proc.stderr

@@ -41,7 +41,6 @@ __all__ = [
     "comm_bucket_bytes",
     "DDP_BUCKET_BYTES", "DEEPSPEED_REDUCE_BUCKET_ELEMENTS", "DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS",
     "DEEPSPEED_PREFETCH_BUCKET_ELEMENTS", "DEEPSPEED_OVERLAP_COMM", "DEEPSPEED_SUB_GROUP_ELEMENTS",
-    "TORCH_ADAMW_FOREACH",
 ]
 
 DDP_BUCKET_BYTES = 25 * 1024**2
@@ -54,8 +53,6 @@ at DeepSpeed's default; an emitter that lowers it must lower this too."""
 DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
 """``zero_optimization.sub_group_size`` default (deepspeed/runtime/zero/config.py, 1e9): ZeRO-3 runs the
 optimizer step on this many parameters at a time."""
-TORCH_ADAMW_FOREACH = True
-"""The trials' optimizer is ``torch.optim.AdamW(foreach=True)`` (autotune/trials/train.py)."""
 DEEPSPEED_OVERLAP_COMM = True
 """autotune's ds_config sets ``overlap_comm: true`` for ZeRO >= 1 (autotune/emit/deepspeed.py)."""
 DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
@@ -74,12 +71,17 @@ class Numerics:
     """Weights as the GEMMs read them, and activations: 2 (bf16/fp16) or 4 (fp32)."""
     mixed: bool
     """An fp32 master copy is kept apart from the compute weights (mixed precision)."""
+    foreach_adamw: bool = False
+    """The step is torch's multi-tensor AdamW (``foreach=True``, one fp32 temporary per parameter) rather
+    than a fused kernel (torch ``fused=True``, DeepSpeed FusedAdam, Megatron/Apex: no temporary)."""
 
 
 MIXED_BF16 = Numerics(compute_bytes=2, mixed=True)
-"""bf16/fp16/fp8 plans (Micikevicius et al. 2018 mixed precision with fp32 master weights)."""
-FP32 = Numerics(compute_bytes=4, mixed=False)
-"""Plain fp32 training (CPU trials, the measured cross-check): weights, gradients 4 B, Adam 8 B."""
+"""bf16/fp16/fp8 plans (Micikevicius et al. 2018 mixed precision with fp32 master weights) with a fused
+AdamW, as production trainers and autotune's GPU trials run it (autotune/trials/train.py)."""
+FP32 = Numerics(compute_bytes=4, mixed=False, foreach_adamw=True)
+"""Plain fp32 training (CPU trials, the measured cross-check): weights, gradients 4 B, Adam 8 B; the CPU
+trials use foreach AdamW."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -150,7 +152,7 @@ def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics 
     optimizer = opt_params * b.optimizer
     if not plan.offload:
         fp32_grads = _step_group(opt_params, plan) * b.grad_fp32_partition
-        step = optimizer_step_temp_bytes(opt_params, plan) + fp32_grads
+        step = optimizer_step_temp_bytes(opt_params, plan, numerics) + fp32_grads
         return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=optimizer,
                            step_bytes=step, host_bytes=0.0)
     host = optimizer + opt_params * b.grad_fp32_partition
@@ -173,13 +175,14 @@ def _step_group(opt_params: float, plan: ParallelPlan) -> float:
     return opt_params
 
 
-def optimizer_step_temp_bytes(opt_params: float, plan: ParallelPlan) -> float:
+def optimizer_step_temp_bytes(opt_params: float, plan: ParallelPlan,
+                              numerics: Numerics = MIXED_BF16) -> float:
     """Temporary of the optimizer step: torch's multi-tensor AdamW (``foreach=True``, what
-    autotune/trials/train.py builds, also as DeepSpeed's client optimizer) allocates
+    autotune/trials/train.py builds on the CPU) allocates
     ``exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)``, one fp32 tensor per parameter of the call
     (torch/optim/adam.py ``_multi_tensor_adam``). Megatron's fused Adam has none, nor has a fused torch
-    AdamW (``TORCH_ADAMW_FOREACH = False``); with offload the step runs on the host."""
-    if plan.offload or plan.framework is Framework.MEGATRON or not TORCH_ADAMW_FOREACH:
+    AdamW (``numerics.foreach_adamw`` False); with offload the step runs on the host."""
+    if plan.offload or plan.framework is Framework.MEGATRON or not numerics.foreach_adamw:
         return 0.0
     return _step_group(opt_params, plan) * 4.0
 

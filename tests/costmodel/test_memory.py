@@ -1,6 +1,7 @@
 """The per-GPU memory model: pinned to DeepSpeed's own estimator, to Korthikanti et al. 2022 Table 2, to
 known physics, and to a measured per-rank peak (a tiny run of benchmarks/memory_crosscheck.py)."""
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -150,8 +151,9 @@ def test_pipeline_in_flight_microbatches():
     assert in_flight_microbatches(ParallelPlan(global_batch=32, seq_len=2048), rank=0) == 1
 
 
-def _mem(model, gpus, **plan):
-    return memory_breakdown(load_model(model), make_cluster(num_gpus=gpus), ParallelPlan(**plan))
+def _mem(model, gpus, numerics=MIXED_BF16, **plan):
+    return memory_breakdown(load_model(model), make_cluster(num_gpus=gpus), ParallelPlan(**plan),
+                            numerics=numerics)
 
 
 def test_70b_does_not_fit_one_gpu():
@@ -171,14 +173,13 @@ def test_70b_fits_16_h100_with_tp8_and_zero3_over_2():
     assert zero3.optimizer_bytes >= 0.98 * 12 * psi_per_gpu  # + the step's temporaries, its peak here
 
 
-def test_fsdp_peak_includes_the_foreach_adamw_buffer(monkeypatch):
+def test_fsdp_peak_includes_the_foreach_adamw_buffer():
     """torch's multi-tensor AdamW allocates one fp32 tensor per updated parameter in its step: with
     activations recomputed, that is the peak (a fused AdamW would not have it)."""
     common = {"tp": 8, "dp": 2, "global_batch": 512, "seq_len": 4096, "recompute": "full",
               "sharding": "fsdp-full", "sequence_parallel": True}
-    foreach = _mem("70b", 16, **common)
-    monkeypatch.setattr(states_mod, "TORCH_ADAMW_FOREACH", False)
-    fused = _mem("70b", 16, **common)
+    foreach = _mem("70b", 16, numerics=dataclasses.replace(MIXED_BF16, foreach_adamw=True), **common)
+    fused = _mem("70b", 16, **common)  # the default: a fused AdamW, as the GPU trials run it
     assert foreach.optimizer_bytes - fused.optimizer_bytes == pytest.approx(4 * 69e9 / 16, rel=0.02)
     assert fused.total_bytes < 80e9 < foreach.total_bytes + 10e9
 
