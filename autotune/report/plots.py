@@ -102,15 +102,11 @@ def pareto_png(rows: Sequence[PlanRow], front: Sequence[PlanRow]) -> bytes:
             label="Pareto front",
             markersize=5,
         )
-        for r in front:
+        for i, r in enumerate(front[:10]):  # labels alternate above/below so neighbours do not overprint
             tag = f"trial {r.trial}" + (f"\n${r.dollars_per_mtok:.3f}/Mtok" if r.dollars_per_mtok else "")
-            ax.annotate(
-                tag,
-                (r.tokens_per_s, r.headroom_bytes / _GIB),
-                fontsize=7,
-                xytext=(4, 4),
-                textcoords="offset points",
-            )
+            xy, offset = (r.tokens_per_s, r.headroom_bytes / _GIB), (4, 4) if i % 2 == 0 else (4, -20)
+            ax.annotate(tag, xy, fontsize=7, xytext=offset, textcoords="offset points")
+        ax.margins(x=0.1, y=0.12)
     ax.set_xlabel("tokens/s (measured where measured)")
     ax.xaxis.set_major_formatter(_THOUSANDS)
     ax.set_ylabel("memory headroom per GPU (GiB)")
