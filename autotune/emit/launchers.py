@@ -17,9 +17,10 @@ from typing import Any
 import yaml
 
 from autotune import __version__
-from autotune.emit.torchrun import TRIAL_DIR, WORKER_MODULE, rdzv_id, torchrun_args
+from autotune.emit.torchrun import TRIAL_DIR, WORKER_MODULE, rdzv_id
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
+from autotune.trials.command import ShellRef, shell_join, torchrun_command, worker_entry
 
 __all__ = ["render", "plan_line", "torchrun_script", "deepspeed_script", "slurm_script",
            "pytorchjob_manifest", "pytorchjob_yaml", "K8S_CONFIG_DIR", "K8S_TRIAL_DIR", "K8S_IMAGE"]
@@ -55,14 +56,20 @@ def _common(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, str]:
     return {"plan_line": plan_line(plan), "version": __version__, "num_nodes": str(cluster.num_nodes)}
 
 
+def _torchrun_line(cluster: ClusterSpec, rdzv: str, entry: list[str]) -> str:
+    """The script's torchrun line: the trial runner's ``torchrun_command`` with shell words in it."""
+    return shell_join(torchrun_command(nnodes=cluster.num_nodes, nproc_per_node=cluster.gpus_per_node,
+                                       rdzv_endpoint=ShellRef("$MASTER_ADDR:$MASTER_PORT"),
+                                       rdzv_id=ShellRef(rdzv), entry=entry))
+
+
 def torchrun_script(plan: ParallelPlan, cluster: ClusterSpec) -> str:
     return render("torchrun.sh.tmpl", {
         **_common(plan, cluster),
         "default_master_addr": "localhost" if cluster.num_nodes == 1 else "",
         "rdzv_id": shlex.quote(rdzv_id(plan, cluster)),
-        "worker_module": shlex.quote(WORKER_MODULE),
-        "trial_dir": shlex.quote(TRIAL_DIR),
-        "torchrun_args": shlex.join(torchrun_args(plan, cluster)),
+        "worker_entry": shell_join(worker_entry(ShellRef(f"$HERE/{TRIAL_DIR}"))),
+        "torchrun_command": _torchrun_line(cluster, "$RDZV_ID", [ShellRef("${ENTRY[@]}")]),
     })
 
 
@@ -96,9 +103,8 @@ def slurm_script(plan: ParallelPlan, cluster: ClusterSpec, run_dir: Path) -> str
         "job_name": rdzv_id(plan, cluster),
         "gpus_per_node": str(cluster.gpus_per_node),
         "run_dir": shlex.quote(str(run_dir)),
-        "worker_module": shlex.quote(WORKER_MODULE),
-        "trial_dir": shlex.quote(TRIAL_DIR),
-        "torchrun_args": shlex.join(torchrun_args(plan, cluster)),
+        "torchrun_command": _torchrun_line(cluster, "$SLURM_JOB_ID",
+                                           worker_entry(ShellRef(f"$RUN_DIR/{TRIAL_DIR}"))),
     })
 
 

@@ -3,8 +3,8 @@
 The worker's only argument is ``--trial-dir DIR``: it reads the plan and the model from ``DIR/plan.json``
 and ``DIR/trial.json`` (``emit_all`` writes both under ``trial/``) and writes its markers and
 ``result.json`` there. The torchrun part carries the node layout and the c10d rendezvous; the endpoint
-(``HOST:PORT``) is per launch and added by ``launch_torchrun.sh`` / ``launch_slurm.sbatch``.
-Flags use torchrun's underscore spelling (``--nproc_per_node``), accepted by every torch >= 2.0.
+(``HOST:PORT``) is per launch and added by ``launch_torchrun.sh`` / ``launch_slurm.sbatch``. All of them
+are built by ``autotune.trials.command.torchrun_command``, the function trials are launched with too.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import shlex
 
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
+from autotune.trials.command import WORKER_MODULE, torchrun_command, worker_entry
 
 __all__ = ["WORKER_MODULE", "TRIAL_DIR", "rdzv_id", "torchrun_args", "worker_args", "torchrun_args_text"]
 
-WORKER_MODULE = "autotune.trials.worker"
 TRIAL_DIR = "trial"
 """The worker's directory inside the emitted folder."""
 
@@ -32,17 +32,12 @@ def rdzv_id(plan: ParallelPlan, cluster: ClusterSpec) -> str:
 def torchrun_args(plan: ParallelPlan, cluster: ClusterSpec) -> list[str]:
     """Launcher flags (everything but ``--rdzv_endpoint`` and the entry point)."""
     assert plan.world_size == cluster.num_gpus, "check_plan() runs before any emitter"
-    return [
-        "--nnodes", str(cluster.num_nodes),
-        "--nproc_per_node", str(cluster.gpus_per_node),
-        "--rdzv_backend", "c10d",
-        "--max_restarts", "0",
-    ]
+    return torchrun_command(program=(), nnodes=cluster.num_nodes, nproc_per_node=cluster.gpus_per_node)
 
 
 def worker_args(trial_dir: str = TRIAL_DIR) -> list[str]:
     """The entry point torchrun starts on every rank."""
-    return ["-m", WORKER_MODULE, "--trial-dir", trial_dir]
+    return worker_entry(trial_dir)
 
 
 def torchrun_args_text(plan: ParallelPlan, cluster: ClusterSpec) -> str:

@@ -15,6 +15,9 @@ Every ``error`` carries the tail of ``stderr.log``. torchrun runs in its own ses
 in sessions of their own (torch.distributed.elastic starts them with ``start_new_session``), so
 stopping a trial signals torchrun's group (SIGTERM, then SIGKILL after a grace period) and then every
 worker that wrote a ``started`` marker. Workers also die with their agent (``PR_SET_PDEATHSIG``).
+
+``run_commands`` supervises several agents of one trial the same way (``autotune.executors``: N agents of
+a multi-node trial on this machine, or an ``srun`` step); the first agent to fail stops the others.
 """
 
 from __future__ import annotations
@@ -27,15 +30,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.backends.base import ReportFn, TrialRequest
 from autotune.catalog import load_gpu
+from autotune.trials.command import torchrun_command, worker_entry
 from autotune.trials.config import TrialConfig
 from autotune.trials.result import TrialResult, TrialStatus
 
-__all__ = ["Launch", "trial_config", "launch_command", "run_trial", "live_trial_pids"]
+__all__ = ["Launch", "trial_config", "launch_command", "run_trial", "run_commands", "live_trial_pids"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 _STALE = ("result.json", "progress.jsonl", "result.rank*.json", "started.*", "joined.*")
@@ -79,16 +84,13 @@ def trial_config(request: TrialRequest, *, device: str | None = None, **override
 
 
 def launch_command(trial_dir: Path, *, nproc: int, launch: Launch) -> list[str]:
-    cmd = [launch.python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    if launch.nnodes == 1 and launch.rdzv_endpoint is None:
-        cmd.append("--standalone")
-    else:
-        cmd += ["--nnodes", str(launch.nnodes), "--node-rank", str(launch.node_rank),
-                "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", str(launch.rdzv_endpoint), "--rdzv-id", launch.rdzv_id]
-    if launch.rdzv_conf:
-        cmd += ["--rdzv-conf", launch.rdzv_conf]
-    return [*cmd, "-m", "autotune.trials.worker", "--trial-dir", str(trial_dir)]
+    """One torchrun agent, built by ``torchrun_command`` like the emitted launch scripts."""
+    standalone = launch.nnodes == 1 and launch.rdzv_endpoint is None
+    return torchrun_command(program=(launch.python, "-m", "torch.distributed.run"), nnodes=launch.nnodes,
+                            nproc_per_node=nproc, standalone=standalone, rdzv_endpoint=launch.rdzv_endpoint,
+                            rdzv_id=None if standalone else launch.rdzv_id, rdzv_conf=launch.rdzv_conf,
+                            node_rank=None if standalone else launch.node_rank,
+                            entry=worker_entry(str(trial_dir)))
 
 
 def _environment(config: TrialConfig, nproc: int, launch: Launch) -> dict[str, str]:
@@ -101,14 +103,14 @@ def _environment(config: TrialConfig, nproc: int, launch: Launch) -> dict[str, s
     return env | launch.env
 
 
-def _prepare(trial_dir: Path, request: TrialRequest, config: TrialConfig, cmd: list[str]) -> None:
+def _prepare(trial_dir: Path, request: TrialRequest, config: TrialConfig, cmds: list[list[str]]) -> None:
     trial_dir.mkdir(parents=True, exist_ok=True)
     for pattern in _STALE:
         for stale in trial_dir.glob(pattern):
             stale.unlink()
     (trial_dir / "plan.json").write_text(json.dumps(request.plan.to_dict(), indent=2) + "\n")
     config.write(trial_dir / "trial.json")
-    (trial_dir / "cmd.txt").write_text(shlex.join(cmd) + "\n")
+    (trial_dir / "cmd.txt").write_text("".join(shlex.join(cmd) + "\n" for cmd in cmds))
 
 
 def live_trial_pids(trial_dir: Path) -> list[int]:
@@ -135,15 +137,18 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen, trial_dir: Path, grace_s: float) -> None:
-    """SIGTERM torchrun's group (it forwards to its workers), SIGKILL after ``grace_s``, then any
+def _stop(procs: list[subprocess.Popen], trial_dir: Path, grace_s: float) -> None:
+    """SIGTERM each torchrun's group (it forwards to its workers), SIGKILL after ``grace_s``, then any
     worker still alive (each leads its own session), then reap."""
-    _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
+    for proc in procs:
+        _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
     _reap_workers(trial_dir)
 
 
@@ -225,30 +230,51 @@ def run_trial(request: TrialRequest, *, report: ReportFn | None = None, launch: 
     """Run ``request`` under torchrun in ``request.trial_dir``; never raises for a failed trial."""
     launch = launch or Launch()
     config = config or trial_config(request)
-    trial_dir = request.trial_dir.resolve()
     nproc = launch.nproc_per_node or request.plan.world_size // launch.nnodes
-    cmd = launch_command(trial_dir, nproc=nproc, launch=launch)
-    _prepare(trial_dir, request, config, cmd)
+    cmd = launch_command(request.trial_dir.resolve(), nproc=nproc, launch=launch)
+    return run_commands(request, [cmd], config=config, launch=launch, nproc=nproc, report=report)
+
+
+def _settled(procs: list[subprocess.Popen]) -> bool:
+    """Every agent exited, or one failed (its peers would only wait for it)."""
+    codes = [p.poll() for p in procs]
+    return all(c is not None for c in codes) or any(c not in (None, 0) for c in codes)
+
+
+def run_commands(request: TrialRequest, commands: list[list[str]], *, config: TrialConfig, launch: Launch,
+                 nproc: int, report: ReportFn | None = None,
+                 cancel: Callable[[], None] | None = None) -> TrialResult:
+    """Run the agents of one trial here (``launch_command`` lines, or an ``srun`` wrapping one), each in its
+    own session, with the environment of ``launch`` for ``nproc`` local workers; ``cancel`` runs first when
+    the trial stops (e.g. ``scancel`` of its Slurm step). Never raises for a failed trial."""
+    trial_dir = request.trial_dir.resolve()
+    _prepare(trial_dir, request, config, commands)
     progress = _Progress(trial_dir / "progress.jsonl", report)
     start, launched_at = time.monotonic(), time.time()
+    procs: list[subprocess.Popen] = []
     with (trial_dir / "stdout.log").open("wb") as out, (trial_dir / "stderr.log").open("wb") as err:
-        proc = subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                env=_environment(config, nproc, launch), start_new_session=True)
         timed_out = pruned = False
         try:
-            while proc.poll() is None:
+            env = _environment(config, nproc, launch)
+            for cmd in commands:
+                procs.append(subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, env=env,
+                                              stdin=subprocess.DEVNULL, start_new_session=True))
+            while not _settled(procs):
                 pruned = progress.poll()
                 timed_out = time.monotonic() - start > request.timeout_s
                 if pruned or timed_out:
                     break
                 time.sleep(_POLL_S)
         finally:
-            _stop(proc, trial_dir, launch.grace_s)  # also after a normal exit: no worker outlives its trial
+            if cancel is not None:
+                cancel()
+            _stop(procs, trial_dir, launch.grace_s)  # also after a normal exit: no worker outlives its trial
     wall_s = time.monotonic() - start
     progress.poll()
-    result = _classify(trial_dir, proc.returncode, timed_out=timed_out, pruned=pruned,
+    returncode = next((p.returncode for p in procs if p.returncode), 0)
+    result = _classify(trial_dir, returncode, timed_out=timed_out, pruned=pruned,
                        timeout_s=request.timeout_s)
-    extra = dict(result.extra or {}) | {"exit_code": proc.returncode, "launched_at": launched_at,
+    extra = dict(result.extra or {}) | {"exit_code": returncode, "launched_at": launched_at,
                                         "progress": progress.steps}
     result = dataclasses.replace(result, wall_s=wall_s, extra=extra)
     result.write(trial_dir / "result.json")

@@ -27,14 +27,15 @@ PLAN = ParallelPlan(dp=2, global_batch=4, seq_len=32)
 
 def test_standalone_and_multi_node_commands(tmp_path):
     local = launch_command(tmp_path, nproc=2, launch=Launch(python="py"))
-    assert local == ["py", "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+    assert local == ["py", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+                     "--rdzv_backend", "c10d", "--max_restarts", "0", "--standalone",
                      "-m", "autotune.trials.worker", "--trial-dir", str(tmp_path)]
     launch = Launch(python="py", nnodes=2, node_rank=1, rdzv_endpoint="n0:29500", rdzv_conf="join_timeout=60")
     multi = launch_command(tmp_path, nproc=8, launch=launch)
     assert "--standalone" not in multi
     joined = shlex.join(multi)
-    assert "--nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint n0:29500" in joined
-    assert "--rdzv-conf join_timeout=60" in joined
+    assert "--nnodes 2 --nproc_per_node 8 --rdzv_backend c10d" in joined
+    assert "--rdzv_endpoint n0:29500 --rdzv_id autotune --rdzv_conf join_timeout=60 --node_rank 1" in joined
 
 
 def test_trial_config_device_and_peak(tiny, tmp_path):
