@@ -69,7 +69,7 @@ class SearchCommand:
                        f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)")
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
-        g.add_argument("--quiet", action="store_true", help="print only the best plan")
+        g.add_argument("--quiet", action="store_true", help="print only the best plan (no progress bars)")
 
     def run(self, args: argparse.Namespace) -> int:
         import optuna  # here, so that `autotune estimate` never imports it
