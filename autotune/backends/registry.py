@@ -3,9 +3,10 @@
 ``auto`` runs real trials when they can run here: this node has at least the cluster's GPUs per node
 (``torch.cuda.device_count()``) and the cluster is this one node, or ``--device cpu`` asks for CPU trials on
 gloo (all ranks as local processes). Otherwise it plans with the cost model and says so in one line, with
-how to measure. A multi-node trial needs a rendezvous that ``autotune search`` does not start, so a
-multi-node cluster is planned, not measured, from here. torch is imported only when a GPU driver is
-present, so planning on a laptop stays fast.
+how to measure. A multi-node cluster is planned, not measured, unless an ``executor`` starts its nodes
+(``slurm``: a job or an ``srun`` step per trial; ``multinode``: every agent here on loopback, for tests),
+and then every ``auto`` trial is real. torch is imported only when a GPU driver is present, so planning
+on a laptop stays fast.
 """
 
 from __future__ import annotations
@@ -63,18 +64,22 @@ def local_gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
-def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None) -> BackendChoice:
-    """The backend for ``--backend NAME --device DEV`` on this node."""
+def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None,
+                executor: str = "local") -> BackendChoice:
+    """The backend for ``--backend NAME --device DEV`` on this node; ``executor``: where its trials run
+    (``autotune.executors``: local | multinode | slurm)."""
     if name == "simulate":
         return BackendChoice(backend=SimulateBackend(), frameworks=None,
                              note="simulate: tokens/s are the cost model's predictions")
     if name in _REAL:
-        return BackendChoice(backend=_load(name, device), frameworks=_REAL[name][2])
+        return BackendChoice(backend=_load(name, device, executor), frameworks=_REAL[name][2])
     if name != "auto":
         raise ConfigError(f"--backend: unknown backend '{name}'; known: {', '.join(BACKENDS)}")
     have = 0 if device == "cpu" else local_gpu_count()
-    if device == "cpu" or (have >= cluster.gpus_per_node and cluster.num_nodes == 1):
-        backends = {fw: _load(n, device or "cuda") for n, (_, _, fws) in _REAL.items() for fw in fws}
+    here = have >= cluster.gpus_per_node and cluster.num_nodes == 1
+    if executor != "local" or device == "cpu" or here:
+        backends = {fw: _load(n, device or "cuda", executor)
+                    for n, (_, _, fws) in _REAL.items() for fw in fws}
         return BackendChoice(backend=_ByFramework(backends), frameworks=frozenset(backends))
     if device == "cuda":
         raise ConfigError(f"--device cuda: this node has {have} CUDA GPUs; the plan needs "
@@ -84,17 +89,17 @@ def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None) -
         why = (f"this node has {have} of the {cluster.gpus_per_node} GPUs; to measure, run the same command "
                "on the GPU node")
     else:
-        why = (f"the plan spans {cluster.num_nodes} nodes and trials start on one node only; measure the "
-               "best plan on the cluster with its launch files in best/ (launch_slurm.sbatch, ...)")
+        why = (f"the plan spans {cluster.num_nodes} nodes; measure on the cluster with --executor slurm, or "
+               "run the best plan with its launch files in best/ (launch_slurm.sbatch, ...)")
     return BackendChoice(backend=SimulateBackend(), frameworks=None,
                          note=f"planning with the cost model (predictions, not measurements): {why}")
 
 
-def _load(name: str, device: str | None) -> Backend:
+def _load(name: str, device: str | None, executor: str = "local") -> Backend:
     module, cls, _ = _REAL[name]
     try:
         backend_cls = getattr(importlib.import_module(module), cls)
     except (ModuleNotFoundError, AttributeError):
         raise ConfigError(f"--backend {name}: {module}.{cls} is not available in this install; "
                           "use --backend simulate to plan with the cost model") from None
-    return backend_cls(device=device or "cuda")  # type: ignore[no-any-return]
+    return backend_cls(device=device or "cuda", executor=executor)  # type: ignore[no-any-return]

@@ -1,12 +1,14 @@
 """``torchrun``: each trial is a real ``torchrun`` subprocess running the PyTorch-native stack
-(FSDP2 / DTensor TP / pipelining); see ``autotune.trials.runner`` for the contract."""
+(FSDP2 / DTensor TP / pipelining); see ``autotune.trials.runner`` for the contract. Its agents run where
+the executor puts them (``autotune.executors``: this machine, N agents on loopback, or Slurm)."""
 
 from __future__ import annotations
 
 from autotune.backends.base import ReportFn, TrialRequest
+from autotune.executors import Executor, get_executor
 from autotune.plan import Framework
 from autotune.trials.result import TrialResult, TrialStatus
-from autotune.trials.runner import Launch, run_trial, trial_config
+from autotune.trials.runner import Launch, trial_config
 
 __all__ = ["TorchrunBackend"]
 
@@ -17,11 +19,13 @@ class TorchrunBackend:
     framework = Framework.FSDP
 
     def __init__(self, *, device: str = "cuda", launch: Launch | None = None,
-                 **config_overrides: object) -> None:
+                 executor: str | Executor = "local", **config_overrides: object) -> None:
         """``device``: ``cuda`` or ``cpu`` (gloo); ``launch``: torchrun's node/rendezvous settings;
+        ``executor``: where the agents run (a name for ``get_executor``, which gets ``launch``);
         ``config_overrides``: ``TrialConfig`` fields (seed, lr, ...) for every trial."""
         self.device = device
         self.launch = launch or Launch()
+        self.executor = get_executor(executor, launch=self.launch) if isinstance(executor, str) else executor
         self.config_overrides = config_overrides
 
     def run(self, request: TrialRequest, report: ReportFn | None = None) -> TrialResult:
@@ -30,4 +34,4 @@ class TorchrunBackend:
                                error=f"backend {self.name} runs framework {self.framework}, "
                                      f"not {request.plan.framework}")
         config = trial_config(request, device=self.device, **self.config_overrides)
-        return run_trial(request, report=report, launch=self.launch, config=config)
+        return self.executor.run(request, config=config, report=report)

@@ -6,6 +6,7 @@ Examples::
     autotune search --model 70b --gpus 16 --tp 8 --trials 24      # pin TP; 24 real trials where GPUs exist
     autotune search --model 70b --gpus 16 --study s1 --resume     # add trials to study s1
     autotune search --model tiny --gpus 4 --device cpu --trials 3 --global-batch 16  # gloo, on a laptop
+    autotune search --model 70b --gpus 64 --executor slurm --trials 16  # each trial a Slurm job (or step)
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class SearchCommand:
         g.add_argument("--backend", choices=("auto", "simulate", "torchrun", "deepspeed"), default="auto",
                        help="auto: real trials when this node has the GPUs (or --device cpu), "
                        "else predictions")
+        g.add_argument("--executor", choices=("local", "multinode", "slurm"), default="local",
+                       help="where trials run: local (this node), slurm (an sbatch job per trial; srun steps "
+                       "inside an allocation), multinode (one agent per node, all here on loopback)")
         g.add_argument("--device", choices=("cpu", "cuda"), help="cpu: gloo trials on CPU processes (global "
                        f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)")
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
@@ -127,7 +131,7 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     from autotune.space import load_space
 
     space = load_space(args.space)
-    choice = get_backend(args.backend, cluster=cluster, device=args.device)
+    choice = get_backend(args.backend, cluster=cluster, device=args.device, executor=args.executor)
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
