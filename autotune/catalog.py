@@ -27,6 +27,7 @@ __all__ = [
     "load_link",
     "make_cluster",
     "load_cluster",
+    "with_profile",
 ]
 
 _MIB = 1024**2
@@ -200,6 +201,12 @@ def load_link(name: str, *, flag: str = "--inter-node") -> LinkSpec:
     )
 
 
+def _link_typical_nics(name: str, fallback: int) -> int:
+    hw = _data("hardware.yaml")
+    link = hw["links"].get(hw["link_aliases"].get(name, name), {})
+    return int(link.get("typical_nics_per_node", fallback))
+
+
 def make_cluster(
     *,
     num_gpus: int,
@@ -222,7 +229,12 @@ def make_cluster(
             f"--gpus {num_gpus} is not a multiple of --gpus-per-node {per_node}; "
             f"use a multiple such as {math.ceil(num_gpus / per_node) * per_node}"
         )
-    nics = nics_per_node if nics_per_node is not None else spec.default_nics_per_node
+    if nics_per_node is not None:
+        nics = nics_per_node
+    elif inter_node is not None:  # another network than the GPU's usual: its usual port count
+        nics = _link_typical_nics(inter_node, spec.default_nics_per_node)
+    else:
+        nics = spec.default_nics_per_node
     if isinstance(nics, bool) or not isinstance(nics, int) or nics <= 0:
         raise ConfigError(f"nics_per_node: must be a positive integer, got {nics!r}")
     return ClusterSpec(
@@ -278,3 +290,11 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         nics_per_node=nics,
         host_memory_gib=host,
     )
+
+
+def with_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
+    """``cluster`` with the measured numbers of a probe profile or a study calibration (``--profile``);
+    format and rules in ``autotune.probe.profile``."""
+    from autotune.probe.profile import apply_profile, load_profile
+
+    return apply_profile(cluster, load_profile(path))

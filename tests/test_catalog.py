@@ -155,3 +155,9 @@ def test_cluster_nic_share_and_divisibility(tmp_path):
     path.write_text("gpu: h100-sxm\nnum_nodes: 4\ngpus_per_node: 8\nnic: 3\n")
     with pytest.raises(ConfigError, match="unknown key 'nic'"):
         load_cluster(path)
+
+
+def test_another_network_brings_its_usual_port_count():
+    assert make_cluster(num_gpus=16, inter_node="1gbe").nics_per_node == 1  # one Ethernet port per node
+    assert make_cluster(num_gpus=16).nics_per_node == 8  # DGX H100: one 400G NIC per GPU
+    assert make_cluster(num_gpus=16, inter_node="1gbe", nics_per_node=4).nics_per_node == 4
