@@ -29,6 +29,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan
 from autotune.render import plan_summary
+from autotune.scaleout import fail_stale, keep_alive
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -214,6 +215,7 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
     while launched < options.n_trials and asks < 20 * options.n_trials + options.top_k + 50:
         if len(tried) >= len(ranking.feasible) or (deadline is not None and time.monotonic() > deadline):
             break
+        fail_stale(study)  # a dead worker's RUNNING trial: failed, its plan queued again (heartbeats)
         trial, asks = study.ask(), asks + 1
         plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
         est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
@@ -223,7 +225,8 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
                                trial_dir=trials_dir / f"{trial.number:05d}",
                                timeout_s=options.trial_timeout_s)
         try:
-            result = backend.run(request, _reporter(trial))
+            with keep_alive(study, trial):
+                result = backend.run(request, _reporter(trial))
         except KeyboardInterrupt:  # leave no trial RUNNING forever in the study
             study.tell(trial, state=TrialState.FAIL)
             raise

@@ -4,7 +4,8 @@ Layout::
 
     runs/<study>/
       study.json      what the study is for (model, cluster, batch, space): written once, checked on --resume
-      study.db        Optuna storage (SQLite) unless --storage URL names another (PostgreSQL, MySQL, ...)
+      study.db        Optuna storage (SQLite) unless --storage URL names another (PostgreSQL, journal file)
+      history.jsonl   one record per ``autotune retune`` run (autotune.retune)
       summary.json    the last search's answer (what ``--json`` prints)
       trials/<n>/     one per launched trial: plan.json, cmd.txt, stdout.log, stderr.log, result.json
       best/           launch files of the best plan (``autotune.emit``)
@@ -33,6 +34,7 @@ from typing import Any
 import optuna
 
 from autotune.errors import ConfigError
+from autotune.scaleout import DEFAULT_HEARTBEAT_S, open_storage
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["StudyDir", "study_name_for", "default_storage_url", "open_study"]
@@ -78,7 +80,8 @@ def default_storage_url(study_dir: StudyDir) -> str:
 
 def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict[str, Any], resume: bool,
                force: bool, sampler: optuna.samplers.BaseSampler,
-               pruner: optuna.pruners.BasePruner | None = None) -> tuple[optuna.Study, StudyDir, str]:
+               pruner: optuna.pruners.BasePruner | None = None,
+               heartbeat_s: int | None = DEFAULT_HEARTBEAT_S) -> tuple[optuna.Study, StudyDir, str]:
     """Create the study, or reopen it with ``resume``; ``force`` replaces an existing one.
 
     Checks everything before writing anything: an existing study without ``resume``/``force``, or one made
@@ -98,8 +101,8 @@ def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict
     if existing is not None and force:
         _remove(study_dir, url, name, own_storage=storage is None)
     study_dir.root.mkdir(parents=True, exist_ok=True)
-    backend = url if storage else optuna.storages.RDBStorage(
-        url, engine_kwargs={"creator": partial(_connect_sqlite, study_dir.db)})
+    engine = None if storage else {"creator": partial(_connect_sqlite, study_dir.db)}
+    backend = open_storage(url, heartbeat_s=heartbeat_s, engine_kwargs=engine)  # scaleout.py: heartbeats
     study = optuna.create_study(study_name=name, storage=backend, load_if_exists=True, direction="maximize",
                                 sampler=sampler, pruner=pruner)
     if _IDENTITY_ATTR not in study.user_attrs:
@@ -128,7 +131,7 @@ def _existing_identity(study_dir: StudyDir, url: str, name: str, *,
     if own_storage:
         return None
     try:
-        study = optuna.load_study(study_name=name, storage=url)
+        study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_s=None))
     except KeyError:
         return None
     return study.user_attrs.get(_IDENTITY_ATTR, {"model": "(not an autotune study)"})
@@ -151,7 +154,7 @@ def _check_same(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
 def _remove(study_dir: StudyDir, url: str, name: str, *, own_storage: bool) -> None:
     if not own_storage:
         try:
-            optuna.delete_study(study_name=name, storage=url)
+            optuna.delete_study(study_name=name, storage=open_storage(url, heartbeat_s=None))
         except KeyError:
             pass
     if study_dir.marker.exists():

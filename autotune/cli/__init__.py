@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "report": "autotune.cli.report:ReportCommand",
     "scale": "autotune.cli.scale:ScaleCommand",
     "explain": "autotune.cli.explain:ExplainCommand",
+    "worker": "autotune.cli.worker:WorkerCommand",
+    "retune": "autotune.cli.retune:RetuneCommand",
 }
 """Subcommand name -> ``module:Class``; imported lazily so ``estimate`` never imports optuna."""
 

@@ -7,6 +7,7 @@ Examples::
     autotune search --model 70b --gpus 16 --study s1 --resume     # add trials to study s1
     autotune search --model tiny --gpus 4 --device cpu --trials 3 --global-batch 16  # gloo, on a laptop
     autotune search --model 70b --gpus 64 --executor slurm --trials 16  # each trial a Slurm job (or step)
+    autotune search --model 70b --gpus 16 --study s1 --storage URL --create-only  # then: autotune worker
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class SearchCommand:
         g.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: SQLite in its dir)")
         g.add_argument("--resume", action="store_true", help="add trials to the existing study of this name")
         g.add_argument("--force", action="store_true", help="replace an existing study of this name")
+        g.add_argument("--create-only", action="store_true", help="create the study and queue the top-K, run "
+                       "no trial: `autotune worker` processes join it")
+        g.add_argument("--heartbeat", type=int, default=30, metavar="S", help="heartbeat period of running "
+                       "trials (default 30 s); a dead process's trial is failed and re-queued 3 periods on")
         g.add_argument("--backend", choices=("auto", "simulate", "torchrun", "deepspeed"), default="auto",
                        help="auto: real trials when this node has the GPUs (or --device cpu), "
                        "else predictions")
@@ -78,6 +83,8 @@ class SearchCommand:
     def run(self, args: argparse.Namespace) -> int:
         import optuna  # here, so that `autotune estimate` never imports it
 
+        from autotune.cli.worker import create_only
+        from autotune.scaleout import describe_study, make_setup
         from autotune.search import StudyOptions, run_study, top_trials
 
         if args.resume and args.force:
@@ -88,6 +95,11 @@ class SearchCommand:
             progress.ranked(len(ranking.feasible))
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             study, study_dir, url = _open(args, model, cluster, ranking)
+            describe_study(study, make_setup(model=model, cluster=cluster, ctx=ranking.ctx, seed=args.seed,
+                                             backend=args.backend, device=args.device,
+                                             measures=choice.backend.measures))
+            if args.create_only:
+                return create_only(study, ranking, choice.backend, top_k=args.top, url=url, out=args.out)
             measured = choice.backend.measures
             default_trials = _DEFAULT_MEASURED_TRIALS if measured else max(args.top, 1)
             options = StudyOptions(n_trials=args.trials if args.trials is not None else default_trials,
@@ -156,7 +168,7 @@ def _open(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     study, study_dir, url = open_study(
         name=args.study or study_name_for(model, cluster), runs_dir=Path(args.out), storage=args.storage,
         identity=identity, resume=args.resume, force=args.force, sampler=make_sampler(args.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1), heartbeat_s=args.heartbeat)
     study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
     return study, study_dir, url
 

@@ -18,13 +18,15 @@ Layout of one trial directory (``runs/<study>/<trial>/``)::
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from autotune.specs import ModelSpec
 
-__all__ = ["TrialConfig", "FAULT_ENV", "FAULT_RANK_ENV", "FAULT_STEP_ENV", "FAULTS"]
+__all__ = ["TrialConfig", "FAULT_ENV", "FAULT_RANK_ENV", "FAULT_STEP_ENV", "FAULTS", "SLOWDOWN_ENV",
+           "slowdown_s"]
 
 FAULT_ENV = "AUTOTUNE_FAULT"
 """Test-only fault injection in the worker: one of ``FAULTS``."""
@@ -33,6 +35,23 @@ FAULT_RANK_ENV = "AUTOTUNE_FAULT_RANK"
 FAULT_STEP_ENV = "AUTOTUNE_FAULT_STEP"
 """Step (counting warm-up) before which the fault fires (default 1)."""
 FAULTS = ("crash", "hang", "oom", "exit")
+SLOWDOWN_ENV = "AUTOTUNE_SLOWDOWN_MS"
+"""Diagnostic knob, unset in production: milliseconds of sleep added to every training step, inside the timed
+region (the worker), so a measurement really gets slower; the ``simulate`` backend sleeps as long per step
+but its predicted tokens/s never change. Tests use it to make trials take time and to inject a regression
+that ``autotune retune`` must catch; ``autotune retune`` records it with the environment."""
+
+
+def slowdown_s() -> float:
+    """``AUTOTUNE_SLOWDOWN_MS`` in seconds (0 when unset)."""
+    text = os.environ.get(SLOWDOWN_ENV, "").strip()
+    try:
+        value = float(text) if text else 0.0
+    except ValueError:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected milliseconds (a number >= 0)") from None
+    if value < 0:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: expected milliseconds (a number >= 0)")
+    return value / 1000.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

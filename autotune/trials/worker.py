@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.plan import Framework, ParallelPlan
-from autotune.trials.config import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, TrialConfig
+from autotune.trials.config import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, TrialConfig, slowdown_s
 from autotune.trials.model import model_flops_per_token
 from autotune.trials.result import TrialResult, TrialStatus
 
@@ -121,9 +121,11 @@ def _run_steps(trainer, plan: ParallelPlan, config: TrialConfig, device: torch.d
                progress: Path | None) -> tuple[list[float], list[torch.Tensor], list[float], float | None]:
     times, losses, weights, tracked = [], [], [], None
     tokens_per_step = plan.tokens_per_step
+    slowdown = slowdown_s()  # AUTOTUNE_SLOWDOWN_MS: a diagnostic knob (trials/config.py)
     for step in range(config.warmup_steps + config.measure_steps):
         _maybe_fault(step)
         start = time.perf_counter()
+        time.sleep(slowdown)
         if device.type == "cpu" and step == config.warmup_steps - 1:
             loss, weight, tracked = _tracked_step(trainer, step)
         else:

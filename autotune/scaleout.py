@@ -1,0 +1,219 @@
+"""Shared studies: a storage by URL, heartbeats around ask/tell trials, and a study that describes itself.
+
+Storage URLs (``--storage``)::
+
+    sqlite:///runs/<study>/study.db                 the default: one host, a local disk
+    postgresql+psycopg2://user@host:5432/db         several nodes (any URL Optuna's RDBStorage takes)
+    journal:///nfs/autotune/<study>.log             Optuna's JournalStorage over one file: an NFS-only cluster
+
+The schema and the study are created once, by ``autotune search`` (``--create-only`` to create and enqueue
+the cost model's top-K without running a trial); ``autotune worker`` only joins, so workers never race to
+create a fresh schema.
+
+Heartbeats: a launched trial is RUNNING in the study while its subprocess runs. If the process that asked
+for it dies (SIGKILL, a preempted node), nobody tells it, so each trial is kept alive by a heartbeat thread
+(every ``heartbeat_s``) and every worker fails the trials whose heartbeat is older than the grace period
+(``GRACE_FACTOR x heartbeat_s``) before it asks for a new one. A failed stale trial is re-queued (WAITING,
+same plan) by Optuna's ``RetryHeartbeatStaleTrialCallback``, at most ``MAX_RETRY`` times. RDB storages use
+Optuna's own heartbeat table (database clock); ``JournalStorage`` has none, so a journal trial carries its
+heartbeat in a system attribute (the hosts' clocks must agree to well within the grace period).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+from autotune.errors import ConfigError
+from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
+
+__all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "keep_alive",
+           "fail_stale", "describe_study", "study_setup", "make_setup", "model_from_dict",
+           "cluster_from_dict"]
+
+DEFAULT_HEARTBEAT_S = 30
+"""A RUNNING trial's heartbeat period; a dead worker's trial is failed ``GRACE_FACTOR`` periods later."""
+GRACE_FACTOR = 3
+MAX_RETRY = 2
+"""A trial whose worker died is run again at most this many times (a plan that kills its worker fails)."""
+SETUP_ATTR = "autotune_setup"
+"""Study user attr: model and cluster specs, batch, backend... everything a worker needs to join."""
+_JOURNAL_BEAT = "autotune_heartbeat"
+_ASK_WARNING = "Heartbeat of storage is supposed to be used with Study.optimize"
+
+
+def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
+                 engine_kwargs: dict[str, Any] | None = None) -> BaseStorage:
+    """The Optuna storage a URL names; RDB storages get heartbeats (``heartbeat_s=None``: none)."""
+    if heartbeat_s is not None and heartbeat_s < 1:
+        raise ConfigError(f"--heartbeat {heartbeat_s}: expected a whole number of seconds >= 1")
+    if url.startswith("journal://"):
+        path = url.removeprefix("journal://")
+        if not path.startswith("/"):
+            raise ConfigError(f"--storage {url}: a journal URL needs an absolute path (journal:///dir/file.log)")
+        return _Journal(JournalFileBackend(path), heartbeat_s)
+    if "://" not in url:
+        raise ConfigError(f"--storage {url!r}: expected a URL (sqlite:///..., postgresql+psycopg2://..., "
+                          "journal:///...)")
+    kwargs: dict[str, Any] = {"engine_kwargs": engine_kwargs or {"pool_pre_ping": True}}
+    if heartbeat_s is not None:
+        kwargs.update(heartbeat_interval=heartbeat_s, grace_period=GRACE_FACTOR * heartbeat_s,
+                      heartbeat_stale_trial_callback=_retry_callback())
+        # ask/tell is our loop (trials are subprocesses); keep_alive() beats for it, as optimize() would
+        warnings.filterwarnings("ignore", message=_ASK_WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        try:
+            return RDBStorage(url, **kwargs)
+        except (ImportError, ValueError) as e:  # unknown dialect or driver
+            raise ConfigError(f"--storage {url}: {e}") from None
+
+
+class _Journal(JournalStorage):
+    """A ``JournalStorage`` that remembers the heartbeat period its workers use (journal has no table)."""
+
+    def __init__(self, backend: JournalFileBackend, heartbeat_s: int | None) -> None:
+        super().__init__(backend)
+        self.autotune_heartbeat_s = heartbeat_s
+
+
+def _retry_callback() -> RetryHeartbeatStaleTrialCallback:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
+
+
+def _beat_period(storage: Any) -> tuple[int | None, bool]:
+    """(heartbeat period, whether Optuna's own heartbeat table is used) of a study's storage."""
+    backend = getattr(storage, "_backend", storage)  # a study wraps RDB storages in a cache
+    if isinstance(backend, _Journal):
+        return backend.autotune_heartbeat_s, False
+    interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+    return interval, True
+
+
+@contextmanager
+def keep_alive(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Beat for ``trial`` while the block runs (its trial subprocess); nothing when heartbeats are off.
+
+    Optuna's ask/tell API has no heartbeat hook (only ``optimize`` starts one), so this reaches the study's
+    storage and the trial id, as ``optuna.study._optimize`` does.
+    """
+    storage = study._storage
+    period, native = _beat_period(storage)
+    if period is None:
+        yield
+        return
+    trial_id = trial._trial_id
+
+    def beat() -> None:
+        if native:
+            storage.record_heartbeat(trial_id)
+        else:
+            storage.set_trial_system_attr(trial_id, _JOURNAL_BEAT,
+                                          {"time": time.time(), "grace_s": GRACE_FACTOR * period})
+
+    stop = threading.Event()
+    beat()
+    thread = threading.Thread(target=_beat_until, args=(beat, period, stop), daemon=True,
+                              name=f"autotune-heartbeat-{trial.number}")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _beat_until(beat: Any, period: float, stop: threading.Event) -> None:
+    while not stop.wait(period):
+        try:
+            beat()
+        except Exception:  # the trial was finished meanwhile, or the database blinked: next beat decides
+            pass
+
+
+def fail_stale(study: optuna.Study) -> list[int]:
+    """Fail the RUNNING trials whose heartbeat is older than their grace period and re-queue their plans.
+
+    Returns the numbers of the trials failed here (another worker may fail the same trial first).
+    """
+    period, native = _beat_period(study._storage)
+    if period is None:
+        return []
+    if native:
+        before = _failed(study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        return sorted(_failed(study) - before)
+    failed = []
+    now = time.time()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        beat = trial.system_attrs.get(_JOURNAL_BEAT)
+        if not beat or now - beat["time"] <= beat["grace_s"]:
+            continue
+        try:
+            if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                failed.append(trial.number)
+                _retry_callback()(study, study._storage.get_trial(trial._trial_id))
+        except optuna.exceptions.UpdateFinishedTrialError:
+            pass
+    return failed
+
+
+def _failed(study: optuna.Study) -> set[int]:
+    return {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))}
+
+
+# ---------------------------------------------------------------------------------------------- setup
+def describe_study(study: optuna.Study, setup: dict[str, Any]) -> None:
+    """Store what a worker needs to join (once: the creator's description stands)."""
+    if SETUP_ATTR not in study.user_attrs:
+        study.set_user_attr(SETUP_ATTR, setup)
+
+
+def study_setup(study: optuna.Study) -> dict[str, Any]:
+    setup = study.user_attrs.get(SETUP_ATTR)
+    if setup is None:
+        raise ConfigError(f"study '{study.study_name}' does not describe itself (no '{SETUP_ATTR}': made by "
+                          "an older autotune, or not by autotune); recreate it with autotune search")
+    return setup  # type: ignore[no-any-return]
+
+
+def spec_dict(spec: ModelSpec | ClusterSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+def model_from_dict(data: dict[str, Any]) -> ModelSpec:
+    return ModelSpec(**data)
+
+
+def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
+    def link(d: dict[str, Any]) -> LinkSpec:
+        return LinkSpec(**{**d, "sources": tuple(d.get("sources", ()))})
+    gpu = GPUSpec(**{**data["gpu"], "sources": tuple(data["gpu"].get("sources", ()))})
+    return ClusterSpec(**{**data, "gpu": gpu, "intra_link": link(data["intra_link"]),
+                          "inter_link": link(data["inter_link"])})
+
+
+def make_setup(*, model: ModelSpec, cluster: ClusterSpec, ctx: Any, backend: str, device: str | None,
+               measures: bool, seed: int) -> dict[str, Any]:
+    """The study's self-description: ``autotune worker`` and ``autotune retune`` rebuild the search from it.
+
+    ``backend`` is what was asked for, except that ``auto`` which only planned here is recorded as
+    ``simulate``: a study's values are all measured or all predicted.
+    """
+    return {"model": spec_dict(model), "cluster": spec_dict(cluster), "global_batch": ctx.global_batch,
+            "seq_len": ctx.seq_len, "dp": ctx.dp, "backend": backend if backend != "auto" or measures
+            else "simulate", "device": device, "measures": measures, "seed": seed}
