@@ -96,14 +96,14 @@ def test_one_node_trial_as_a_job(slurm, tmp_path):
 
 @pytest.mark.dist(timeout=90)
 def test_a_hanging_trial_is_cancelled_at_its_timeout(slurm, tmp_path):
-    request = make_request(PLAN, tmp_path / "hang", num_nodes=2, timeout_s=10)
+    request = make_request(PLAN, tmp_path / "hang", num_nodes=2, timeout_s=15)
     executor = SlurmExecutor(mode="jobs", launch=Launch(env={FAULT_ENV: "hang"}))
     start = time.monotonic()
     result = _run(executor, request)
     assert result.status is TrialStatus.TIMEOUT, result.error
     assert "cancelled (scancel)" in result.error and result.extra["slurm"]["state"] == "CANCELLED"
-    assert 10 <= result.wall_s < 25 and time.monotonic() - start < 60  # the Slurm limit was 1 minute
-    assert len(list(request.trial_dir.glob("started.*"))) == 2  # it hung, after both ranks started
+    assert 15 <= result.wall_s < 30 and time.monotonic() - start < 60  # the Slurm limit was 1 minute
+    assert not (request.trial_dir / "progress.jsonl").exists()  # it hung before a measured step
     assert_nothing_left(request.trial_dir)
 
 
