@@ -7,14 +7,20 @@ how to measure. A multi-node cluster is planned, not measured, unless an ``execu
 (``slurm``: a job or an ``srun`` step per trial; ``multinode``: every agent here on loopback, for tests),
 and then every ``auto`` trial is real. torch is imported only when a GPU driver is present, so planning
 on a laptop stays fast.
+
+``trial_options(workload=..., script=...)`` checks ``--workload`` / ``--script`` before anything launches and
+gives the ``TrialConfig`` fields real backends pass to every trial; ``BackendChoice.pins`` are the knobs the
+trials can run at one value only (the search pins them; a user's pin of another value is a ``ConfigError``).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.backends.base import Backend
 from autotune.backends.simulate import SimulateBackend
@@ -22,7 +28,7 @@ from autotune.errors import ConfigError
 from autotune.plan import Framework
 from autotune.specs import ClusterSpec
 
-__all__ = ["BACKENDS", "BackendChoice", "get_backend", "local_gpu_count"]
+__all__ = ["BACKENDS", "BackendChoice", "get_backend", "local_gpu_count", "trial_options", "apply_pins"]
 
 BACKENDS = ("auto", "simulate", "torchrun", "deepspeed")
 _REAL = {  # backend -> (module, class, frameworks it can run)
@@ -38,6 +44,9 @@ class BackendChoice:
     """Frameworks it can run (None: any); the search leaves the others out of the space."""
     note: str | None = None
     """One line for the user, e.g. that results are predictions and how to measure."""
+    pins: dict[str, Any] = field(default_factory=dict)
+    """Knob -> the one value its trials can run, with why (``pin_reasons``)."""
+    pin_reasons: dict[str, str] = field(default_factory=dict)
 
 
 class _ByFramework:
@@ -64,23 +73,70 @@ def local_gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
+def trial_options(*, workload: str | None = None, script: str | None = None) -> dict[str, Any]:
+    """``TrialConfig`` fields for ``--workload MODULE:FUNC`` / ``--script FILE``, checked here (the builder
+    imports, the script exists) so that a bad one is one line before any trial launches."""
+    if workload and script:
+        raise ConfigError("--workload and --script both replace autotune's trainer: pass one")
+    if workload:
+        from autotune.workload import import_root, load_builder
+
+        load_builder(workload)
+        return {"workload": workload, "workload_root": import_root(workload), "peak_flops_per_gpu": None}
+    if script:
+        path = Path(script).resolve()
+        if not path.is_file():
+            raise ConfigError(f"--script {script}: no such file")
+        return {"script": str(path), "peak_flops_per_gpu": None}
+    return {}
+
+
+def _pins(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    if options.get("script"):  # the script decides what it can run
+        return {}, {}
+    if options.get("workload"):
+        why = "pipeline and context parallelism are not applied to a --workload model"
+        return {"pp": 1, "cp": 1}, {"pp": why, "cp": why}
+    return {"cp": 1}, {"cp": "context parallelism is not implemented in real trials"}
+
+
+def apply_pins(pins: Mapping[str, Any], choice: BackendChoice) -> dict[str, Any]:
+    """The user's pins plus the backend's; ``ConfigError`` where they disagree."""
+    merged = dict(pins)
+    for knob, value in choice.pins.items():
+        if merged.get(knob) not in (None, value):
+            raise ConfigError(f"--{knob.replace('_', '-')} {merged[knob]}: {choice.pin_reasons[knob]}; "
+                              f"drop it or pass --{knob.replace('_', '-')} {value}")
+        merged[knob] = value
+    return merged
+
+
 def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None,
-                executor: str = "local") -> BackendChoice:
-    """The backend for ``--backend NAME --device DEV`` on this node; ``executor``: where its trials run
-    (``autotune.executors``: local | multinode | slurm)."""
+                options: Mapping[str, Any] | None = None, executor: str = "local") -> BackendChoice:
+    """The backend for ``--backend NAME --device DEV`` on this node; ``options``: ``trial_options(...)``."""
+    options = dict(options or {})
     if name == "simulate":
+        if options:
+            raise ConfigError("--workload/--script run in real trials: use --backend torchrun or deepspeed "
+                              "(with --device cpu where there are no GPUs)")
         return BackendChoice(backend=SimulateBackend(), frameworks=None,
                              note="simulate: tokens/s are the cost model's predictions")
+    pins, reasons = _pins(options)
     if name in _REAL:
-        return BackendChoice(backend=_load(name, device, executor), frameworks=_REAL[name][2])
+        return BackendChoice(backend=_load(name, device, options, executor), frameworks=_REAL[name][2],
+                             pins=pins, pin_reasons=reasons)
     if name != "auto":
         raise ConfigError(f"--backend: unknown backend '{name}'; known: {', '.join(BACKENDS)}")
     have = 0 if device == "cpu" else local_gpu_count()
     here = have >= cluster.gpus_per_node and cluster.num_nodes == 1
     if executor != "local" or device == "cpu" or here:
-        backends = {fw: _load(n, device or "cuda", executor)
+        backends = {fw: _load(n, device or "cuda", options, executor)
                     for n, (_, _, fws) in _REAL.items() for fw in fws}
-        return BackendChoice(backend=_ByFramework(backends), frameworks=frozenset(backends))
+        return BackendChoice(backend=_ByFramework(backends), frameworks=frozenset(backends), pins=pins,
+                             pin_reasons=reasons)
+    if options:
+        raise ConfigError("--workload/--script run in real trials, and this node cannot run them here: "
+                          "run on the GPU node, or pass --device cpu")
     if device == "cuda":
         raise ConfigError(f"--device cuda: this node has {have} CUDA GPUs; the plan needs "
                           f"{cluster.num_nodes} node(s) of {cluster.gpus_per_node}; drop --device to plan "
@@ -95,11 +151,11 @@ def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None,
                          note=f"planning with the cost model (predictions, not measurements): {why}")
 
 
-def _load(name: str, device: str | None, executor: str = "local") -> Backend:
+def _load(name: str, device: str | None, options: Mapping[str, Any], executor: str = "local") -> Backend:
     module, cls, _ = _REAL[name]
     try:
         backend_cls = getattr(importlib.import_module(module), cls)
     except (ModuleNotFoundError, AttributeError):
         raise ConfigError(f"--backend {name}: {module}.{cls} is not available in this install; "
                           "use --backend simulate to plan with the cost model") from None
-    return backend_cls(device=device or "cuda", executor=executor)  # type: ignore[no-any-return]
+    return backend_cls(device=device or "cuda", executor=executor, **options)  # type: ignore[no-any-return]

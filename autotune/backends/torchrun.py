@@ -22,7 +22,7 @@ class TorchrunBackend:
                  executor: str | Executor = "local", **config_overrides: object) -> None:
         """``device``: ``cuda`` or ``cpu`` (gloo); ``launch``: torchrun's node/rendezvous settings;
         ``executor``: where the agents run (a name for ``get_executor``, which gets ``launch``);
-        ``config_overrides``: ``TrialConfig`` fields (seed, lr, ...) for every trial."""
+        ``config_overrides``: ``TrialConfig`` fields (seed, lr, workload, script, ...) for every trial."""
         self.device = device
         self.launch = launch or Launch()
         self.executor = get_executor(executor, launch=self.launch) if isinstance(executor, str) else executor
@@ -34,4 +34,7 @@ class TorchrunBackend:
                                error=f"backend {self.name} runs framework {self.framework}, "
                                      f"not {request.plan.framework}")
         config = trial_config(request, device=self.device, **self.config_overrides)
+        if config.script:  # the user's script reads the emitted configs (autotune.contract)
+            from autotune.trials.script import write_script_configs
+            write_script_configs(request.trial_dir, request.plan, request.model, request.cluster)
         return self.executor.run(request, config=config, report=report)

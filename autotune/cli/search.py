@@ -74,6 +74,10 @@ class SearchCommand:
         g.add_argument("--executor", choices=("local", "multinode", "slurm"), default="local",
                        help="where trials run: local (this node), slurm (an sbatch job per trial; srun steps "
                        "inside an allocation), multinode (one agent per node, all here on loopback)")
+        g.add_argument("--workload", metavar="MODULE:FUNC", help="your model in the trials: build(spec, "
+                       "plan, device) -> autotune.workload.Workload (examples/custom_workload)")
+        g.add_argument("--script", metavar="FILE", help="your training script, run by torchrun in each "
+                       "trial; it reads the plan, reports through autotune.contract (examples/train_script)")
         g.add_argument("--device", choices=("cpu", "cuda"), help="cpu: gloo trials on CPU processes (global "
                        f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)")
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
@@ -121,7 +125,8 @@ class SearchCommand:
             return 1
         best_plan = ParallelPlan.from_dict(top[0].user_attrs["plan"])
         best_est = estimate(model, cluster, best_plan)
-        emitted = _emit(best_plan, model, cluster, best_est, study_dir.best)
+        emitted = _emit(best_plan, model, cluster, best_est, study_dir.best,
+                        [_row(t) for t in top] if measured else None)
         out = _summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
         out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus,
                    study_dir=str(study_dir.root))
@@ -138,16 +143,19 @@ class SearchCommand:
 def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
           estimator: Any = estimate) -> tuple[Any, Any]:
     """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
-    from autotune.backends.registry import get_backend
+    from autotune.backends.registry import apply_pins, get_backend, trial_options
     from autotune.search import plan_search
     from autotune.space import load_space
 
     space = load_space(args.space)
-    choice = get_backend(args.backend, cluster=cluster, device=args.device, executor=args.executor)
+    options = trial_options(workload=args.workload, script=args.script)
+    choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
+                         executor=args.executor)
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
-    ranking = plan_search(space, model, cluster, pins={k: getattr(args, k) for k in _PIN_KEYS},
+    pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
+    ranking = plan_search(space, model, cluster, pins=pins,
                           global_batch=global_batch, seq_len=args.seq_len or default_seq_len(model),
                           frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster),
                           estimator=estimator)
@@ -187,7 +195,7 @@ def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
 
 
 def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estimate,
-          out_dir: Path) -> list[str] | None:
+          out_dir: Path, measured: list[dict[str, Any]] | None = None) -> list[str] | None:
     """Launch files for the best plan (``autotune.emit``); None while that package is not installed."""
     try:
         from autotune.emit import emit_all  # INTEGRATION POINT: autotune/emit (another issue)
@@ -195,7 +203,7 @@ def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estim
         if e.name and not e.name.startswith("autotune.emit"):
             raise
         return None
-    return [str(p) for p in emit_all(plan, model, cluster, est, out_dir, force=True)]
+    return [str(p) for p in emit_all(plan, model, cluster, est, out_dir, force=True, measured=measured)]
 
 
 def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any, emitted: list[str] | None,
@@ -226,6 +234,8 @@ def _row(trial: Any) -> dict[str, Any]:
             "mfu": measured.get("mfu", predicted.get("mfu")),
             "memory_bytes_per_gpu": measured.get("peak_memory_bytes", predicted.get("memory_bytes_per_gpu")),
             "memory_capacity_bytes": predicted.get("memory_capacity_bytes"),
+            "predicted_memory_bytes": predicted.get("memory_bytes_per_gpu"),
+            "measured_memory_bytes": measured.get("peak_memory_bytes"),
             "bottleneck": predicted.get("bottleneck")}
 
 

@@ -105,14 +105,38 @@ def _skipped_lines(skipped: list[tuple[str, list[str]]]) -> list[str]:
             *(f"- {', '.join(names)}: {'; '.join(reasons)}." for reasons, names in grouped.items())]
 
 
+def _measured_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The search's best measured trials, each measurement beside the cost model's prediction."""
+    from autotune.render import plan_summary
+
+    def gib(x: float | None) -> str:
+        return f"{x / _GIB:.2f} GiB" if x else "-"
+
+    lines = ["## Measured (real trials)", "",
+             "Best measured first; the plan above is the first row. Predicted: the cost model for the "
+             "catalog GPU.", "",
+             "| # | trial | plan | measured tokens/s | predicted tokens/s | measured / predicted "
+             "| measured peak memory | predicted memory | status |", "|" + "---|" * 9]
+    for i, row in enumerate(rows, start=1):
+        meas, pred = row.get("measured_tokens_per_s"), row.get("predicted_tokens_per_s")
+        ratio = f"{meas / pred:.2f}" if meas and pred else "-"
+        plan = plan_summary(ParallelPlan.from_dict(row["plan"]))
+        lines.append(f"| {i} | {row.get('trial')} | {plan} | {meas or 0:,.0f} | {pred or 0:,.0f} | {ratio} "
+                     f"| {gib(row.get('measured_memory_bytes'))} | {gib(row.get('predicted_memory_bytes'))} "
+                     f"| {row.get('status')} |")
+    return lines
+
+
 def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
                    estimate: dict[str, Any] | None, written: list[tuple[str, str]],
-                   skipped: list[tuple[str, list[str]]]) -> str:
-    """``written``: (file, what it is); ``skipped``: (file, why its framework cannot express the plan)."""
+                   skipped: list[tuple[str, list[str]]], measured: list[dict[str, Any]] | None = None) -> str:
+    """``written``: (file, what it is); ``skipped``: (file, why its framework cannot express the plan);
+    ``measured``: the search's best trials (``autotune search`` rows), or None when nothing was measured."""
     gpus = f"{cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.key}"
     lines = [f"# autotune plan: {model.name} on {cluster.name}", "",
              f"{cluster.num_gpus} GPUs ({gpus}), {model.num_params / 1e9:.2f}B parameters.", "",
              *_plan_table(plan), "", "## Estimate (cost model)", "", *_estimate_lines(estimate), "",
+             *([*_measured_lines(measured), ""] if measured else []),
              "## Files", "", _priced_for(plan, {name for name, _ in written}), "",
              *(f"- `{name}`: {what}" for name, what in written)]
     if skipped:

@@ -41,6 +41,7 @@ class _Context:
     cluster: ClusterSpec
     estimate: dict[str, Any] | None
     out_dir: Path
+    measured: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,7 +117,7 @@ def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[
             contents[art.name] = (art.render(ctx), art.executable)
     written = [(a.name, a.what) for a in _ARTEFACTS if a.name in contents]
     summary = render_summary(plan=ctx.plan, model=ctx.model, cluster=ctx.cluster, estimate=ctx.estimate,
-                             written=written, skipped=skipped)
+                             written=written, skipped=skipped, measured=ctx.measured)
     contents[SUMMARY] = (summary, False)
     return contents, skipped
 
@@ -151,18 +152,21 @@ def _prepare_dir(out_dir: Path, *, force: bool) -> None:
 
 
 def emit_all(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimate: Any, out_dir: str | Path,
-             *, force: bool = False) -> list[Path]:
+             *, force: bool = False, measured: list[dict[str, Any]] | None = None) -> list[Path]:
     """Write every artefact that can express ``plan`` (and ``summary.md``) into ``out_dir``.
 
     ``estimate`` is an ``Estimate``, its ``to_dict()`` mapping, or None. Returns the written paths in
-    artefact order. Raises ``ConfigError`` for a plan illegal on this model/cluster or an existing file
+    artefact order. ``measured``: the search's best trials (``autotune search`` rows: plan, measured and
+    predicted tokens/s and memory), shown beside the estimate in ``summary.md``. Raises ``ConfigError``
+    for a plan illegal on this model/cluster or an existing file
     without ``force``.
     """
     illegal = check_plan(plan, model, cluster)
     if illegal:
         raise ConfigError(illegal[0])
     out = Path(out_dir).resolve()
-    ctx = _Context(plan=plan, model=model, cluster=cluster, estimate=_estimate_dict(estimate), out_dir=out)
+    ctx = _Context(plan=plan, model=model, cluster=cluster, estimate=_estimate_dict(estimate), out_dir=out,
+                   measured=measured)
     contents, skipped = _render_all(ctx)
     _prepare_dir(out, force=force)
     paths: list[Path] = []

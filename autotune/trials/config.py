@@ -74,6 +74,13 @@ class TrialConfig:
     full_init: bool = True
     """Build and initialise the whole model on every rank before sharding (identical weights in
     every layout). False: build on ``meta``, shard, then initialise (models too big for one device)."""
+    workload: str | None = None
+    """``pkg.module:build``: the user's model and batches (``autotune.workload``) instead of the built-in."""
+    workload_root: str | None = None
+    """``sys.path`` entry that imports ``workload`` (the search resolved it; workers start elsewhere)."""
+    script: str | None = None
+    """Absolute path of the user's training script, run on every rank instead of autotune's trainer; it
+    reports through ``autotune.contract``."""
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}

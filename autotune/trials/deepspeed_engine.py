@@ -94,14 +94,7 @@ class DeepSpeedTrainer:
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
         self.plan, self.config, self.device = plan, config, device
         ds_config = trial_ds_config(plan, on_cpu=device.type == "cpu")
-        model = build_model(config.model, device=device, seed=config.seed)
-        if plan.pp > 1:
-            module = _pipeline_module(model, plan, ds_config)
-        else:
-            if plan.recompute is not Recompute.NONE:
-                apply_ac(model, plan.recompute)
-            module = model
-        del model
+        module = self._module(ds_config)
         # Offload steps DeepSpeed's CPU partitions with this optimizer: the fused kernel only on the GPU.
         fused = device.type == "cuda" and not plan.offload
         optimizer = make_optimizer(module.parameters(), lr=config.lr, fused=fused)
@@ -111,18 +104,38 @@ class DeepSpeedTrainer:
         tp = plan.tp
         self.dp_rank = (torch.distributed.get_rank() // tp) % plan.dp  # rank grid: pp, dp, tp
 
-    def step(self, step: int) -> tuple[torch.Tensor, float]:
-        plan = self.plan
+    def _module(self, ds_config: dict[str, Any]) -> nn.Module:
+        plan, config = self.plan, self.config
+        self.workload = None
+        if config.workload:  # the user's model (autotune.workload): recompute per block, no TP/PP
+            from autotune.trials.custom import build_workload, workload_module
+            self.workload = build_workload(config, plan, self.device)
+            return workload_module(self.workload, plan, config.workload)
+        model = build_model(config.model, device=self.device, seed=config.seed)
+        if plan.pp > 1:
+            return _pipeline_module(model, plan, ds_config)
+        if plan.recompute is not Recompute.NONE:
+            apply_ac(model, plan.recompute)
+        return model
+
+    def _micro_batches(self, step: int) -> list[tuple[Any, torch.Tensor]]:
+        plan, n = self.plan, self.plan.num_microbatches
+        if self.workload is not None:
+            batch = self.workload.batch
+            return [batch(step * n + i, plan.micro_batch, plan.seq_len, self.device) for i in range(n)]
         inputs, targets = synthetic_batch(self.config.model, batch=plan.global_batch, seq_len=plan.seq_len,
                                           step=step, seed=self.config.seed, rows=dp_rows(plan, self.dp_rank),
                                           device=self.device)
-        n = plan.num_microbatches
-        micro = list(zip(inputs.chunk(n), targets.chunk(n), strict=True))
-        if plan.pp > 1:
+        return list(zip(inputs.chunk(n), targets.chunk(n), strict=True))
+
+    def step(self, step: int) -> tuple[torch.Tensor, float]:
+        micro, n = self._micro_batches(step), self.plan.num_microbatches
+        if self.plan.pp > 1:
             return self.engine.train_batch(data_iter=iter(micro)).detach(), 1.0
+        loss_fn = (self.workload.loss if self.workload is not None else None) or lm_loss
         total = torch.zeros((), device=self.device)
         for x, y in micro:
-            loss = lm_loss(self.engine(x), y)
+            loss = loss_fn(self.engine(x), y)
             self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
             self.engine.step()          # steps the optimizer at the accumulation boundary only
             total += loss.detach()

@@ -124,23 +124,33 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool) 
         parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel=sp))
 
 
-def apply_ac(model: nn.Module, recompute: Recompute) -> None:
+def apply_ac(model: nn.Module, recompute: Recompute, *, slots: list[tuple[nn.Module, str]] | None = None,
+             selective: tuple[str, ...] = ("self_attn.core",)) -> None:
     """Full: checkpoint each block. Selective (Korthikanti et al. 2022 Sec. 4.2): checkpoint only the
-    attention core (rotary + SDPA), keeping the projections' outputs."""
-    for key, block in list(model.layers.items()):
+    attention core (rotary + SDPA), keeping the projections' outputs.
+
+    ``slots``: ``(parent, name)`` of each block (default: the trial model's ``layers``); ``selective``: the
+    submodules, relative to a block, that selective recompute checkpoints."""
+    for parent, name in slots if slots is not None else [(model.layers, k) for k in model.layers]:
+        block = getattr(parent, name)
         if recompute is Recompute.FULL:
-            model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
+            setattr(parent, name, checkpoint_wrapper(block, preserve_rng_state=False))
         elif recompute is Recompute.SELECTIVE:
-            block.self_attn.core = checkpoint_wrapper(block.self_attn.core, preserve_rng_state=False)
+            for path in selective:
+                owner, _, leaf = path.rpartition(".")
+                holder = block.get_submodule(owner)
+                setattr(holder, leaf, checkpoint_wrapper(getattr(holder, leaf), preserve_rng_state=False))
 
 
 def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_policy: MixedPrecisionPolicy,
-             fsdp_at_dp1: bool = False) -> None:
+             fsdp_at_dp1: bool = False, blocks: list[nn.Module] | None = None) -> None:
     """FSDP2 per block then the root (embeddings, norm, head). fsdp-full reshards after forward
     (ZeRO-3), fsdp-grad-op keeps parameters gathered until backward (ZeRO-2-like), HSDP shards inside
-    ``dp_shard`` and replicates over ``dp_replicate``; sharding ``none`` is DDP-style replication."""
+    ``dp_shard`` and replicates over ``dp_replicate``; sharding ``none`` is DDP-style replication.
+    ``blocks``: the units to wrap before the root (default: the trial model's ``layers``)."""
+    blocks = list(model.layers.values()) if blocks is None else blocks
     if plan.sharding is Sharding.NONE and not fsdp_at_dp1:
-        _apply_replicate(model, mesh["dp_replicate"], mp_policy)
+        _apply_replicate(model, mesh["dp_replicate"], mp_policy, blocks)
         return
     dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.sharding is Sharding.HSDP else mesh["dp_shard"]
     reshard = plan.sharding is not Sharding.FSDP_GRAD_OP
@@ -148,15 +158,16 @@ def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_polic
     if plan.offload and dp_mesh.device_type == "cuda":
         from torch.distributed.fsdp import CPUOffloadPolicy
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for block in model.layers.values():
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
 
 
-def _apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy) -> None:
+def _apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
+                     blocks: list[nn.Module]) -> None:
     # FSDP2-style replicate (torch >= 2.10) handles TP DTensor parameters; bucketed per block like DDP.
     from torch.distributed._composable.replicate_with_fsdp import replicate
-    for block in model.layers.values():
+    for block in blocks:
         replicate(block, mesh=dp_mesh, mp_policy=mp_policy)
     replicate(model, mesh=dp_mesh, mp_policy=mp_policy)
 

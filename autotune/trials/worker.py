@@ -76,6 +76,9 @@ def make_trainer(plan: ParallelPlan, config: TrialConfig, device: torch.device):
         return DeepSpeedTrainer(plan=plan, config=config, device=device)
     if plan.framework is Framework.MEGATRON:
         raise NotImplementedError("Megatron trials are not implemented; use --framework fsdp or deepspeed")
+    if config.workload:  # the user's model and batches (autotune.workload)
+        from autotune.trials.custom import WorkloadTrainer
+        return WorkloadTrainer(plan=plan, config=config, device=device)
     from autotune.trials.train import NativeTrainer
     return NativeTrainer(plan=plan, config=config, device=device)
 
@@ -228,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         config = TrialConfig.read(trial_dir / "trial.json")
     except Exception as e:
         _fail(trial_dir, rank, TrialStatus.ERROR, e)
+    if config.script:  # the user's script forms its own process group and reports (autotune.contract)
+        from autotune.trials.script import run_script
+        run_script(trial_dir, config, rank)
     try:
         device = init_distributed(config.device)
     except Exception as e:  # the store or the peers never answered
