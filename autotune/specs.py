@@ -142,6 +142,17 @@ class ClusterSpec:
     collective_efficiency: float = 0.85
     """Fraction of link bandwidth a large NCCL collective reaches (nccl-tests busbw / link peak;
     ~0.8-0.9 on NVSwitch and IB). Calibratable."""
+    dp_overlap_fraction: float | None = None
+    """Share of the compute window that DP/ZeRO/FSDP collectives hide behind (None: the documented
+    ``costmodel.steptime.DP_OVERLAP_FRACTION``). Calibratable."""
+    step_overhead_s: float = 0.0
+    """Fixed seconds per optimizer step that no kernel term covers (framework bookkeeping, host-side
+    dispatch). 0 in the catalog; fitted from trials (``autotune calibrate``)."""
+    microbatch_overhead_s: float = 0.0
+    """Fixed seconds per micro-batch (forward + backward dispatch, hooks). 0 in the catalog; fitted."""
+    profile: str | None = None
+    """Where the numbers above came from when not the catalog: a probe profile and/or a calibration,
+    e.g. ``profile: cpu-2rank (measured 2026-11-30)``."""
 
     @property
     def num_gpus(self) -> int:

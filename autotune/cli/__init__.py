@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "report": "autotune.cli.report:ReportCommand",
     "scale": "autotune.cli.scale:ScaleCommand",
     "explain": "autotune.cli.explain:ExplainCommand",
+    "probe": "autotune.cli.probe:ProbeCommand",
+    "calibrate": "autotune.cli.calibrate:CalibrateCommand",
     "worker": "autotune.cli.worker:WorkerCommand",
     "retune": "autotune.cli.retune:RetuneCommand",
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autotune.catalog import load_cluster, load_model, make_cluster
+from autotune.catalog import load_cluster, load_model, make_cluster, with_profile
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
@@ -51,6 +51,8 @@ def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--nics-per-node", type=_positive_int, help="NICs per node (default: the GPU's usual)")
     g.add_argument("--host-memory-gib", type=float, help="host RAM per node for offload (default 1024)")
+    g.add_argument("--profile", metavar="FILE", help="hardware profile from `autotune probe` (or a study's "
+                   "calibration.yaml): its measured numbers replace the catalog's")
 
 
 def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
@@ -71,6 +73,8 @@ def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterS
             nics_per_node=args.nics_per_node,
             host_memory_gib=args.host_memory_gib,
         )
+    if getattr(args, "profile", None):
+        cluster = with_profile(cluster, args.profile)
     return model, cluster
 
 

@@ -32,11 +32,14 @@ class EstimateCommand:
         est = estimate(model, cluster, plan)
         if args.json:
             out = est.to_dict()
-            out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus)
+            out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus,
+                       profile=cluster.profile)
             print(json.dumps(out, indent=2))
         else:
             print(f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters)")
             print(f"cluster   {cluster.name} ({cluster.intra_link.key} inside nodes, "
                   f"{cluster.nics_per_node}x {cluster.inter_link.key} per node)")
+            if cluster.profile:
+                print(f"hardware  {cluster.profile}")
             print(format_estimate(est))
         return 0

@@ -130,6 +130,8 @@ class SearchCommand:
         out = _summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
         out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus,
                    study_dir=str(study_dir.root))
+        if measured:  # fit the cost model to the measured trials (autotune calibrate does it on demand)
+            out["calibration"] = _calibrate(study, model, cluster, study_dir.root)
         study_dir.summary.write_text(json.dumps(out, indent=2) + "\n")
         if args.json:
             print(json.dumps(out, indent=2))
@@ -173,6 +175,8 @@ def _open(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     identity = {"model": model.name, "num_params": model.num_params, "cluster": cluster.name,
                 "num_gpus": cluster.num_gpus, "global_batch": ctx.global_batch, "seq_len": ctx.seq_len,
                 "space": ranking.choices}
+    if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
+        identity["profile"] = args.profile
     study, study_dir, url = open_study(
         name=args.study or study_name_for(model, cluster), runs_dir=Path(args.out), storage=args.storage,
         identity=identity, resume=args.resume, force=args.force, sampler=make_sampler(args.seed),
@@ -257,7 +261,24 @@ def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking
         lines += [f"emitted   {path}" for path in out["emitted"]]
     else:
         lines.append("emitted   nothing yet: autotune.emit is not installed (launch files come with it)")
+    if cluster.profile:
+        lines.append(f"hardware  {cluster.profile}")
+    if out.get("calibration"):
+        c = out["calibration"]
+        lines.append(f"calibration  Kendall tau {_tau(c['before'])} -> {_tau(c['after'])}, MAPE "
+                     f"{c['before']['mape']:.0%} -> {c['after']['mape']:.0%} over {c['num_trials']} trials "
+                     f"({c['path']}; autotune calibrate --study {out['study']} for every trial)")
     return "\n".join(lines)
+
+
+def _calibrate(study: Any, model: ModelSpec, cluster: ClusterSpec, root: Path) -> dict[str, Any] | None:
+    from autotune.calibrate import calibrate_study
+
+    return calibrate_study(study, model, cluster, root)
+
+
+def _tau(fidelity: dict[str, Any]) -> str:
+    return "n/a" if fidelity["kendall_tau"] is None else f"{fidelity['kendall_tau']:+.2f}"
 
 
 def _table(rows: list[dict[str, Any]], *, measured: bool) -> list[str]:

@@ -11,6 +11,11 @@ moments, and the breakdown shows the components of that moment:
   current and prefetched units and one unsharded gradient (ZeRO-3/FSDP);
 - the optimizer step: no activations, but the step's temporaries (shown in ``optimizer_bytes``).
 
+Pipelining + FSDP2 (``states.defers_grad_reduce``; ``deferred_reduce_bytes`` cites torch) adds the stage's
+unsharded gradients, accumulated from the first backward to the end-of-step reduction, and parameters left
+gathered after each backward, with two more moments: the end of a backward (the whole stage gathered, one
+micro-batch's activations freed) and the reduction itself.
+
 Model states (``states.py``) and activations (``activations.py``) cite their sources; the runtime reserve
 below is a set of documented constants. Numbers assume bf16 mixed precision with fp32 master weights
 (``MIXED_BF16``; fp8 plans keep bf16 weights and activations here, an upper bound); ``numerics=FP32``
@@ -39,15 +44,19 @@ from autotune.costmodel.states import (
     MIXED_BF16,
     Numerics,
     comm_bucket_bytes,
+    defers_grad_reduce,
     gathered_bytes,
+    layer_params_per_gpu,
     model_state_bytes,
+    root_params_per_gpu,
     stage_params_per_gpu,
 )
-from autotune.plan import ParallelPlan, Sharding
+from autotune.plan import ParallelPlan, Schedule, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
     "MemoryBreakdown", "memory_breakdown", "stage_memory", "reserve_bytes", "pipeline_p2p_bytes",
+    "KeptBytes", "deferred_reduce_bytes",
     "CUDA_CONTEXT_BYTES", "NCCL_CONTEXT_BYTES", "NCCL_BYTES_PER_COMMUNICATOR", "FRAGMENTATION_FRACTION",
     "CPU_RESERVE_BYTES",
 ]
@@ -90,7 +99,8 @@ class MemoryBreakdown:
     logits_bytes: float
     """fp32 logits / loss buffers on the stage that holds the output layer."""
     prefetch_bytes: float
-    """ZeRO-3/FSDP all-gathered (unsharded) parameter and gradient buffers in flight."""
+    """ZeRO-3/FSDP all-gathered (unsharded) parameter and gradient buffers in flight; with pipelining +
+    FSDP2 also those a stage keeps until its end-of-step reduction (``KeptBytes``)."""
     comm_buffer_bytes: float
     """DDP/ZeRO gradient buckets and other communication staging."""
     reserve_bytes: float
@@ -126,6 +136,44 @@ def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan, transient_bytes: flo
     return CUDA_CONTEXT_BYTES + nccl + FRAGMENTATION_FRACTION * transient_bytes
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KeptBytes:
+    """Unsharded FSDP2 buffers a pipeline stage carries from micro-batch to micro-batch (all 0 without)."""
+
+    params_bytes: float = 0.0
+    """Compute-dtype parameters left gathered after a backward: the whole stage at its end (0 for
+    fsdp-grad-op, whose gathered copy is counted with the weights)."""
+    grads_bytes: float = 0.0
+    """Unsharded gradients in the reduce dtype beyond the sharded ones ``model_state_bytes`` counts (those
+    only exist after the end-of-step reduction)."""
+    unit_grad_bytes: float = 0.0
+    """Compute-dtype gradient of the largest unit, before ``accumulate_unsharded_grad_if_needed`` adds it."""
+    reduce_input_bytes: float = 0.0
+    """fp32 reduce-scatter input of the largest unit during the end-of-step reduction."""
+
+
+def deferred_reduce_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *,
+                          first: bool, last: bool, sharded_grad_bytes: float) -> KeptBytes:
+    """What torch 2.13's pipelining keeps unsharded on a sharded FSDP2 stage (``states.defers_grad_reduce``).
+
+    torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` turns off gradient sync and
+    resharding after backward on every FSDP unit of the stage; in FSDP2's ``post_backward``
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py) a unit then neither reshards nor
+    reduce-scatters, and ``FSDPParam.to_accumulated_grad_if_needed`` moves its gradient to an unsharded
+    ``unsharded_accumulated_grad`` in ``reduce_dtype`` (fp32 under autotune/trials/parallelize.py's
+    ``MixedPrecisionPolicy``; fp32 trials accumulate fp32 ``.grad``): 4 B per parameter of the stage until
+    ``perform_reduce_grad``. ``foreach_reduce`` (``_fsdp_collectives.py``) copies a unit's gradients into its
+    reduce-scatter input, then frees them. A unit gathered in backward stays gathered until its next forward
+    reshards it (``reshard_after_forward=True``: fsdp-full, hsdp) or until the reduction (fsdp-grad-op)."""
+    if not defers_grad_reduce(plan) or plan.sharding is Sharding.NONE:
+        return KeptBytes()
+    stage = stage_params_per_gpu(model, plan, first=first, last=last)
+    unit = max(layer_params_per_gpu(model, plan), root_params_per_gpu(model, plan, first=first, last=last))
+    params = 0.0 if plan.sharding is Sharding.FSDP_GRAD_OP else stage * numerics.compute_bytes
+    return KeptBytes(params_bytes=params, grads_bytes=max(0.0, 4.0 * stage - sharded_grad_bytes),
+                     unit_grad_bytes=unit * numerics.compute_bytes, reduce_input_bytes=4.0 * unit)
+
+
 class _Moment(NamedTuple):
     activations: float
     logits: float
@@ -134,28 +182,53 @@ class _Moment(NamedTuple):
 
 
 def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, numerics: Numerics, k: Kernels,
-             step_bytes: float) -> list[_Moment]:
+             step_bytes: float, kept: KeptBytes) -> list[_Moment]:
     """The candidate peaks of one stage (module docstring); bytes beyond the model states."""
     first, last = rank == 0, rank == plan.pp - 1
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
     x = LayerShape.of(model, plan)
     per_stage = model.num_layers / plan.pp * layer_activation_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
+    head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0
-    stored = (in_flight_microbatches(plan, rank=rank) * (per_stage + head_first)
-              + at_loss * head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last))
+    in_flight = in_flight_microbatches(plan, rank=rank)
+    stored = in_flight * (per_stage + head_first) + at_loss * head_last
+    working = backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
     one_logits = loss_stored_bytes(x, tp=t) if last else 0.0
+    logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
+    accumulated = kept.grads_bytes if plan.num_microbatches > in_flight else 0.0  # a backward ran earlier
     backward = _Moment(
-        activations=stored + backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k),
-        logits=(at_loss - 1) * one_logits if last else 0.0,  # this micro-batch's loss is freed by now
-        prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=True), step_temp=0.0)
-    step = _Moment(activations=0.0, logits=0.0, prefetch=0.0, step_temp=step_bytes)
+        activations=stored + working, logits=logits, step_temp=0.0,
+        prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=True) + accumulated)
+    moments = [backward, _Moment(activations=0.0, logits=0.0, prefetch=0.0, step_temp=step_bytes)]
+    if kept != KeptBytes():
+        freed = (per_stage + head_first) / plan.virtual_stages + (head_last if last else 0.0)
+        moments += _deferred_reduce_moments(kept, after_backward=max(0.0, stored - freed) + working,
+                                            logits=logits)
     if not last:
-        return [backward, step]
+        return moments
+    loss_grads = kept.grads_bytes if _backward_before_loss(plan) else 0.0
     loss = _Moment(activations=stored, logits=at_loss * one_logits + loss_transient_bytes(x, tp=t, e=e, k=k),
-                   prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=False),
-                   step_temp=0.0)
-    return [loss, backward, step]
+                   prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=False)
+                   + loss_grads, step_temp=0.0)
+    return [loss, *moments]
+
+
+def _deferred_reduce_moments(kept: KeptBytes, *, after_backward: float, logits: float) -> list[_Moment]:
+    """Pipelining + FSDP2 (``deferred_reduce_bytes``): the end of a backward, with every unit of the stage
+    gathered, all gradients accumulated, one micro-batch's activations freed (on its own chunk with
+    interleaving: ``1/v`` of the stage) and the first layer's backward working set; and the end-of-step
+    reduction (no activations; one unit's reduce-scatter input)."""
+    held = kept.params_bytes + kept.grads_bytes
+    return [_Moment(activations=after_backward, logits=logits, prefetch=held + kept.unit_grad_bytes,
+                    step_temp=0.0),
+            _Moment(activations=0.0, logits=0.0, prefetch=held + kept.reduce_input_bytes, step_temp=0.0)]
+
+
+def _backward_before_loss(plan: ParallelPlan) -> bool:
+    """The last stage runs a backward before some later loss (1F1B, interleaved: torch's schedules
+    alternate after the warm-up); GPipe runs every forward, and so every loss, first."""
+    return plan.schedule is not Schedule.GPIPE and plan.num_microbatches > 1
 
 
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, rank: int,
@@ -165,7 +238,10 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, 
     k = kernels if kernels is not None else kernels_for(plan)
     params = stage_params_per_gpu(model, plan, first=rank == 0, last=rank == plan.pp - 1)
     states = model_state_bytes(params, plan, numerics)
-    moments = _moments(model, plan, rank=rank, numerics=numerics, k=k, step_bytes=states.step_bytes)
+    kept = deferred_reduce_bytes(model, plan, numerics, first=rank == 0, last=rank == plan.pp - 1,
+                                 sharded_grad_bytes=states.gradients_bytes)
+    moments = _moments(model, plan, rank=rank, numerics=numerics, k=k, step_bytes=states.step_bytes,
+                       kept=kept)
     peak = max(moments, key=sum)
     comm = comm_bucket_bytes(plan, params, numerics) + pipeline_p2p_bytes(model, plan, numerics)
     transient = peak.activations + peak.logits + peak.prefetch + peak.step_temp + comm

@@ -24,7 +24,12 @@ Sharding: ZeRO-1 shards the optimizer, ZeRO-2/fsdp-grad-op also gradients, ZeRO-
 parameters, over ``plan.shard_degree`` (DP, or the HSDP shard group) times CP (CP ranks hold the same
 parameters; torchtitan and Megatron shard over ``dp x cp``). Offload (ZeRO-Offload, Ren et al. 2021)
 moves optimizer states and master weights to the host; DeepSpeed and FSDP2 (``CPUOffloadPolicy``) move the
-sharded gradients too, FSDP2 the sharded parameters as well.
+sharded gradients too, FSDP2 the sharded parameters as well. DeepSpeed ZeRO-1/2 with gradient accumulation
+also keeps a 16-bit host gradient buffer (``host_grad_accumulation_bytes``).
+
+Pipelining + FSDP2 (``defers_grad_reduce``): torch's pipeline stages accumulate unsharded gradients and keep
+parameters gathered after backward until one reduction at the end of the step; ``memory.py`` adds those
+buffers to its moments, this module only the per-unit gradient of ``gathered_bytes``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ __all__ = [
     "Numerics", "MIXED_BF16", "FP32", "StateBytesPerParam", "ModelStates", "state_bytes_per_param",
     "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "layer_params_per_gpu",
     "root_params_per_gpu", "stage_params_per_gpu", "largest_module_params_per_gpu", "gathered_bytes",
-    "comm_bucket_bytes",
+    "comm_bucket_bytes", "defers_grad_reduce", "host_grad_accumulation_bytes",
     "DDP_BUCKET_BYTES", "DEEPSPEED_REDUCE_BUCKET_ELEMENTS", "DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS",
     "DEEPSPEED_PREFETCH_BUCKET_ELEMENTS", "DEEPSPEED_OVERLAP_COMM", "DEEPSPEED_SUB_GROUP_ELEMENTS",
 ]
@@ -155,7 +160,8 @@ def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics 
         step = optimizer_step_temp_bytes(opt_params, plan, numerics) + fp32_grads
         return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=optimizer,
                            step_bytes=step, host_bytes=0.0)
-    host = optimizer + opt_params * b.grad_fp32_partition
+    host = (optimizer + opt_params * b.grad_fp32_partition
+            + host_grad_accumulation_bytes(opt_params, plan, numerics))
     if plan.framework is not Framework.MEGATRON and z >= 2:  # sharded gradients stream to the host
         # DeepSpeed ZeRO-2 reduces them straight into the fp32 host partition; ZeRO-3 also keeps its
         # bf16 gradient partition in pinned host memory (stage3.py ``grad_partitions_flat_buffer``).
@@ -165,6 +171,32 @@ def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics 
         host, weight = host + weight, 0.0
     return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=0.0, step_bytes=0.0,
                        host_bytes=host)
+
+
+def host_grad_accumulation_bytes(opt_params: float, plan: ParallelPlan,
+                                 numerics: Numerics = MIXED_BF16) -> float:
+    """DeepSpeed ZeRO-1/2 ``offload_optimizer`` with gradient accumulation: a host buffer in the model dtype
+    per parameter of the gradient partition, kept for the run (deepspeed/runtime/zero/stage_1_and_2.py
+    ``async_accumulate_grad_in_cpu_via_gpu``: ``accumulated_grads_in_cpu[param_id] =
+    torch.zeros(param.numel(), dtype=param.dtype, device=self.device)``, pinned; ``self.device`` is
+    ``'cpu'`` under ``cpu_offload``). ``copy_grads_in_partition`` makes it when ``micro_step_id > 0 or not
+    is_gradient_accumulation_boundary()``, i.e. with more than one micro-batch; ZeRO-1 reaches it at the
+    boundary. autotune's ds_config leaves ``grad_accum_dtype`` unset (the model dtype), so
+    ``_use_compact_grad_partition_buffer`` is False. Buffers are whole-parameter sized: a parameter straddling
+    the partition edge adds its other part (not counted)."""
+    deepspeed_zero12 = plan.framework is Framework.DEEPSPEED and plan.zero_stage in (1, 2)
+    if not deepspeed_zero12 or plan.num_microbatches == 1:
+        return 0.0
+    return opt_params * numerics.compute_bytes
+
+
+def defers_grad_reduce(plan: ParallelPlan) -> bool:
+    """FSDP2/replicate stages under ``torch.distributed.pipelining`` reduce gradients once per step
+    (torch/distributed/pipelining/stage.py: ``backward_maybe_with_nosync`` calls
+    ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` on the stage module,
+    recursively, before every micro-batch's backward; ``perform_reduce_grad`` sets both back and runs each
+    group's ``post_backward`` after the last one)."""
+    return plan.framework is Framework.FSDP and plan.pp > 1
 
 
 def _step_group(opt_params: float, plan: ParallelPlan) -> float:
@@ -232,9 +264,12 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MI
     (the root reshards after forward too); in backward the root is gathered for the whole backward, the
     current and the prefetched block are gathered, and one unit's unsharded gradient waits for its
     reduce-scatter (in ``reduce_dtype`` fp32). fsdp-grad-op holds every unit gathered already
-    (``state_bytes_per_param.unsharded_copy``), so only the gradient remains. DeepSpeed ZeRO-3 gathers per
-    leaf module: the largest module's parameter and gradient (its estimator's ``4 x largest_layer_params``)
-    plus the prefetch bucket."""
+    (``state_bytes_per_param.unsharded_copy``), so only the gradient remains. With pipelining
+    (``defers_grad_reduce``) no unit reduces in backward: its compute-dtype gradient waits to be added to the
+    accumulated one (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    ``accumulate_unsharded_grad_if_needed``); what stays gathered is ``memory.py``'s. DeepSpeed ZeRO-3
+    gathers per leaf module: the largest module's parameter and gradient (its estimator's
+    ``4 x largest_layer_params``) plus the prefetch bucket."""
     c = numerics.compute_bytes
     if plan.framework is Framework.DEEPSPEED and plan.zero_stage == 3:
         module = largest_module_params_per_gpu(model, plan, first=first, last=last)
@@ -243,7 +278,8 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MI
         return 0.0
     layer = layer_params_per_gpu(model, plan)
     root = root_params_per_gpu(model, plan, first=first, last=last)
-    grad = max(layer, root) * 4.0 if backward else 0.0
+    grad_element_bytes = c if defers_grad_reduce(plan) else 4.0
+    grad = max(layer, root) * grad_element_bytes if backward else 0.0
     if plan.sharding is Sharding.FSDP_GRAD_OP:
         return grad
     return (root + 2 * layer) * c + grad if backward else 0.0

@@ -4,7 +4,10 @@ Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.st
 timed by ``comm`` on the links ``comm.group_link`` assigns from the rank order ``pp, dp, cp, tp`` (outer to
 inner: TP stride 1, CP stride ``tp``, DP stride ``tp*cp``, PP stride ``tp*cp*dp``). Every term is one small
 function citing its source; the overhead constants below are the only knobs besides the per-GPU
-``gemm_efficiency`` in ``data/hardware.yaml``, and none is per model or per run.
+``gemm_efficiency`` in ``data/hardware.yaml``, and none is per model or per run. A probe profile or a
+calibration (``autotune.calibrate``) changes the calibratable ones as data, never as module globals:
+``GPUSpec.gemm_efficiency``, ``ClusterSpec.collective_efficiency``, ``dp_overlap_fraction``,
+``step_overhead_s`` and ``microbatch_overhead_s``.
 """
 
 from __future__ import annotations
@@ -106,11 +109,14 @@ class TimeBreakdown:
     """FLOPs actually executed per step over all GPUs (with recompute): the HFU numerator."""
     dp_comm_total_s: float = 0.0
     """DP communication including the part hidden behind backward (for reports)."""
+    overhead_s: float = 0.0
+    """Fixed per-step and per-micro-batch overhead (``ClusterSpec.step_overhead_s`` + micro-batches x
+    ``microbatch_overhead_s``): 0 unless calibrated from trials."""
 
     @property
     def step_time_s(self) -> float:
         return (self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s + self.pp_p2p_s
-                + self.pp_bubble_s + self.dp_comm_s + self.optimizer_s + self.offload_s)
+                + self.pp_bubble_s + self.dp_comm_s + self.optimizer_s + self.offload_s + self.overhead_s)
 
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
@@ -179,7 +185,8 @@ def _cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, to
     return max(0.0, fwd - attn_fwd_s) + max(0.0, 2 * fwd - 2 * attn_fwd_s)
 
 
-def _tp_exposed_s(one_s: float, plan: ParallelPlan, wgrad_s: float, overlap: bool) -> float:
+def _tp_exposed_s(one_s: float, plan: ParallelPlan, wgrad_s: float, overlap: bool,
+                  overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
     """TP collectives of one block (Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2): 2
     all-reduces of ``b s h`` in forward and 2 in backward, or with sequence parallelism 2 all-gathers + 2
     reduce-scatters (same ring time); a fully recomputed forward repeats its 2. Forward ones sit between
@@ -188,7 +195,7 @@ def _tp_exposed_s(one_s: float, plan: ParallelPlan, wgrad_s: float, overlap: boo
     them."""
     fwd = (4 if plan.recompute is Recompute.FULL else 2) * one_s
     if overlap:
-        return fwd + max(0.0, 2 * one_s - DP_OVERLAP_FRACTION * wgrad_s)
+        return fwd + max(0.0, 2 * one_s - overlap_fraction * wgrad_s)
     return fwd + 2 * one_s
 
 
@@ -216,7 +223,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     if tp > 1:
         one = comm.allreduce_s(tokens * model.hidden_size * ACT_BYTES, tp, comm.group_link(cluster, tp, 1))
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
-        tp_s = _tp_exposed_s(one, plan, gemm_s, overlap)
+        tp_s = _tp_exposed_s(one, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = tokens * (3 * flops.lm_head_flops_per_token(model) / gemm_rate
                        + flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate) / tp
     cp_s = _cp_exposed_s(model, cluster, plan, tokens, attn_s)
@@ -224,11 +231,17 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s)
 
 
-def _exposed_s(comm_s: float, window_s: float, pieces: int) -> float:
+def _overlap_fraction(cluster: ClusterSpec) -> float:
+    """The cluster's calibrated overlap, else ``DP_OVERLAP_FRACTION``."""
+    return DP_OVERLAP_FRACTION if cluster.dp_overlap_fraction is None else cluster.dp_overlap_fraction
+
+
+def _exposed_s(comm_s: float, window_s: float, pieces: int,
+               overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
     """Communication left on the critical path when it may hide behind ``window_s`` of compute: at least one
     piece (the first gather / last reduce-scatter bucket of the window has nothing to overlap), else what
     ``DP_OVERLAP_FRACTION`` of the window cannot cover."""
-    return max(comm_s / max(1, pieces), comm_s - DP_OVERLAP_FRACTION * window_s)
+    return max(comm_s / max(1, pieces), comm_s - overlap_fraction * window_s)
 
 
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
@@ -324,8 +337,9 @@ def _offload_s(cluster: ClusterSpec, plan: ParallelPlan, traffic: HostTraffic, d
     exposed."""
     m = plan.num_microbatches
     copy_s = max(traffic.overlapped_h2d_bytes, traffic.overlapped_d2h_bytes) / m / PCIE_BYTES_PER_S
-    alone_s = _exposed_s(dp_per_mb_s, window_s, pieces)
-    added_s = m * (_exposed_s(dp_per_mb_s + copy_s, window_s, pieces) - alone_s)
+    overlap = _overlap_fraction(cluster)
+    alone_s = _exposed_s(dp_per_mb_s, window_s, pieces, overlap)
+    added_s = m * (_exposed_s(dp_per_mb_s + copy_s, window_s, pieces, overlap) - alone_s)
     host_s = traffic.host_accumulate_bytes * _gpus_sharing_host(cluster, plan) / HOST_OPTIMIZER_BYTES_PER_S
     return added_s + traffic.step_bytes / PCIE_BYTES_PER_S + host_s
 
@@ -369,12 +383,14 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     blocks = k_last if last_busier else k_other
     head_s = bt.head_s if last_busier else 0.0
     m = plan.num_microbatches
+    ov = _overlap_fraction(cluster)
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
     mb_s = blocks * block_s + head_s
     params = _rank_params(model, plan, max(k_last, k_other))
     dp_mb_s, dp_once_s = _dp_comm_s(cluster, plan, params)
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
-    dp_exposed = m * _exposed_s(dp_mb_s, mb_compute_s, blocks) + _exposed_s(dp_once_s, mb_compute_s, blocks)
+    dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
+                  + _exposed_s(dp_once_s, mb_compute_s, blocks, ov))
     shard = params / (plan.shard_degree * plan.cp) if plan.zero_stage >= 1 else params
     offload_s = (_offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
                  if plan.offload else 0.0)
@@ -387,6 +403,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         tp_comm_s=m * blocks * bt.tp_s,
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
+        overhead_s=cluster.step_overhead_s + m * cluster.microbatch_overhead_s,
         pp_bubble_s=pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages) * m * mb_s,
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
         model_flops=model_flops, hardware_flops=model_flops + extra, dp_comm_total_s=m * dp_mb_s + dp_once_s,

@@ -115,12 +115,12 @@ def test_dp_over_1gbe_dominates_and_sharding_traffic_scales_as_documented():
 
 def test_fsdp_offload_copies_the_param_shard_in_every_microbatch():
     """FSDP2 CPUOffloadPolicy: each micro-batch copies the fp32 param shard host->GPU before its forward and
-    backward all-gathers; 512 micro-batches of a 4.3B-param shard cannot hide behind 0.34 s of compute
-    each."""
+    backward all-gathers; 256 micro-batches of a 4.3B-param shard cannot hide behind their compute. (No PP:
+    a pipelined 70B FSDP2 stage keeps its unsharded fp32 gradients on the GPU and fits no H200.)"""
     model = load_model("70b")
-    plan = ParallelPlan(pp=4, cp=2, dp=2, global_batch=1024, seq_len=4096, sharding="fsdp-full", offload=True)
+    plan = ParallelPlan(cp=4, dp=4, global_batch=1024, seq_len=4096, sharding="fsdp-full", offload=True)
     t = step_time(model, make_cluster(num_gpus=16), plan)
-    shard = model.num_params / plan.pp / (plan.dp * plan.cp)  # an average stage's shard: <= the busiest one's
+    shard = model.num_params / (plan.dp * plan.cp)
     assert t.offload_s >= plan.num_microbatches * shard * 4 / PCIE_BYTES_PER_S  # fp32 shard, one gather each
     half = step_time(model, make_cluster(num_gpus=16), plan.replace(global_batch=512))
     assert t.offload_s > 1.9 * half.offload_s  # per-micro-batch traffic, not per step
@@ -209,3 +209,27 @@ def test_published_runs_within_bounds():
     assert stats["max_abs_error"] <= 0.30
     assert set(skipped) == {"opt-175b-992gpu", "llama1-65b-2048gpu"}
     assert all(o.excluded.startswith("DeepSpeed ZeRO-3") for o in outcomes if o.excluded)
+
+
+def test_pipelined_fsdp_reduces_once_per_step_and_gathers_m_plus_1_times():
+    """torch 2.13 pipelining + FSDP2 (``states.defers_grad_reduce``; counted on real trial stages by
+    tests/costmodel/test_memory.py::test_pipelined_fsdp_keeps_the_stage_unsharded_as_torch_does): per step
+    the stage is all-gathered ``m + 1`` times (fsdp-full, hsdp) or once (fsdp-grad-op) and reduce-scattered
+    once, in ``perform_reduce_grad`` after the last backward (torch/distributed/pipelining/stage.py), whose
+    ``finalize_backward`` makes the compute stream wait: the reduction is exposed. FSDP2's replicate
+    (sharding none) all-reduces there too."""
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=16)
+
+    def dp_time(sharding: str, m: int):
+        plan = ParallelPlan(pp=2, dp=8, global_batch=8 * m, seq_len=4096, recompute="full", sharding=sharding)
+        return step_time(model, cluster, plan)
+
+    t4, t8 = dp_time("fsdp-full", 4), dp_time("fsdp-full", 8)
+    gather_s = (t8.dp_comm_total_s - t4.dp_comm_total_s) / 4
+    reduce_s = t4.dp_comm_total_s - 5 * gather_s
+    assert reduce_s == pytest.approx(2 * gather_s, rel=0.01)  # fp32 gradients vs bf16 parameters, same ring
+    assert t4.dp_comm_s >= reduce_s
+    grad_op = [dp_time("fsdp-grad-op", m).dp_comm_total_s for m in (4, 64)]
+    assert grad_op == pytest.approx([gather_s + reduce_s] * 2)
+    replicate = dp_time("none", 4)
+    assert replicate.dp_comm_total_s > 0 and replicate.dp_comm_s == pytest.approx(replicate.dp_comm_total_s)

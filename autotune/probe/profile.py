@@ -1,0 +1,203 @@
+"""Hardware profiles: what ``autotune probe`` measured, as overrides of the catalog (torch-free).
+
+A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and ``search`` take with
+``--profile P``. It replaces, on the cluster it is applied to, only what was measured:
+
+``gpu``              catalog key the measurement stands for (the cluster must use the same GPU type)
+``gpu_overrides``    ``gemm_efficiency``; on a CPU also the peaks ``fp32_tflops`` / ``bf16_tflops`` (the
+                     catalog has no datasheet for "a CPU": the best measured GEMM becomes the peak) and
+                     ``memory_bandwidth_gb_s`` (measured copy bandwidth / ``steptime.HBM_EFFICIENCY``, so the
+                     model's streaming rate is the measured one)
+``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
+``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
+``cluster``          ``collective_efficiency`` (1.0: the link numbers are already what collectives reach),
+                     and from a calibration ``dp_overlap_fraction``, ``step_overhead_s``,
+                     ``microbatch_overhead_s``
+
+A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a valid ``--profile`` too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.costmodel.steptime import HBM_EFFICIENCY
+from autotune.errors import ConfigError
+from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
+
+__all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_profile", "fit_alpha_beta",
+           "PROFILE_DIR"]
+
+PROFILE_DIR = Path("runs") / "profiles"
+_GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s"}
+_LINK_KEYS = {"bw_gb_s", "latency_us"}
+_CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s"}
+_TOP_KEYS = {"name", "kind", "measured", "gpu", "gpu_overrides", "intra_node_link", "inter_node_link",
+             "cluster", "source", "summary", "measurements", "fit", "trials"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Profile:
+    name: str
+    kind: str
+    """``probe`` or ``calibration``."""
+    measured: str
+    """When (``YYYY-MM-DD HH:MM:SS``)."""
+    gpu: str
+    gpu_overrides: dict[str, float] = field(default_factory=dict)
+    intra_node_link: dict[str, float] | None = None
+    inter_node_link: dict[str, float] | None = None
+    cluster: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """What an estimate header shows: ``profile: cpu-2rank (measured 2026-11-30)``."""
+        kind = "profile" if self.kind == "probe" else self.kind
+        return f"{kind}: {self.name} (measured {self.measured[:10]})"
+
+
+def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, float]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of {', '.join(sorted(allowed))}")
+    for key, value in data.items():
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{where}: key {key!r} must be a number >= 0, got {value!r}")
+    return {k: float(v) for k, v in data.items()}
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read and check a profile; every problem is one ``ConfigError`` line naming the key."""
+    where = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--profile: cannot read {where} ({e.strerror}); "
+                          "run `autotune probe` first") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("gpu"), str):
+        raise ConfigError(f"{where}: not a profile (needs a 'gpu' key naming the catalog GPU it measured)")
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
+    links = {k: _numbers(data.get(k), _LINK_KEYS, f"{where}: {k}") or None
+             for k in ("intra_node_link", "inter_node_link")}
+    for key, link in links.items():
+        if link is not None and not link.get("bw_gb_s"):
+            raise ConfigError(f"{where}: {key} needs a positive 'bw_gb_s'")
+    return Profile(name=str(data.get("name", Path(path).stem)), kind=str(data.get("kind", "probe")),
+                   measured=str(data.get("measured", "unknown date")), gpu=data["gpu"],
+                   gpu_overrides=_numbers(data.get("gpu_overrides"), _GPU_KEYS, f"{where}: gpu_overrides"),
+                   intra_node_link=links["intra_node_link"], inter_node_link=links["inter_node_link"],
+                   cluster=_numbers(data.get("cluster"), _CLUSTER_KEYS, f"{where}: cluster"))
+
+
+def _link(base: LinkSpec, override: dict[str, float] | None, profile: Profile) -> LinkSpec:
+    if override is None:
+        return base
+    return dataclasses.replace(base, bw_bytes_per_s=override["bw_gb_s"] * 1e9,
+                               latency_s=override.get("latency_us", base.latency_s * 1e6) * 1e-6,
+                               sources=(profile.label,))
+
+
+def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
+    """The cluster with the profile's measured numbers in place of the catalog's (data, not globals)."""
+    if profile.gpu != cluster.gpu.key:
+        raise ConfigError(f"--profile {profile.name} was measured on {profile.gpu!r} but the cluster uses "
+                          f"{cluster.gpu.key!r}; pass --gpu {profile.gpu}")
+    g = profile.gpu_overrides
+    gpu = dataclasses.replace(
+        cluster.gpu,
+        fp32_flops=g["fp32_tflops"] * 1e12 if "fp32_tflops" in g else cluster.gpu.fp32_flops,
+        bf16_flops=g["bf16_tflops"] * 1e12 if "bf16_tflops" in g else cluster.gpu.bf16_flops,
+        fp16_flops=g["fp16_tflops"] * 1e12 if "fp16_tflops" in g else cluster.gpu.fp16_flops,
+        gemm_efficiency=g.get("gemm_efficiency", cluster.gpu.gemm_efficiency),
+        memory_bandwidth_bytes_per_s=(g["memory_bandwidth_gb_s"] * 1e9 if "memory_bandwidth_gb_s" in g
+                                      else cluster.gpu.memory_bandwidth_bytes_per_s),
+        sources=(*cluster.gpu.sources, profile.label))
+    label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
+    return dataclasses.replace(
+        cluster, gpu=gpu, intra_link=_link(cluster.intra_link, profile.intra_node_link, profile),
+        inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label,
+        **{k: v for k, v in profile.cluster.items()})
+
+
+def write_profile(data: dict[str, Any], path: Path) -> Path:
+    """Write a profile mapping as YAML (creating the directory); returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=110))
+    return path
+
+
+def fit_alpha_beta(points: list[dict[str, Any]]) -> tuple[float, float]:
+    """(alpha seconds per ring step, bandwidth bytes/s) of ``t = 2(n-1) alpha + 2(n-1)/n S / B`` over
+    all-reduce points (costmodel/comm.py's ring), by non-negative least squares on relative residuals
+    (every size weighs the same)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    rows = [[2 * (p["num_ranks"] - 1), 2 * (p["num_ranks"] - 1) / p["num_ranks"] * p["size_bytes"]]
+            for p in points]
+    times = np.array([p["time_s"] for p in points])
+    (alpha, inv_bw), _ = nnls(np.array(rows) / times[:, None], np.ones(len(points)))
+    return float(alpha), float(1.0 / inv_bw) if inv_bw > 0 else float("inf")
+
+
+def _link_fit(raw: dict[str, Any], scope: str, per: int) -> dict[str, float] | None:
+    points = [c for c in raw["collectives"] if c["op"] == "all_reduce" and c["scope"] == scope]
+    if not points:
+        return None
+    alpha, bw = fit_alpha_beta(points)
+    return {"bw_gb_s": round(bw / per / 1e9, 4), "latency_us": round(alpha * 1e6, 2)}
+
+
+def _summary(raw: dict[str, Any]) -> dict[str, Any]:
+    best: dict[str, float] = {}
+    for g in raw["gemm"]:
+        best[g["dtype"]] = max(best.get(g["dtype"], 0.0), g["flops_per_s"] / 1e12)
+    busbw: dict[str, float] = {}
+    for c in raw["collectives"]:
+        key = f"{c['scope']} {c['op']}"
+        busbw[key] = max(busbw.get(key, 0.0), c["busbw_bytes_per_s"] / 1e9)
+    return {"best_gemm_tflops": {k: round(v, 4) for k, v in best.items()},
+            "copy_gb_s": round(raw["copy_bytes_per_s"] / 1e9, 3),
+            "peak_busbw_gb_s": {k: round(v, 4) for k, v in busbw.items()}}
+
+
+def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node: int) -> dict[str, Any]:
+    """The profile mapping for a probe's raw record (``autotune.probe.worker``)."""
+    on_cpu = raw["device"] == "cpu"
+    dtype = "fp32" if on_cpu else "bf16"
+    rows = sorted((g for g in raw["gemm"] if g["dtype"] == dtype), key=lambda g: g["m"] * g["n"] * g["k"])
+    rates = sorted(g["flops_per_s"] for g in rows[len(rows) // 2:])  # the larger half of the shapes
+    typical = rates[len(rates) // 2]
+    peak = max(g["flops_per_s"] for g in rows) if on_cpu else gpu.peak_flops(dtype) or typical
+    overrides: dict[str, float] = {"gemm_efficiency": round(typical / peak, 4)}
+    if on_cpu:  # CPU trials compute a bf16 plan in fp32 (catalog 'cpu' entry): both priced at fp32
+        overrides |= {"fp32_tflops": round(peak / 1e12, 5), "bf16_tflops": round(peak / 1e12, 5),
+                      "memory_bandwidth_gb_s": round(raw["copy_bytes_per_s"] / HBM_EFFICIENCY / 1e9, 3)}
+    out: dict[str, Any] = {
+        "name": name, "kind": "probe", "measured": raw["finished"], "gpu": gpu.key,
+        "source": f"autotune probe on {raw['host']} ({raw['device_name']}), {raw['num_nodes']} node(s) x "
+                  f"{raw['local_world_size']} ranks, torch {raw['torch']}, load average "
+                  f"{raw['load_avg_before']} -> {raw['load_avg_after']}",
+        "gpu_overrides": overrides, "cluster": {"collective_efficiency": 1.0}}
+    intra = _link_fit(raw, "intra", 1)
+    inter = _link_fit(raw, "inter", nics_per_node)
+    if intra:
+        out["intra_node_link"] = intra
+    if inter:
+        out["inter_node_link"] = inter
+    out["summary"] = _summary(raw)
+    out["measurements"] = {"gemm": raw["gemm"], "collectives": raw["collectives"],
+                           "copy_bytes_per_s": raw["copy_bytes_per_s"]}
+    return out

@@ -1,0 +1,221 @@
+"""Measured landscape: every legal plan of a (cut) space for ``tiny`` and ``small`` on 2 and 4 CPU ranks, with
+the torchrun (FSDP2 / DTensor / pipelining) and the DeepSpeed backend, each plan measured ``--repeats`` times.
+
+The space is the bundled ``fsdp`` / ``deepspeed`` space with these dimensions cut (``CUTS``), so that the
+whole landscape measures in ~40 min on the 2-core machine:
+
+* global batch fixed at 2 sequences per rank and seq-len at 64 (never tuned by autotune anyway);
+* ``cp: [1]``: context parallelism is not implemented in real trials (the worker raises ``TrialError``);
+* ``offload: [false]``: on a CPU device the "host" is the device, so optimizer offload moves nothing it can
+  save, and DeepSpeed's offload path adds a CPU-Adam JIT build (~41 s, PLATFORM.md);
+* ``recompute: [none]``: recompute trades time for memory, and memory is never short here (< 0.2 GiB of
+  24 GiB), so every recompute plan is a slower twin of a measured one (and DeepSpeed's pipeline with full
+  recompute fails in real trials: "element 0 of tensors does not require grad");
+* ``schedule: [1f1b, interleaved]`` with ``virtual_stages: [2]`` (FSDP space; DeepSpeed runs 1F1B only):
+  GPipe has 1F1B's bubble in every model compared here, and 4 virtual stages need 16 layers on PP 4.
+
+Each plan runs through the trial worker's own ``run_trial`` (``_landscape_worker.py``) in batches of plans per
+torchrun launch; repeats run in two passes (shuffled, then reversed) so load drift does not favour a plan.
+Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
+run with its load average, the median step time) and ``landscape_meta.json``.
+
+Usage:  python benchmarks/landscape.py [--repeats 2] [--budget-min 45] [--cells tiny-2-torchrun,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autotune.catalog import load_model, make_cluster  # noqa: E402
+from autotune.plan import ParallelPlan, Recompute, Schedule  # noqa: E402
+from autotune.search import Ranking, plan_search  # noqa: E402
+from autotune.space import load_space, params_of  # noqa: E402
+from autotune.trials.config import TrialConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+WORK = ROOT / "runs" / "landscape"
+SEQ_LEN = 64
+SEQS_PER_RANK = 2
+WARMUP_STEPS, MEASURE_STEPS = 2, 3
+CHUNK = 24
+"""Plans per torchrun launch (bounds what one failure costs and what a long-lived process accumulates)."""
+LAUNCH_OVERHEAD_S = 3.5
+"""What a standalone trial adds to the in-process time: workers started (2.5-2.8 s) + tail (0.9 s),
+benchmarks/results/trial_overhead.json. Used for trial-seconds in the search replay."""
+CUTS: dict[str, tuple[Any, ...]] = {"cp": (1,), "offload": (False,), "recompute": (Recompute.NONE,),
+                                    "schedule": (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
+                                    "virtual_stages": (2,)}
+CELLS = tuple(f"{m}-{n}-{b}" for n in (2, 4) for b in ("torchrun", "deepspeed") for m in ("tiny", "small"))
+"""Smallest cells first, so that a budget that runs out leaves whole cells measured."""
+
+
+def cell_ranking(cell: str) -> Ranking:
+    """Every legal plan of a cell's cut space, ranked by the (uncalibrated) cost model."""
+    model_name, nproc, backend = cell.split("-")
+    n = int(nproc)
+    space = load_space("fsdp" if backend == "torchrun" else "deepspeed")
+    knobs = {k: v for k, v in space.knobs.items()}
+    for knob, values in CUTS.items():
+        if knob in knobs and not (knob == "schedule" and backend == "deepspeed"):
+            knobs[knob] = values
+    space = dataclasses.replace(space, knobs=knobs, source=f"{space.source} (landscape cuts)")
+    cluster = make_cluster(num_gpus=n, gpu="cpu", gpus_per_node=n)
+    return plan_search(space, load_model(model_name), cluster, pins={}, global_batch=SEQS_PER_RANK * n,
+                       seq_len=SEQ_LEN)
+
+
+def plan_key(plan: ParallelPlan) -> str:
+    return json.dumps(params_of(plan), sort_keys=True)
+
+
+def result_path(cell: str) -> Path:
+    model, n, backend = cell.split("-")
+    return RESULTS / f"landscape_{model}_{n}rank_{backend}.jsonl"
+
+
+def load_landscape(cell: str) -> list[dict[str, Any]]:
+    """The committed measurements of a cell: one dict per plan (``plan``, ``step_time_s``, ``runs``...)."""
+    return [json.loads(line) for line in result_path(cell).read_text().splitlines() if line.strip()]
+
+
+def _todo(cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[str, int]]) -> list[dict]:
+    model = load_model(cell.split("-")[0])
+    config = TrialConfig(model=model, warmup_steps=WARMUP_STEPS, measure_steps=MEASURE_STEPS,
+                         device="cpu").to_dict()
+    order = list(range(len(plans)))
+    random.Random(cell).shuffle(order)
+    items = []
+    for rep in range(repeats):
+        for i in (order if rep % 2 == 0 else order[::-1]):
+            key = plan_key(plans[i])
+            if (key, rep) not in done:
+                items.append({"key": key, "repeat": rep, "plan": plans[i].to_dict(), "config": config,
+                              "trial_dir": str(WORK / "trials" / cell / f"{i:04d}-r{rep}")})
+    return items
+
+
+def _env(nproc: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))  # as trials/runner.py does
+    env["DS_ACCELERATOR"] = "cpu"
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_extensions"))
+    return env
+
+
+def _records(raw: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in raw.read_text().splitlines()] if raw.exists() else []
+
+
+def _launch(cell: str, chunk: list[dict], raw: Path) -> None:
+    nproc = int(cell.split("-")[1])
+    todo = WORK / f"{cell}.todo.json"
+    todo.write_text(json.dumps(chunk))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(ROOT / "benchmarks" / "_landscape_worker.py"), str(todo), str(raw)]
+    before = len(_records(raw))
+    with (WORK / f"{cell}.stderr.log").open("ab") as log:
+        try:
+            subprocess.run(cmd, env=_env(nproc), stdout=log, stderr=log, timeout=120 + 45 * len(chunk),
+                           start_new_session=True, check=False)
+        except subprocess.TimeoutExpired:
+            pass  # torchrun was killed; its workers die with it (PR_SET_PDEATHSIG in the trial worker)
+    new = _records(raw)[before:]
+    if len(new) == len(chunk) or any(r["status"] == "error" for r in new):
+        return  # all done, or the worker recorded the plan that failed and stopped
+    missing = chunk[len(new)]  # the plan running when the launch hung or crashed: an error, not retried
+    with raw.open("a") as f:
+        f.write(json.dumps({"key": missing["key"], "repeat": missing["repeat"], "status": "error",
+                            "error": "no result (hang or crash; launch stopped)",
+                            "load_avg": list(os.getloadavg()), "time": time.time()}) + "\n")
+
+
+def _next_launch(cell: str, todo: list[dict]) -> list[dict]:
+    """Up to ``CHUNK`` plans. DeepSpeed keeps AutoTP / pipeline state in module globals after such an engine
+    is destroyed (the next ``initialize`` fails on ``mpu.get_model_parallel_rank``), so in a DeepSpeed cell a
+    TP or PP plan is the last of its launch."""
+    chunk = todo[:CHUNK]
+    if cell.endswith("deepspeed"):
+        ends = [i for i, it in enumerate(chunk) if it["plan"]["tp"] > 1 or it["plan"]["pp"] > 1]
+        chunk = chunk[: ends[0] + 1] if ends else chunk
+    return chunk
+
+
+def measure_cell(cell: str, repeats: int, deadline: float) -> dict[str, Any]:
+    ranking = cell_ranking(cell)
+    plans = [e.plan for e in ranking.feasible]
+    raw = WORK / f"{cell}.raw.jsonl"
+    load_before = list(os.getloadavg())
+    while time.time() < deadline:
+        todo = _todo(cell, plans, repeats, {(r["key"], r["repeat"]) for r in _records(raw)})
+        if not todo:
+            break
+        _launch(cell, _next_launch(cell, todo), raw)
+    _write(cell, plans, _records(raw))
+    return {"cell": cell, "num_legal": ranking.num_legal, "num_plans": len(plans),
+            "load_before": load_before, "load_after": list(os.getloadavg())}
+
+
+def _write(cell: str, plans: list[ParallelPlan], records: list[dict[str, Any]]) -> None:
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_key.setdefault(r["key"], []).append(r)
+    lines = []
+    for plan in plans:
+        runs = sorted(by_key.get(plan_key(plan), []), key=lambda r: r["repeat"])
+        ok = [r for r in runs if r["status"] == "ok"]
+        status = "ok" if ok and len(ok) == len(runs) else (runs[-1]["status"] if runs else "not_measured")
+        step = statistics.median(r["step_time_s"] for r in ok) if ok else None
+        wall = statistics.median(r["in_process_s"] for r in ok) + LAUNCH_OVERHEAD_S if ok else None
+        lines.append(json.dumps({"key": plan_key(plan), "plan": plan.to_dict(), "status": status,
+                                 "step_time_s": step, "trial_wall_s": wall, "runs": runs}))
+    result_path(cell).write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--budget-min", type=float, default=45.0, help="stop launching after this many minutes")
+    ap.add_argument("--cells", default=",".join(CELLS))
+    args = ap.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    deadline = start + 60 * args.budget_min
+    cells = [measure_cell(c, args.repeats, deadline) for c in args.cells.split(",")]
+    import torch
+
+    meta = {"cells": cells, "repeats": args.repeats, "seq_len": SEQ_LEN, "seqs_per_rank": SEQS_PER_RANK,
+            "warmup_steps": WARMUP_STEPS, "measure_steps": MEASURE_STEPS, "plans_per_launch": CHUNK,
+            "launch_overhead_s": LAUNCH_OVERHEAD_S, "cuts": {k: [str(getattr(v, "value", v)) for v in vs]
+                                                             for k, vs in CUTS.items()},
+            "wall_s": time.time() - start, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    meta_path = RESULTS / "landscape_meta.json"
+    if meta_path.exists() and args.cells != ",".join(CELLS):  # a partial rerun keeps the other cells' rows
+        old = json.loads(meta_path.read_text())
+        keep = [c for c in old.get("cells", []) if c["cell"] not in args.cells.split(",")]
+        meta["cells"] = sorted(keep + cells, key=lambda c: CELLS.index(c["cell"]))
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    for c in cells:
+        rows = load_landscape(c["cell"])
+        ok = sum(r["status"] == "ok" for r in rows)
+        print(f"{c['cell']}: {ok}/{len(rows)} plans ok; load {c['load_before']} -> {c['load_after']}")
+    print(f"wall {meta['wall_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()

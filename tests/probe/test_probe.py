@@ -1,0 +1,111 @@
+"""`autotune probe`: nccl-tests conventions, the alpha-beta fit, and a real 2-rank gloo probe (< 60 s)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from autotune.catalog import make_cluster, with_profile
+from autotune.cli import main
+from autotune.errors import ConfigError
+from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
+from autotune.probe.profile import fit_alpha_beta, load_profile
+
+
+def test_busbw_factors_are_nccl_tests_performance_md():
+    n = 8
+    assert BUSBW_FACTOR["all_reduce"](n) == pytest.approx(2 * 7 / 8)
+    assert BUSBW_FACTOR["all_gather"](n) == pytest.approx(7 / 8)
+    assert BUSBW_FACTOR["reduce_scatter"](n) == pytest.approx(7 / 8)
+    assert BUSBW_FACTOR["broadcast"](n) == BUSBW_FACTOR["send_recv"](n) == 1.0
+
+
+def test_message_sizes_double_from_1k_to_256m():
+    sizes = message_sizes()
+    assert sizes[0] == 1024 and sizes[-1] == 256 * 1024**2 and len(sizes) == 19
+    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:], strict=False))
+
+
+def test_alpha_beta_fit_recovers_a_synthetic_ring():
+    alpha, bw, n = 20e-6, 3e9, 4
+    points = [
+        {"num_ranks": n, "size_bytes": s, "time_s": 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bw}
+        for s in message_sizes(1024, 64 * 1024**2)
+    ]
+    got_alpha, got_bw = fit_alpha_beta(points)
+    assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_bw == pytest.approx(bw, rel=1e-6)
+
+
+@pytest.mark.dist
+def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_path, capsys):
+    start = time.monotonic()
+    rc = main(
+        [
+            "probe",
+            "--device",
+            "cpu",
+            "--nproc",
+            "2",
+            "--max-size",
+            "64K",
+            "--quick",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "t2",
+            "--timeout",
+            "120",
+            "--json",
+        ]
+    )
+    assert rc == 0 and time.monotonic() - start < 60
+    out = json.loads(capsys.readouterr().out)
+    path = tmp_path / "t2.yaml"
+    assert out["path"] == str(path)
+    doc = yaml.safe_load(path.read_text())
+    rows = doc["measurements"]["collectives"]
+    assert {r["op"] for r in rows} == set(OPS)
+    assert {r["size_bytes"] for r in rows} == set(message_sizes(1024, 64 * 1024))
+    for r in rows:  # nccl-tests: algbw = size / time, busbw = algbw x factor(n)
+        assert r["num_ranks"] == 2 and r["scope"] == "intra"
+        assert r["algbw_bytes_per_s"] == pytest.approx(r["size_bytes"] / r["time_s"])
+        assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * BUSBW_FACTOR[r["op"]](2))
+    assert {g["dtype"] for g in doc["measurements"]["gemm"]} >= {"fp32"}
+    link = doc["intra_node_link"]
+    assert link["bw_gb_s"] > 0 and link["latency_us"] > 0
+    profile = load_profile(path)
+    assert profile.label.startswith("profile: t2 (measured ") and profile.gpu == "cpu"
+    cluster = with_profile(make_cluster(num_gpus=2, gpu="cpu"), path)
+    assert cluster.intra_link.bw_bytes_per_s == pytest.approx(link["bw_gb_s"] * 1e9)
+    assert cluster.gpu.fp32_flops == pytest.approx(doc["gpu_overrides"]["fp32_tflops"] * 1e12)
+    assert cluster.collective_efficiency == 1.0 and cluster.profile == profile.label
+
+
+def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"name": "p", "gpu": "cpu", "gpu_overrides": {"gemm_efficiency": 0.3}}))
+    with pytest.raises(
+        ConfigError, match="measured on 'cpu' but the cluster uses 'h100-sxm'; pass --gpu cpu"
+    ):
+        with_profile(make_cluster(num_gpus=8), path)
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"name": "p"}, "not a profile"),
+        ({"gpu": "cpu", "gpu_overides": {}}, "unknown key 'gpu_overides'"),
+        ({"gpu": "cpu", "gpu_overrides": {"gemm_eff": 0.5}}, "unknown key 'gemm_eff'"),
+        ({"gpu": "cpu", "cluster": {"step_overhead_s": -1}}, "must be a number >= 0"),
+        ({"gpu": "cpu", "intra_node_link": {"latency_us": 3}}, "needs a positive 'bw_gb_s'"),
+    ],
+)
+def test_bad_profiles_are_one_line_errors(tmp_path, doc, message):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=message) as e:
+        load_profile(path)
+    assert "\n" not in str(e.value)

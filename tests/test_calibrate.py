@@ -1,0 +1,149 @@
+"""Calibration: known factors come back from synthetic step times; a study fit is stored as a profile."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import optuna
+import pytest
+
+from autotune.calibrate import Factors, Observation, calibrate_study, fit
+from autotune.calibrate.fit import predict_s
+from autotune.catalog import load_model, make_cluster, with_profile
+from autotune.cli import main
+from autotune.costmodel import steptime
+from autotune.search import plan_search
+from autotune.space import load_space
+
+TRUE = Factors(
+    gemm_efficiency=0.55,
+    collective_efficiency=0.6,
+    dp_overlap_fraction=0.5,
+    step_overhead_s=0.05,
+    microbatch_overhead_s=0.01,
+)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    """40 FSDP/TP/PP plans of a 7B model on 2 nodes of 8 H100 over 100 GbE: every factor matters."""
+    model = load_model("7b")
+    cluster = make_cluster(num_gpus=16, gpu="h100-sxm", inter_node="100gbe")
+    ranking = plan_search(
+        load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1}, global_batch=64, seq_len=4096
+    )
+    plans = random.Random(0).sample([e.plan for e in ranking.feasible], 40)
+    return model, cluster, plans
+
+
+def _observe(model, cluster, plans, factors, noise=0.0, seed=1):
+    rng = random.Random(seed)
+    truth = factors.apply(cluster)
+    return [
+        Observation(
+            plan=p, measured_s=predict_s(model, truth, p) * math.exp(rng.gauss(0, noise)), label=str(i)
+        )
+        for i, p in enumerate(plans)
+    ]
+
+
+def test_noise_free_step_times_give_back_the_factors_exactly(setup):
+    model, cluster, plans = setup
+    result = fit(model, cluster, _observe(model, cluster, plans, TRUE))
+    for name, value in TRUE.as_dict().items():
+        assert getattr(result.factors, name) == pytest.approx(value, rel=1e-3), name
+    assert result.unidentified == ()
+    assert result.after.mape < 1e-6 and result.after.kendall_tau == pytest.approx(1.0)
+    assert result.before.mape > 0.1  # the catalog factors were off
+
+
+def test_with_2_percent_noise_the_factors_come_back_close_and_the_fit_beats_the_catalog(setup):
+    model, cluster, plans = setup
+    result = fit(model, cluster, _observe(model, cluster, plans, TRUE, noise=0.02))
+    assert result.factors.gemm_efficiency == pytest.approx(TRUE.gemm_efficiency, rel=0.05)
+    assert result.factors.collective_efficiency == pytest.approx(TRUE.collective_efficiency, rel=0.1)
+    assert result.after.mape < 0.03 < result.before.mape
+    assert result.after.kendall_tau > result.before.kendall_tau
+
+
+def test_overheads_stay_out_when_the_data_does_not_need_them(setup):
+    model, cluster, plans = setup
+    no_overhead = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
+    result = fit(model, cluster, _observe(model, cluster, plans, no_overhead, noise=0.02))
+    assert result.fitted == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
+    assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0
+
+
+def test_a_fit_is_data_on_the_specs_never_a_module_global(setup):
+    model, cluster, plans = setup
+    before = (steptime.DP_OVERLAP_FRACTION, cluster.gpu.gemm_efficiency, cluster.collective_efficiency)
+    calibrated = fit(model, cluster, _observe(model, cluster, plans[:12], TRUE)).factors.apply(cluster, "fit")
+    assert (
+        steptime.DP_OVERLAP_FRACTION,
+        cluster.gpu.gemm_efficiency,
+        cluster.collective_efficiency,
+    ) == before
+    assert calibrated.dp_overlap_fraction == pytest.approx(TRUE.dp_overlap_fraction, rel=1e-2)
+    assert calibrated.profile == "fit"
+
+
+def _fake_study(tmp_path, name, model, cluster, observations):
+    """A study as `autotune search` leaves it: study.json, and trials with plan/status/measured attrs."""
+    root = tmp_path / name
+    root.mkdir()
+    url = f"sqlite:///{root / 'study.db'}"
+    study = optuna.create_study(study_name=name, storage=url, direction="maximize")
+    for o in observations:
+        attrs = {
+            "plan": o.plan.to_dict(),
+            "status": "ok",
+            "value_source": "measured",
+            "measured": {"step_time_s": o.measured_s},
+        }
+        study.add_trial(
+            optuna.trial.create_trial(value=o.plan.tokens_per_step / o.measured_s, user_attrs=attrs)
+        )
+    (root / "study.json").write_text(
+        json.dumps(
+            {
+                "study": name,
+                "storage": url,
+                "model": model.name,
+                "cluster": cluster.name,
+                "num_gpus": cluster.num_gpus,
+            }
+        )
+    )
+    (root / "summary.json").write_text(json.dumps({"study": name}))
+    return study, root
+
+
+def test_a_study_calibration_is_stored_and_loads_back_as_a_profile(setup, tmp_path):
+    model, cluster, plans = setup
+    obs = _observe(model, cluster, plans[:20], TRUE, noise=0.01)
+    study, root = _fake_study(tmp_path, "s", model, cluster, obs)
+    block = calibrate_study(study, model, cluster, root, holdout=0.25)
+    assert set(block) >= {"kendall_tau", "mape", "before", "after", "factors", "holdout", "trials", "path"}
+    assert block["num_trials"] == 15 and len(block["trials"]) == 20
+    assert block["holdout"]["after"]["mape"] < block["holdout"]["before"]["mape"]
+    assert study.user_attrs["calibration"]["factors"] == block["factors"]
+    calibrated = with_profile(cluster, root / "calibration.yaml")
+    assert calibrated.profile.startswith("calibration: s (measured ")
+    factors = Factors(**block["factors"]).apply(cluster)
+    for o in obs:
+        assert predict_s(model, calibrated, o.plan) == pytest.approx(
+            predict_s(model, factors, o.plan), rel=1e-6
+        )
+
+
+def test_the_calibrate_command_prints_every_trial_and_updates_the_summary(setup, tmp_path, capsys):
+    model, cluster, plans = setup
+    _fake_study(tmp_path, "c", model, cluster, _observe(model, cluster, plans[:10], TRUE, noise=0.01))
+    assert main(["calibrate", "--study", "c", "--out", str(tmp_path), "--gpus-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    assert len([line for line in out.splitlines() if line.strip().startswith(tuple("0123456789"))]) == 10
+    assert "before the fit" in out and "after the fit" in out and "Kendall tau" in out
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["calibration"]["after"]["mape"] < summary["calibration"]["before"]["mape"]
