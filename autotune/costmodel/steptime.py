@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from autotune.costmodel import comm, flops, pipeline
+from autotune.costmodel.states import defers_grad_reduce
 from autotune.plan import Framework, ParallelPlan, Recompute, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -252,40 +253,77 @@ def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     return (blocks * model.params_per_layer + model.vocab_size * model.hidden_size) / plan.tp
 
 
-def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float) -> tuple[float, float]:
-    """(per micro-batch, once per step) seconds of DP/ZeRO/FSDP communication (Rajbhandari et al. 2020 Sec. 7;
-    Zhao et al. 2023, FSDP Sec. 3). The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same
-    weights).
+class DpComm(NamedTuple):
+    """Seconds of DP/ZeRO/FSDP collectives per optimizer step, by what they can hide behind."""
+
+    per_microbatch_s: float
+    """Issued in every micro-batch; hides behind that micro-batch's compute."""
+    once_s: float
+    """Once per step, overlapping one micro-batch's compute (bucketed reduction in the last backward)."""
+    tail_s: float
+    """Once per step with no compute left to hide behind (pipelining's end-of-step FSDP2 reduction)."""
+
+
+def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float) -> DpComm:
+    """DP/ZeRO/FSDP communication of one step (Rajbhandari et al. 2020 Sec. 7; Zhao et al. 2023, FSDP Sec. 3).
+    The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
 
     none: all-reduce grads once per step. zero1: reduce-scatter grads + all-gather 16-bit params once per step
     (Megatron distributed optimizer; DeepSpeed stage 1 with ``reduce_scatter: true``). zero2: DeepSpeed
     reduces gradients in every micro-batch's backward, gathers params once. zero3 / fsdp-full / hsdp: every
     micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
     keeps the forward gather for backward. hsdp shards inside groups of ``hsdp_shard_size`` and all-reduces
-    the shard across replicas once per step.
+    the shard across replicas once per step. FSDP2 under pipelining: ``_pipelined_fsdp_comm``.
     """
     n = plan.dp * plan.cp
     if n <= 1:
-        return 0.0, 0.0
+        return DpComm(0.0, 0.0, 0.0)
     shard = plan.shard_degree * plan.cp
     link = comm.group_link(cluster, shard, plan.tp)
     grad_bytes = params * GRAD_REDUCE_BYTES[plan.framework.value]
     param_bytes = params * PARAM_GATHER_BYTES
     sharding = plan.sharding
     if sharding is Sharding.NONE:
-        return 0.0, comm.allreduce_s(grad_bytes, n, link)
+        all_reduce_s = comm.allreduce_s(grad_bytes, n, link)
+        return DpComm(0.0, 0.0, all_reduce_s) if defers_grad_reduce(plan) else DpComm(0.0, all_reduce_s, 0.0)
     if sharding is Sharding.ZERO1:
-        return 0.0, comm.reduce_scatter_s(grad_bytes, n, link) + comm.allgather_s(param_bytes, n, link)
+        once_s = comm.reduce_scatter_s(grad_bytes, n, link) + comm.allgather_s(param_bytes, n, link)
+        return DpComm(0.0, once_s, 0.0)
     if sharding is Sharding.ZERO2:
-        return comm.reduce_scatter_s(grad_bytes, n, link), comm.allgather_s(param_bytes, n, link)
-    per_mb = (_gathers_per_microbatch(plan) * comm.allgather_s(param_bytes, shard, link)
-              + comm.reduce_scatter_s(grad_bytes, shard, link))
-    once = 0.0
-    if sharding is Sharding.HSDP:
-        replicas = n // shard
-        rep_link = comm.group_link(cluster, replicas, plan.tp * shard)
-        once = comm.allreduce_s(grad_bytes / shard, replicas, rep_link)
-    return per_mb, once
+        return DpComm(comm.reduce_scatter_s(grad_bytes, n, link), comm.allgather_s(param_bytes, n, link), 0.0)
+    gather_s = comm.allgather_s(param_bytes, shard, link)
+    reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link)
+    replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
+    if defers_grad_reduce(plan):
+        return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
+    return DpComm(_gathers_per_microbatch(plan) * gather_s + reduce_s, replica_s, 0.0)
+
+
+def _hsdp_replica_s(cluster: ClusterSpec, plan: ParallelPlan, shard_grad_bytes: float) -> float:
+    """HSDP's all-reduce of the reduce-scattered shard across the ``dp / hsdp_shard_size`` replicas."""
+    shard = plan.shard_degree * plan.cp
+    replicas = plan.dp * plan.cp // shard
+    return comm.allreduce_s(shard_grad_bytes, replicas, comm.group_link(cluster, replicas, plan.tp * shard))
+
+
+def _pipelined_fsdp_comm(plan: ParallelPlan, gather_s: float, reduce_s: float) -> DpComm:
+    """FSDP2 stages of ``torch.distributed.pipelining`` (``states.defers_grad_reduce``; torch 2.13).
+
+    Gradients: one reduce-scatter (and HSDP all-reduce) per step, in ``perform_reduce_grad`` after the last
+    backward (stage.py); its ``_root_post_backward_final_callback`` runs ``finalize_backward``
+    (fsdp/_fully_shard/_fsdp_param_group.py), which makes the compute stream wait on every reduction: exposed.
+    Gathers: a unit gathered in backward stays gathered (``reshard_after_backward=False``), so the next
+    forward's ``unshard`` is a no-op (``if self.is_unsharded: return``) and a backward right after a backward
+    gathers nothing. A stage's ``m`` forwards and ``m`` backwards, starting with a forward and ending with a
+    backward, thus gather ``m + 1`` times in every schedule (GPipe: ``m`` forwards + the first backward;
+    1F1B: the warm-up forwards + each backward that follows a forward); fsdp-grad-op
+    (``reshard_after_forward=False``) gathers once, in the first forward. Interleaved (schedules.py
+    ``_add_unshard_reshard``) gathers each chunk when it becomes active, in place of its first forward's
+    gather; with more than ``max_active_stages=3`` chunks per rank, evicted chunks re-gather (not counted)."""
+    if plan.sharding is Sharding.FSDP_GRAD_OP:
+        return DpComm(0.0, gather_s, reduce_s)
+    m = plan.num_microbatches
+    return DpComm((m + 1) / m * gather_s, 0.0, reduce_s)
 
 
 def _gathers_per_microbatch(plan: ParallelPlan) -> int:
@@ -387,10 +425,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
     mb_s = blocks * block_s + head_s
     params = _rank_params(model, plan, max(k_last, k_other))
-    dp_mb_s, dp_once_s = _dp_comm_s(cluster, plan, params)
+    dp = _dp_comm_s(cluster, plan, params)
+    dp_mb_s = dp.per_microbatch_s
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
-                  + _exposed_s(dp_once_s, mb_compute_s, blocks, ov))
+                  + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
+                  + dp.tail_s)
     shard = params / (plan.shard_degree * plan.cp) if plan.zero_stage >= 1 else params
     offload_s = (_offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
                  if plan.offload else 0.0)
@@ -406,5 +446,6 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         overhead_s=cluster.step_overhead_s + m * cluster.microbatch_overhead_s,
         pp_bubble_s=pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages) * m * mb_s,
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
-        model_flops=model_flops, hardware_flops=model_flops + extra, dp_comm_total_s=m * dp_mb_s + dp_once_s,
+        model_flops=model_flops, hardware_flops=model_flops + extra,
+        dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s,
     )
