@@ -64,8 +64,16 @@ def _available() -> dict[str, type]:
     return found
 
 
+def _requested(argv: Sequence[str]) -> dict[str, type] | None:
+    """Only the named subcommand's module is imported (``autotune estimate`` never loads optuna or
+    matplotlib; ``autotune probe`` runs on a GPU box that has torch alone)."""
+    name = next((a for a in argv if not a.startswith("-")), None)
+    return {name: _load(COMMANDS[name])} if name in COMMANDS else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_requested(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "_command", None):
         parser.print_help()
