@@ -57,7 +57,7 @@ _LOST_S = 60.0
 """How long ``scontrol`` may fail to report a job before the trial gives up on it."""
 
 
-def _slurm(*argv: str) -> subprocess.CompletedProcess:
+def _slurm(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
 
 
@@ -68,7 +68,7 @@ def _fields(text: str) -> dict[str, str]:
 
 def hostnames(nodelist: str) -> list[str]:
     """``scontrol show hostnames``: ``n[1-2]`` -> ``["n1", "n2"]``."""
-    return _slurm("scontrol", "show", "hostnames", nodelist).stdout.split()
+    return str(_slurm("scontrol", "show", "hostnames", nodelist).stdout).split()
 
 
 def node_address(node: str) -> str:
@@ -149,8 +149,8 @@ class SlurmExecutor:
             error = f"the trial needs {nnodes} node(s); allocation {job_id} has {len(nodes)}"
             return TrialResult(status=TrialStatus.ERROR, error=error, wall_s=0.0)
         nodes = nodes[:nnodes]
-        port = self.env.get("AUTOTUNE_RDZV_PORT") or str(20000 + zlib.crc32(f"{job_id}/{trial_dir}".encode())
-                                                         % 20000)
+        derived = 20000 + zlib.crc32(f"{job_id}/{trial_dir}".encode()) % 20000  # as the job script's port
+        port = self.env.get("AUTOTUNE_RDZV_PORT") or derived
         name = f"autotune-{trial_dir.name}"
         options = [f"--nodelist={','.join(nodes)}", f"--job-name={name}", *self._options(config, request)]
         if "SLURM_CPUS_ON_NODE" in self.env:
@@ -189,7 +189,8 @@ class SlurmExecutor:
                            extra={"exit_code": done.returncode, "launched_at": launched_at})
         job_id = done.stdout.strip().split(";")[0]
         progress = _Progress(trial_dir / "progress.jsonl", report)
-        submitted, fields, stop, started = time.monotonic(), {}, None, None
+        submitted, stop, started = time.monotonic(), None, None
+        fields: dict[str, str] = {}
         try:
             fields, stop, started = self._watch(job_id, request.timeout_s, progress)
         finally:

@@ -11,6 +11,7 @@ import shlex
 import time
 
 import pytest
+from torch.distributed.run import config_from_args, get_args_parser
 from trial_requests import PLAN, assert_nothing_left, make_request
 
 from autotune.executors import get_executor
@@ -28,10 +29,14 @@ def test_two_agents_on_loopback_form_one_two_node_trial(tmp_path):
     assert result.tokens_per_s > 0 and result.extra["world_size"] == 2
     agents = [shlex.split(line) for line in (request.trial_dir / "cmd.txt").read_text().splitlines()]
     assert len(agents) == 2
+    endpoints = set()
     for argv in agents:
-        flags = dict(zip(argv[3::2], argv[4::2], strict=False))
-        assert flags["--nnodes"] == "2" and flags["--nproc_per_node"] == "1"
-        assert flags["--rdzv_endpoint"].startswith("127.0.0.1:") and "--standalone" not in argv
+        args = get_args_parser().parse_args(argv[3:])  # after "python -m torch.distributed.run"
+        config, _, _ = config_from_args(args)
+        assert (config.min_nodes, config.nproc_per_node, args.standalone) == (2, 1, False)
+        endpoints.add((config.rdzv_endpoint, config.run_id))
+    (endpoint, _), = endpoints  # both agents join the same rendezvous
+    assert endpoint.startswith("127.0.0.1:")
     assert sorted(p.name for p in request.trial_dir.glob("joined.*")) == ["joined.0", "joined.1"]
     assert_nothing_left(request.trial_dir)
 

@@ -19,7 +19,7 @@ import pytest
 from torch.distributed.run import config_from_args, get_args_parser
 from trial_requests import PLAN, assert_nothing_left, make_request
 
-from autotune.executors.slurm import SlurmExecutor, job_script, srun_command, time_limit_minutes
+from autotune.executors.slurm import SlurmExecutor, _job_result, job_script, srun_command, time_limit_minutes
 from autotune.trials.command import ShellRef
 from autotune.trials.config import FAULT_ENV
 from autotune.trials.result import TrialResult, TrialStatus
@@ -41,6 +41,14 @@ def test_time_limit_is_the_timeout_in_whole_minutes():
     assert [time_limit_minutes(s) for s in (1, 60, 61, 599.5)] == [1, 1, 2, 10]
 
 
+def _agent_as_task(srun: list[str], node_id: int) -> list[str]:
+    """The argv one srun task's shell would exec (``SLURM_NODEID`` = ``node_id``), printed instead."""
+    env = {"SLURM_NODEID": str(node_id), "SLURM_JOB_ID": "7", "AUTOTUNE_RDZV_ENDPOINT": "n1:20007",
+           "PATH": "/bin"}
+    return subprocess.run(["bash", "-c", srun[6].replace("exec ", "exec printf '%s\\n' ", 1)], env=env,
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+
+
 def test_each_task_runs_one_torchrun_agent_and_node_0_serves_the_store(tmp_path):
     srun = srun_command(tmp_path / "a b", nnodes=2, nproc=4, python="py", join_timeout_s=30,
                         rdzv_endpoint=ShellRef("$AUTOTUNE_RDZV_ENDPOINT"), rdzv_id=ShellRef("$SLURM_JOB_ID"))
@@ -49,16 +57,40 @@ def test_each_task_runs_one_torchrun_agent_and_node_0_serves_the_store(tmp_path)
     script = tmp_path / "job.sbatch"
     script.write_text(job_script(srun))
     subprocess.run(["bash", "-n", str(script)], check=True)
-    env = {"SLURM_NODEID": "1", "SLURM_JOB_ID": "7", "AUTOTUNE_RDZV_ENDPOINT": "n1:20007", "PATH": "/bin"}
-    agent = subprocess.run(["bash", "-c", srun[6].replace("exec ", "exec printf '%s\\n' ", 1)], env=env,
-                           capture_output=True, text=True, check=True).stdout.splitlines()
-    assert agent[:3] == ["py", "-m", "torch.distributed.run"]
-    args = get_args_parser().parse_args(agent[3:])
-    config, _, cmd_args = config_from_args(args)
-    assert (config.min_nodes, config.nproc_per_node, config.rdzv_endpoint) == (2, 4, "n1:20007")
-    assert config.run_id == "7" and config.rdzv_configs["is_host"] == "0"
-    assert config.rdzv_configs["join_timeout"] == "30"
-    assert cmd_args[-2:] == ["--trial-dir", str(tmp_path / "a b")]
+    for node_id, is_host in ((0, "1"), (1, "0")):
+        agent = _agent_as_task(srun, node_id)
+        assert agent[:3] == ["py", "-m", "torch.distributed.run"]
+        args = get_args_parser().parse_args(agent[3:])
+        config, _, cmd_args = config_from_args(args)
+        assert (config.min_nodes, config.nproc_per_node, config.rdzv_endpoint) == (2, 4, "n1:20007")
+        assert config.run_id == "7" and config.rdzv_configs["is_host"] == is_host
+        assert config.rdzv_configs["join_timeout"] == "30"
+        assert cmd_args[-2:] == ["--trial-dir", str(tmp_path / "a b")]
+
+
+@pytest.mark.parametrize(("state", "files", "stop", "ran", "status", "error"), [
+    ("COMPLETED", {"result.json": "ok"}, None, True, "ok", None),
+    ("FAILED", {"started.0": "", "started.1": "", "result.rank1.json": "oom"}, None, True, "oom", "rank 1"),
+    ("FAILED", {"started.0": "", "result.rank0.json": "error"}, None, True, "error", "rank 0"),
+    ("FAILED", {}, None, True, "rendezvous_error", "no worker started"),
+    ("CANCELLED", {"started.0": ""}, "timeout", True, "timeout", "slurm job 9 cancelled (scancel)"),
+    ("TIMEOUT", {"started.0": ""}, None, True, "timeout", "ended by Slurm's time limit"),
+    ("OUT_OF_MEMORY", {"started.0": ""}, None, True, "oom", "slurm job 9 ended OUT_OF_MEMORY"),
+    ("CANCELLED", {}, None, False, "error", "slurm job 9 ended CANCELLED without running"),
+    ("CANCELLED", {}, "queue", False, "error", "still queued after 30 s"),
+])
+def test_job_outcomes_keep_the_local_failure_classes(tmp_path, state, files, stop, ran, status, error):
+    """From the worker's files and the job's final state (fabricated here; the real ones are above)."""
+    for name, value in files.items():
+        if name.endswith(".json"):
+            rank = name.split(".")[1].removeprefix("rank")
+            TrialResult(status=TrialStatus(value), error=f"rank {rank}: x").write(tmp_path / name)
+        else:
+            (tmp_path / name).write_text("1\n")
+    fields = {"JobState": state, "ExitCode": "1:0", "NodeList": "n1" if ran else "(null)", "Reason": "None"}
+    result = _job_result(tmp_path, "9", fields, stop, ran=ran, timeout_s=20, queue_timeout_s=30)
+    assert str(result.status) == status
+    assert error is None or error in result.error
 
 
 @pytest.mark.dist(timeout=150)
