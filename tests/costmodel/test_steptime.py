@@ -2,7 +2,6 @@
 
 import importlib.util
 import sys
-import timeit
 from pathlib import Path
 
 import pytest
@@ -181,13 +180,12 @@ def test_context_parallel_exchange_hides_behind_long_attention():
     assert short.cp_s > 0 and long.cp_s == 0.0
 
 
-def test_flash_attention_switch_and_speed():
+def test_flash_attention_switch():
     model, cluster = load_model("70b"), make_cluster(num_gpus=16)
     plan = ParallelPlan(tp=8, dp=2, global_batch=64, seq_len=4096, sharding="zero1", framework="megatron")
     assert step_time(model, cluster, plan, flash_attention=False).step_time_s > step_time(
         model, cluster, plan).step_time_s
-    per_call_s = min(timeit.repeat(lambda: step_time(model, cluster, plan), number=200, repeat=3)) / 200
-    assert per_call_s < 200e-6  # ~20-25 us on the 2-core dev box; the search calls it ~1e5 times
+    # Speed is a benchmark (benchmarks/search_speed.py), not a timed unit test.
 
 
 def _published_runs():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
@@ -41,7 +40,6 @@ def test_alpha_beta_fit_recovers_a_synthetic_ring():
 
 @pytest.mark.dist
 def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_path, capsys):
-    start = time.monotonic()
     rc = main(
         [
             "probe",
@@ -61,7 +59,7 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
             "--json",
         ]
     )
-    assert rc == 0 and time.monotonic() - start < 60
+    assert rc == 0
     out = json.loads(capsys.readouterr().out)
     path = tmp_path / "t2.yaml"
     assert out["path"] == str(path)
