@@ -95,9 +95,8 @@ def _retry_callback() -> RetryHeartbeatStaleTrialCallback:
 
 def _beat_period(storage: Any) -> tuple[int | None, bool]:
     """(heartbeat period, whether Optuna's own heartbeat table is used) of a study's storage."""
-    backend = getattr(storage, "_backend", storage)  # a study wraps RDB storages in a cache
-    if isinstance(backend, _Journal):
-        return backend.autotune_heartbeat_s, False
+    if isinstance(storage, _Journal):
+        return storage.autotune_heartbeat_s, False
     interval = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
     return interval, True
 

@@ -204,7 +204,8 @@ def _warm_start(joined: Joined, history: list[dict[str, Any]], k: int) -> None:
 
 def _new_trials(joined: Joined, history: list[dict[str, Any]], k: int, n_trials: int | None,
                 budget_s: float | None, start: float) -> tuple[int, list[Any]]:
-    """Warm-start from the history, run new trials within the budget; their measurements."""
+    """Queue the history's best plans and the cost model's top-K not yet run (a warm start), then run new
+    trials within the budget; their measurements."""
     from autotune.search import StudyOptions, run_study
 
     before = max((t.number for t in joined.study.get_trials(deepcopy=False)), default=-1)
@@ -215,7 +216,7 @@ def _new_trials(joined: Joined, history: list[dict[str, Any]], k: int, n_trials:
     _warm_start(joined, history, k)
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     launched = run_study(joined.study, joined.ranking, joined.backend,
-                         StudyOptions(n_trials=n, timeout_s=remaining, top_k=0),
+                         StudyOptions(n_trials=n, timeout_s=remaining, top_k=k),
                          trials_dir=joined.study_dir.trials, log=log)
     new = [t for t in joined.study.get_trials(deepcopy=False) if t.number > before and t.value is not None
            and t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]

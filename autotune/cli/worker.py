@@ -15,6 +15,7 @@ others after the heartbeat grace period (``--heartbeat``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -92,7 +93,7 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     from autotune.backends.registry import get_backend
     from autotune.scaleout import cluster_from_dict, model_from_dict, open_storage, study_setup
     from autotune.search import make_sampler, rank_plans
-    from autotune.space import PlanContext
+    from autotune.space import PlanContext, SearchSpace, resolve_choices
     from autotune.store import StudyDir, default_storage_url
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -111,8 +112,10 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     model, cluster = model_from_dict(setup["model"]), cluster_from_dict(setup["cluster"])
     ctx = PlanContext(model=model, cluster=cluster, global_batch=setup["global_batch"],
                       seq_len=setup["seq_len"], dp=setup["dp"])
-    space = study.user_attrs["autotune_identity"]["space"]
-    ranking = rank_plans({knob: tuple(values) for knob, values in space.items()}, ctx)
+    space = study.user_attrs["autotune_identity"]["space"]  # the study's categorical choices, as JSON
+    study_space = SearchSpace(knobs={k: tuple(v) for k, v in space.items()}, source=f"study {name}")
+    choices = resolve_choices(study_space, model, cluster)
+    ranking = dataclasses.replace(rank_plans(choices, ctx), choices=space)  # suggest exactly those choices
     choice = get_backend(setup["backend"], cluster=cluster, device=setup["device"])
     if setup["measures"] and not choice.backend.measures:
         raise ConfigError(f"study '{name}' measures trials ({setup['backend']}); this node can only predict "

@@ -1,0 +1,51 @@
+"""``kill -9`` of ``autotune search`` in the middle of a study, then ``--resume``: no finished trial is lost,
+and the trial the dead process left RUNNING is failed (its heartbeat stopped) and run again.
+
+The study is the default one (SQLite in ``runs/<study>/study.db``, WAL); trials are the simulate backend's
+predictions, each made to take ~1 s of wall time with the ``AUTOTUNE_SLOWDOWN_MS`` diagnostic knob.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from optuna.trial import TrialState
+from scaleout_helpers import SIMULATE_7B, autotune, kill_9, launched, load, spawn, states, wait_for
+
+_SLOW = {"AUTOTUNE_SLOWDOWN_MS": "300"}  # 7 simulated steps: ~2 s per trial
+
+
+@pytest.mark.dist(timeout=150)
+def test_kill_9_mid_study_then_resume_loses_no_finished_trial(tmp_path):
+    argv = ["search", *SIMULATE_7B, "--study", "r", "--out", "runs", "--heartbeat", "1", "--top", "2",
+            "--quiet"]
+    url = f"sqlite:///{tmp_path / 'runs' / 'r' / 'study.db'}"
+    proc = spawn(*argv, "--trials", "30", cwd=tmp_path, log=tmp_path / "first.log", env=_SLOW)
+
+    def mid_study():
+        if not (tmp_path / "runs" / "r" / "study.db").exists():
+            return None
+        study = load("r", url)
+        running = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if "plan" in t.user_attrs
+                   and datetime.now() - t.datetime_start < timedelta(seconds=0.8)]  # well before its end
+        return study if len(launched(study)) >= 3 and running else None
+
+    wait_for("3 finished trials and one running", mid_study, timeout=90, procs=[proc])
+    kill_9(proc)
+    before = load("r", url)
+    finished = {t.number: (t.params, t.value) for t in launched(before)}
+    (orphan,) = before.get_trials(states=(TrialState.RUNNING,))  # the dead process's trial, told nothing
+    assert len(finished) >= 3
+
+    done = autotune(*argv, "--trials", "5", "--resume", cwd=tmp_path, env=_SLOW, timeout=120)
+    assert done.returncode == 0, done.stderr
+    after = load("r", url)
+    for number, (params, value) in finished.items():  # 0 finished trials lost or changed
+        trial = after.trials[number]
+        assert (trial.state, trial.params, trial.value) == (TrialState.COMPLETE, params, value)
+    assert after.trials[orphan.number].state is TrialState.FAIL
+    (retry,) = [t for t in after.trials if t.system_attrs.get("failed_trial") == orphan.number]
+    assert retry.state is TrialState.COMPLETE and retry.params == after.trials[orphan.number].params
+    assert len(launched(after)) == len(finished) + 5
+    assert "RUNNING" not in states(after) and "WAITING" not in states(after)
