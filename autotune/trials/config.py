@@ -13,6 +13,7 @@ Layout of one trial directory (``runs/<study>/<trial>/``)::
     progress.jsonl         one line per measured step          (worker rank 0)
     result.rank<r>.json    a rank's own failure                (worker)
     result.json            the TrialResult                     (worker rank 0, then the runner)
+    ds_config.json, accelerate_fsdp.yaml   the plan's configs for ``--script`` (trials/script.py)
 """
 
 from __future__ import annotations

@@ -38,8 +38,10 @@ from autotune.trials.config import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, Tr
 from autotune.trials.model import model_flops_per_token
 from autotune.trials.result import TrialResult, TrialStatus
 
-__all__ = ["main", "init_distributed", "make_trainer", "run_trial"]
+__all__ = ["main", "init_distributed", "make_trainer", "run_trial", "pin_cpu_threads"]
 
+CPU_AFFINITY_ENV = "AUTOTUNE_CPU_AFFINITY"
+"""``1``: pin each CPU trial rank to its own cores (``pin_cpu_threads``)."""
 _RSS_AT_START = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -56,6 +58,27 @@ def _marker(trial_dir: Path, name: str, rank: int) -> None:
     (trial_dir / f"{name}.{rank}").write_text(f"{os.getpid()}\n")
 
 
+def pin_cpu_threads() -> int:
+    """CPU trials: each local rank gets its share of the cores this process may use (``cores // ranks``
+    intra-op threads, one inter-op thread). torch defaults to every core in every process, so ranks would
+    oversubscribe the CPU and time each other's context switches. ``OMP_NUM_THREADS`` (the runner sets it
+    the same way) wins when set explicitly. With ``AUTOTUNE_CPU_AFFINITY=1`` each rank is also pinned to its
+    own slice of the cores (no migrations). Returns the thread count."""
+    allowed = sorted(os.sched_getaffinity(0))
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    share = max(1, len(allowed) // ranks)
+    if os.environ.get(CPU_AFFINITY_ENV) == "1" and len(allowed) >= ranks:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        os.sched_setaffinity(0, allowed[local * share:(local + 1) * share])
+    threads = int(os.environ.get("OMP_NUM_THREADS") or share)
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # inter-op parallelism already started in this process
+        pass
+    return threads
+
+
 def init_distributed(device_pref: str = "auto") -> torch.device:
     """cuda -> nccl, cpu -> gloo; env:// rendezvous (RANK, WORLD_SIZE, MASTER_ADDR/PORT from torchrun)."""
     use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
@@ -64,6 +87,7 @@ def init_distributed(device_pref: str = "auto") -> torch.device:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+        pin_cpu_threads()
     if not dist.is_initialized():
         kwargs: dict[str, Any] = {"device_id": device} if use_cuda else {}
         dist.init_process_group("nccl" if use_cuda else "gloo", **kwargs)

@@ -14,18 +14,21 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from trial_helpers import make_request
 
 from autotune import contract
 from autotune.backends.registry import BackendChoice, apply_pins, get_backend, trial_options
 from autotune.backends.torchrun import TorchrunBackend
-from autotune.catalog import make_cluster
+from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
 from autotune.emit import accelerate_unsupported
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan
+from autotune.plan import ParallelPlan, Recompute
+from autotune.trials.config import TrialConfig
 from autotune.trials.result import TrialResult, TrialStatus
-from autotune.trials.script import NO_RESULT
+from autotune.trials.script import NO_RESULT, script_env, write_script_configs
+from autotune.workload import load_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_SEARCH = ["--model", "tiny", "--gpus", "2", "--gpu", "cpu", "--device", "cpu", "--backend", "torchrun",
@@ -138,3 +141,35 @@ def test_script_that_reports_nothing_is_an_error(tiny, tmp_path):
     backend = TorchrunBackend(device="cpu", **trial_options(script=str(script)))
     result = backend.run(make_request(tiny, plan, tmp_path / "trial"))
     assert result.status is TrialStatus.ERROR and result.error.startswith(f"rank 0: {NO_RESULT}")
+
+
+def test_a_script_gets_the_config_its_plan_can_use(tiny, tmp_path):
+    cluster = make_cluster(num_gpus=2, gpu="cpu")
+    ds = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="zero2",
+                      framework="deepspeed")
+    write_script_configs(tmp_path, ds, tiny, cluster)
+    env = script_env(tmp_path, TrialConfig(model=tiny, warmup_steps=1, measure_steps=3))
+    assert json.loads(Path(env[contract.ENV["ds_config"]]).read_text())["train_batch_size"] == 8
+    assert contract.ENV["accelerate_config"] not in env and env[contract.ENV["measure_steps"]] == "3"
+    fsdp = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="fsdp-full")
+    write_script_configs(tmp_path, fsdp, tiny, cluster)  # a stale config of another plan never lingers
+    env = script_env(tmp_path, TrialConfig(model=tiny))
+    assert contract.ENV["ds_config"] not in env and Path(env[contract.ENV["accelerate_config"]]).exists()
+
+
+def test_blocks_of_a_user_model_are_found_and_wrapped(monkeypatch):
+    from autotune.trials.custom import block_slots
+    from autotune.trials.parallelize import apply_ac
+
+    monkeypatch.chdir(ROOT)
+    build = load_builder("examples.custom_workload.build:build")
+    workload = build(load_model("tiny"), ParallelPlan(global_batch=2, seq_len=16), torch.device("cpu"))
+    slots = block_slots(workload.model, workload.block)
+    assert [f"{type(p).__name__}.{n}" for p, n in slots] == [f"ModuleList.{i}" for i in range(4)]
+    apply_ac(workload.model, Recompute.SELECTIVE, slots=slots, selective=workload.selective)
+    assert all(isinstance(getattr(p, n), workload.block) for p, n in slots)
+    assert type(workload.model.blocks[0].attn.core).__name__ == "CheckpointWrapper"
+    apply_ac(workload.model, Recompute.FULL, slots=slots)
+    assert all(type(getattr(p, n)).__name__ == "CheckpointWrapper" for p, n in slots)
+    inputs, labels = workload.batch(0, 2, 16, torch.device("cpu"))
+    assert workload.model(inputs).shape == (2, 16, 1024) and labels.shape == (2, 16)
