@@ -128,7 +128,7 @@ def environment() -> dict[str, Any]:
 
         env.update(gpu_name=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
         try:
-            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+            env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
         except (RuntimeError, AttributeError):  # a build without NCCL (ROCm has RCCL under the same API)
             pass
     else:

@@ -33,6 +33,7 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
@@ -108,7 +109,7 @@ def keep_alive(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
     Optuna's ask/tell API has no heartbeat hook (only ``optimize`` starts one), so this reaches the study's
     storage and the trial id, as ``optuna.study._optimize`` does.
     """
-    storage = study._storage
+    storage: Any = study._storage
     period, native = _beat_period(storage)
     if period is None:
         yield
@@ -138,8 +139,8 @@ def _beat_until(beat: Any, period: float, stop: threading.Event) -> None:
     while not stop.wait(period):
         try:
             beat()
-        except Exception:  # the trial was finished meanwhile, or the database blinked: next beat decides
-            pass
+        except (optuna.exceptions.UpdateFinishedTrialError, OSError, SQLAlchemyError):
+            pass  # the trial was finished meanwhile, or the database blinked: the next beat decides
 
 
 def fail_stale(study: optuna.Study) -> list[int]:

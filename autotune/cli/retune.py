@@ -182,7 +182,7 @@ def _add_to_study(joined: Joined, plan: Any, est: Any, result: Any, tag: str) ->
         params=params, distributions={k: CategoricalDistribution(list(choices[k])) for k in params},
         user_attrs=attrs, constraints=constraints))
     mine = (t for t in reversed(joined.study.get_trials(deepcopy=False)) if t.user_attrs.get("retune") == tag)
-    return next(mine).number
+    return int(next(mine).number)
 
 
 def _warm_start(joined: Joined, history: list[dict[str, Any]], k: int) -> None:

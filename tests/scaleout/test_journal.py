@@ -22,7 +22,7 @@ def _worker(url, tmp_path, node, trials, slowdown_ms):
 
 @pytest.mark.dist(timeout=150)
 def test_journal_workers_share_a_study_and_a_killed_workers_trial_is_retried(tmp_path):
-    url = f"journal:///{tmp_path / 'shared' / 'j.log'}".replace("////", "///")
+    url = f"journal://{tmp_path / 'shared' / 'j.log'}"  # journal:///abs/path
     (tmp_path / "shared").mkdir()
     done = autotune("search", *SIMULATE_7B, "--study", "j", "--storage", url, "--create-only", "--top", "2",
                     "--out", "runs", cwd=tmp_path)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 import pytest
 from optuna.trial import TrialState
 from scaleout_helpers import SIMULATE_7B, autotune, kill_9, launched, load, spawn, states, wait_for
+from sqlalchemy.exc import OperationalError
 
 _SLOW = {"AUTOTUNE_SLOWDOWN_MS": "300"}  # 7 simulated steps: ~2 s per trial
 
@@ -26,7 +27,10 @@ def test_kill_9_mid_study_then_resume_loses_no_finished_trial(tmp_path):
     def mid_study():
         if not (tmp_path / "runs" / "r" / "study.db").exists():
             return None
-        study = load("r", url)
+        try:
+            study = load("r", url)
+        except (KeyError, OperationalError):  # the schema or the study is being created
+            return None
         running = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if "plan" in t.user_attrs
                    and datetime.now() - t.datetime_start < timedelta(seconds=0.8)]  # well before its end
         return study if len(launched(study)) >= 3 and running else None
