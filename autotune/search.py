@@ -203,10 +203,16 @@ def make_sampler(seed: int, num_existing_trials: int = 0) -> optuna.samplers.Bas
 
 def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: StudyOptions, *,
               trials_dir: Path, estimator: Estimator = estimate,
-              log: Callable[[str], None] | None = None) -> int:
+              log: Callable[[str], None] | None = None,
+              refine: Callable[[optuna.Study], list[dict[str, Any]]] | None = None) -> int:
     """Enqueue the top-K, then ask/tell until ``n_trials`` have launched, every feasible plan has run, or the
-    timeout passes. Returns the number launched."""
-    for rank, est in enumerate(ranking.feasible[:options.top_k], start=1):
+    timeout passes. Returns the number launched.
+
+    ``refine`` (``autotune.calibrate.Refiner``): after every launched trial the plans it returns are enqueued
+    next -- the cost model, recalibrated on what was measured, picks the next plan; TPE proposes when it has
+    none. With it only the cost model's best plan is enqueued up front."""
+    top_k = options.top_k if refine is None else min(options.top_k, 1)
+    for rank, est in enumerate(ranking.feasible[:top_k], start=1):
         study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model", "predicted_rank": rank},
                             skip_if_exists=True)
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
@@ -233,6 +239,8 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         launched += 1
         tried.add(_key(trial.params))
         _record(study, trial, result, backend.measures)
+        for params in refine(study) if refine is not None else ():
+            study.enqueue_trial(params, user_attrs={"source": "calibrated cost model"}, skip_if_exists=True)
         if log:
             log(_progress_line(trial.number, plan, result))
     return launched

@@ -20,6 +20,7 @@ Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one lin
 run with its load average, the median step time) and ``landscape_meta.json``.
 
 Usage:  python benchmarks/landscape.py [--repeats 2] [--budget-min 45] [--cells tiny-2-torchrun,...]
+        (resumes from runs/landscape/*.raw.jsonl; ``--budget-min 0`` only rewrites the result files)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import random
@@ -39,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.catalog import load_model, make_cluster  # noqa: E402
+from autotune.catalog import load_model, make_cluster, with_profile  # noqa: E402
 from autotune.plan import ParallelPlan, Recompute, Schedule  # noqa: E402
 from autotune.search import Ranking, plan_search  # noqa: E402
 from autotune.space import load_space, params_of  # noqa: E402
@@ -63,8 +65,9 @@ CELLS = tuple(f"{m}-{n}-{b}" for n in (2, 4) for b in ("torchrun", "deepspeed") 
 """Smallest cells first, so that a budget that runs out leaves whole cells measured."""
 
 
-def cell_ranking(cell: str) -> Ranking:
-    """Every legal plan of a cell's cut space, ranked by the (uncalibrated) cost model."""
+def cell_ranking(cell: str, pins: dict[str, Any] | None = None, profile: Path | None = None) -> Ranking:
+    """Every legal plan of a cell's cut space (``pins`` narrow it), ranked by the uncalibrated cost model on
+    the catalog ``cpu`` entry, or on a probe ``profile``."""
     model_name, nproc, backend = cell.split("-")
     n = int(nproc)
     space = load_space("fsdp" if backend == "torchrun" else "deepspeed")
@@ -74,8 +77,10 @@ def cell_ranking(cell: str) -> Ranking:
             knobs[knob] = values
     space = dataclasses.replace(space, knobs=knobs, source=f"{space.source} (landscape cuts)")
     cluster = make_cluster(num_gpus=n, gpu="cpu", gpus_per_node=n)
-    return plan_search(space, load_model(model_name), cluster, pins={}, global_batch=SEQS_PER_RANK * n,
-                       seq_len=SEQ_LEN)
+    if profile is not None:
+        cluster = with_profile(cluster, profile)
+    return plan_search(space, load_model(model_name), cluster, pins=pins or {},
+                       global_batch=SEQS_PER_RANK * n, seq_len=SEQ_LEN)
 
 
 def plan_key(plan: ParallelPlan) -> str:
@@ -159,15 +164,23 @@ def measure_cell(cell: str, repeats: int, deadline: float) -> dict[str, Any]:
     ranking = cell_ranking(cell)
     plans = [e.plan for e in ranking.feasible]
     raw = WORK / f"{cell}.raw.jsonl"
-    load_before = list(os.getloadavg())
     while time.time() < deadline:
         todo = _todo(cell, plans, repeats, {(r["key"], r["repeat"]) for r in _records(raw)})
         if not todo:
             break
         _launch(cell, _next_launch(cell, todo), raw)
-    _write(cell, plans, _records(raw))
-    return {"cell": cell, "num_legal": ranking.num_legal, "num_plans": len(plans),
-            "load_before": load_before, "load_after": list(os.getloadavg())}
+    records = _records(raw)
+    _write(cell, plans, records)
+    loads = sorted(r["load_avg"][0] for r in records) or [math.nan]
+    times = [r["time"] for r in records] or [math.nan]
+    return {"cell": cell, "num_legal": ranking.num_legal, "num_plans": len(plans), "num_runs": len(records),
+            "runs_ok": sum(r["status"] == "ok" for r in records), "first_run": _stamp(min(times)),
+            "last_run": _stamp(max(times)), "measuring_s": max(times) - min(times),
+            "load_avg_1min": {"min": loads[0], "median": statistics.median(loads), "max": loads[-1]}}
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t == t else "never"
 
 
 def _write(cell: str, plans: list[ParallelPlan], records: list[dict[str, Any]]) -> None:
@@ -202,7 +215,7 @@ def main() -> None:
             "warmup_steps": WARMUP_STEPS, "measure_steps": MEASURE_STEPS, "plans_per_launch": CHUNK,
             "launch_overhead_s": LAUNCH_OVERHEAD_S, "cuts": {k: [str(getattr(v, "value", v)) for v in vs]
                                                              for k, vs in CUTS.items()},
-            "wall_s": time.time() - start, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     meta_path = RESULTS / "landscape_meta.json"
     if meta_path.exists() and args.cells != ",".join(CELLS):  # a partial rerun keeps the other cells' rows
@@ -213,8 +226,8 @@ def main() -> None:
     for c in cells:
         rows = load_landscape(c["cell"])
         ok = sum(r["status"] == "ok" for r in rows)
-        print(f"{c['cell']}: {ok}/{len(rows)} plans ok; load {c['load_before']} -> {c['load_after']}")
-    print(f"wall {meta['wall_s'] / 60:.1f} min")
+        print(f"{c['cell']}: {ok}/{len(rows)} plans ok; load {c['load_avg_1min']}")
+    print(f"wall {(time.time() - start) / 60:.1f} min")
 
 
 if __name__ == "__main__":

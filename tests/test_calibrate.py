@@ -147,3 +147,43 @@ def test_the_calibrate_command_prints_every_trial_and_updates_the_summary(setup,
     assert "before the fit" in out and "after the fit" in out and "Kendall tau" in out
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
     assert summary["calibration"]["after"]["mape"] < summary["calibration"]["before"]["mape"]
+
+
+class _TrueBackend:
+    """Measures a plan as the cost model with the TRUE factors predicts it (noise-free)."""
+
+    name, measures = "true", True
+
+    def __init__(self, model, cluster, factors):
+        self.model, self.cluster, self.launched = model, factors.apply(cluster), []
+
+    def run(self, request, report=None):
+        from autotune.trials.result import TrialResult, TrialStatus
+
+        self.launched.append(request.plan)
+        step_s = predict_s(self.model, self.cluster, request.plan)
+        return TrialResult(
+            status=TrialStatus.OK, tokens_per_s=request.plan.tokens_per_step / step_s, step_time_s=step_s
+        )
+
+
+def test_recalibrating_during_the_search_finds_the_true_best_plan_in_a_few_trials(setup, tmp_path):
+    from autotune.calibrate import Refiner
+    from autotune.search import StudyOptions, run_study
+
+    model, cluster, _ = setup
+    ranking = plan_search(
+        load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1}, global_batch=64, seq_len=4096
+    )
+    slow_network = Factors(
+        gemm_efficiency=0.6, collective_efficiency=0.05, dp_overlap_fraction=0.3, latency_scale=20.0
+    )
+    backend = _TrueBackend(model, cluster, slow_network)
+    truth = sorted(ranking.feasible, key=lambda e: predict_s(model, backend.cluster, e.plan))[0].plan
+    assert truth != ranking.feasible[0].plan  # the uncalibrated model ranks another plan first
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    options = StudyOptions(n_trials=6, top_k=5)
+    run_study(study, ranking, backend, options, trials_dir=tmp_path, refine=Refiner(ranking))
+    assert truth in backend.launched
+    assert all(t.user_attrs.get("source") == "calibrated cost model" for t in study.trials[1:])

@@ -6,15 +6,17 @@ The factors are the step-time model's documented knobs that live on the specs as
 ``gemm_efficiency``        ``GPUSpec``: fraction of the dense peak GEMMs reach (scales all compute)
 ``collective_efficiency``  ``ClusterSpec``: fraction of link bandwidth collectives reach (scales all comm)
 ``dp_overlap_fraction``    ``ClusterSpec``: share of compute DP/ZeRO/FSDP traffic hides behind (steptime.py)
+``latency_scale``          ``LinkSpec.latency_s`` of both links x this: the alpha of every collective and send
 ``step_overhead_s``        ``ClusterSpec``: fixed seconds per optimizer step no kernel term covers
 ``microbatch_overhead_s``  ``ClusterSpec``: fixed seconds per micro-batch (dispatch, hooks)
 =========================  ==================================================================================
 
 ``fit`` minimises ``sum_i (log predicted_i - log measured_i)^2`` within ``BOUNDS`` (scipy ``least_squares``,
 trust-region reflective, three starting points): log residuals weigh a 10 % miss on a 20 ms plan like one on a
-2 s plan, and only ratios matter for ranking. The two overheads are fitted only when the data needs them:
-they are kept if they lower the AIC ``n log(RSS/n) + 2k`` of the fit without them. A calibrated cluster is
-``Factors.apply(cluster)`` -- a new ``ClusterSpec``, never a changed module global.
+2 s plan, and only ratios matter for ranking. The three efficiency factors are always fitted; the latency
+scale and the pair of overheads only when the data needs them: each is kept if it lowers the AIC
+``n log(RSS/n) + 2k`` (greedy forward selection). A calibrated cluster is ``Factors.apply(cluster)`` -- a new
+``ClusterSpec`` with new ``LinkSpec``s, never a changed module global.
 """
 
 from __future__ import annotations
@@ -29,14 +31,17 @@ from autotune.costmodel.steptime import DP_OVERLAP_FRACTION, step_time
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["Factors", "BOUNDS", "Observation", "Fidelity", "FitResult", "fit", "fidelity", "kendall_tau",
-           "predict_s"]
+__all__ = ["Factors", "BASE", "EXTRAS", "BOUNDS", "Observation", "Fidelity", "FitResult", "fit", "fidelity",
+           "kendall_tau", "predict_s"]
 
-NAMES = ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction", "step_overhead_s",
-         "microbatch_overhead_s")
+BASE = ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
+EXTRAS = (("latency_scale",), ("step_overhead_s", "microbatch_overhead_s"))
+"""Groups added to ``BASE`` only when the AIC asks for them."""
 BOUNDS = {"gemm_efficiency": (1e-3, 1.0), "collective_efficiency": (1e-3, 1.0),
-          "dp_overlap_fraction": (0.0, 1.0)}
+          "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0)}
 """Bounds of the efficiency factors; the overheads are bounded by 0 and the slowest measured step."""
+_LOG = {"gemm_efficiency", "collective_efficiency", "latency_scale"}
+"""Searched in log space: they span decades."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +49,8 @@ class Factors:
     gemm_efficiency: float
     collective_efficiency: float
     dp_overlap_fraction: float
+    latency_scale: float = 1.0
+    """Relative to the links of the cluster the factors are applied to."""
     step_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
 
@@ -61,7 +68,10 @@ class Factors:
         """``cluster`` carrying these factors (and ``label`` in ``ClusterSpec.profile``)."""
         gpu = dataclasses.replace(cluster.gpu, gemm_efficiency=self.gemm_efficiency)
         profile = cluster.profile if label is None else "; ".join(p for p in (cluster.profile, label) if p)
-        return dataclasses.replace(cluster, gpu=gpu, collective_efficiency=self.collective_efficiency,
+        intra, inter = (dataclasses.replace(link, latency_s=link.latency_s * self.latency_scale)
+                        for link in (cluster.intra_link, cluster.inter_link))
+        return dataclasses.replace(cluster, gpu=gpu, intra_link=intra, inter_link=inter,
+                                   collective_efficiency=self.collective_efficiency,
                                    dp_overlap_fraction=self.dp_overlap_fraction,
                                    step_overhead_s=self.step_overhead_s,
                                    microbatch_overhead_s=self.microbatch_overhead_s, profile=profile)
@@ -149,7 +159,7 @@ def _fit_set(model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation],
              start: Factors) -> tuple[Factors, float]:
     """Fit ``names`` (the rest stay at ``start``); returns the factors and the residual sum of squares."""
     scale = max(o.measured_s for o in obs)
-    log_named = {"gemm_efficiency", "collective_efficiency"}  # searched in log space: they span decades
+    log_named = _LOG
 
     def to_factors(x: Sequence[float]) -> Factors:
         values = start.as_dict()
@@ -184,19 +194,24 @@ def _fit_set(model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation],
 def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observation], *,
         overheads: bool | None = None) -> FitResult:
     """Fit the factors to ``observations`` (all of one model and cluster). ``overheads``: True/False forces
-    the two overhead terms in or out; None lets the AIC decide."""
+    the two overhead terms in or out; None lets the AIC decide (as it always does for ``latency_scale``)."""
     if len(observations) < 2:
         raise ValueError(f"a fit needs at least 2 measured plans, got {len(observations)}")
     start = Factors.of(cluster)
     n = len(observations)
-    base = NAMES[:3]
-    f0, rss0 = _fit_set(model, cluster, observations, base, start)
-    factors, names = f0, base
-    if overheads or (overheads is None and n > len(NAMES)):
-        f1, rss1 = _fit_set(model, cluster, observations, NAMES, f0)
-        aic = [n * math.log(max(r, 1e-300) / n) + 2 * k for r, k in ((rss0, len(base)), (rss1, len(NAMES)))]
-        if overheads or aic[1] < aic[0]:
-            factors, names = f1, NAMES
+    factors, rss = _fit_set(model, cluster, observations, BASE, start)
+    names: tuple[str, ...] = BASE
+    for group in EXTRAS:
+        is_overheads = group is EXTRAS[1]
+        if is_overheads and overheads is False:
+            continue
+        force = is_overheads and overheads is True
+        trial_names = names + group
+        if n <= len(trial_names) and not force:
+            continue
+        f1, rss1 = _fit_set(model, cluster, observations, trial_names, factors)
+        if force or _aic(rss1, n, len(trial_names)) < _aic(rss, n, len(names)):
+            factors, rss, names = f1, rss1, trial_names
     calibrated = factors.apply(cluster)
     after = fidelity(model, calibrated, observations)
     pairs = zip(after.predicted_s, after.measured_s, strict=True)
@@ -204,6 +219,10 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
     return FitResult(factors=factors, fitted=names, before=fidelity(model, cluster, observations),
                      after=after, rms_log_error=rms,
                      unidentified=_unidentified(model, calibrated, observations, names))
+
+
+def _aic(rss: float, n: int, k: int) -> float:
+    return n * math.log(max(rss, 1e-300) / n) + 2 * k
 
 
 def _unidentified(model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation],

@@ -83,9 +83,11 @@ def calibration_block(model: ModelSpec, cluster: ClusterSpec, result: FitResult,
             "holdout": holdout, "num_trials": len(result.after.measured_s), "trials": table}
 
 
-def _profile_doc(name: str, cluster: ClusterSpec, factors: Factors, block: dict[str, Any],
+def _profile_doc(name: str, base: ClusterSpec, factors: Factors, block: dict[str, Any],
                  plans: dict[str, ParallelPlan]) -> dict[str, Any]:
-    """calibration.yaml: the calibrated cluster as a ``--profile`` (peaks, links, factors) plus the fit."""
+    """calibration.yaml: the calibrated cluster as a ``--profile`` (peaks, links with the fitted latency,
+    factors) plus the fit."""
+    cluster = factors.apply(base)
     gpu = cluster.gpu
     peaks = {f"{p}_tflops": gpu.peak_flops(p) / 1e12 for p in ("fp32", "bf16", "fp16") if gpu.peak_flops(p)}
     link = {k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
@@ -94,7 +96,7 @@ def _profile_doc(name: str, cluster: ClusterSpec, factors: Factors, block: dict[
     trials = [row | {"plan": plan_summary(plans[row["trial"]])} for row in block["trials"]]
     return {"name": name, "kind": "calibration", "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
             "gpu": gpu.key, "source": f"fit to {len(trials)} measured trials of study {name} "
-                                      f"(autotune.calibrate; base: {cluster.profile or 'the catalog'})",
+                                      f"(autotune.calibrate; base: {base.profile or 'the catalog'})",
             "gpu_overrides": {**peaks, "gemm_efficiency": f["gemm_efficiency"],
                               "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9},
             **link, "cluster": {k: f[k] for k in ("collective_efficiency", "dp_overlap_fraction",

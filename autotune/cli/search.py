@@ -60,6 +60,8 @@ class SearchCommand:
         g.add_argument("--top", type=_count, default=5, metavar="K",
                        help="the cost model's K best plans are tried first; rows shown (default 5)")
         g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+        g.add_argument("--recalibrate", action="store_true", help="refit the cost model to the trials after "
+                       "every measured one and let it pick the next plan (autotune.calibrate.Refiner)")
         g.add_argument("--study", help="study name (default: <model>-<gpus>x<gpu>)")
         g.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: SQLite in its dir)")
         g.add_argument("--resume", action="store_true", help="add trials to the existing study of this name")
@@ -116,8 +118,9 @@ class SearchCommand:
                 progress.start_trials(options.n_trials)
             elif log and choice.note:
                 log(choice.note)
+            refine = _refiner(ranking) if args.recalibrate and measured else None
             launched = run_study(study, ranking, choice.backend, options, trials_dir=study_dir.trials,
-                                 log=log)
+                                 log=log, refine=refine)
         top = top_trials(study, max(args.top, 1))
         if not top:
             print(f"autotune search: no trial succeeded in study '{study.study_name}'; "
@@ -269,6 +272,12 @@ def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking
                      f"{c['before']['mape']:.0%} -> {c['after']['mape']:.0%} over {c['num_trials']} trials "
                      f"({c['path']}; autotune calibrate --study {out['study']} for every trial)")
     return "\n".join(lines)
+
+
+def _refiner(ranking: Any) -> Any:
+    from autotune.calibrate import Refiner
+
+    return Refiner(ranking)
 
 
 def _calibrate(study: Any, model: ModelSpec, cluster: ClusterSpec, root: Path) -> dict[str, Any] | None:

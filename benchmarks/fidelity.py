@@ -1,0 +1,118 @@
+"""Fidelity of the cost model on the measured landscape, before and after calibration, in-sample and held out.
+
+For every landscape cell (model x ranks x backend) with measured plans: the measured step time of a plan is
+the median of its repeats. The plans are split in half at random (seeded); ``autotune.calibrate.fit`` is
+fitted on one half and Kendall tau and MAPE are reported on that half and on the held-out half, against the
+model before calibration (catalog ``cpu`` entry, and the probe profile when one exists for the rank count).
+The measurement's own ceiling is reported beside them: tau and MAPE of repeat 1 against repeat 2 of the
+same plans (no model can rank plans better than the measurement ranks itself).
+
+Usage:  python benchmarks/fidelity.py [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from landscape import CELLS, RESULTS, cell_ranking, load_landscape, result_path  # noqa: E402
+
+from autotune.calibrate import Observation, fidelity, fit, kendall_tau  # noqa: E402
+from autotune.plan import ParallelPlan  # noqa: E402
+
+PROFILES = RESULTS / "profiles"
+
+
+def _observations(rows: list[dict[str, Any]]) -> list[Observation]:
+    return [
+        Observation(plan=ParallelPlan.from_dict(r["plan"]), measured_s=r["step_time_s"], label=r["key"])
+        for r in rows
+        if r["status"] == "ok" and r["step_time_s"]
+    ]
+
+
+def repeat_ceiling(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """tau and MAPE of the first repeat against the second (plans measured ok twice)."""
+    pairs = [
+        (r["runs"][0]["step_time_s"], r["runs"][1]["step_time_s"])
+        for r in rows
+        if r["status"] == "ok" and len(r["runs"]) >= 2
+    ]
+    if len(pairs) < 2:
+        return {"kendall_tau": None, "mape": None, "num_plans": len(pairs)}
+    a, b = zip(*pairs, strict=True)
+    return {
+        "kendall_tau": kendall_tau(a, b),
+        "mape": statistics.fmean(abs(x - y) / y for x, y in pairs),
+        "num_plans": len(pairs),
+    }
+
+
+def evaluate(cell: str, seed: int, profile: Path | None) -> dict[str, Any] | None:
+    obs = _observations(load_landscape(cell))
+    if len(obs) < 8:
+        return None
+    ranking = cell_ranking(cell, profile=profile)
+    model, cluster = ranking.ctx.model, ranking.ctx.cluster
+    shuffled = list(obs)
+    random.Random(seed).shuffle(shuffled)
+    half = len(shuffled) // 2
+    train, test = shuffled[:half], shuffled[half:]
+    result = fit(model, cluster, train)
+    calibrated = result.factors.apply(cluster)
+    everything = fit(model, cluster, obs)
+    return {
+        "cell": cell,
+        "base": profile.name if profile else "catalog cpu",
+        "num_plans": len(obs),
+        "num_fit": len(train),
+        "num_held_out": len(test),
+        "before_all": fidelity(model, cluster, obs).as_dict(),
+        "after_fit_half": result.after.as_dict(),
+        "before_held_out": fidelity(model, cluster, test).as_dict(),
+        "after_held_out": fidelity(model, calibrated, test).as_dict(),
+        "after_all_fit_all": everything.after.as_dict(),
+        "factors": result.factors.as_dict(),
+        "fitted": list(result.fitted),
+        "unidentified": list(result.unidentified),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    cells = []
+    for cell in CELLS:
+        if not result_path(cell).exists():
+            continue
+        rows = load_landscape(cell)
+        n = cell.split("-")[1]
+        profile = PROFILES / f"cpu-{n}rank.yaml"
+        for base in [None] + ([profile] if profile.exists() else []):
+            res = evaluate(cell, args.seed, base)
+            if res is None:
+                continue
+            res["repeat_ceiling"] = repeat_ceiling(rows)
+            cells.append(res)
+            print(
+                cell,
+                res["base"],
+                {
+                    k: (round(res[k]["kendall_tau"] or 0, 2), round(res[k]["mape"], 2))
+                    for k in ("before_held_out", "after_held_out", "after_all_fit_all")
+                },
+            )
+    (RESULTS / "fidelity.json").write_text(json.dumps({"seed": args.seed, "cells": cells}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
