@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
-from landscape import CELLS, RESULTS, cell_ranking, load_landscape, plan_key  # noqa: E402
+from landscape import CELLS, RESULTS, cell_ranking, load_landscape, plan_key, result_path  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from autotune.backends.base import TrialRequest  # noqa: E402
@@ -235,6 +235,8 @@ def _ds_keep(plan: dict[str, Any]) -> bool:
 
 def replay_cell(cell: str, seeds: int, subspace: bool) -> dict[str, Any] | None:
     # the subspace is what `autotune search --tp 1 --pp 1 --framework deepspeed` ranks
+    if not result_path(cell).exists():
+        return None
     ranking = cell_ranking(cell, {"tp": 1, "pp": 1} if subspace else None)
     rows = load_landscape(cell)
     if not any(r["status"] == "ok" for r in rows):

@@ -75,11 +75,12 @@ class ProbeCommand:
     def run(self, args: argparse.Namespace) -> int:
         device = args.device or _default_device()
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun (e.g. across nodes)
-            from autotune.probe.worker import run_probe
+            from autotune.probe.worker import finish, run_probe
 
             raw = run_probe(device_type=device, min_bytes=args.min_size, max_bytes=args.max_size,
                             quick=args.quick)
-            if raw is None:
+            finish()
+            if raw is None:  # not rank 0: rank 0 writes the profile
                 return 0
         else:
             raw = _launch(args, device)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from autotune.probe.collectives import collective_sweep, message_sizes
 from autotune.probe.gemm import copy_bytes_per_s, default_shapes, gemm_sweep
 
-__all__ = ["run_probe", "main"]
+__all__ = ["run_probe", "finish", "main"]
 
 _MIB = 1024**2
 
@@ -101,6 +101,11 @@ def main(argv: list[str] | None = None) -> None:
                     quick=args.quick)
     if raw is not None:
         args.out.write_text(json.dumps(raw, indent=2) + "\n")
+    finish()
+
+
+def finish() -> None:
+    """barrier, gc, destroy: the teardown that avoids gloo's exit-time abort (PLATFORM.md)."""
     dist.barrier()
     gc.collect()
     dist.destroy_process_group()
