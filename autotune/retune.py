@@ -10,13 +10,16 @@ appends one record to ``runs/<study>/history.jsonl``::
 
 Noise: a measurement's noise is the robust CoV of its measured step times, ``1.4826 * MAD / median`` (one
 slow step under load does not inflate it); the median of ``n`` steps has a relative standard error of about
-``1.2533 * noise / sqrt(n)``. Two measurements differ beyond their noise when the relative change exceeds
-``noise_band = 2 * sqrt(se_a**2 + se_b**2)``.
+``1.2533 * noise / sqrt(n)``, which is also the standard error of its logarithm. Ratios are judged on the
+log scale (a slowdown cannot pass -100 %, a speed-up has no bound): two measurements differ beyond their
+noise when ``|ln(b / a)|`` exceeds ``noise_band = 2 * sqrt(se_a**2 + se_b**2)``.
 
-Verdict against the last record: **regression** when the last best plan, measured again now, is slower by
-more than ``threshold + noise_band`` (or fails); the suspected cause is the environment drift between the
-two records, named key by key. **improvement** when another plan now beats the last best plan's measurement
-of tonight by more than ``threshold + noise_band``. Otherwise **stable** (**baseline** on the first run).
+Verdict against the last record: **regression** when the last best plan, measured again now, is slower
+beyond its noise by more than the threshold, ``ln(now / then) < ln(1 - threshold) - noise_band`` (or it
+fails); the suspected cause is the environment drift between the two records, named key by key.
+**improvement** when another plan beats tonight's measurement of the last best plan with
+``ln(best / incumbent) > ln(1 + threshold) + noise_band``. Otherwise **stable** (**baseline** on the first
+run).
 """
 
 from __future__ import annotations
@@ -199,13 +202,13 @@ def compare(last: dict[str, Any] | None, incumbent: Measurement | None, best: Me
     change = incumbent.tokens_per_s / then.tokens_per_s - 1  # type: ignore[operator]
     was = (f"{then.summary}: {then.tokens_per_s:,.0f} -> {incumbent.tokens_per_s:,.0f} tokens/s "
            f"({change:+.1%}; noise band ±{band:.1%}, threshold {threshold:.0%})")
-    if change < -(threshold + band):
+    if math.log1p(change) < math.log1p(-threshold) - band:
         return Verdict(kind="regression", change=change, noise_band=band, cause=_cause(last, env),
                        message=f"slower beyond noise: {was}")
     if best.plan != incumbent.plan and best.ok:
         band_new = 2 * math.hypot(best.rel_se, incumbent.rel_se)
         gain = best.tokens_per_s / incumbent.tokens_per_s - 1  # type: ignore[operator]
-        if gain > threshold + band_new:
+        if math.log1p(gain) > math.log1p(threshold) + band_new:
             return Verdict(kind="improvement", change=gain, noise_band=band_new, cause=None,
                            message=f"{best.summary} runs {gain:+.1%} faster than {incumbent.summary} "
                                    f"({best.tokens_per_s:,.0f} vs {incumbent.tokens_per_s:,.0f} tokens/s; "

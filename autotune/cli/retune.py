@@ -30,6 +30,8 @@ from autotune.cli.worker import Joined, add_study_args, join_study
 __all__ = ["RetuneCommand"]
 
 _REGRESSION = 3
+_REMEASURE_STEPS = 10
+"""Measured steps of a re-measurement (a search trial takes 5): their spread sets the noise band."""
 _MEASURED = ("tokens_per_s", "step_time_s", "step_time_cov", "peak_memory_bytes", "mfu", "wall_s")
 
 
@@ -148,7 +150,8 @@ def _remeasure(joined: Joined, plan: Any, trial_dir: Path, date: str) -> Any:
 
     model, cluster = joined.ranking.ctx.model, joined.ranking.ctx.cluster
     est = estimate(model, cluster, plan)
-    result = joined.backend.run(TrialRequest(model=model, cluster=cluster, plan=plan, trial_dir=trial_dir))
+    result = joined.backend.run(TrialRequest(model=model, cluster=cluster, plan=plan, trial_dir=trial_dir,
+                                             measure_steps=_REMEASURE_STEPS))
     number = _add_to_study(joined, plan, est, result, f"{date} {trial_dir.name}")
     return measurement(plan, result, est.tokens_per_s, number)
 
