@@ -208,12 +208,16 @@ def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
 
 
 def make_setup(*, model: ModelSpec, cluster: ClusterSpec, ctx: Any, backend: str, device: str | None,
-               measures: bool, seed: int) -> dict[str, Any]:
+               measures: bool, seed: int, executor: str = "local", workload: str | None = None,
+               script: str | None = None) -> dict[str, Any]:
     """The study's self-description: ``autotune worker`` and ``autotune retune`` rebuild the search from it.
 
     ``backend`` is what was asked for, except that ``auto`` which only planned here is recorded as
-    ``simulate``: a study's values are all measured or all predicted.
+    ``simulate``: a study's values are all measured or all predicted. ``executor``, ``workload`` and
+    ``script`` are the search's ``--executor``/``--workload``/``--script`` (a worker needs the same module or
+    file path where it runs).
     """
     return {"model": spec_dict(model), "cluster": spec_dict(cluster), "global_batch": ctx.global_batch,
             "seq_len": ctx.seq_len, "dp": ctx.dp, "backend": backend if backend != "auto" or measures
-            else "simulate", "device": device, "measures": measures, "seed": seed}
+            else "simulate", "device": device, "measures": measures, "seed": seed, "executor": executor,
+            "workload": workload, "script": script}

@@ -103,7 +103,8 @@ class SearchCommand:
             study, study_dir, url = _open(args, model, cluster, ranking)
             describe_study(study, make_setup(model=model, cluster=cluster, ctx=ranking.ctx, seed=args.seed,
                                              backend=args.backend, device=args.device,
-                                             measures=choice.backend.measures))
+                                             measures=choice.backend.measures, executor=args.executor,
+                                             workload=args.workload, script=args.script))
             if args.create_only:
                 return create_only(study, ranking, choice.backend, top_k=args.top, url=url, out=args.out)
             measured = choice.backend.measures

@@ -90,7 +90,7 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     """Open an existing study and rebuild its search (ranking, backend) from its own description."""
     import optuna
 
-    from autotune.backends.registry import get_backend
+    from autotune.backends.registry import get_backend, trial_options
     from autotune.scaleout import cluster_from_dict, model_from_dict, open_storage, study_setup
     from autotune.search import make_sampler, rank_plans
     from autotune.space import PlanContext, SearchSpace, resolve_choices
@@ -116,7 +116,9 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     study_space = SearchSpace(knobs={k: tuple(v) for k, v in space.items()}, source=f"study {name}")
     choices = resolve_choices(study_space, model, cluster)
     ranking = dataclasses.replace(rank_plans(choices, ctx), choices=space)  # suggest exactly those choices
-    choice = get_backend(setup["backend"], cluster=cluster, device=setup["device"])
+    options = trial_options(workload=setup.get("workload"), script=setup.get("script"))
+    choice = get_backend(setup["backend"], cluster=cluster, device=setup["device"], options=options,
+                         executor=setup.get("executor", "local"))
     if setup["measures"] and not choice.backend.measures:
         raise ConfigError(f"study '{name}' measures trials ({setup['backend']}); this node can only predict "
                           f"({choice.note}): run the worker where the GPUs are")
