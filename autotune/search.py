@@ -238,7 +238,12 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
             raise
         launched += 1
         tried.add(_key(trial.params))
-        _record(study, trial, result, backend.measures)
+        try:
+            _record(study, trial, result, backend.measures)
+        except optuna.exceptions.UpdateFinishedTrialError:  # its heartbeat came late: another worker failed
+            if log:                                          # it as stale and queued its plan again
+                log(f"trial {trial.number}: failed as stale by another worker meanwhile; its plan runs again")
+            continue
         for params in refine(study) if refine is not None else ():
             study.enqueue_trial(params, user_attrs={"source": "calibrated cost model"}, skip_if_exists=True)
         if log:

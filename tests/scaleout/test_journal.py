@@ -13,9 +13,12 @@ from scaleout_helpers import SIMULATE_7B, autotune, kill_9, launched, load, spaw
 
 from autotune.scaleout import GRACE_FACTOR
 
+_HEARTBEAT_S = 2  # journal writes take the file lock: a longer grace than on PostgreSQL
+
 
 def _worker(url, tmp_path, node, trials, slowdown_ms):
-    return spawn("worker", "--study", "j", "--storage", url, "--trials", str(trials), "--heartbeat", "1",
+    return spawn("worker", "--study", "j", "--storage", url, "--trials", str(trials), "--heartbeat",
+                 str(_HEARTBEAT_S),
                  "--out", f"runs-{node}", cwd=tmp_path, log=tmp_path / f"{node}.log",
                  env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)})
 
@@ -36,7 +39,7 @@ def test_journal_workers_share_a_study_and_a_killed_workers_trial_is_retried(tmp
 
     orphan = wait_for("the victim's trial to beat", running, timeout=60, procs=[victim])
     kill_9(victim)
-    time.sleep(GRACE_FACTOR + 1.0)
+    time.sleep(GRACE_FACTOR * _HEARTBEAT_S + 1.0)
     workers = [_worker(url, tmp_path, f"node{i}", trials=3, slowdown_ms=30) for i in range(2)]
     for i, w in enumerate(workers):
         assert w.wait(timeout=90) == 0, (tmp_path / f"node{i}.log").read_text()
