@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from scaleout_helpers import SIMULATE_7B, autotune, kill_9, launched, load, spawn, states, wait_for
 from sqlalchemy.exc import OperationalError
 
-_SLOW = {"AUTOTUNE_SLOWDOWN_MS": "300"}  # 7 simulated steps: ~2 s per trial
+_SLOW = {"AUTOTUNE_SLOWDOWN_MS": "200"}  # 7 simulated steps: ~1.4 s per trial
 
 
 @pytest.mark.dist(timeout=150)
