@@ -67,13 +67,13 @@ def landscape_section() -> list[str]:
         f"{meta.get('repeats', 2)} repeats (two passes, the second in reverse order). Cut dimensions: {cuts} "
         "(reasons in landscape.py). Measured step time = median over repeats of each run's median step.",
         "",
-        "| cell | legal plans | measured ok | failed | not measured | runs | load avg (1 min) "
-        "min / median / max | best plan | best step |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| cell | legal plans | measured ok (>= 2 repeats) | failed | not measured | runs "
+        "| measured from - to | load avg (1 min) min / median / max | best plan | best step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in CELLS:
         if not result_path(cell).exists():
-            lines.append(f"| {cell} | | | | all (budget) | | | | |")
+            lines.append(f"| {cell} | | | | all (budget) | | | | | |")
             continue
         rows = load_landscape(cell)
         ok = [r for r in rows if r["status"] == "ok"]
@@ -83,8 +83,10 @@ def landscape_section() -> list[str]:
         best = min(ok, key=lambda r: r["step_time_s"]) if ok else None
         best_txt = _plan_text(best["plan"]) if best else ""
         lines.append(
-            f"| {cell} | {c.get('num_legal', len(rows))} | {len(ok)} | {len(failed)} | "
-            f"{sum(r['status'] == 'not_measured' for r in rows)} | {c.get('num_runs', '')} | "
+            f"| {cell} | {c.get('num_legal', len(rows))} | {len(ok)} "
+            f"({sum(len(r['runs']) >= 2 for r in ok)}) | "
+            f"{len(failed)} | {sum(r['status'] == 'not_measured' for r in rows)} | {c.get('num_runs', '')} | "
+            f"{c.get('first_run', '')[11:16]} - {c.get('last_run', '')[11:16]} | "
             f"{load.get('min', 0):.1f} / {load.get('median', 0):.1f} / {load.get('max', 0):.1f} | "
             f"{best_txt} | {best['step_time_s'] * 1e3:.0f} ms |"
             if best

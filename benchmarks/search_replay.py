@@ -174,35 +174,38 @@ def grid_order(land: Landscape) -> list[str]:
     return sorted(land.rows, key=sort_key)
 
 
-def deepspeed_order(land: Landscape) -> list[str | None]:
-    """DeepSpeed Autotuning's experiments (fast mode) in the fixed-batch space; None = its model-info profile
-    run (a trial that measures no candidate)."""
+def deepspeed_order(land: Landscape) -> list[tuple[str, str | None]]:
+    """DeepSpeed Autotuning's experiments (fast mode), as ``(name, plan key)``: the key is None for an
+    experiment outside the fixed-batch space (its model-info run, and its min/max probes, which run at the
+    user's accumulation steps, 1, so at another global batch) -- a trial that finds nothing."""
     stage_sharding = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
     sample = json.loads(next(iter(land.rows)))
     per_rank = next(r["plan"]["global_batch"] // r["plan"]["dp"] for r in land.rows.values())
-    order: list[str | None] = [None]
+    order: list[tuple[str, str | None]] = [("profile_model_info", None)]
 
-    def exp(stage: int, mbs: int) -> None:
-        if per_rank % mbs == 0:
-            order.append(json.dumps(sample | {"sharding": stage_sharding[stage], "micro_batch": mbs},
-                                    sort_keys=True))
+    def exp(stage: int, mbs: int, gas: int) -> None:
+        name = f"z{stage}_gas{gas}_tmbspg{mbs}"
+        if any(n == name for n, _ in order):
+            return  # the scheduler skips an experiment it already ran
+        in_space = mbs * gas == per_rank
+        key = json.dumps(sample | {"sharding": stage_sharding[stage], "micro_batch": mbs}, sort_keys=True)
+        order.append((name, key if in_space else None))
 
     prev_max = 0
     for stage in range(4):
-        low = 1 if prev_max < 1 else prev_max  # get_min_max_micro_batch_size: the min experiment
-        exp(stage, low)
-        high = per_rank  # max_train_micro_batch_size_per_gpu = the per-rank batch: the first probe runs
-        exp(stage, high)
-        lo = max(low, high // 2) if low < high // 2 else low  # get_tuning_micro_batch_size_list
+        low = 1 if prev_max < 1 else prev_max  # get_min_max_micro_batch_size: the min probe (gas 1)
+        exp(stage, low, 1)
+        high = per_rank  # max_train_micro_batch_size_per_gpu = the per-rank batch: the first max probe runs
+        exp(stage, high, 1)
+        lo = high // 2 if low < high // 2 else low  # get_tuning_micro_batch_size_list
         stride = max(1, (high - lo) // 3)
         tune = [m for m in range(lo, high, stride) if per_rank // m != per_rank // high] + [high]
-        for m in tune:
-            exp(stage, m)
+        for m in tune:  # run_tuning_micro_batch_sizes: gas = max_train_batch_size_per_gpu // mbs
+            exp(stage, m, per_rank // m)
         same_gas_lo = tune[-2] + 1 if len(tune) > 1 else low
         for m in reversed(range(same_gas_lo, high, max(1, (high - same_gas_lo) // 3))):
-            if per_rank % m:
-                break  # outside the fixed-batch space: DeepSpeed would change the global batch
-            exp(stage, m)
+            exp(stage, m, per_rank // m)
+            break  # it stops at the first mbs that is not 5 % faster; one at least is tried
         prev_max = high
     return order
 
@@ -210,11 +213,11 @@ def deepspeed_order(land: Landscape) -> list[str | None]:
 def run_deepspeed(land: Landscape) -> tuple[float, float]:
     replay = Replay(land)
     try:
-        for key in deepspeed_order(land):
-            if key is None:
+        for _name, key in deepspeed_order(land):
+            if key is None or key not in land.rows:
                 replay.trials += 1
                 replay.seconds += land.wall_s
-            elif key in land.rows:
+            else:
                 replay.launch(key)
     except _Found:
         return replay.result()
