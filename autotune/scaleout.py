@@ -38,8 +38,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 
-__all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "keep_alive",
-           "fail_stale", "describe_study", "study_setup", "make_setup", "model_from_dict",
+__all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
+           "keep_alive", "fail_stale", "describe_study", "study_setup", "make_setup", "model_from_dict",
            "cluster_from_dict"]
 
 DEFAULT_HEARTBEAT_S = 30
@@ -102,6 +102,31 @@ def _beat_period(storage: Any) -> tuple[int | None, bool]:
     return interval, True
 
 
+def beat(study: optuna.Study, trial: optuna.Trial) -> None:
+    """One heartbeat now: a trial is stale-checkable from the moment it is asked for (its process may die
+    before it launches anything)."""
+    beater = _beater(study, trial)
+    if beater is not None:
+        beater[0]()
+
+
+def _beater(study: optuna.Study, trial: optuna.Trial) -> tuple[Any, int] | None:
+    """(a function that records one heartbeat for ``trial``, the period); None when heartbeats are off."""
+    storage: Any = study._storage
+    period, native = _beat_period(storage)
+    if period is None:
+        return None
+    trial_id = trial._trial_id
+
+    def beat_now() -> None:
+        if native:
+            storage.record_heartbeat(trial_id)
+        else:
+            storage.set_trial_system_attr(trial_id, _JOURNAL_BEAT,
+                                          {"time": time.time(), "grace_s": GRACE_FACTOR * period})
+    return beat_now, period
+
+
 @contextmanager
 def keep_alive(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
     """Beat for ``trial`` while the block runs (its trial subprocess); nothing when heartbeats are off.
@@ -109,23 +134,14 @@ def keep_alive(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
     Optuna's ask/tell API has no heartbeat hook (only ``optimize`` starts one), so this reaches the study's
     storage and the trial id, as ``optuna.study._optimize`` does.
     """
-    storage: Any = study._storage
-    period, native = _beat_period(storage)
-    if period is None:
+    beater = _beater(study, trial)
+    if beater is None:
         yield
         return
-    trial_id = trial._trial_id
-
-    def beat() -> None:
-        if native:
-            storage.record_heartbeat(trial_id)
-        else:
-            storage.set_trial_system_attr(trial_id, _JOURNAL_BEAT,
-                                          {"time": time.time(), "grace_s": GRACE_FACTOR * period})
-
+    beat_now, period = beater
     stop = threading.Event()
-    beat()
-    thread = threading.Thread(target=_beat_until, args=(beat, period, stop), daemon=True,
+    beat_now()
+    thread = threading.Thread(target=_beat_until, args=(beat_now, period, stop), daemon=True,
                               name=f"autotune-heartbeat-{trial.number}")
     thread.start()
     try:

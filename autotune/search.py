@@ -29,7 +29,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan
 from autotune.render import plan_summary
-from autotune.scaleout import fail_stale, keep_alive
+from autotune.scaleout import beat, fail_stale, keep_alive
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -223,6 +223,7 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
             break
         fail_stale(study)  # a dead worker's RUNNING trial: failed, its plan queued again (heartbeats)
         trial, asks = study.ask(), asks + 1
+        beat(study, trial)  # from now on a dead process's trial is found stale
         plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
         est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
         if est is None or plan is None or _reuse_finished(study, trial):
