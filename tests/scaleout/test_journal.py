@@ -35,7 +35,8 @@ def test_journal_workers_share_a_study_and_a_killed_workers_trial_is_retried(tmp
 
     def running():
         trials = load("j", url).get_trials(states=(TrialState.RUNNING,))
-        return trials[0] if trials and "autotune_heartbeat" in trials[0].system_attrs else None
+        launched_ = trials and "plan" in trials[0].user_attrs  # judged, so in its 35 s trial
+        return trials[0] if launched_ and "autotune_heartbeat" in trials[0].system_attrs else None
 
     orphan = wait_for("the victim's trial to beat", running, timeout=60, procs=[victim])
     kill_9(victim)
