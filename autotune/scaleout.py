@@ -54,8 +54,11 @@ _ASK_WARNING = "Heartbeat of storage is supposed to be used with Study.optimize"
 
 
 def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
-                 engine_kwargs: dict[str, Any] | None = None) -> BaseStorage:
-    """The Optuna storage a URL names; RDB storages get heartbeats (``heartbeat_s=None``: none)."""
+                 engine_kwargs: dict[str, Any] | None = None, create: bool = True) -> BaseStorage:
+    """The Optuna storage a URL names; RDB storages get heartbeats (``heartbeat_s=None``: none).
+
+    ``create=False`` (workers) never creates the schema: only the study's creator does.
+    """
     if heartbeat_s is not None and heartbeat_s < 1:
         raise ConfigError(f"--heartbeat {heartbeat_s}: expected a whole number of seconds >= 1")
     if url.startswith("journal://"):
@@ -66,7 +69,8 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
     if "://" not in url:
         raise ConfigError(f"--storage {url!r}: expected a URL (sqlite:///..., postgresql+psycopg2://..., "
                           "journal:///...)")
-    kwargs: dict[str, Any] = {"engine_kwargs": engine_kwargs or {"pool_pre_ping": True}}
+    kwargs: dict[str, Any] = {"engine_kwargs": engine_kwargs or {"pool_pre_ping": True},
+                              "skip_table_creation": not create}
     if heartbeat_s is not None:
         kwargs.update(heartbeat_interval=heartbeat_s, grace_period=GRACE_FACTOR * heartbeat_s,
                       heartbeat_stale_trial_callback=_retry_callback())

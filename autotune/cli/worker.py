@@ -89,6 +89,7 @@ class Joined:
 def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: int | None) -> Joined:
     """Open an existing study and rebuild its search (ranking, backend) from its own description."""
     import optuna
+    from sqlalchemy.exc import SQLAlchemyError
 
     from autotune.backends.registry import get_backend, trial_options
     from autotune.scaleout import cluster_from_dict, model_from_dict, open_storage, study_setup
@@ -103,11 +104,16 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
                           "or --out DIR")
     url = storage or default_storage_url(study_dir)
     try:
-        study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_s=heartbeat_s),
+        study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_s=heartbeat_s,
+                                                                        create=False),
                                   pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
     except KeyError:
         raise ConfigError(f"no study '{name}' in {_redact(url)}; create it once with autotune search ... "
                           f"--study {name} --storage URL --create-only") from None
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:  # unreachable, or no schema there
+        cause = str(e.__cause__ or e).strip().splitlines()[0][:200]      # (workers never create one)
+        raise ConfigError(f"cannot read study '{name}' from {_redact(url)}: {cause}; is the database up, and "
+                          "was the study created (autotune search ... --create-only)?") from None
     setup = study_setup(study)
     model, cluster = model_from_dict(setup["model"]), cluster_from_dict(setup["cluster"])
     ctx = PlanContext(model=model, cluster=cluster, global_batch=setup["global_batch"],
