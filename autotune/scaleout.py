@@ -13,26 +13,31 @@ create a fresh schema.
 Heartbeats: a launched trial is RUNNING in the study while its subprocess runs. If the process that asked
 for it dies (SIGKILL, a preempted node), nobody tells it, so each trial is kept alive by a heartbeat thread
 (every ``heartbeat_s``) and every worker fails the trials whose heartbeat is older than the grace period
-(``GRACE_FACTOR x heartbeat_s``) before it asks for a new one. A failed stale trial is re-queued (WAITING,
-same plan) by Optuna's ``RetryHeartbeatStaleTrialCallback``, at most ``MAX_RETRY`` times. RDB storages use
-Optuna's own heartbeat table (database clock); ``JournalStorage`` has none, so a journal trial carries its
-heartbeat in a system attribute (the hosts' clocks must agree to well within the grace period).
+(``GRACE_FACTOR x heartbeat_s``) before it asks for a new one; a trial whose process ran on this host (and
+PID namespace) and is gone is failed at once (``--resume`` right after a SIGKILL needs no grace). A
+failed trial is re-queued (WAITING, same plan) by Optuna's ``RetryHeartbeatStaleTrialCallback``, at most
+``MAX_RETRY`` times. RDB storages use Optuna's own heartbeat table (database clock); ``JournalStorage`` has
+none, so a journal trial carries its heartbeat in a system attribute (the hosts' clocks must agree to well
+within the grace period).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import ConfigError
@@ -50,6 +55,7 @@ MAX_RETRY = 2
 SETUP_ATTR = "autotune_setup"
 """Study user attr: model and cluster specs, batch, backend... everything a worker needs to join."""
 _JOURNAL_BEAT = "autotune_heartbeat"
+_OWNER = "autotune_owner"
 _ASK_WARNING = "Heartbeat of storage is supposed to be used with Study.optimize"
 
 
@@ -107,11 +113,39 @@ def _beat_period(storage: Any) -> tuple[int | None, bool]:
 
 
 def beat(study: optuna.Study, trial: optuna.Trial) -> None:
-    """One heartbeat now: a trial is stale-checkable from the moment it is asked for (its process may die
-    before it launches anything)."""
+    """Right after ``ask``: the trial's owner (host, pid, process start) and one heartbeat, so it is found
+    dead from its first moment (its process may die before it launches anything)."""
+    study._storage.set_trial_system_attr(trial._trial_id, _OWNER, _me())
     beater = _beater(study, trial)
     if beater is not None:
         beater[0]()
+
+
+def _me() -> str:
+    return f"{_host()}:{os.getpid()}:{_start_ticks(os.getpid())}"
+
+
+def _host() -> str:
+    """This host and PID namespace: only there does a pid name this process (containers share hostnames)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = "?"
+    return f"{socket.gethostname()}/{namespace}"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc/<pid>/stat`` field 22): a reused pid is another process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _dead_here(owner: str) -> bool:
+    """The trial's process ran on this host and is gone (no heartbeat grace needed to know it)."""
+    host, pid, ticks = owner.rsplit(":", 2)
+    return host == _host() and "/?" not in host and ticks != "None" and _start_ticks(int(pid)) != ticks
 
 
 def _beater(study: optuna.Study, trial: optuna.Trial) -> tuple[Any, int] | None:
@@ -164,32 +198,37 @@ def _beat_until(beat: Any, period: float, stop: threading.Event) -> None:
 
 
 def fail_stale(study: optuna.Study) -> list[int]:
-    """Fail the RUNNING trials whose heartbeat is older than their grace period and re-queue their plans.
+    """Fail the RUNNING trials whose process is dead and re-queue their plans: a process of this host that
+    is gone (found at once, e.g. by ``--resume`` after a SIGKILL), or a heartbeat older than its grace.
 
     Returns the numbers of the trials failed here (another worker may fail the same trial first).
     """
     period, native = _beat_period(study._storage)
-    if period is None:
-        return []
-    if native:
+    failed = []
+    if native and period is not None:
         before = _failed(study)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(study)
-        return sorted(_failed(study) - before)
-    failed = []
+        failed = sorted(_failed(study) - before)
     now = time.time()
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = trial.system_attrs.get(_JOURNAL_BEAT)
-        if not beat or now - beat["time"] <= beat["grace_s"]:
-            continue
-        try:
-            if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
-                failed.append(trial.number)
-                _retry_callback()(study, study._storage.get_trial(trial._trial_id))
-        except optuna.exceptions.UpdateFinishedTrialError:
-            pass
+        owner, beat_ = trial.system_attrs.get(_OWNER), trial.system_attrs.get(_JOURNAL_BEAT)
+        late = beat_ is not None and not native and now - beat_["time"] > beat_["grace_s"]
+        if (late or (owner is not None and _dead_here(owner))) and _fail_and_retry(study, trial):
+            failed.append(trial.number)
     return failed
+
+
+def _fail_and_retry(study: optuna.Study, trial: FrozenTrial) -> bool:
+    storage: Any = study._storage
+    try:
+        if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+            return False
+    except optuna.exceptions.UpdateFinishedTrialError:  # told meanwhile, or another worker failed it first
+        return False
+    _retry_callback()(study, storage.get_trial(trial._trial_id))
+    return True
 
 
 def _failed(study: optuna.Study) -> set[int]:

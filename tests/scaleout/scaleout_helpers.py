@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 from autotune.scaleout import open_storage
 
-__all__ = ["SIMULATE_7B", "autotune", "spawn", "kill_9", "wait_for", "load", "launched", "states"]
+__all__ = ["SIMULATE_7B", "ELSEWHERE", "autotune", "spawn", "kill_9", "wait_for", "load", "launched",
+           "states"]
 
 SIMULATE_7B = ["--model", "7b", "--gpus", "8", "--global-batch", "64", "--backend", "simulate"]
 """A study whose trials are the cost model's predictions: fast, deterministic, and large enough."""
@@ -34,11 +37,21 @@ def autotune(*argv: str, cwd: Path, env: dict[str, str] | None = None,
                           capture_output=True, timeout=timeout)
 
 
-def spawn(*argv: str, cwd: Path, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+ELSEWHERE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+"""Run as if on another node: in its own PID namespace its pids mean nothing to the other workers, so only
+its heartbeat can tell them it died (on one host a dead worker's trial is recognised at once)."""
+
+
+def spawn(*argv: str, cwd: Path, log: Path, env: dict[str, str] | None = None,
+          elsewhere: bool = False) -> subprocess.Popen[bytes]:
     """Start ``python -m autotune ARGV`` in its own session (so a SIGKILL reaches all of it)."""
+    if elsewhere and (os.geteuid() != 0 or not shutil.which("unshare")):
+        pytest.skip("a worker 'on another node' needs unshare --pid as root")
+    prefix = ELSEWHERE if elsewhere else []
     out = log.open("wb")
-    return subprocess.Popen([sys.executable, "-m", "autotune", *argv], cwd=cwd, env=_env(env), stdout=out,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen([*prefix, sys.executable, "-m", "autotune", *argv], cwd=cwd, env=_env(env),
+                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def kill_9(proc: subprocess.Popen[bytes]) -> None:

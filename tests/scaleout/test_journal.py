@@ -16,11 +16,11 @@ from autotune.scaleout import GRACE_FACTOR
 _HEARTBEAT_S = 2  # journal writes take the file lock: a longer grace than on PostgreSQL
 
 
-def _worker(url, tmp_path, node, trials, slowdown_ms):
+def _worker(url, tmp_path, node, trials, slowdown_ms, elsewhere=False):
     return spawn("worker", "--study", "j", "--storage", url, "--trials", str(trials), "--heartbeat",
                  str(_HEARTBEAT_S),
                  "--out", f"runs-{node}", cwd=tmp_path, log=tmp_path / f"{node}.log",
-                 env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)})
+                 env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)}, elsewhere=elsewhere)
 
 
 @pytest.mark.dist(timeout=150)
@@ -31,7 +31,7 @@ def test_journal_workers_share_a_study_and_a_killed_workers_trial_is_retried(tmp
                     "--out", "runs", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
 
-    victim = _worker(url, tmp_path, "victim", trials=1, slowdown_ms=5000)
+    victim = _worker(url, tmp_path, "victim", trials=1, slowdown_ms=5000, elsewhere=True)  # "another node"
 
     def running():
         trials = load("j", url).get_trials(states=(TrialState.RUNNING,))

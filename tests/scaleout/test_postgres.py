@@ -28,10 +28,10 @@ def _create(name: str, url: str, tmp_path, top: int) -> None:
 
 
 def _worker(name: str, url: str, tmp_path, node: str, trials: int, slowdown_ms: int,
-            heartbeat_s: int = _HEARTBEAT_S):
+            heartbeat_s: int = _HEARTBEAT_S, elsewhere: bool = False):
     return spawn("worker", "--study", name, "--storage", url, "--trials", str(trials), "--heartbeat",
                  str(heartbeat_s), "--out", f"runs-{node}", cwd=tmp_path, log=tmp_path / f"{node}.log",
-                 env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)})
+                 env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)}, elsewhere=elsewhere)
 
 
 @pytest.mark.dist(timeout=150)
@@ -58,7 +58,8 @@ def test_three_workers_share_one_study_without_losing_or_duplicating_a_trial(pos
 @pytest.mark.dist(timeout=150)
 def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried(postgres_url, tmp_path):  # noqa: F811
     _create("killed", postgres_url, tmp_path, top=1)
-    victim = _worker("killed", postgres_url, tmp_path, "victim", trials=1, slowdown_ms=5000)  # 35 s trial
+    victim = _worker("killed", postgres_url, tmp_path, "victim", trials=1, slowdown_ms=5000,  # 35 s trial
+                     elsewhere=True)  # as on another node: only the heartbeat can tell that it died
 
     def running():
         trials = load("killed", postgres_url).get_trials(states=(TrialState.RUNNING,))
