@@ -49,6 +49,7 @@ def test_torchrun_study_stable_then_an_injected_slowdown_is_a_regression(tmp_pat
     assert len(records) == 3
     last = records[-1]
     assert last["verdict"] == "regression" and last["change"] < -0.5, slow.stdout
+    assert [m["summary"] for m in last["remeasured"]] == [last["incumbent"]["summary"]] * 2  # confirmed
     assert last["incumbent"]["summary"] in slow.stderr and "REGRESSION" in slow.stderr
     assert f"environment drift: AUTOTUNE_SLOWDOWN_MS unset -> {slowdown_ms}" in slow.stderr
     assert last["environment"]["knobs"] == {"AUTOTUNE_SLOWDOWN_MS": slowdown_ms}
