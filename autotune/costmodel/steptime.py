@@ -50,8 +50,8 @@ slowdown."""
 FLASH_BWD_SLOWDOWN_DEFAULT = 1.2
 HBM_EFFICIENCY = 0.8
 """Fraction of the HBM peak a streaming kernel reaches: a device-to-device copy moved 4.14 of 4.8 TB/s on an
-H200 (0.86, measured with torch); STREAM-like kernels reach ~0.8 on A100 (`autotune probe --device cuda` measures
-it)."""
+H200 (0.86, measured with torch); STREAM-like kernels reach ~0.8 on A100
+(`autotune probe --device cuda` measures it)."""
 HOST_OPTIMIZER_BYTES_PER_S = 100e9
 """Host DRAM bandwidth PER NODE that host-side work streams at (the CPU Adam step, FSDP2's CPU gradient
 accumulation); the GPUs of a node share it, so host work is timed over all their shards. A 2-socket server
