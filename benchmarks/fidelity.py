@@ -5,7 +5,8 @@ the median of its repeats. The plans are split in half at random (seeded); ``aut
 fitted on one half and Kendall tau and MAPE are reported on that half and on the held-out half, against the
 model before calibration (catalog ``cpu`` entry, and the probe profile when one exists for the rank count).
 The measurement's own ceiling is reported beside them: tau and MAPE of repeat 1 against repeat 2 of the
-same plans (no model can rank plans better than the measurement ranks itself).
+same plans (no model can rank plans better than the measurement ranks itself). The same is done on the H200
+trials of benchmarks/results/gpu_validate.json (``gpu_cells``).
 
 Usage:  python benchmarks/fidelity.py [--seed 0]
 """
@@ -26,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from landscape import CELLS, RESULTS, cell_ranking, load_landscape, result_path  # noqa: E402
 
 from autotune.calibrate import Observation, fidelity, fit, kendall_tau  # noqa: E402
+from autotune.catalog import make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
+from autotune.specs import ModelSpec  # noqa: E402
 
 PROFILES = RESULTS / "profiles"
 
@@ -86,6 +89,36 @@ def evaluate(cell: str, seed: int, profile: Path | None) -> dict[str, Any] | Non
     }
 
 
+def gpu_cells(seed: int) -> list[dict[str, Any]]:
+    """The same split-half fit on the H200 trials of benchmarks/results/gpu_validate.json (a 1B Llama at world
+    size 1; FSDP at world size 1 is planned as no sharding, so each FSDP setting is its own cell)."""
+    data = json.loads((RESULTS / "gpu_validate.json").read_text())
+    model = ModelSpec(**{k: v for k, v in data["model"].items() if k != "num_params"})
+    cluster = make_cluster(num_gpus=1, gpu=data["gpu_catalog"])
+    out = []
+    for fsdp in ("none", "fsdp-full"):
+        obs = [Observation(plan=ParallelPlan(micro_batch=r["micro_batch"], global_batch=r["micro_batch"],
+                                             seq_len=data["seq_len"], recompute=r["recompute"]),
+                           measured_s=r["step_time_s"], label=r["config"])
+               for r in data["results"] if r["status"] == "ok" and r["fsdp"] == fsdp]
+        shuffled = list(obs)
+        random.Random(seed).shuffle(shuffled)
+        train, test = shuffled[: len(obs) // 2], shuffled[len(obs) // 2:]
+        result = fit(model, cluster, train)
+        out.append({"cell": f"h200 llama-1b, FSDP {fsdp} (gpu_validate)",
+                    "base": f"catalog {cluster.gpu.key}",
+                    "num_plans": len(obs), "num_fit": len(train), "num_held_out": len(test),
+                    "before_all": fidelity(model, cluster, obs).as_dict(),
+                    "after_fit_half": result.after.as_dict(),
+                    "before_held_out": fidelity(model, cluster, test).as_dict(),
+                    "after_held_out": fidelity(model, result.factors.apply(cluster), test).as_dict(),
+                    "after_all_fit_all": fit(model, cluster, obs).after.as_dict(),
+                    "factors": result.factors.as_dict(), "fitted": list(result.fitted),
+                    "unidentified": list(result.unidentified),
+                    "repeat_ceiling": {"kendall_tau": None, "mape": None, "num_plans": 0}})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -111,6 +144,7 @@ def main() -> None:
                     for k in ("before_held_out", "after_held_out", "after_all_fit_all")
                 },
             )
+    cells += gpu_cells(args.seed)
     (RESULTS / "fidelity.json").write_text(json.dumps({"seed": args.seed, "cells": cells}, indent=2) + "\n")
 
 

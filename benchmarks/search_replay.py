@@ -4,10 +4,12 @@ launches before it has measured a plan within 5 % of the landscape's best throug
 Every "trial" returns the plan's committed landscape measurement (``benchmarks/results/landscape_*.jsonl``),
 so a replay is cheap, repeatable and the same for every strategy. Strategies:
 
-* ``autotune``: ``autotune.search.run_study`` itself, as ``autotune search`` runs it: the cost model (catalog
-  ``cpu`` entry, uncalibrated) picks the first plan; after every trial ``calibrate.Refiner`` refits the model
-  to what was measured and enqueues its best untried plan; multivariate TPE gated by the cost model proposes
-  when it has none (seeded). ``autotune_no_recalibration``: the cost model's top 5, then TPE;
+* ``autotune``: ``autotune.search.run_study`` itself, as ``autotune search`` runs it by default: the cost
+  model's (catalog ``cpu`` entry) top 5 enqueued, then multivariate TPE gated by the cost model (seeded).
+  ``autotune_recalibrate`` (``search --recalibrate``): the cost model picks the first plan, and after every
+  trial ``calibrate.Refiner`` refits it to what was measured and enqueues its best untried plan;
+  ``autotune_profile``: the default search ranked on the probe profile of the rank count
+  (``--profile benchmarks/results/profiles/cpu-<N>rank.yaml``);
 * ``tpe``: Optuna's multivariate TPE over the same knobs without the cost model (illegal combinations are
   rejected by the plan rules before launch, at no cost; seeded);
 * ``random``: a uniformly random order of the legal plans (seeded);
@@ -50,6 +52,7 @@ from autotune.search import Ranking, StudyOptions, make_sampler, run_study  # no
 from autotune.space import KNOBS, suggest_plan  # noqa: E402
 from autotune.trials.result import TrialResult, TrialStatus  # noqa: E402
 
+PROFILES = RESULTS / "profiles"
 WITHIN = 0.05
 TOP_K = 5
 
@@ -246,11 +249,15 @@ def replay_cell(cell: str, seeds: int, subspace: bool) -> dict[str, Any] | None:
         return None
     land = Landscape(rows, _ds_keep if subspace else lambda p: True)
     refiner = Refiner(ranking)  # shared by the seeds: fits are cached by what was measured
+    profile = PROFILES / f"cpu-{cell.split('-')[1]}rank.yaml"
+    pins = {"tp": 1, "pp": 1} if subspace else None
+    profiled = cell_ranking(cell, pins, profile) if profile.exists() else None
     out = {"cell": cell, "space": "deepspeed-covered" if subspace else "full", "num_plans": len(land.rows),
            "num_good": sum(land.good(k) for k in land.rows), "best_step_s": land.best_s,
-           "autotune": _summary([run_autotune(ranking, land, s, refiner) for s in range(seeds)]),
-           "autotune_no_recalibration": _summary([run_autotune(ranking, land, s, None)
-                                                  for s in range(seeds)]),
+           "autotune": _summary([run_autotune(ranking, land, s, None) for s in range(seeds)]),
+           "autotune_recalibrate": _summary([run_autotune(ranking, land, s, refiner) for s in range(seeds)]),
+           "autotune_profile": _summary([run_autotune(profiled, land, s, None) for s in range(seeds)])
+           if profiled else None,
            "tpe": _summary([run_tpe(ranking, land, s) for s in range(seeds)]),
            "random": _summary([run_random(land, s) for s in range(seeds)]),
            "grid": _summary([_until_found(Replay(land), iter(grid_order(land)))])}
@@ -272,8 +279,8 @@ def main() -> None:
             if res:
                 results.append(res)
                 print(cell, res["space"], {k: res[k]["median_trials"] for k in
-                                           ("autotune", "autotune_no_recalibration", "tpe", "random", "grid",
-                                            "deepspeed") if k in res})
+                                           ("autotune", "autotune_profile", "autotune_recalibrate", "tpe",
+                                            "random", "grid", "deepspeed") if res.get(k)})
     args.out.write_text(json.dumps({"within": WITHIN, "seeds": args.seeds, "top_k": TOP_K, "cells": results},
                                    indent=2) + "\n")
 
