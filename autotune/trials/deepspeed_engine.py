@@ -19,7 +19,7 @@ from torch import nn
 
 from autotune.plan import ParallelPlan, Recompute
 from autotune.trials.config import TrialConfig
-from autotune.trials.model import Transformer, build_model, synthetic_batch
+from autotune.trials.model import Block, Transformer, build_model, synthetic_batch
 from autotune.trials.parallelize import apply_ac
 from autotune.trials.train import dp_rows, lm_loss, make_optimizer
 
@@ -75,8 +75,10 @@ def _pipeline_module(model: Transformer, plan: ParallelPlan, ds_config: dict[str
         raise NotImplementedError("tied embeddings over DeepSpeed pipeline stages are not implemented")
     pipe_cfg = ds_config["pipeline"]
     layers = [_Embed(model), *model.layers.values(), _Head(model)]
+    # Recompute covers the transformer blocks only: DeepSpeed's reentrant checkpoint of the embedding (whose
+    # input, the token ids, needs no grad) would return a tensor that needs none, and backward would fail.
     return PipelineModule(layers=layers, num_stages=pipe_cfg["stages"], loss_fn=lm_loss,
-                          partition_method=pipe_cfg["partition"],
+                          partition_method=pipe_cfg["partition"], checkpointable_layers=[Block.__name__],
                           activation_checkpoint_interval=pipe_cfg["activation_checkpoint_interval"])
 
 

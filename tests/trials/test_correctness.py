@@ -33,7 +33,7 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "ds-zero1": {"dp": 2, "sharding": "zero1", "framework": "deepspeed"},
     "ds-zero2": {"dp": 2, "sharding": "zero2", "framework": "deepspeed"},
     "ds-zero3+sel-ac": {"dp": 2, "sharding": "zero3", "framework": "deepspeed", "recompute": "selective"},
-    "ds-pp2": {"pp": 2, "framework": "deepspeed"},
+    "ds-pp2+full-ac": {"pp": 2, "framework": "deepspeed", "recompute": "full"},
     "ds-autotp2": {"tp": 2, "framework": "deepspeed"},
     "ds-zero2+offload": {"dp": 2, "sharding": "zero2", "offload": True, "framework": "deepspeed"},
     "gpt-style-tp2-sp": {"tp": 2, "sequence_parallel": True, "micro_batch": 2},  # GPT-2-shaped tiny
