@@ -149,25 +149,31 @@ def _run_steps(trainer, plan: ParallelPlan, config: TrialConfig, device: torch.d
     times, losses, weights, tracked = [], [], [], None
     tokens_per_step = plan.tokens_per_step
     slowdown = slowdown_s()  # AUTOTUNE_SLOWDOWN_MS: a diagnostic knob (trials/config.py)
-    for step in range(config.warmup_steps + config.measure_steps):
-        _maybe_fault(step)
-        start = time.perf_counter()
-        time.sleep(slowdown)
-        if device.type == "cpu" and step == config.warmup_steps - 1:
-            loss, weight, tracked = _tracked_step(trainer, step)
-        else:
-            loss, weight = trainer.step(step)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        losses.append(loss.detach().float().reshape(()))
-        weights.append(weight)
-        measured = step - config.warmup_steps
-        if progress is not None and measured >= 0:
-            with progress.open("a") as f:
-                f.write(json.dumps({"step": measured, "step_time_s": elapsed, "time": time.time(),
-                                    "tokens_per_s": tokens_per_step / elapsed}) + "\n")
+    try:
+        for step in range(config.warmup_steps + config.measure_steps):
+            _maybe_fault(step)
+            if step == config.warmup_steps:  # as timeit does: no collector pause inside a timed step
+                gc.collect()
+                gc.disable()
+            start = time.perf_counter()
+            time.sleep(slowdown)
+            if device.type == "cpu" and step == config.warmup_steps - 1:
+                loss, weight, tracked = _tracked_step(trainer, step)
+            else:
+                loss, weight = trainer.step(step)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = time.perf_counter() - start
+            times.append(elapsed)
+            losses.append(loss.detach().float().reshape(()))
+            weights.append(weight)
+            measured = step - config.warmup_steps
+            if progress is not None and measured >= 0:
+                with progress.open("a") as f:
+                    f.write(json.dumps({"step": measured, "step_time_s": elapsed, "time": time.time(),
+                                        "tokens_per_s": tokens_per_step / elapsed}) + "\n")
+    finally:
+        gc.enable()
     return times, losses, weights, tracked
 
 
