@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -216,8 +217,9 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model", "predicted_rank": rank},
                             skip_if_exists=True)
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
-    tried = {_key(t.params) for t in study.get_trials(deepcopy=False) if _was_launched(t)}
-    launched = asks = 0
+    tried = {_plan_key(t.user_attrs["plan"]) for t in study.get_trials(deepcopy=False)
+             if _was_launched(t) and "plan" in t.user_attrs}
+    launched = asks = repeats = 0
     while launched < options.n_trials and asks < 20 * options.n_trials + options.top_k + 50:
         if len(tried) >= len(ranking.feasible) or (deadline is not None and time.monotonic() > deadline):
             break
@@ -226,8 +228,15 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         beat(study, trial)  # from now on a dead process's trial is found stale
         plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
         est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
-        if est is None or plan is None or _reuse_finished(study, trial):
+        if est is None or plan is None:
             continue
+        if _reuse_finished(study, trial, est.plan):
+            repeats += 1
+            if repeats >= _MAX_REPEATS:  # TPE keeps proposing what ran (small spaces): the ranking goes on
+                _enqueue_next_untried(study, ranking, tried)
+                repeats = 0
+            continue
+        repeats = 0
         request = TrialRequest(model=ranking.ctx.model, cluster=ranking.ctx.cluster, plan=plan,
                                trial_dir=trials_dir / f"{trial.number:05d}",
                                timeout_s=options.trial_timeout_s)
@@ -238,7 +247,7 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
             study.tell(trial, state=TrialState.FAIL)
             raise
         launched += 1
-        tried.add(_key(trial.params))
+        tried.add(_plan_key(est.plan.to_dict()))
         try:
             _record(study, trial, result, backend.measures)
         except optuna.exceptions.UpdateFinishedTrialError:  # its heartbeat came late: another worker failed
@@ -252,8 +261,20 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
     return launched
 
 
-def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted(params.items()))
+_MAX_REPEATS = 3
+"""Proposals in a row of plans already run before the cost model's best untried plan is enqueued."""
+
+
+def _plan_key(plan: Mapping[str, Any]) -> str:
+    """One key per plan: parameters that differ only in knobs the plan ignores (the schedule at PP 1, virtual
+    stages outside interleaving, ...) are the same plan, so they run once."""
+    return json.dumps(plan, sort_keys=True)
+
+
+def _enqueue_next_untried(study: optuna.Study, ranking: Ranking, tried: set[str]) -> None:
+    est = next((e for e in ranking.feasible if _plan_key(e.plan.to_dict()) not in tried), None)
+    if est is not None:
+        study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model (sampler repeated itself)"})
 
 
 def _was_launched(trial: FrozenTrial) -> bool:
@@ -295,11 +316,13 @@ def _predicted(est: Estimate) -> dict[str, Any]:
             "memory_capacity_bytes": est.memory_capacity_bytes}
 
 
-def _reuse_finished(study: optuna.Study, trial: optuna.Trial) -> bool:
+def _reuse_finished(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan) -> bool:
     """A plan already run in this study is not run again: its outcome is told once more."""
+    key = _plan_key(plan.to_dict())
     for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         status = old.user_attrs.get("status")
-        if old.number == trial.number or old.params != trial.params or status == str(TrialStatus.INFEASIBLE):
+        if (old.number == trial.number or status == str(TrialStatus.INFEASIBLE)
+                or _plan_key(old.user_attrs.get("plan", {})) != key):
             continue
         trial.set_user_attr("duplicate_of", old.number)
         for key in ("status", "measured", "error", "value_source"):

@@ -180,6 +180,22 @@ def test_duplicate_proposals_are_not_run_twice(tmp_path):
     assert any("duplicate_of" in t.user_attrs for t in study.trials)
 
 
+def test_parameters_that_name_the_same_plan_run_it_once_and_every_plan_gets_its_turn(tmp_path):
+    """At PP 1 the schedule and virtual stages mean nothing, so (pp 1, gpipe) and (pp 1, 1f1b) are one plan:
+    it runs once. TPE repeats itself in a small space; the cost model's ranking then enqueues what is left,
+    so asking for as many trials as there are plans runs every plan."""
+    space = SearchSpace(knobs={"tp": (1, 2), "pp": (1, 2), "micro_batch": (1, 2), "sharding": ("fsdp-full",),
+                               "schedule": ("1f1b", "gpipe", "interleaved"), "virtual_stages": (1, 2),
+                               "recompute": ("none", "selective")}, source="t")
+    ranking = _ranking(model="7b", space=space)
+    backend = RecordingBackend()
+    study = _study(seed=3)
+    launched = run_study(study, ranking, backend, StudyOptions(n_trials=len(ranking.feasible), top_k=0),
+                         trials_dir=tmp_path, estimator=fake_estimate)
+    assert launched == len(backend.plans) == len(set(backend.plans)) == len(ranking.feasible)
+    assert {str(p.schedule) for p in backend.plans if p.pp == 1} == {"1f1b"}  # normalised at PP 1
+
+
 def test_resume_adds_trials_to_the_same_study(tmp_path):
     ranking = _ranking()
     identity = {"model": "13b", "space": ranking.choices}
