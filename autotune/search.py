@@ -274,7 +274,7 @@ def _plan_key(plan: Mapping[str, Any]) -> str:
 def _enqueue_next_untried(study: optuna.Study, ranking: Ranking, tried: set[str]) -> None:
     est = next((e for e in ranking.feasible if _plan_key(e.plan.to_dict()) not in tried), None)
     if est is not None:
-        study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model (sampler repeated itself)"})
+        study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model (sampler repeated)"})
 
 
 def _was_launched(trial: FrozenTrial) -> bool:
