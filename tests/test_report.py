@@ -6,6 +6,7 @@ self-contained (no network reference of any kind) and every embedded figure a va
 """
 
 import base64
+import dataclasses
 import io
 import json
 import re
@@ -146,6 +147,19 @@ def test_a_missing_study_is_one_line_exit_2(tmp_path, capsys):
     assert main(["report", "nothing", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "no study 'nothing'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_stacked_time_groups_add_up_to_the_step_time_with_a_calibrated_overhead():
+    from autotune.catalog import load_model, make_cluster
+    from autotune.plan import ParallelPlan
+    from autotune.report import time_groups
+
+    cluster = dataclasses.replace(make_cluster(num_gpus=8, gpu="h100-sxm"), step_overhead_s=0.05,
+                                  microbatch_overhead_s=0.01)
+    est = estimate(load_model("7b"), cluster, ParallelPlan(dp=8, global_batch=64, micro_batch=2, seq_len=4096))
+    groups = time_groups(est)
+    assert groups["fixed overhead"] == pytest.approx(0.05 + 4 * 0.01)
+    assert sum(groups.values()) == pytest.approx(est.step_time_s)
 
 
 def test_kendall_tau_and_the_pareto_front():
