@@ -156,7 +156,8 @@ def test_the_stacked_time_groups_add_up_to_the_step_time_with_a_calibrated_overh
 
     cluster = dataclasses.replace(make_cluster(num_gpus=8, gpu="h100-sxm"), step_overhead_s=0.05,
                                   microbatch_overhead_s=0.01)
-    est = estimate(load_model("7b"), cluster, ParallelPlan(dp=8, global_batch=64, micro_batch=2, seq_len=4096))
+    plan = ParallelPlan(dp=8, global_batch=64, micro_batch=2, seq_len=4096)
+    est = estimate(load_model("7b"), cluster, plan)
     groups = time_groups(est)
     assert groups["fixed overhead"] == pytest.approx(0.05 + 4 * 0.01)
     assert sum(groups.values()) == pytest.approx(est.step_time_s)
