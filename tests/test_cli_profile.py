@@ -99,3 +99,14 @@ def test_a_missing_profile_is_one_line_exit_2(capsys, tmp_path):
     assert main(["estimate", *_CLUSTER, "--profile", str(tmp_path / "none.yaml")]) == 2
     err = capsys.readouterr().err
     assert "run `autotune probe` first" in err and err.count("\n") == 1
+
+
+def test_scale_applies_the_profile_at_every_count(capsys, profile):
+    argv = ["scale", "--model", "tiny", "--gpu", "cpu", "--gpus", "1,2", "--global-batch", "8", "--seq-len",
+            "64", "--json"]
+    assert main(argv) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--profile", str(profile)]) == 0
+    with_p = json.loads(capsys.readouterr().out)
+    for a, b in zip(with_p["points"], without["points"], strict=True):
+        assert a["num_gpus"] == b["num_gpus"] and a["tokens_per_s"] < b["tokens_per_s"]  # a slower machine

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.catalog import load_gpu, load_link, load_model, make_cluster
+from autotune.catalog import load_gpu, load_link, load_model, make_cluster, with_profile
 from autotune.cli._args import _positive_int, default_global_batch, default_seq_len
 from autotune.cli.report import _price
 from autotune.errors import ConfigError
@@ -68,6 +68,8 @@ class ScaleCommand:
         p.add_argument("--inter-node", metavar="LINK", help="inter-node NIC type: ib-200, 100gbe, 1gbe, ...")
         p.add_argument("--nics-per-node", type=_positive_int, help="NICs per node (default: the GPU's usual)")
         p.add_argument("--host-memory-gib", type=float, help="host RAM per node for offload (default 1024)")
+        p.add_argument("--profile", metavar="FILE",
+                       help="a profile from `autotune probe` (or a study's calibration), at every count")
         p.add_argument(
             "--global-batch",
             type=_positive_int,
@@ -122,7 +124,7 @@ class ScaleCommand:
 
 def _cluster_at(args: argparse.Namespace) -> Callable[[int], ClusterSpec]:
     def make(n: int) -> ClusterSpec:
-        return make_cluster(
+        cluster = make_cluster(
             num_gpus=n,
             gpu=args.gpu,
             gpus_per_node=args.gpus_per_node,
@@ -131,6 +133,7 @@ def _cluster_at(args: argparse.Namespace) -> Callable[[int], ClusterSpec]:
             nics_per_node=args.nics_per_node,
             host_memory_gib=args.host_memory_gib,
         )
+        return with_profile(cluster, args.profile) if getattr(args, "profile", None) else cluster
 
     return make
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog import make_cluster
+from autotune.catalog import make_cluster, with_profile
 from autotune.cli._args import add_model_cluster_args, add_plan_args, default_seq_len, resolve_model_cluster
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
@@ -197,9 +197,12 @@ def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
                 raise ConfigError(f"{n} GPUs is not a whole number of nodes")
             return dataclasses.replace(cluster, num_nodes=n // cluster.gpus_per_node)
         return from_file
-    return lambda n: make_cluster(num_gpus=n, gpu=args.gpu, gpus_per_node=args.gpus_per_node,
-                                  intra_node=args.intra_node, inter_node=args.inter_node,
-                                  nics_per_node=args.nics_per_node, host_memory_gib=args.host_memory_gib)
+    def from_flags(n: int) -> ClusterSpec:
+        bigger = make_cluster(num_gpus=n, gpu=args.gpu, gpus_per_node=args.gpus_per_node,
+                              intra_node=args.intra_node, inter_node=args.inter_node,
+                              nics_per_node=args.nics_per_node, host_memory_gib=args.host_memory_gib)
+        return with_profile(bigger, args.profile) if args.profile else bigger  # measured, as this one
+    return from_flags
 
 
 def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estimate,
