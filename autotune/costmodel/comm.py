@@ -87,24 +87,30 @@ def tree_allreduce_s(nbytes: float, n: int, link: GroupLink) -> float:
     return 2.0 * nbytes / link.bw_bytes_per_s + 2 * math.ceil(math.log2(n)) * link.latency_s
 
 
-def allreduce_s(nbytes: float, n: int, link: GroupLink) -> float:
-    """What NCCL's tuner picks: the faster of ring and tree (tree only across nodes)."""
-    ring = ring_allreduce_s(nbytes, n, link)
-    if link.num_nodes <= 1:
-        return ring
-    return min(ring, tree_allreduce_s(nbytes, n, link))
-
-
-def allgather_s(nbytes: float, n: int, link: GroupLink) -> float:
-    """Ring all-gather producing ``nbytes`` on every rank: ``(n-1)/n * bytes / bw + (n-1) * alpha``."""
+def allreduce_s(nbytes: float, n: int, link: GroupLink, calls: int = 1) -> float:
+    """What NCCL's tuner picks: the faster of ring and tree (tree only across nodes). ``calls``: the buffer
+    reduced in that many buckets, each paying the latency (as ``allgather_s``)."""
     if n <= 1:
         return 0.0
-    return allgather_busbw_factor(n) * nbytes / link.bw_bytes_per_s + (n - 1) * link.latency_s
+    each = nbytes / calls
+    ring = ring_allreduce_s(each, n, link)
+    if link.num_nodes > 1:
+        ring = min(ring, tree_allreduce_s(each, n, link))
+    return calls * ring
 
 
-def reduce_scatter_s(nbytes: float, n: int, link: GroupLink) -> float:
+def allgather_s(nbytes: float, n: int, link: GroupLink, calls: int = 1) -> float:
+    """Ring all-gather producing ``nbytes`` on every rank: ``(n-1)/n * bytes / bw + (n-1) * alpha``.
+    ``calls``: the payload split into that many collectives (one per FSDP unit, DeepSpeed fetch or bucket):
+    the same bytes, the ring's latency paid by each."""
+    if n <= 1:
+        return 0.0
+    return allgather_busbw_factor(n) * nbytes / link.bw_bytes_per_s + calls * (n - 1) * link.latency_s
+
+
+def reduce_scatter_s(nbytes: float, n: int, link: GroupLink, calls: int = 1) -> float:
     """Ring reduce-scatter of an ``nbytes`` input: the same traffic as an all-gather of the output."""
-    return allgather_s(nbytes, n, link)
+    return allgather_s(nbytes, n, link, calls)
 
 
 def p2p_s(nbytes: float, link: GroupLink) -> float:

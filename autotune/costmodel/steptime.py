@@ -12,16 +12,26 @@ calibration (``autotune.calibrate``) changes the calibratable ones as data, neve
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from autotune.costmodel import comm, flops, pipeline
-from autotune.costmodel.states import defers_grad_reduce
+from autotune.costmodel.states import (
+    DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
+    DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+    defers_grad_reduce,
+)
 from autotune.plan import Framework, ParallelPlan, Recompute, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "host_traffic", "step_time"]
+__all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "collective_calls", "host_traffic",
+           "step_time"]
 
+MEGATRON_BUCKET_ELEMENTS = 40_000_000
+"""Megatron-LM's gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
+``max(40_000_000, 1_000_000 * dp)`` elements (megatron/core/distributed/distributed_data_parallel.py); the
+lower bound is used (the DP term matters only beyond 40 ranks, where bandwidth dominates anyway)."""
 ACT_BYTES = 2
 """Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit)."""
 PARAM_GATHER_BYTES = 2
@@ -264,7 +274,35 @@ class DpComm(NamedTuple):
     """Once per step with no compute left to hide behind (pipelining's end-of-step FSDP2 reduction)."""
 
 
-def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float) -> DpComm:
+def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[int, int]:
+    """(parameter all-gathers, gradient reductions) one pass of the DP group issues over a rank's ``params``
+    held in ``blocks`` transformer blocks; each pays the ring latency (``comm.allgather_s`` ``calls``).
+
+    - FSDP2 (``fully_shard``/``replicate`` per block, then the root, as torchtitan and the trials wrap):
+      one of each per block plus the root's.
+    - Megatron: gradient buckets of ``MEGATRON_BUCKET_ELEMENTS`` (its DDP ``bucket_size``), the distributed
+      optimizer's parameter gather over the same buckets.
+    - DeepSpeed ZeRO-0/1/2: ``reduce_bucket_size`` / ``allreduce_bucket_size`` buckets (5e8 elements), and
+      ZeRO-1/2's ``allgather_bucket_size`` (5e8) for the updated parameters.
+      ZeRO-3: one fetch per module that holds parameters (4 attention + MLP linears + 2 norms per block, the
+      embedding, final norm and head), except that modules smaller than ``stage3_prefetch_bucket_size``
+      (5e7) ride along with a neighbour's fetch (``PartitionedParameterCoordinator.fetch_sub_module``):
+      ``min(modules, params / prefetch) + 1``; its gradients in ``reduce_bucket_size`` buckets.
+    """
+    if plan.framework is Framework.FSDP:
+        return blocks + 1, blocks + 1
+    if plan.framework is Framework.MEGATRON:
+        buckets = max(1, math.ceil(params / MEGATRON_BUCKET_ELEMENTS))
+        return buckets, buckets
+    buckets = max(1, math.ceil(params / DEEPSPEED_REDUCE_BUCKET_ELEMENTS))
+    if plan.zero_stage < 3:
+        return buckets, buckets
+    modules = blocks * (4 + model.num_mlp_matrices + 2) + 3
+    return min(modules, math.ceil(params / DEEPSPEED_PREFETCH_BUCKET_ELEMENTS)) + 1, buckets
+
+
+def _dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float,
+               blocks: int) -> DpComm:
     """DP/ZeRO/FSDP communication of one step (Rajbhandari et al. 2020 Sec. 7; Zhao et al. 2023, FSDP Sec. 3).
     The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
 
@@ -283,16 +321,19 @@ def _dp_comm_s(cluster: ClusterSpec, plan: ParallelPlan, params: float) -> DpCom
     grad_bytes = params * GRAD_REDUCE_BYTES[plan.framework.value]
     param_bytes = params * PARAM_GATHER_BYTES
     sharding = plan.sharding
+    gathers, reduces = collective_calls(model, plan, params, blocks)
     if sharding is Sharding.NONE:
-        all_reduce_s = comm.allreduce_s(grad_bytes, n, link)
+        all_reduce_s = comm.allreduce_s(grad_bytes, n, link, reduces)
         return DpComm(0.0, 0.0, all_reduce_s) if defers_grad_reduce(plan) else DpComm(0.0, all_reduce_s, 0.0)
     if sharding is Sharding.ZERO1:
-        once_s = comm.reduce_scatter_s(grad_bytes, n, link) + comm.allgather_s(param_bytes, n, link)
+        once_s = (comm.reduce_scatter_s(grad_bytes, n, link, reduces)
+                  + comm.allgather_s(param_bytes, n, link, gathers))
         return DpComm(0.0, once_s, 0.0)
     if sharding is Sharding.ZERO2:
-        return DpComm(comm.reduce_scatter_s(grad_bytes, n, link), comm.allgather_s(param_bytes, n, link), 0.0)
-    gather_s = comm.allgather_s(param_bytes, shard, link)
-    reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link)
+        return DpComm(comm.reduce_scatter_s(grad_bytes, n, link, reduces),
+                      comm.allgather_s(param_bytes, n, link, gathers), 0.0)
+    gather_s = comm.allgather_s(param_bytes, shard, link, gathers)
+    reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link, reduces)
     replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
     if defers_grad_reduce(plan):
         return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
@@ -425,7 +466,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
     mb_s = blocks * block_s + head_s
     params = _rank_params(model, plan, max(k_last, k_other))
-    dp = _dp_comm_s(cluster, plan, params)
+    dp = _dp_comm_s(cluster, model, plan, params, max(k_last, k_other))
     dp_mb_s = dp.per_microbatch_s
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)

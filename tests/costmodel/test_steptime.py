@@ -9,7 +9,14 @@ import pytest
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import flops, pipeline
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
+from autotune.costmodel.steptime import (
+    PCIE_BYTES_PER_S,
+    HostTraffic,
+    block_times,
+    collective_calls,
+    host_traffic,
+    step_time,
+)
 from autotune.plan import Framework, ParallelPlan
 from autotune.search import plan_search
 from autotune.space import load_space
@@ -225,7 +232,12 @@ def test_pipelined_fsdp_reduces_once_per_step_and_gathers_m_plus_1_times():
     t4, t8 = dp_time("fsdp-full", 4), dp_time("fsdp-full", 8)
     gather_s = (t8.dp_comm_total_s - t4.dp_comm_total_s) / 4
     reduce_s = t4.dp_comm_total_s - 5 * gather_s
-    assert reduce_s == pytest.approx(2 * gather_s, rel=0.01)  # fp32 gradients vs bf16 parameters, same ring
+    # fp32 gradients vs bf16 parameters over the same ring, each call paying the ring's latency: one per
+    # FSDP unit (the stage's 16 blocks + its root)
+    from autotune.costmodel import comm
+    assert collective_calls(model, ParallelPlan(pp=2, dp=8, global_batch=32, seq_len=4096), 0, 16) == (17, 17)
+    latency = 17 * 7 * comm.group_link(cluster, 8, 1).latency_s
+    assert reduce_s - latency == pytest.approx(2 * (gather_s - latency), rel=0.01)
     assert t4.dp_comm_s >= reduce_s
     grad_op = [dp_time("fsdp-grad-op", m).dp_comm_total_s for m in (4, 64)]
     assert grad_op == pytest.approx([gather_s + reduce_s] * 2)
