@@ -9,8 +9,7 @@ whole landscape measures in ~40 min on the 2-core machine:
 * ``offload: [false]``: on a CPU device the "host" is the device, so optimizer offload moves nothing it can
   save, and DeepSpeed's offload path adds a CPU-Adam JIT build (~41 s, PLATFORM.md);
 * ``recompute: [none]``: recompute trades time for memory, and memory is never short here (< 0.2 GiB of
-  24 GiB), so every recompute plan is a slower twin of a measured one (and DeepSpeed's pipeline with full
-  recompute fails in real trials: "element 0 of tensors does not require grad");
+  24 GiB), so every recompute plan is a slower twin of a measured one;
 * ``schedule: [1f1b, interleaved]`` with ``virtual_stages: [2]`` (FSDP space; DeepSpeed runs 1F1B only):
   GPipe has 1F1B's bubble in every model compared here, and 4 virtual stages need 16 layers on PP 4.
 
@@ -19,7 +18,7 @@ torchrun launch; repeats run in two passes (shuffled, then reversed) so load dri
 Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
 run with its load average, the median step time) and ``landscape_meta.json``.
 
-Usage:  python benchmarks/landscape.py [--repeats 2] [--budget-min 45] [--cells tiny-2-torchrun,...]
+Usage:  python benchmarks/landscape.py [--repeats 2] [--measure-steps 8] [--budget-min 45] [--cells ...]
         (resumes from runs/landscape/*.raw.jsonl; ``--budget-min 0`` only rewrites the result files)
 """
 
@@ -52,7 +51,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "runs" / "landscape"
 SEQ_LEN = 64
 SEQS_PER_RANK = 2
-WARMUP_STEPS, MEASURE_STEPS = 2, 3
+WARMUP_STEPS, MEASURE_STEPS = 2, 8
 CHUNK = 24
 """Plans per torchrun launch (bounds what one failure costs and what a long-lived process accumulates)."""
 LAUNCH_OVERHEAD_S = 3.5
@@ -97,9 +96,10 @@ def load_landscape(cell: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result_path(cell).read_text().splitlines() if line.strip()]
 
 
-def _todo(cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[str, int]]) -> list[dict]:
+def _todo(cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[str, int]],
+          measure_steps: int) -> list[dict]:
     model = load_model(cell.split("-")[0])
-    config = TrialConfig(model=model, warmup_steps=WARMUP_STEPS, measure_steps=MEASURE_STEPS,
+    config = TrialConfig(model=model, warmup_steps=WARMUP_STEPS, measure_steps=measure_steps,
                          device="cpu").to_dict()
     order = list(range(len(plans)))
     random.Random(cell).shuffle(order)
@@ -160,12 +160,13 @@ def _next_launch(cell: str, todo: list[dict]) -> list[dict]:
     return chunk
 
 
-def measure_cell(cell: str, repeats: int, deadline: float) -> dict[str, Any]:
+def measure_cell(cell: str, repeats: int, deadline: float,
+                 measure_steps: int = MEASURE_STEPS) -> dict[str, Any]:
     ranking = cell_ranking(cell)
     plans = [e.plan for e in ranking.feasible]
     raw = WORK / f"{cell}.raw.jsonl"
     while time.time() < deadline:
-        todo = _todo(cell, plans, repeats, {(r["key"], r["repeat"]) for r in _records(raw)})
+        todo = _todo(cell, plans, repeats, {(r["key"], r["repeat"]) for r in _records(raw)}, measure_steps)
         if not todo:
             break
         _launch(cell, _next_launch(cell, todo), raw)
@@ -204,15 +205,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--budget-min", type=float, default=45.0, help="stop launching after this many minutes")
     ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--measure-steps", type=int, default=MEASURE_STEPS, help="timed steps per run (median)")
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     start = time.time()
     deadline = start + 60 * args.budget_min
-    cells = [measure_cell(c, args.repeats, deadline) for c in args.cells.split(",")]
+    cells = [measure_cell(c, args.repeats, deadline, args.measure_steps) for c in args.cells.split(",")]
     import torch
 
     meta = {"cells": cells, "repeats": args.repeats, "seq_len": SEQ_LEN, "seqs_per_rank": SEQS_PER_RANK,
-            "warmup_steps": WARMUP_STEPS, "measure_steps": MEASURE_STEPS, "plans_per_launch": CHUNK,
+            "warmup_steps": WARMUP_STEPS, "measure_steps": args.measure_steps, "plans_per_launch": CHUNK,
             "launch_overhead_s": LAUNCH_OVERHEAD_S, "cuts": {k: [str(getattr(v, "value", v)) for v in vs]
                                                              for k, vs in CUTS.items()},
             "cpus": os.cpu_count(), "torch": torch.__version__,
