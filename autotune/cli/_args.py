@@ -64,18 +64,23 @@ def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterS
     else:
         if args.gpus is None:
             raise ConfigError("--gpus is required (or --cluster FILE)")
-        cluster = make_cluster(
-            num_gpus=args.gpus,
-            gpu=args.gpu,
-            gpus_per_node=args.gpus_per_node,
-            intra_node=args.intra_node,
-            inter_node=args.inter_node,
-            nics_per_node=args.nics_per_node,
-            host_memory_gib=args.host_memory_gib,
-        )
+        cluster = cluster_from_flags(args, args.gpus)
     if getattr(args, "profile", None):
         cluster = with_profile(cluster, args.profile)
     return model, cluster
+
+
+def cluster_from_flags(args: argparse.Namespace, num_gpus: int) -> ClusterSpec:
+    """``num_gpus`` of ``--gpu`` with the node and link flags (``--gpus-per-node``, ``--intra-node``, ...)."""
+    return make_cluster(
+        num_gpus=num_gpus,
+        gpu=args.gpu,
+        gpus_per_node=args.gpus_per_node,
+        intra_node=args.intra_node,
+        inter_node=args.inter_node,
+        nics_per_node=args.nics_per_node,
+        host_memory_gib=args.host_memory_gib,
+    )
 
 
 def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:

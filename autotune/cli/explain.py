@@ -15,8 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.catalog import load_cluster, load_model, make_cluster
-from autotune.cli._args import add_model_cluster_args, add_plan_args, plan_from_args, resolve_model_cluster
+from autotune.catalog import load_cluster, load_model
+from autotune.cli._args import (
+    add_model_cluster_args,
+    add_plan_args,
+    cluster_from_flags,
+    plan_from_args,
+    resolve_model_cluster,
+)
 from autotune.errors import ConfigError
 from autotune.explain import Explanation, explain
 from autotune.plan import ParallelPlan
@@ -79,15 +85,7 @@ def _inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, ParallelP
     if args.gpus is not None:
         return (
             stored,
-            make_cluster(
-                num_gpus=args.gpus,
-                gpu=args.gpu,
-                gpus_per_node=args.gpus_per_node,
-                intra_node=args.intra_node,
-                inter_node=args.inter_node,
-                nics_per_node=args.nics_per_node,
-                host_memory_gib=args.host_memory_gib,
-            ),
+            cluster_from_flags(args, args.gpus),
             doc.plan,
         )
     if doc.cluster is None:

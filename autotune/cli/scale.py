@@ -14,8 +14,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.catalog import load_gpu, load_link, load_model, make_cluster, with_profile
-from autotune.cli._args import _positive_int, default_global_batch, default_seq_len
+from autotune.catalog import load_gpu, load_link, load_model, with_profile
+from autotune.cli._args import _positive_int, cluster_from_flags, default_global_batch, default_seq_len
 from autotune.cli.report import _price
 from autotune.errors import ConfigError
 from autotune.render import gib, plan_summary
@@ -124,16 +124,8 @@ class ScaleCommand:
 
 def _cluster_at(args: argparse.Namespace) -> Callable[[int], ClusterSpec]:
     def make(n: int) -> ClusterSpec:
-        cluster = make_cluster(
-            num_gpus=n,
-            gpu=args.gpu,
-            gpus_per_node=args.gpus_per_node,
-            intra_node=args.intra_node,
-            inter_node=args.inter_node,
-            nics_per_node=args.nics_per_node,
-            host_memory_gib=args.host_memory_gib,
-        )
-        return with_profile(cluster, args.profile) if getattr(args, "profile", None) else cluster
+        cluster = cluster_from_flags(args, n)
+        return with_profile(cluster, args.profile) if args.profile else cluster
 
     return make
 

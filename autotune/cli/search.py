@@ -19,8 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog import make_cluster, with_profile
-from autotune.cli._args import add_model_cluster_args, add_plan_args, default_seq_len, resolve_model_cluster
+from autotune.catalog import with_profile
+from autotune.cli._args import (
+    add_model_cluster_args,
+    add_plan_args,
+    cluster_from_flags,
+    default_seq_len,
+    resolve_model_cluster,
+)
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
@@ -198,9 +204,7 @@ def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
             return dataclasses.replace(cluster, num_nodes=n // cluster.gpus_per_node)
         return from_file
     def from_flags(n: int) -> ClusterSpec:
-        bigger = make_cluster(num_gpus=n, gpu=args.gpu, gpus_per_node=args.gpus_per_node,
-                              intra_node=args.intra_node, inter_node=args.inter_node,
-                              nics_per_node=args.nics_per_node, host_memory_gib=args.host_memory_gib)
+        bigger = cluster_from_flags(args, n)
         return with_profile(bigger, args.profile) if args.profile else bigger  # measured, as this one
     return from_flags
 
