@@ -435,7 +435,7 @@ def test_pipelined_fsdp_keeps_the_stage_unsharded_as_torch_does():
     ``reduce_dtype`` fp32. A forward that follows a backward finds every unit of the stage gathered and 4 B
     per stage parameter accumulated, as ``deferred_reduce_bytes`` counts; the sharded gradients appear only
     after the step's reduction. Per unit and step: ``m + 1`` all-gathers (fsdp-full, any schedule), 1
-    (fsdp-grad-op), 1 reduce-scatter (steptime ``_pipelined_fsdp_comm``)."""
+    (fsdp-grad-op), 1 reduce-scatter (dpcomm ``_pipelined_fsdp_comm``)."""
     m = 4
     for rank, results in enumerate(_run_pp_fsdp_probe()):
         for case, got in results.items():

@@ -8,15 +8,9 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import flops, pipeline
+from autotune.costmodel.dpcomm import collective_calls
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.steptime import (
-    PCIE_BYTES_PER_S,
-    HostTraffic,
-    block_times,
-    collective_calls,
-    host_traffic,
-    step_time,
-)
+from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
 from autotune.plan import Framework, ParallelPlan
 from autotune.search import plan_search
 from autotune.space import load_space

@@ -1,0 +1,144 @@
+"""DP/ZeRO/FSDP communication of one optimizer step: which collectives a data-parallel group issues, how
+many calls they take, and what each can hide behind (``DpComm``); ``steptime.step_time`` overlaps them.
+
+Times come from ``comm`` (alpha-beta, nccl-tests bus-bandwidth factors); the group is ``dp x cp`` ranks at
+stride ``tp`` (rank order pp, dp, cp, tp; ``autotune.plan``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from autotune.costmodel import comm
+from autotune.costmodel.states import (
+    DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
+    DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+    defers_grad_reduce,
+)
+from autotune.plan import Framework, ParallelPlan, Sharding
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["DpComm", "collective_calls", "dp_comm_s", "gathers_per_microbatch", "GRAD_REDUCE_BYTES",
+           "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS"]
+
+MEGATRON_BUCKET_ELEMENTS = 40_000_000
+"""Megatron-LM's gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
+``max(40_000_000, 1_000_000 * dp)`` elements (megatron/core/distributed/distributed_data_parallel.py); the
+lower bound is used (the DP term matters only beyond 40 ranks, where bandwidth dominates anyway)."""
+PARAM_GATHER_BYTES = 2
+"""Bytes per parameter of ZeRO/FSDP all-gathers (16-bit compute weights)."""
+GRAD_REDUCE_BYTES = {"megatron": 4, "fsdp": 4, "deepspeed": 2}
+"""Bytes per gradient element reduced over DP: Megatron reduces its fp32 ``main_grad`` buffer; torchtitan's
+FSDP2 policy uses ``reduce_dtype=float32``; DeepSpeed's ``communication_data_type`` defaults to the 16-bit
+model dtype."""
+
+
+class DpComm(NamedTuple):
+    """Seconds of DP/ZeRO/FSDP collectives per optimizer step, by what they can hide behind."""
+
+    per_microbatch_s: float
+    """Issued in every micro-batch; hides behind that micro-batch's compute."""
+    once_s: float
+    """Once per step, overlapping one micro-batch's compute (bucketed reduction in the last backward)."""
+    tail_s: float
+    """Once per step with no compute left to hide behind (pipelining's end-of-step FSDP2 reduction)."""
+
+
+def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[int, int]:
+    """(parameter all-gathers, gradient reductions) one pass of the DP group issues over a rank's ``params``
+    held in ``blocks`` transformer blocks; each pays the ring latency (``comm.allgather_s`` ``calls``).
+
+    - FSDP2 (``fully_shard``/``replicate`` per block, then the root, as torchtitan and the trials wrap):
+      one of each per block plus the root's.
+    - Megatron: gradient buckets of ``MEGATRON_BUCKET_ELEMENTS`` (its DDP ``bucket_size``), the distributed
+      optimizer's parameter gather over the same buckets.
+    - DeepSpeed ZeRO-0/1/2: ``reduce_bucket_size`` / ``allreduce_bucket_size`` buckets (5e8 elements), and
+      ZeRO-1/2's ``allgather_bucket_size`` (5e8) for the updated parameters.
+      ZeRO-3: one fetch per module that holds parameters (4 attention + MLP linears + 2 norms per block, the
+      embedding, final norm and head), except that modules smaller than ``stage3_prefetch_bucket_size``
+      (5e7) ride along with a neighbour's fetch (``PartitionedParameterCoordinator.fetch_sub_module``):
+      ``min(modules, params / prefetch) + 1``; its gradients in ``reduce_bucket_size`` buckets.
+    """
+    if plan.framework is Framework.FSDP:
+        return blocks + 1, blocks + 1
+    if plan.framework is Framework.MEGATRON:
+        buckets = max(1, math.ceil(params / MEGATRON_BUCKET_ELEMENTS))
+        return buckets, buckets
+    buckets = max(1, math.ceil(params / DEEPSPEED_REDUCE_BUCKET_ELEMENTS))
+    if plan.zero_stage < 3:
+        return buckets, buckets
+    modules = blocks * (4 + model.num_mlp_matrices + 2) + 3
+    return min(modules, math.ceil(params / DEEPSPEED_PREFETCH_BUCKET_ELEMENTS)) + 1, buckets
+
+
+def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float,
+               blocks: int) -> DpComm:
+    """DP/ZeRO/FSDP communication of one step (Rajbhandari et al. 2020 Sec. 7; Zhao et al. 2023, FSDP Sec. 3).
+    The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
+
+    none: all-reduce grads once per step. zero1: reduce-scatter grads + all-gather 16-bit params once per step
+    (Megatron distributed optimizer; DeepSpeed stage 1 with ``reduce_scatter: true``). zero2: DeepSpeed
+    reduces gradients in every micro-batch's backward, gathers params once. zero3 / fsdp-full / hsdp: every
+    micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
+    keeps the forward gather for backward. hsdp shards inside groups of ``hsdp_shard_size`` and all-reduces
+    the shard across replicas once per step. FSDP2 under pipelining: ``_pipelined_fsdp_comm``.
+    """
+    n = plan.dp * plan.cp
+    if n <= 1:
+        return DpComm(0.0, 0.0, 0.0)
+    shard = plan.shard_degree * plan.cp
+    link = comm.group_link(cluster, shard, plan.tp)
+    grad_bytes = params * GRAD_REDUCE_BYTES[plan.framework.value]
+    param_bytes = params * PARAM_GATHER_BYTES
+    sharding = plan.sharding
+    gathers, reduces = collective_calls(model, plan, params, blocks)
+    if sharding is Sharding.NONE:
+        all_reduce_s = comm.allreduce_s(grad_bytes, n, link, reduces)
+        return DpComm(0.0, 0.0, all_reduce_s) if defers_grad_reduce(plan) else DpComm(0.0, all_reduce_s, 0.0)
+    if sharding is Sharding.ZERO1:
+        once_s = (comm.reduce_scatter_s(grad_bytes, n, link, reduces)
+                  + comm.allgather_s(param_bytes, n, link, gathers))
+        return DpComm(0.0, once_s, 0.0)
+    if sharding is Sharding.ZERO2:
+        return DpComm(comm.reduce_scatter_s(grad_bytes, n, link, reduces),
+                      comm.allgather_s(param_bytes, n, link, gathers), 0.0)
+    gather_s = comm.allgather_s(param_bytes, shard, link, gathers)
+    reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link, reduces)
+    replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
+    if defers_grad_reduce(plan):
+        return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
+    return DpComm(gathers_per_microbatch(plan) * gather_s + reduce_s, replica_s, 0.0)
+
+
+def _hsdp_replica_s(cluster: ClusterSpec, plan: ParallelPlan, shard_grad_bytes: float) -> float:
+    """HSDP's all-reduce of the reduce-scattered shard across the ``dp / hsdp_shard_size`` replicas."""
+    shard = plan.shard_degree * plan.cp
+    replicas = plan.dp * plan.cp // shard
+    return comm.allreduce_s(shard_grad_bytes, replicas, comm.group_link(cluster, replicas, plan.tp * shard))
+
+
+def _pipelined_fsdp_comm(plan: ParallelPlan, gather_s: float, reduce_s: float) -> DpComm:
+    """FSDP2 stages of ``torch.distributed.pipelining`` (``states.defers_grad_reduce``; torch 2.13).
+
+    Gradients: one reduce-scatter (and HSDP all-reduce) per step, in ``perform_reduce_grad`` after the last
+    backward (stage.py); its ``_root_post_backward_final_callback`` runs ``finalize_backward``
+    (fsdp/_fully_shard/_fsdp_param_group.py), which makes the compute stream wait on every reduction: exposed.
+    Gathers: a unit gathered in backward stays gathered (``reshard_after_backward=False``), so the next
+    forward's ``unshard`` is a no-op (``if self.is_unsharded: return``) and a backward right after a backward
+    gathers nothing. A stage's ``m`` forwards and ``m`` backwards, starting with a forward and ending with a
+    backward, thus gather ``m + 1`` times in every schedule (GPipe: ``m`` forwards + the first backward;
+    1F1B: the warm-up forwards + each backward that follows a forward); fsdp-grad-op
+    (``reshard_after_forward=False``) gathers once, in the first forward. Interleaved (schedules.py
+    ``_add_unshard_reshard``) gathers each chunk when it becomes active, in place of its first forward's
+    gather; with more than ``max_active_stages=3`` chunks per rank, evicted chunks re-gather (not counted)."""
+    if plan.sharding is Sharding.FSDP_GRAD_OP:
+        return DpComm(0.0, gather_s, reduce_s)
+    m = plan.num_microbatches
+    return DpComm((m + 1) / m * gather_s, 0.0, reduce_s)
+
+
+def gathers_per_microbatch(plan: ParallelPlan) -> int:
+    """Parameter all-gathers per micro-batch of ZeRO-3/FSDP: forward and backward, or one for fsdp-grad-op
+    (``reshard_after_forward=False``)."""
+    return 1 if plan.sharding is Sharding.FSDP_GRAD_OP else 2
