@@ -45,6 +45,7 @@ from autotune.plan import ParallelPlan, Recompute, Schedule  # noqa: E402
 from autotune.search import Ranking, plan_search  # noqa: E402
 from autotune.space import load_space, params_of  # noqa: E402
 from autotune.trials.config import TrialConfig  # noqa: E402
+from autotune.trials.cpu import cpu_share  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -116,7 +117,7 @@ def _todo(cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[st
 def _env(nproc: int) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))  # as trials/runner.py does
+    env["OMP_NUM_THREADS"] = str(cpu_share(len(os.sched_getaffinity(0)), nproc)[0])  # as runner.py
     env["DS_ACCELERATOR"] = "cpu"
     env.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".torch_extensions"))
     return env

@@ -16,8 +16,9 @@ The load average lags, so each trial also measures the CPU time *other* processe
 (machine busy time from /proc/stat minus this process's and its reaped children's CPU time, over wall x
 cores). A trial during which that share exceeds ``--max-foreign`` is rejected and repeated (at most
 ``--retries`` times); rejected trials are kept in the JSON, and the CoV over every trial is reported too.
-The worker gives each rank ``cores // ranks`` threads (``pin_cpu_threads``); ``--affinity`` also pins each
-rank to its own cores (``AUTOTUNE_CPU_AFFINITY=1``).
+Threads and pinning per rank follow the trials' policy (``autotune/trials/cpu.py``: with a spare core each
+rank is pinned to its own cores, one core is left to the launcher); ``--threads`` and ``--affinity on|off``
+override it to compare.
 
 Usage:  python benchmarks/trial_overhead.py [--repeats 5] [--steps 30] [--out benchmarks/results]
 """
@@ -43,6 +44,7 @@ from autotune.backends.base import TrialRequest  # noqa: E402
 from autotune.backends.torchrun import TorchrunBackend  # noqa: E402
 from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
+from autotune.trials.cpu import CPU_AFFINITY_ENV  # noqa: E402
 from autotune.trials.runner import Launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,13 +74,13 @@ def _cpu_seconds() -> tuple[float, float]:
 
 
 def _one(name: str, plan: ParallelPlan, trial_dir: Path, warmup: int, steps: int,
-         threads: int | None, affinity: bool = False) -> dict[str, Any]:
+         threads: int | None, affinity: str = "policy") -> dict[str, Any]:
     cluster = make_cluster(num_gpus=plan.world_size, gpu="cpu")
     request = TrialRequest(model=load_model("tiny"), cluster=cluster, plan=plan, trial_dir=trial_dir,
                            timeout_s=300, warmup_steps=warmup, measure_steps=steps)
     env = {"OMP_NUM_THREADS": str(threads)} if threads else {}
-    if affinity:
-        env["AUTOTUNE_CPU_AFFINITY"] = "1"
+    if affinity != "policy":
+        env[CPU_AFFINITY_ENV] = "1" if affinity == "on" else "0"
     busy0, own0 = _cpu_seconds()
     result = TorchrunBackend(device="cpu", launch=Launch(env=env)).run(request)
     busy1, own1 = _cpu_seconds()
@@ -149,17 +151,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--quiet-load", type=float, default=1.5, help="wait for a 1-min load below this")
     parser.add_argument("--max-wait", type=float, default=1800.0, help="seconds to wait for it per trial")
-    parser.add_argument("--affinity", action="store_true", help="pin each rank to its own cores")
+    parser.add_argument("--affinity", choices=("policy", "on", "off"), default="policy",
+                        help="pin each rank to its own cores: as trials do (trials/cpu.py), always or never")
     parser.add_argument("--max-foreign", type=float, default=0.05,
                         help="reject a trial when other processes used more than this share of the CPUs")
     parser.add_argument("--retries", type=int, default=3, help="rejected trials repeated per repeat")
     parser.add_argument("--threads", type=int, default=None,
-                        help="OMP_NUM_THREADS per rank (default: the runner's, CPUs / ranks)")
+                        help="OMP_NUM_THREADS per rank (default: the runner's, trials/cpu.py)")
     parser.add_argument("--layouts", nargs="+", choices=sorted(PLANS), default=list(PLANS))
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"repeats": args.repeats, "warmup_steps": args.warmup, "measure_steps": args.steps,
-                           "omp_num_threads": args.threads or "CPUs / ranks (runner and worker default)",
+                           "omp_num_threads": args.threads or "trials/cpu.py (runner and worker default)",
                            "affinity": args.affinity, "quiet_load": args.quiet_load,
                            "max_foreign": args.max_foreign, "rejected": {},
                            "cpus": os.cpu_count(), "python": platform.python_version(),

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.catalog import load_gpu
 from autotune.errors import ConfigError
+from autotune.trials.cpu import cpu_share
 
 __all__ = ["ProbeCommand", "parse_size"]
 
@@ -112,7 +113,7 @@ def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
            "-m", "autotune.probe.worker", "--out", str(out), "--device", device,
            "--min-bytes", str(args.min_size), "--max-bytes", str(args.max_size)] + (["--quick"] * args.quick)
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))  # as trials run
+    env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(os.sched_getaffinity(0)), nproc)[0]))  # as trials run
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     try:

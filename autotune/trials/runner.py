@@ -38,6 +38,7 @@ from autotune.backends.base import ReportFn, TrialRequest
 from autotune.catalog import load_gpu
 from autotune.trials.command import torchrun_command, worker_entry
 from autotune.trials.config import TrialConfig
+from autotune.trials.cpu import cpu_share
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Launch", "trial_config", "launch_command", "run_trial", "run_commands", "live_trial_pids"]
@@ -100,7 +101,8 @@ def launch_command(trial_dir: Path, *, nproc: int, launch: Launch) -> list[str]:
 def _environment(config: TrialConfig, nproc: int, launch: Launch) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    cores = len(os.sched_getaffinity(0))
+    env.setdefault("OMP_NUM_THREADS", str(cpu_share(cores, nproc, single_node=launch.nnodes == 1)[0]))
     env.setdefault("PET_MONITOR_INTERVAL", _MONITOR_INTERVAL_S)  # torchrun --monitor-interval (see _POLL_S)
     env.setdefault("TORCH_EXTENSIONS_DIR", str(_REPO_ROOT / ".torch_extensions"))
     if config.device == "cpu":

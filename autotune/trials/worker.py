@@ -35,13 +35,12 @@ import torch.distributed as dist
 
 from autotune.plan import Framework, ParallelPlan
 from autotune.trials.config import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, TrialConfig, slowdown_s
+from autotune.trials.cpu import CPU_AFFINITY_ENV, cpu_share
 from autotune.trials.model import model_flops_per_token
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["main", "init_distributed", "make_trainer", "run_trial", "pin_cpu_threads"]
 
-CPU_AFFINITY_ENV = "AUTOTUNE_CPU_AFFINITY"
-"""``1``: pin each CPU trial rank to its own cores (``pin_cpu_threads``)."""
 _RSS_AT_START = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
@@ -59,15 +58,14 @@ def _marker(trial_dir: Path, name: str, rank: int) -> None:
 
 
 def pin_cpu_threads() -> int:
-    """CPU trials: each local rank gets its share of the cores this process may use (``cores // ranks``
-    intra-op threads, one inter-op thread). torch defaults to every core in every process, so ranks would
-    oversubscribe the CPU and time each other's context switches. ``OMP_NUM_THREADS`` (the runner sets it
-    the same way) wins when set explicitly. With ``AUTOTUNE_CPU_AFFINITY=1`` each rank is also pinned to its
-    own slice of the cores (no migrations). Returns the thread count."""
+    """CPU trials: this local rank's intra-op threads (and cores, when pinned) by ``trials.cpu.cpu_share``;
+    one inter-op thread. ``OMP_NUM_THREADS`` wins when set explicitly. Returns the thread count."""
     allowed = sorted(os.sched_getaffinity(0))
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    share = max(1, len(allowed) // ranks)
-    if os.environ.get(CPU_AFFINITY_ENV) == "1" and len(allowed) >= ranks:
+    single_node = int(os.environ.get("WORLD_SIZE", ranks)) <= ranks
+    share, pin = cpu_share(len(allowed), ranks, single_node=single_node)
+    pin = {"1": True, "0": False}.get(os.environ.get(CPU_AFFINITY_ENV, ""), pin)
+    if pin and len(allowed) >= ranks:
         local = int(os.environ.get("LOCAL_RANK", 0))
         os.sched_setaffinity(0, allowed[local * share:(local + 1) * share])
     threads = int(os.environ.get("OMP_NUM_THREADS") or share)
