@@ -184,6 +184,8 @@ def load_gpu(name: str) -> GPUSpec:
         default_inter_node_link=g["default_inter_node_link"],
         default_nics_per_node=int(g["default_nics_per_node"]),
         sources=tuple(g.get("sources", ())),
+        half_bytes=int(g.get("half_bytes", 2)),
+        op_overhead_s=float(g.get("op_overhead_us", 0.0)) * 1e-6,
     )
 
 

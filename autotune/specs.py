@@ -101,6 +101,15 @@ class GPUSpec:
     default_inter_node_link: str
     default_nics_per_node: int
     sources: tuple[str, ...] = ()
+    op_overhead_s: float = 0.0
+    """Host seconds per eager operator (Python, dispatcher, autograd) that the device does not hide. 0 on
+    GPUs: kernels run asynchronously and at training shapes outlast their ~5-10 us launches. On the CPU trial
+    device the operators run on the host itself, so every one costs it: measured by ``autotune probe``
+    (``probe.overhead``) and charged per operator the trial model runs (``costmodel.hostops``)."""
+    half_bytes: int = 2
+    """Bytes a 16-bit (bf16/fp16) tensor of a plan takes on this device: 4 on the CPU trial device, which runs
+    bf16 plans in fp32 (trials/train.py ``compute_dtype``), so its activations, gathered weights and 16-bit
+    gradients move twice the bytes through its collectives."""
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""

@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 from autotune.costmodel import comm
 from autotune.costmodel.states import (
-    DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
     DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
     defers_grad_reduce,
 )
@@ -22,12 +21,19 @@ from autotune.specs import ClusterSpec, ModelSpec
 __all__ = ["DpComm", "collective_calls", "dp_comm_s", "gathers_per_microbatch", "GRAD_REDUCE_BYTES",
            "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS"]
 
+DEEPSPEED_MAX_REUSE_ELEMENTS = 1_000_000_000
+"""DeepSpeed ZeRO-3 ``stage3_max_reuse_distance`` (and ``stage3_max_live_parameters``), default 1e9
+elements: a fetched parameter is not released if it will be used again within that many fetched elements
+(deepspeed/runtime/zero/partitioned_param_coordinator.py ``release_sub_module``). A rank whose whole model is
+under it keeps every parameter it gathered: counted on 2 gloo ranks (``tiny``), one all-gather per module per
+step, 38 calls at 1 and 39 at 2 micro-batches, none repeated in backward or the next micro-batch."""
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
 """Megatron-LM's gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
 ``max(40_000_000, 1_000_000 * dp)`` elements (megatron/core/distributed/distributed_data_parallel.py); the
 lower bound is used (the DP term matters only beyond 40 ranks, where bandwidth dominates anyway)."""
 PARAM_GATHER_BYTES = 2
-"""Bytes per parameter of ZeRO/FSDP all-gathers (16-bit compute weights)."""
+"""Bytes per parameter of ZeRO/FSDP all-gathers (16-bit compute weights; ``GPUSpec.half_bytes`` on a device
+that runs 16-bit plans wider)."""
 GRAD_REDUCE_BYTES = {"megatron": 4, "fsdp": 4, "deepspeed": 2}
 """Bytes per gradient element reduced over DP: Megatron reduces its fp32 ``main_grad`` buffer; torchtitan's
 FSDP2 policy uses ``reduce_dtype=float32``; DeepSpeed's ``communication_data_type`` defaults to the 16-bit
@@ -56,9 +62,8 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
     - DeepSpeed ZeRO-0/1/2: ``reduce_bucket_size`` / ``allreduce_bucket_size`` buckets (5e8 elements), and
       ZeRO-1/2's ``allgather_bucket_size`` (5e8) for the updated parameters.
       ZeRO-3: one fetch per module that holds parameters (4 attention + MLP linears + 2 norms per block, the
-      embedding, final norm and head), except that modules smaller than ``stage3_prefetch_bucket_size``
-      (5e7) ride along with a neighbour's fetch (``PartitionedParameterCoordinator.fetch_sub_module``):
-      ``min(modules, params / prefetch) + 1``; its gradients in ``reduce_bucket_size`` buckets.
+      embedding, final norm and head), each its own all-gather (counted on the trials: 38 for ``tiny``'s 39
+      modules); its gradients in ``reduce_bucket_size`` buckets.
     """
     if plan.framework is Framework.FSDP:
         return blocks + 1, blocks + 1
@@ -68,8 +73,7 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
     buckets = max(1, math.ceil(params / DEEPSPEED_REDUCE_BUCKET_ELEMENTS))
     if plan.zero_stage < 3:
         return buckets, buckets
-    modules = blocks * (4 + model.num_mlp_matrices + 2) + 3
-    return min(modules, math.ceil(params / DEEPSPEED_PREFETCH_BUCKET_ELEMENTS)) + 1, buckets
+    return blocks * (4 + model.num_mlp_matrices + 2) + 3, buckets
 
 
 def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float,
@@ -77,7 +81,8 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     """DP/ZeRO/FSDP communication of one step (Rajbhandari et al. 2020 Sec. 7; Zhao et al. 2023, FSDP Sec. 3).
     The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
 
-    none: all-reduce grads once per step. zero1: reduce-scatter grads + all-gather 16-bit params once per step
+    none: all-reduce grads once per step (FSDP2's ``replicate``: in every micro-batch's backward).
+    zero1: reduce-scatter grads + all-gather 16-bit params once per step
     (Megatron distributed optimizer; DeepSpeed stage 1 with ``reduce_scatter: true``). zero2: DeepSpeed
     reduces gradients in every micro-batch's backward, gathers params once. zero3 / fsdp-full / hsdp: every
     micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
@@ -89,13 +94,20 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
         return DpComm(0.0, 0.0, 0.0)
     shard = plan.shard_degree * plan.cp
     link = comm.group_link(cluster, shard, plan.tp)
+    widen = cluster.gpu.half_bytes / 2  # 2 on the CPU trial device, which runs 16-bit plans in fp32
     grad_bytes = params * GRAD_REDUCE_BYTES[plan.framework.value]
-    param_bytes = params * PARAM_GATHER_BYTES
+    if plan.framework is Framework.DEEPSPEED:  # 16-bit gradients (fp32 ones stay fp32)
+        grad_bytes *= widen
+    param_bytes = params * PARAM_GATHER_BYTES * widen
     sharding = plan.sharding
     gathers, reduces = collective_calls(model, plan, params, blocks)
     if sharding is Sharding.NONE:
         all_reduce_s = comm.allreduce_s(grad_bytes, n, link, reduces)
-        return DpComm(0.0, 0.0, all_reduce_s) if defers_grad_reduce(plan) else DpComm(0.0, all_reduce_s, 0.0)
+        if defers_grad_reduce(plan):
+            return DpComm(0.0, 0.0, all_reduce_s)
+        if plan.framework is Framework.FSDP:  # replicate() reduces every backward (no no_sync in the loop)
+            return DpComm(all_reduce_s, 0.0, 0.0)
+        return DpComm(0.0, all_reduce_s, 0.0)
     if sharding is Sharding.ZERO1:
         once_s = (comm.reduce_scatter_s(grad_bytes, n, link, reduces)
                   + comm.allgather_s(param_bytes, n, link, gathers))
@@ -108,6 +120,8 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
     if defers_grad_reduce(plan):
         return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
+    if plan.framework is Framework.DEEPSPEED and params <= DEEPSPEED_MAX_REUSE_ELEMENTS:
+        return DpComm(reduce_s, gather_s, 0.0)  # gathered once per step, kept (DEEPSPEED_MAX_REUSE_ELEMENTS)
     return DpComm(gathers_per_microbatch(plan) * gather_s + reduce_s, replica_s, 0.0)
 
 

@@ -17,13 +17,13 @@ from typing import NamedTuple
 
 from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch
+from autotune.costmodel.hostops import block_host_s, edge_host_s
+from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "host_traffic", "step_time"]
 
-ACT_BYTES = 2
-"""Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit)."""
 DP_OVERLAP_FRACTION = 0.8
 """Share of the overlappable compute window during which DP/ZeRO/FSDP collectives run hidden. Below 1 because
 NCCL kernels take SMs and HBM bandwidth from the GEMMs they hide behind (PyTorch DDP paper, Li et al. 2020,
@@ -106,7 +106,8 @@ class TimeBreakdown:
     """DP communication including the part hidden behind backward (for reports)."""
     overhead_s: float = 0.0
     """Fixed per-step and per-micro-batch overhead (``ClusterSpec.step_overhead_s`` + micro-batches x
-    ``microbatch_overhead_s``): 0 unless calibrated from trials."""
+    ``microbatch_overhead_s``; 0 unless calibrated from trials) and, where the device does not hide it, the
+    host time of the eager operators (``hostops``; 0 on GPUs)."""
 
     @property
     def step_time_s(self) -> float:
@@ -138,6 +139,14 @@ class BlockTimes(NamedTuple):
     """Exposed ring-attention K/V exchange."""
     head_s: float
     """LM head forward + backward and its loss (on the last pipeline rank only)."""
+    head_tp_s: float = 0.0
+    """TP collectives of the LM head and loss (last pipeline rank; ``tpcomm.edge_collectives_s``)."""
+    embed_tp_s: float = 0.0
+    """TP collectives of the embedding (first pipeline rank)."""
+    host_s: float = 0.0
+    """Host time of the block's eager operators where the device does not hide it (``hostops``; 0 on GPUs)."""
+    edge_host_s: float = 0.0
+    """The same for the embedding, head and loss (charged to the last pipeline rank)."""
 
     @property
     def fwd_s(self) -> float:
@@ -151,7 +160,7 @@ class BlockTimes(NamedTuple):
 
     @property
     def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s
 
 
 def _rates(cluster: ClusterSpec, precision: str) -> tuple[float, float, float]:
@@ -175,23 +184,22 @@ def _cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, to
     if plan.cp <= 1:
         return 0.0
     link = comm.group_link(cluster, plan.cp, plan.tp)
-    step_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * ACT_BYTES
+    step_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * act_bytes(cluster)
     fwd = (plan.cp - 1) * comm.p2p_s(step_bytes, link)
     return max(0.0, fwd - attn_fwd_s) + max(0.0, 2 * fwd - 2 * attn_fwd_s)
 
 
-def _tp_exposed_s(one_s: float, plan: ParallelPlan, wgrad_s: float, overlap: bool,
+def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: float, overlap: bool,
                   overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
-    """TP collectives of one block (Shoeybi et al. 2019 Sec. 3; Korthikanti et al. 2022 Sec. 4.2.2): 2
-    all-reduces of ``b s h`` in forward and 2 in backward, or with sequence parallelism 2 all-gathers + 2
-    reduce-scatters (same ring time); a fully recomputed forward repeats its 2. Forward ones sit between
-    dependent GEMMs and are exposed. With ``overlap`` the backward ones run under the weight-gradient GEMMs
-    (Megatron-LM's async TP all-reduce, since commit 16c90445e7, 2021-09), up to ``DP_OVERLAP_FRACTION`` of
-    them."""
-    fwd = (4 if plan.recompute is Recompute.FULL else 2) * one_s
+    """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
+    or reduce-scatter pair of the same ring time; how many per framework: ``tpcomm.block_collectives``.
+    Forward ones sit between dependent GEMMs and are exposed. With ``overlap`` the backward ones run under
+    the weight-gradient GEMMs (Megatron-LM's async TP all-reduce, since commit 16c90445e7, 2021-09), up to
+    ``DP_OVERLAP_FRACTION`` of them."""
+    fwd_n, bwd_n = block_collectives(model, plan)
     if overlap:
-        return fwd + max(0.0, 2 * one_s - overlap_fraction * wgrad_s)
-    return fwd + 2 * one_s
+        return fwd_n * one_s + max(0.0, bwd_n * one_s - overlap_fraction * wgrad_s)
+    return (fwd_n + bwd_n) * one_s
 
 
 def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
@@ -216,14 +224,17 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
                    else attn_s + score_s if recompute is Recompute.SELECTIVE else 0.0)
     tp_s = 0.0
     if tp > 1:
-        one = comm.allreduce_s(tokens * model.hidden_size * ACT_BYTES, tp, comm.group_link(cluster, tp, 1))
+        hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)
+        one = comm.allreduce_s(hidden_bytes, tp, comm.group_link(cluster, tp, 1))
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
-        tp_s = _tp_exposed_s(one, plan, gemm_s, overlap, _overlap_fraction(cluster))
+        tp_s = _tp_exposed_s(one, model, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = tokens * (3 * flops.lm_head_flops_per_token(model) / gemm_rate
                        + flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate) / tp
     cp_s = _cp_exposed_s(model, cluster, plan, tokens, attn_s)
     slowdown = FLASH_BWD_SLOWDOWN.get(cluster.gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash_attention else 1.0
-    return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s)
+    embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
+    return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s,
+                      head_tp_s, embed_tp_s, block_host_s(model, cluster, plan), edge_host_s(cluster))
 
 
 def _overlap_fraction(cluster: ClusterSpec) -> float:
@@ -320,7 +331,7 @@ def _pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> flo
     if plan.pp <= 1:
         return 0.0
     link = comm.group_link(cluster, plan.pp, plan.tp * plan.cp * plan.dp)
-    nbytes = plan.micro_batch * plan.seq_len / plan.cp * model.hidden_size * ACT_BYTES / plan.tp
+    nbytes = plan.micro_batch * plan.seq_len / plan.cp * model.hidden_size * act_bytes(cluster) / plan.tp
     return plan.num_microbatches * 2 * plan.virtual_stages * comm.p2p_s(nbytes, link)
 
 
@@ -331,14 +342,19 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     bt = block_times(model, cluster, plan, flash_attention=flash_attention,
                      tp_backward_overlap=tp_backward_overlap)
     block_s = bt.total_s
-    k_last, k_other = pipeline.stage_split(model.num_layers, plan.pp, bt.head_s / block_s)
-    last_busier = k_last + bt.head_s / block_s >= k_other
+    # the last pipeline rank runs the head (and with PP=1 the embedding too); the first runs the embedding
+    last_tp_s = bt.head_tp_s + (bt.embed_tp_s if plan.pp == 1 else 0.0)
+    last_extra_s = bt.head_s + last_tp_s + bt.edge_host_s
+    k_last, k_other = pipeline.stage_split(model.num_layers, plan.pp, last_extra_s / block_s)
+    last_busier = k_last + last_extra_s / block_s >= k_other
     blocks = k_last if last_busier else k_other
     head_s = bt.head_s if last_busier else 0.0
+    edge_tp_s = last_tp_s if last_busier else bt.embed_tp_s
+    edge_host = bt.edge_host_s if last_busier else 0.0
     m = plan.num_microbatches
     ov = _overlap_fraction(cluster)
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
-    mb_s = blocks * block_s + head_s
+    mb_s = blocks * block_s + head_s + edge_tp_s + edge_host
     params = _rank_params(model, plan, max(k_last, k_other))
     dp = dp_comm_s(cluster, model, plan, params, max(k_last, k_other))
     dp_mb_s = dp.per_microbatch_s
@@ -355,10 +371,11 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     return TimeBreakdown(
         compute_s=m * (blocks * (bt.fwd_s + bt.bwd_s) + head_s),
         recompute_s=m * blocks * bt.recompute_s,
-        tp_comm_s=m * blocks * bt.tp_s,
+        tp_comm_s=m * (blocks * bt.tp_s + edge_tp_s),
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
-        overhead_s=cluster.step_overhead_s + m * cluster.microbatch_overhead_s,
+        overhead_s=(cluster.step_overhead_s
+                    + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)),
         pp_bubble_s=pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages) * m * mb_s,
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
         model_flops=model_flops, hardware_flops=model_flops + extra,

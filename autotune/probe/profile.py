@@ -7,12 +7,13 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
 ``gpu_overrides``    ``gemm_efficiency``; on a CPU also the peaks ``fp32_tflops`` / ``bf16_tflops`` (the
                      catalog has no datasheet for "a CPU": the best measured GEMM becomes the peak) and
                      ``memory_bandwidth_gb_s`` (measured copy bandwidth / ``steptime.HBM_EFFICIENCY``, so the
-                     model's streaming rate is the measured one)
+                     model's streaming rate is the measured one) and ``op_overhead_us``, the host time per
+                     eager operator (``probe.overhead``)
 ``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
 ``cluster``          ``collective_efficiency`` (1.0: the link numbers are already what collectives reach),
-                     and from a calibration ``dp_overlap_fraction``, ``step_overhead_s``,
-                     ``microbatch_overhead_s``
+                     ``dp_overlap_fraction`` (measured by ``probe.overlap``, or fitted by a calibration),
+                     and from a calibration ``step_overhead_s``, ``microbatch_overhead_s``
 
 A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a valid ``--profile`` too.
 """
@@ -34,7 +35,8 @@ __all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_p
            "PROFILE_DIR"]
 
 PROFILE_DIR = Path("runs") / "profiles"
-_GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s"}
+_GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
+             "op_overhead_us"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s"}
 _TOP_KEYS = {"name", "kind", "measured", "gpu", "gpu_overrides", "intra_node_link", "inter_node_link",
@@ -123,6 +125,7 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         gemm_efficiency=g.get("gemm_efficiency", cluster.gpu.gemm_efficiency),
         memory_bandwidth_bytes_per_s=(g["memory_bandwidth_gb_s"] * 1e9 if "memory_bandwidth_gb_s" in g
                                       else cluster.gpu.memory_bandwidth_bytes_per_s),
+        op_overhead_s=g["op_overhead_us"] * 1e-6 if "op_overhead_us" in g else cluster.gpu.op_overhead_s,
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     return dataclasses.replace(
@@ -191,6 +194,10 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
                   f"{raw['local_world_size']} ranks, torch {raw['torch']}, load average "
                   f"{raw['load_avg_before']} -> {raw['load_avg_after']}",
         "gpu_overrides": overrides, "cluster": {"collective_efficiency": 1.0}}
+    if raw.get("overlap"):
+        out["cluster"]["dp_overlap_fraction"] = round(raw["overlap"]["dp_overlap_fraction"], 3)
+    if on_cpu and raw.get("op_overhead"):  # on GPUs the launches hide behind the kernels (GPUSpec)
+        overrides["op_overhead_us"] = round(raw["op_overhead"]["op_overhead_s"] * 1e6, 3)
     intra = _link_fit(raw, "intra", 1)
     inter = _link_fit(raw, "inter", nics_per_node)
     if intra:
@@ -199,5 +206,6 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
         out["inter_node_link"] = inter
     out["summary"] = _summary(raw)
     out["measurements"] = {"gemm": raw["gemm"], "collectives": raw["collectives"],
-                           "copy_bytes_per_s": raw["copy_bytes_per_s"]}
+                           "copy_bytes_per_s": raw["copy_bytes_per_s"], "overlap": raw.get("overlap"),
+                           "op_overhead": raw.get("op_overhead")}
     return out

@@ -9,6 +9,7 @@ import yaml
 
 from autotune.catalog import make_cluster, with_profile
 from autotune.cli import main
+from autotune.costmodel.hostops import BLOCK_OPS
 from autotune.errors import ConfigError
 from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
 from autotune.probe.profile import fit_alpha_beta, load_profile
@@ -80,6 +81,19 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert cluster.intra_link.bw_bytes_per_s == pytest.approx(link["bw_gb_s"] * 1e9)
     assert cluster.gpu.fp32_flops == pytest.approx(doc["gpu_overrides"]["fp32_tflops"] * 1e12)
     assert cluster.collective_efficiency == 1.0 and cluster.profile == profile.label
+    # overlap: the fraction of an all-reduce hidden behind GEMMs, recomputed from the timed runs
+    overlap = doc["measurements"]["overlap"]
+    hidden = sorted(min(1.0, max(0.0, (r["collective_s"] + r["compute_s"] - r["both_s"])
+                                 / min(r["collective_s"], r["compute_s"]))) for r in overlap["runs"])
+    assert overlap["num_ranks"] == 2 and overlap["gemms"] >= 1 and len(hidden) % 2 == 1
+    assert overlap["dp_overlap_fraction"] == pytest.approx(hidden[len(hidden) // 2])
+    assert cluster.dp_overlap_fraction == pytest.approx(doc["cluster"]["dp_overlap_fraction"], abs=1e-3)
+    assert cluster.dp_overlap_fraction == pytest.approx(overlap["dp_overlap_fraction"], abs=1e-3)
+    # host time per eager operator (CPU only): a trial block's operators, timed on every rank
+    ops = doc["measurements"]["op_overhead"]
+    assert sum(BLOCK_OPS[True]) <= ops["ops_per_step"] <= sum(BLOCK_OPS[True]) + 5  # + .sum() and its grad
+    assert len(ops["per_rank_s"]) == 2 and 0 < ops["op_overhead_s"] < 1e-3
+    assert cluster.gpu.op_overhead_s == pytest.approx(ops["op_overhead_s"], rel=1e-3)
 
 
 def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):

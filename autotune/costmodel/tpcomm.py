@@ -1,0 +1,91 @@
+"""Tensor-parallel collectives: how many a block issues per framework, and those of the embedding and LM head.
+
+Megatron TP (Shoeybi et al. 2019 Sec. 3): a block's attention and MLP each end in a row-parallel GEMM whose
+output is all-reduced in forward (with SP, Korthikanti et al. 2022 Sec. 4.2.2: reduce-scattered, and the
+sub-layer input all-gathered, the same ring bytes), and each begins with column-parallel GEMMs whose input
+gradient is all-reduced in backward. How many backward reductions a block pays depends on whether the
+column-parallel projections of a sub-layer share one reduction:
+
+- Megatron fuses Q/K/V and gate/up into one GEMM each: 2.
+- torch DTensor TP with torchtitan's plan (``PrepareModuleInput`` hands the sub-layer one replicated DTensor,
+  so the projections' partial gradients add up before one reduction): 2. autotune's trials use this plan;
+  counted with ``CommDebugMode`` on them (tests/trials/test_tp_comm.py).
+- DeepSpeed AutoTP wraps every column-parallel ``nn.Linear`` in its own ``LinearLayer`` whose backward
+  all-reduces its input gradient (deepspeed/module_inject/layers.py ``ColumnParallel``): q, k, v and the MLP's
+  input projections, 3 + (MLP matrices - 1).
+
+The embedding and head (vocabulary-parallel, Narayanan et al. 2021 Sec. 3.1; torchtitan ``apply_tp``): the
+embedding's output is all-reduced in forward (SP: reduce-scattered, its gradient all-gathered in backward);
+the head's input gradient is all-reduced in backward (SP: the final norm's output all-gathered in forward,
+its gradient reduce-scattered). The loss: Megatron's vocab-parallel cross-entropy all-reduces three ``b x s``
+fp32 vectors (max, sum of exponentials, target logit; ``tensor_parallel/cross_entropy.py``); torch's plan as
+autotune's trials run it gathers the logits (``ColwiseParallel(output_layouts=Replicate())``), ``b x s x V``
+values. DeepSpeed AutoTP leaves the embedding and head whole (its Llama policy shards the blocks' linears
+only); it broadcasts the micro-batch's inputs over the TP group (2 broadcasts) and issues one more
+all-reduce of ``b x s x h`` size class in forward and one in backward. Counted per micro-batch on 2 gloo
+ranks with ``CommDebugMode`` (``collective_calls``; tests/trials/test_tp_comm.py checks the two agree).
+"""
+
+from __future__ import annotations
+
+from autotune.costmodel import comm
+from autotune.plan import Framework, ParallelPlan, Recompute
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["ACT_BYTES", "act_bytes", "LOSS_BYTES", "INPUT_BYTES", "block_collectives", "collective_calls",
+           "edge_collectives_s"]
+
+ACT_BYTES = 2
+"""Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit) on a
+GPU; ``act_bytes`` gives the device's (``GPUSpec.half_bytes``: 4 on the CPU trial device)."""
+LOSS_BYTES = 4
+"""fp32 per-token values of a vocab-parallel cross-entropy."""
+INPUT_BYTES = 8
+"""int64 token ids (DeepSpeed AutoTP's input broadcast)."""
+
+
+def act_bytes(cluster: ClusterSpec) -> int:
+    """Bytes per activation element in this cluster's collectives (``ACT_BYTES`` on GPUs)."""
+    return cluster.gpu.half_bytes
+
+
+def block_collectives(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
+    """``(forward, backward)`` TP collectives of one block per micro-batch (module docstring); a fully
+    recomputed forward repeats the forward ones (counted in the first)."""
+    bwd = 3 + model.num_mlp_matrices - 1 if plan.framework is Framework.DEEPSPEED else 2
+    fwd = 4 if plan.recompute is Recompute.FULL else 2
+    return fwd, bwd
+
+
+def collective_calls(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
+    """``(forward, backward)`` TP collective calls of one micro-batch through a whole model (PP=1), as the
+    framework issues them: with SP an all-reduce becomes an all-gather and a reduce-scatter (2 calls)."""
+    if plan.tp <= 1:
+        return 0, 0
+    fwd, bwd = block_collectives(model, plan)
+    per = 2 if plan.sequence_parallel and plan.framework is not Framework.DEEPSPEED else 1
+    fwd, bwd = fwd * per * model.num_layers, bwd * per * model.num_layers
+    if plan.framework is Framework.DEEPSPEED:
+        return fwd + 1 + 2, bwd + 1
+    loss = 3 if plan.framework is Framework.MEGATRON else 1
+    if plan.sequence_parallel:  # embedding RS, head-input AG | embedding-grad AG, head-grad RS
+        return fwd + 2 + loss, bwd + 2
+    return fwd + 1 + loss, bwd + 1  # embedding AR | head-input-grad AR
+
+
+def edge_collectives_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float
+                       ) -> tuple[float, float]:
+    """Seconds per micro-batch of the TP collectives outside the blocks: ``(first pipeline rank: embedding,
+    last pipeline rank: head and loss)`` for ``tokens`` tokens of one micro-batch on one rank."""
+    tp = plan.tp
+    if tp <= 1:
+        return 0.0, 0.0
+    link = comm.group_link(cluster, tp, 1)
+    # one all-reduce, or with SP the all-gather + reduce-scatter pair of the same ring time
+    one = comm.allreduce_s(tokens * model.hidden_size * act_bytes(cluster), tp, link)
+    if plan.framework is Framework.DEEPSPEED:
+        broadcast = comm.allgather_s(tokens * INPUT_BYTES, tp, link)  # a ring broadcast: n-1 hops
+        return one + 2 * broadcast, one
+    if plan.framework is Framework.MEGATRON:
+        return one, one + 3 * comm.allreduce_s(tokens * LOSS_BYTES, tp, link)
+    return one, one + comm.allgather_s(tokens * model.vocab_size * act_bytes(cluster), tp, link)
