@@ -3,11 +3,12 @@
 1. ``plan_search`` enumerates the space (``space.py``) and estimates every legal plan, smallest micro-batch
    first; once a plan does not fit, the larger micro-batches of its ladder are counted with it (memory grows
    with the micro-batch) instead of estimated. Bad input is a ``ConfigError`` that names the fix.
-2. ``run_study`` enqueues the cost model's top-K, then asks and tells. Multivariate TPE (seeded) proposes;
-   ``_gate`` judges every proposal with the cost model before anything runs. An infeasible proposal never
-   launches: its reason goes to ``user_attrs`` and its violation (e.g. excess bytes) to the sampler through
-   ``trial.set_constraint`` (feasible iff <= 0), and the trial is told PRUNED. The objective is tokens/s:
-   measured on real backends, predicted on ``simulate``; the study maximises it.
+2. ``run_study`` enqueues the cost model's top-K, the best plan of each layout first (``opening_plans``),
+   then asks and tells. Multivariate TPE (seeded) proposes; ``_gate`` judges every proposal with the cost
+   model before anything runs. An infeasible proposal never launches: its reason goes to ``user_attrs`` and
+   its violation (e.g. excess bytes) to the sampler through ``trial.set_constraint`` (feasible iff <= 0), and
+   the trial is told PRUNED. The objective is tokens/s: measured on real backends, predicted on ``simulate``;
+   the study maximises it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from autotune.specs import ClusterSpec, ModelSpec
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Estimator", "Ranking", "StudyOptions", "plan_search", "rank_plans", "rule_of", "make_sampler",
-           "run_study", "top_trials"]
+           "opening_plans", "run_study", "top_trials"]
 
 Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
 ClusterAt = Callable[[int], ClusterSpec]
@@ -213,7 +214,8 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
     next -- the cost model, recalibrated on what was measured, picks the next plan; TPE proposes when it has
     none. With it only the cost model's best plan is enqueued up front."""
     top_k = options.top_k if refine is None else min(options.top_k, 1)
-    for rank, est in enumerate(ranking.feasible[:top_k], start=1):
+    for est in opening_plans(ranking.feasible, top_k):
+        rank = ranking.feasible.index(est) + 1
         study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model", "predicted_rank": rank},
                             skip_if_exists=True)
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
@@ -259,6 +261,21 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         if log:
             log(_progress_line(trial.number, plan, result))
     return launched
+
+
+def opening_plans(feasible: list[Estimate], k: int) -> list[Estimate]:
+    """The ``k`` plans measured first: the best predicted plan of each layout (TP, PP, DP, CP degrees), best
+    layout first, then the next best predicted plans. The cost model errs most between layouts (their
+    collectives differ: an uncalibrated CPU model put DP plans 3x too fast against pipeline plans,
+    benchmarks/results/fidelity.json) and least between plans of one layout (micro-batch, sharding and
+    schedule share its collectives), so the first trials measure the layouts and TPE refines within them."""
+    seen: set[tuple[int, int, int, int]] = set()
+    heads, rest = [], []
+    for est in feasible:
+        layout = (est.plan.tp, est.plan.pp, est.plan.dp, est.plan.cp)
+        (rest if layout in seen else heads).append(est)
+        seen.add(layout)
+    return (heads + rest)[:k]
 
 
 _MAX_REPEATS = 3

@@ -17,6 +17,7 @@ from autotune.plan import Framework, Recompute
 from autotune.search import (
     StudyOptions,
     make_sampler,
+    opening_plans,
     plan_search,
     rule_of,
     run_study,
@@ -133,14 +134,34 @@ def test_the_search_never_launches_an_infeasible_plan(tmp_path):
     assert oom and all(t.user_attrs["reason"].startswith("out of memory") for t in oom)
 
 
+def test_opening_plans_cover_the_layouts_before_the_next_best_of_one():
+    ranking = _ranking()
+    feasible = ranking.feasible
+    layouts = list(dict.fromkeys((e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp) for e in feasible))
+    assert len(layouts) >= 2
+    opening = opening_plans(feasible, len(feasible))
+    assert sorted(map(id, opening)) == sorted(map(id, feasible))  # a permutation
+    heads = opening[: len(layouts)]
+    # one per layout, each the best predicted of its layout, layouts in the order of their best plan
+    assert [(e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp) for e in heads] == layouts
+    for e in heads:
+        same = [f for f in feasible if (f.plan.tp, f.plan.pp, f.plan.dp, f.plan.cp)
+                == (e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp)]
+        assert e is same[0]
+    rest = opening[len(layouts):]
+    assert rest == [e for e in feasible if e not in heads]  # then by predicted rank
+    assert opening_plans(feasible, 1) == feasible[:1]  # the best plan is always measured first
+
+
 def test_top_k_is_enqueued_first_and_only_once(tmp_path):
     ranking = _ranking()
     study = _study()
     run_study(study, ranking, RecordingBackend(), StudyOptions(n_trials=3, top_k=3), trials_dir=tmp_path,
               estimator=fake_estimate)
     first = study.trials[:3]
-    assert [t.params for t in first] == [params_of(e.plan) for e in ranking.feasible[:3]]
-    assert [t.user_attrs["predicted_rank"] for t in first] == [1, 2, 3]
+    opening = opening_plans(ranking.feasible, 3)
+    assert [t.params for t in first] == [params_of(e.plan) for e in opening]
+    assert [t.user_attrs["predicted_rank"] for t in first] == [ranking.feasible.index(e) + 1 for e in opening]
     run_study(study, ranking, RecordingBackend(), StudyOptions(n_trials=0, top_k=3), trials_dir=tmp_path,
               estimator=fake_estimate)
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # skip_if_exists: not queued again
