@@ -27,6 +27,12 @@ elements: a fetched parameter is not released if it will be used again within th
 (deepspeed/runtime/zero/partitioned_param_coordinator.py ``release_sub_module``). A rank whose whole model is
 under it keeps every parameter it gathered: counted on 2 gloo ranks (``tiny``), one all-gather per module per
 step, 38 calls at 1 and 39 at 2 micro-batches, none repeated in backward or the next micro-batch."""
+DEEPSPEED_BUCKET_ALLREDUCE = True
+"""DeepSpeed ZeRO-1/2 reduce each gradient bucket with an all-reduce, not a reduce-scatter:
+``zero_optimization.use_multi_rank_bucket_allreduce`` defaults to true (deepspeed/runtime/zero/
+stage_1_and_2.py ``average_tensor``), and each rank then keeps its partition of the reduced bucket; the
+updated partitions are all-gathered after the step. Counted on 2 gloo ranks: ZeRO-1 issues all-reduces and
+one all-gather per step, no reduce-scatter (tests/trials/test_tp_comm.py)."""
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
 """Megatron-LM's gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
 ``max(40_000_000, 1_000_000 * dp)`` elements (megatron/core/distributed/distributed_data_parallel.py); the
@@ -82,8 +88,8 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
 
     none: all-reduce grads once per step (FSDP2's ``replicate``: in every micro-batch's backward).
-    zero1: reduce-scatter grads + all-gather 16-bit params once per step
-    (Megatron distributed optimizer; DeepSpeed stage 1 with ``reduce_scatter: true``). zero2: DeepSpeed
+    zero1: reduce-scatter grads + all-gather 16-bit params once per step (Megatron distributed optimizer;
+    DeepSpeed all-reduces the gradient buckets instead, ``DEEPSPEED_BUCKET_ALLREDUCE``). zero2: DeepSpeed
     reduces gradients in every micro-batch's backward, gathers params once. zero3 / fsdp-full / hsdp: every
     micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
     keeps the forward gather for backward. hsdp shards inside groups of ``hsdp_shard_size`` and all-reduces
@@ -108,13 +114,15 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
         if plan.framework is Framework.FSDP:  # replicate() reduces every backward (no no_sync in the loop)
             return DpComm(all_reduce_s, 0.0, 0.0)
         return DpComm(0.0, all_reduce_s, 0.0)
-    if sharding is Sharding.ZERO1:
-        once_s = (comm.reduce_scatter_s(grad_bytes, n, link, reduces)
-                  + comm.allgather_s(param_bytes, n, link, gathers))
-        return DpComm(0.0, once_s, 0.0)
-    if sharding is Sharding.ZERO2:
-        return DpComm(comm.reduce_scatter_s(grad_bytes, n, link, reduces),
-                      comm.allgather_s(param_bytes, n, link, gathers), 0.0)
+    if sharding in (Sharding.ZERO1, Sharding.ZERO2):
+        if plan.framework is Framework.DEEPSPEED and DEEPSPEED_BUCKET_ALLREDUCE:
+            grads_s = comm.allreduce_s(grad_bytes, n, link, reduces)
+        else:
+            grads_s = comm.reduce_scatter_s(grad_bytes, n, link, reduces)
+        params_s = comm.allgather_s(param_bytes, n, link, gathers)
+        if sharding is Sharding.ZERO1:
+            return DpComm(0.0, grads_s + params_s, 0.0)
+        return DpComm(grads_s, params_s, 0.0)
     gather_s = comm.allgather_s(param_bytes, shard, link, gathers)
     reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link, reduces)
     replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0

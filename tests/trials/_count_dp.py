@@ -18,7 +18,8 @@ from autotune.trials.config import TrialConfig
 from autotune.trials.worker import make_trainer
 
 LAYOUTS = {"fsdp-none-m2": ("fsdp", "none", 1), "fsdp-full-m2": ("fsdp", "fsdp-full", 1),
-           "deepspeed-zero3-m1": ("deepspeed", "zero3", 2), "deepspeed-zero3-m2": ("deepspeed", "zero3", 1)}
+           "deepspeed-zero1-m1": ("deepspeed", "zero1", 2), "deepspeed-zero3-m1": ("deepspeed", "zero3", 2),
+           "deepspeed-zero3-m2": ("deepspeed", "zero3", 1)}
 
 
 class _Collectives(TorchDispatchMode):

@@ -47,6 +47,9 @@ def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
     full = plan.replace(sharding="fsdp-full")
     gathers, reduces = dp_calls(spec, full, spec.num_params, spec.num_layers)
     assert measured["fsdp-full-m2"] == {"allgather": 2 * 2 * gathers, "reduce_scatter": 2 * reduces}
+    # DeepSpeed ZeRO-1 all-reduces its gradient buckets (dpcomm.DEEPSPEED_BUCKET_ALLREDUCE), then all-gathers
+    zero1 = measured["deepspeed-zero1-m1"]
+    assert zero1.get("allreduce", 0) >= 1 and zero1.get("allgather") == 1 and "reduce_scatter" not in zero1
     zero3 = plan.replace(sharding="zero3", framework="deepspeed")
     modules, _ = dp_calls(spec, zero3, spec.num_params, spec.num_layers)
     # one all-gather per module per step, kept across backward and micro-batches (dpcomm, max reuse)
