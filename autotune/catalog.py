@@ -209,6 +209,10 @@ def _link_typical_nics(name: str, fallback: int) -> int:
     return int(link.get("typical_nics_per_node", fallback))
 
 
+_MAX_HOST_MEMORY_GIB = 1 << 20
+"""1 PiB of host RAM per node: far above any server; a larger value is a typo (or nan/inf)."""
+
+
 def make_cluster(
     *,
     num_gpus: int,
@@ -239,6 +243,9 @@ def make_cluster(
         nics = spec.default_nics_per_node
     if isinstance(nics, bool) or not isinstance(nics, int) or nics <= 0:
         raise ConfigError(f"nics_per_node: must be a positive integer, got {nics!r}")
+    if host_memory_gib is not None and not 0 < host_memory_gib <= _MAX_HOST_MEMORY_GIB:  # nan fails too
+        raise ConfigError(f"--host-memory-gib: host RAM per node must be in (0, {_MAX_HOST_MEMORY_GIB}] GiB, "
+                          f"got {host_memory_gib!r}")
     return ClusterSpec(
         name=f"{num_gpus // per_node}x{per_node} {gpu}",
         gpu=spec,
@@ -275,8 +282,10 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     nodes = _int_field(cfg, "num_nodes", where)
     per_node = _int_field(cfg, "gpus_per_node", where)
     host = cfg.get("host_memory_gib")
-    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float)) or host <= 0):
-        raise ConfigError(f"{where}: key 'host_memory_gib' must be a positive number, got {host!r}")
+    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float))
+                             or not 0 < host <= _MAX_HOST_MEMORY_GIB):  # also rejects nan and inf
+        raise ConfigError(f"{where}: key 'host_memory_gib' must be a number in (0, {_MAX_HOST_MEMORY_GIB}], "
+                          f"got {host!r}")
     for key in ("intra_node_link", "inter_node_link"):
         if key in cfg and not isinstance(cfg[key], str):
             raise ConfigError(f"{where}: key '{key}' must be a link name ({', '.join(link_names())})")

@@ -90,6 +90,8 @@ def test_human_output_shows_both_breakdowns(capsys):
             ["--model", "70b", "--gpus", "16", "--tp", "8", "--global-batch", "3"],
             "not divisible by DP x micro-batch",
         ),
+        (["--model", "7b", "--gpus", "8", "--host-memory-gib", "nan"], "--host-memory-gib: host RAM"),
+        (["--model", "7b", "--gpus", "8", "--host-memory-gib", "-5"], "--host-memory-gib: host RAM"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):
