@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.probe.gemm import sync
+
 __all__ = ["OPS", "BUSBW_FACTOR", "CollectiveResult", "message_sizes", "time_collective", "collective_sweep"]
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv")
@@ -55,11 +57,6 @@ def message_sizes(min_bytes: int = _KIB, max_bytes: int = 256 * _MIB) -> list[in
         sizes.append(size)
         size *= 2
     return sizes
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _elems(size: int, n: int) -> int:
@@ -106,19 +103,19 @@ def time_collective(op: str, size: int, group: dist.ProcessGroup, device: torch.
                     target_s: float = 0.05, max_iters: int = 50, warmup: int = 2) -> float:
     """Seconds per ``op`` of ``size`` bytes on ``group``: the slowest rank's mean over the timed loop."""
     run = _op(op, size, group, device)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     for _ in range(warmup):
         run()
-    _sync(device)
+    sync(device)
     per_iter = _slowest((time.perf_counter() - start) / warmup, device)
     iters = int(min(max_iters, max(3, target_s / max(per_iter, 1e-9))))
     dist.barrier()
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     for _ in range(iters):
         run()
-    _sync(device)
+    sync(device)
     return _slowest((time.perf_counter() - start) / iters, device)
 
 

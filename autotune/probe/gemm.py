@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["GemmResult", "default_shapes", "time_gemm", "gemm_sweep", "copy_bytes_per_s", "DTYPES"]
+__all__ = ["GemmResult", "default_shapes", "time_gemm", "gemm_sweep", "copy_bytes_per_s", "sync", "DTYPES"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -43,7 +43,8 @@ def default_shapes(device_type: str, *, quick: bool = False) -> list[tuple[int, 
     return [(s, s, s) for s in squares] + layers
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (timers around CUDA kernels need it; a CPU op has finished)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -57,16 +58,16 @@ def time_gemm(m: int, n: int, k: int, dtype: str, device: torch.device, *, min_t
     out = torch.empty(m, n, device=device, dtype=DTYPES[dtype])
     for _ in range(2):
         torch.mm(a, b, out=out)
-    _sync(device)
+    sync(device)
     iters, elapsed = 0, 0.0
     start = time.perf_counter()
     while elapsed < min_time_s and iters < max_iters:
         torch.mm(a, b, out=out)
         iters += 1
         if iters in (1, 2, 4, 8, 16, 32, 64, 128) or iters == max_iters:
-            _sync(device)
+            sync(device)
             elapsed = time.perf_counter() - start
-    _sync(device)
+    sync(device)
     seconds = (time.perf_counter() - start) / iters
     return GemmResult(m=m, n=n, k=k, dtype=dtype, seconds=seconds, flops_per_s=2.0 * m * n * k / seconds)
 
@@ -89,10 +90,10 @@ def copy_bytes_per_s(device: torch.device, *, nbytes: int, min_time_s: float = 0
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    _sync(device)
+    sync(device)
     iters, start = 0, time.perf_counter()
     while time.perf_counter() - start < min_time_s or iters < 3:
         dst.copy_(src)
         iters += 1
-        _sync(device)
+        sync(device)
     return 2.0 * nbytes * iters / (time.perf_counter() - start)

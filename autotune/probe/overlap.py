@@ -22,23 +22,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.probe.gemm import sync
+
 __all__ = ["overlap_fraction"]
 
 _MIB = 1024**2
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed(fn: Callable[[], object], device: torch.device, group: dist.ProcessGroup) -> float:
     """Seconds of one ``fn()`` on the slowest rank (all ranks start together)."""
     dist.barrier(group=group)
-    _sync(device)
+    sync(device)
     start = time.perf_counter()
     fn()
-    _sync(device)
+    sync(device)
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return float(elapsed.item())

@@ -16,19 +16,19 @@ from autotune.plan import ParallelPlan
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _count(script: str, out: Path) -> dict:
+def _count(kind: str, out: Path) -> dict:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                TORCH_EXTENSIONS_DIR=str(ROOT / ".torch_extensions"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name(script)), str(out)]
+           str(Path(__file__).with_name("_count_comm.py")), kind, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 def test_cost_model_counts_the_tp_collectives_of_the_trials(tmp_path):
-    measured = _count("_count_tp.py", tmp_path / "counts.json")
+    measured = _count("tp", tmp_path / "counts.json")
     spec = load_model("tiny")
     layouts = {"torch": {}, "torch-sp": {"sequence_parallel": True}, "deepspeed": {"framework": "deepspeed"}}
     for name, extra in layouts.items():
@@ -39,7 +39,7 @@ def test_cost_model_counts_the_tp_collectives_of_the_trials(tmp_path):
 
 
 def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
-    measured = _count("_count_dp.py", tmp_path / "counts.json")
+    measured = _count("dp", tmp_path / "counts.json")
     spec = load_model("tiny")
     plan = ParallelPlan(dp=2, global_batch=4, micro_batch=1, seq_len=64)  # 2 micro-batches per rank
     gathers, reduces = dp_calls(spec, plan, spec.num_params, spec.num_layers)

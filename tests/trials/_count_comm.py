@@ -1,0 +1,110 @@
+"""Run under torchrun (2 gloo ranks): count the collectives the trials issue; rank 0 writes them as JSON.
+
+``_count_comm.py tp OUT``: TP collective calls of one micro-batch of the trial model, ``{layout: [forward,
+backward]}`` (CommDebugMode). ``_count_comm.py dp OUT``: DP collectives of one optimizer step of the trial
+trainers, ``{layout: {op: calls}}`` (CommDebugMode's module tracker trips over FSDP2 with micro-batches, so a
+plain dispatch mode counts the c10d ops).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autotune.catalog import load_model
+from autotune.plan import ParallelPlan
+from autotune.specs import ModelSpec
+from autotune.trials.config import TrialConfig
+from autotune.trials.deepspeed_engine import DeepSpeedTrainer
+from autotune.trials.model import build_model
+from autotune.trials.parallelize import build_mesh, parallelize
+from autotune.trials.train import lm_loss
+from autotune.trials.worker import make_trainer
+
+TP_LAYOUTS = {"torch": {}, "torch-sp": {"sequence_parallel": True}, "deepspeed": {"framework": "deepspeed"}}
+DP_LAYOUTS = {  # name: (framework, sharding, micro-batch)
+    "fsdp-none-m2": ("fsdp", "none", 1), "fsdp-full-m2": ("fsdp", "fsdp-full", 1),
+    "deepspeed-zero1-m1": ("deepspeed", "zero1", 2), "deepspeed-zero3-m1": ("deepspeed", "zero3", 2),
+    "deepspeed-zero3-m2": ("deepspeed", "zero3", 1),
+}
+
+
+class _Collectives(TorchDispatchMode):
+    """c10d collectives by op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if "c10d" in func.namespace:
+            self.calls[func.name().split("::")[-1].strip("_").replace("_base", "")] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _calls(mode: CommDebugMode) -> int:
+    return sum(mode.get_comm_counts().values())
+
+
+def tp_counts(spec: ModelSpec) -> dict[str, list[int]]:
+    x = torch.randint(0, spec.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    out: dict[str, list[int]] = {}
+    for name, extra in TP_LAYOUTS.items():
+        plan = ParallelPlan(tp=2, global_batch=2, micro_batch=2, seq_len=64, **extra)
+        if name == "deepspeed":
+            trainer = DeepSpeedTrainer(plan=plan, config=TrialConfig(model=spec, device="cpu"),
+                                       device=torch.device("cpu"))
+            forward, backward = trainer.engine, trainer.engine.backward
+        else:
+            model = build_model(spec, device="cpu", seed=0)
+            parallelize(model, plan=plan, mesh=build_mesh(plan, "cpu"))
+            forward, backward = model, (lambda loss: loss.backward())
+        with CommDebugMode() as fwd:
+            loss = lm_loss(forward(x), x)
+        with CommDebugMode() as bwd:
+            backward(loss)
+        out[name] = [_calls(fwd), _calls(bwd)]
+        if name == "deepspeed":
+            trainer.close()
+    return out
+
+
+def dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
+    out = {}
+    for name, (framework, sharding, mbs) in DP_LAYOUTS.items():
+        plan = ParallelPlan(dp=2, global_batch=4, micro_batch=mbs, seq_len=64, sharding=sharding,
+                            framework=framework)
+        trainer = make_trainer(plan, TrialConfig(model=spec, device="cpu"), torch.device("cpu"))
+        trainer.step(0)
+        with _Collectives() as mode:
+            trainer.step(1)
+        out[name] = dict(mode.calls)
+        if hasattr(trainer, "close"):
+            trainer.close()
+        del trainer
+    return out
+
+
+def main() -> None:
+    kind, path = sys.argv[1], sys.argv[2]
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    dist.init_process_group("gloo")
+    spec = load_model("tiny")
+    out: Any = tp_counts(spec) if kind == "tp" else dp_counts(spec)
+    if dist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(out, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
