@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["GemmResult", "default_shapes", "time_gemm", "gemm_sweep", "copy_bytes_per_s", "sync", "DTYPES"]
 
@@ -64,7 +65,7 @@ def time_gemm(m: int, n: int, k: int, dtype: str, device: torch.device, *, min_t
     while elapsed < min_time_s and iters < max_iters:
         torch.mm(a, b, out=out)
         iters += 1
-        if iters in (1, 2, 4, 8, 16, 32, 64, 128) or iters == max_iters:
+        if iters & (iters - 1) == 0 or iters % 128 == 0 or iters == max_iters:  # sync rarely
             sync(device)
             elapsed = time.perf_counter() - start
     sync(device)
@@ -74,12 +75,19 @@ def time_gemm(m: int, n: int, k: int, dtype: str, device: torch.device, *, min_t
 
 def gemm_sweep(device: torch.device, *, dtypes: list[str], shapes: list[tuple[int, int, int]],
                min_time_s: float = 0.1) -> list[GemmResult]:
-    """Every shape in every dtype the device computes (a dtype that fails is skipped)."""
+    """Every shape in every dtype the device computes (a dtype that fails is skipped); with a process group,
+    all ranks time each shape together, as trial ranks compute together."""
+    # With a process group every rank times each shape over the same window (a barrier, then ``min_time_s``
+    # whatever the iteration count), so ranks that share cores are measured sharing them, as they train.
+    together = dist.is_initialized()
     results = []
     for dtype in dtypes:
         for m, n, k in shapes:
+            if together:
+                dist.barrier()
             try:
-                results.append(time_gemm(m, n, k, dtype, device, min_time_s=min_time_s))
+                results.append(time_gemm(m, n, k, dtype, device, min_time_s=min_time_s,
+                                         max_iters=1 << 30 if together else 200))
             except RuntimeError:  # e.g. a dtype without a kernel on this device
                 break
     return results
