@@ -106,6 +106,16 @@ class GPUSpec:
     GPUs: kernels run asynchronously and at training shapes outlast their ~5-10 us launches. On the CPU trial
     device the operators run on the host itself, so every one costs it: measured by ``autotune probe``
     (``probe.overhead``) and charged per operator the trial model runs (``costmodel.hostops``)."""
+    dtensor_op_overhead_s: float = 0.0
+    """Host seconds per operator on a DTensor (sharding propagation, redistribution planning, the local
+    operator and the re-wrap), charged per DTensor operator that torch-native TP runs (``costmodel.hostops``).
+    0 on GPUs, like ``op_overhead_s``; measured by ``autotune probe`` (``probe.overhead``) on a CPU device."""
+    zero3_host_module_s: float = 0.0
+    """DeepSpeed ZeRO-3's host seconds per parameter-holding module per micro-batch (its fetch / release
+    hooks); 0 on GPUs, measured on the CPU trial device (``costmodel.hostops``, benchmarks/zero3_host.py)."""
+    zero3_host_bytes_per_s: float = 0.0
+    """The rate at which ZeRO-3's host work per step goes through the rank's parameter bytes (the optimizer
+    over partitioned fp32 copies, flat-buffer copies); 0: none charged (GPUs)."""
     half_bytes: int = 2
     """Bytes a 16-bit (bf16/fp16) tensor of a plan takes on this device: 4 on the CPU trial device, which runs
     bf16 plans in fp32 (trials/train.py ``compute_dtype``), so its activations, gathered weights and 16-bit

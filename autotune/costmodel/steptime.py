@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 from autotune.costmodel import comm, flops, pipeline
+from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch
-from autotune.costmodel.hostops import block_host_s, edge_host_s
+from autotune.costmodel.hostops import block_host_s, edge_host_s, zero3_host_s
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -234,7 +235,8 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     slowdown = FLASH_BWD_SLOWDOWN.get(cluster.gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash_attention else 1.0
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
     return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s,
-                      head_tp_s, embed_tp_s, block_host_s(model, cluster, plan), edge_host_s(cluster))
+                      head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
+                      edge_host_s(model, cluster, plan))
 
 
 def _overlap_fraction(cluster: ClusterSpec) -> float:
@@ -358,6 +360,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     params = _rank_params(model, plan, max(k_last, k_other))
     dp = dp_comm_s(cluster, model, plan, params, max(k_last, k_other))
     dp_mb_s = dp.per_microbatch_s
+    zero3_modules = dp_collective_calls(model, plan, params, max(k_last, k_other))[0]
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
@@ -375,7 +378,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
         overhead_s=(cluster.step_overhead_s
-                    + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)),
+                    + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
+                    + zero3_host_s(cluster, plan, zero3_modules, params)),
         pp_bubble_s=pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages) * m * mb_s,
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
         model_flops=model_flops, hardware_flops=model_flops + extra,

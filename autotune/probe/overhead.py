@@ -7,22 +7,31 @@ probe times the forward and backward of one trial transformer block (``trials.mo
 mix the trials run) on a single token, where the arithmetic is negligible, counts the ATen operators it
 dispatches (``TorchDispatchMode``), and reports seconds per operator -- on every rank at once, as trial
 ranks share the node, the median rank.
+
+Torch-native tensor parallelism runs part of a block on DTensors, and each DTensor operator costs the host
+far more than a plain one (sharding propagation, redistribution planning, the local operator, the re-wrap).
+With a process group up, the probe also times a two-block trial model under autotune's TP plan, with and
+without sequence parallelism, on a TP mesh of one rank (so no collective runs: their time is the collective
+probe's) and reports what each DTensor operator costs beyond the plain operators' share.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autotune.specs import ModelSpec
-from autotune.trials.model import Block
+from autotune.trials.model import Block, build_model
+from autotune.trials.train import lm_loss
 
-__all__ = ["PROBE_BLOCK", "count_ops", "op_overhead"]
+__all__ = ["PROBE_BLOCK", "count_ops", "op_overhead", "dtensor_op_overhead"]
 
 PROBE_BLOCK = ModelSpec(name="probe-block", hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=4,
                         ffn_hidden_size=344, vocab_size=1024, max_seq_len=64, gated_mlp=True)
@@ -30,12 +39,16 @@ PROBE_BLOCK = ModelSpec(name="probe-block", hidden_size=128, num_layers=1, num_h
 
 
 class _Counter(TorchDispatchMode):
+    """Operators dispatched; those with a DTensor among their arguments also in ``dtensor`` (the DTensor's
+    local operators run below the mode and are not seen)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.ops = 0
+        self.ops = self.dtensor = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.ops += 1
+        self.dtensor += DTensor in types
         return func(*args, **(kwargs or {}))
 
 
@@ -44,6 +57,28 @@ def count_ops(fn: Any) -> int:
     with _Counter() as counter:
         fn()
     return counter.ops
+
+
+def _timed(fn: Any, repeats: int, iters: int) -> float:
+    """Median seconds of ``fn()`` after a warm-up."""
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - start) / iters)
+    return statistics.median(times)
+
+
+def _median_over_ranks(mine: float) -> tuple[float, list[Any]]:
+    if dist.is_initialized():
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    else:
+        everyone = [mine]
+    return statistics.median(everyone), everyone
 
 
 def op_overhead(*, repeats: int = 7, iters: int = 50) -> dict[str, Any]:
@@ -55,19 +90,37 @@ def op_overhead(*, repeats: int = 7, iters: int = 50) -> dict[str, Any]:
         block(x).sum().backward()
 
     ops = count_ops(step)
-    for _ in range(10):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        times.append((time.perf_counter() - start) / iters)
-    mine = statistics.median(times) / ops
+    per_op, everyone = _median_over_ranks(_timed(step, repeats, iters) / ops)
+    out: dict[str, Any] = {"op_overhead_s": per_op, "ops_per_step": ops, "per_rank_s": everyone, "tokens": 1}
     if dist.is_initialized():
-        everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-    else:
-        everyone = [mine]
-    return {"op_overhead_s": statistics.median(everyone), "ops_per_step": ops,
-            "per_rank_s": everyone, "tokens": 1}
+        out |= dtensor_op_overhead(per_op, repeats=repeats, iters=max(1, iters // 5))
+    return out
+
+
+def dtensor_op_overhead(op_overhead_s: float, *, repeats: int = 7, iters: int = 10) -> dict[str, Any]:
+    """Seconds per DTensor operator beyond the plain operators' ``op_overhead_s`` (module docstring); needs
+    an initialized process group (every rank builds the mesh; each times its own one-rank TP group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autotune.trials.parallelize import apply_tp
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(), 1), mesh_dim_names=("rest", "tp"))
+    spec = dataclasses.replace(PROBE_BLOCK, num_layers=2)
+    x = torch.randint(0, spec.vocab_size, (1, 2), generator=torch.Generator().manual_seed(0))
+    seconds = plain = dtensor = 0.0
+    for sequence_parallel in (False, True):
+        model = build_model(spec, device="cpu", seed=0)
+        apply_tp(model, mesh["tp"], sequence_parallel=sequence_parallel)
+
+        def step(model: torch.nn.Module = model) -> None:
+            lm_loss(model(x), x).backward()
+
+        step()  # DTensor caches its sharding decisions
+        with _Counter() as counter:
+            step()
+        seconds += _timed(step, repeats, iters)
+        plain, dtensor = plain + counter.ops - counter.dtensor, dtensor + counter.dtensor
+    mine = max(0.0, seconds - plain * op_overhead_s) / dtensor
+    per_op, everyone = _median_over_ranks(mine)
+    return {"dtensor_op_overhead_s": per_op, "dtensor_per_rank_s": everyone,
+            "dtensor_ops_per_step": int(dtensor), "plain_ops_per_step": int(plain)}

@@ -8,7 +8,17 @@ import pytest
 import torch
 
 from autotune.catalog import load_model, make_cluster
-from autotune.costmodel.hostops import ATTENTION_CORE_FWD_OPS, BLOCK_OPS, EDGE_OPS, block_ops
+from autotune.costmodel.hostops import (
+    ATTENTION_CORE_FWD_OPS,
+    BLOCK_OPS,
+    EDGE_OPS,
+    TP_BLOCK_OPS,
+    TP_EDGE_OPS,
+    block_host_s,
+    block_ops,
+    tp_block_ops,
+    zero3_host_s,
+)
 from autotune.costmodel.steptime import step_time
 from autotune.plan import ParallelPlan
 from autotune.probe.overhead import count_ops
@@ -55,3 +65,48 @@ def test_operator_time_is_charged_per_micro_batch_and_recompute():
     full = plan.replace(recompute="full")
     assert block_ops(model, full) == block_ops(model, plan) + BLOCK_OPS[True][0]
     assert step_time(model, base, plan).step_time_s < step_time(model, cpu, plan).step_time_s
+
+
+def test_dtensor_operators_are_charged_to_torch_tp_only():
+    model = load_model("tiny")
+    catalog = make_cluster(num_gpus=2, gpu="cpu")
+    assert catalog.gpu.dtensor_op_overhead_s > catalog.gpu.op_overhead_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.dtensor_op_overhead_s == 0
+    tp = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64)
+    plain, dtensor = tp_block_ops(model, tp)
+    fp, fd, bp, bd = TP_BLOCK_OPS[True, False]
+    assert (plain, dtensor) == (fp + bp, fd + bd)
+    assert block_host_s(model, catalog, tp) == pytest.approx(
+        plain * catalog.gpu.op_overhead_s + dtensor * catalog.gpu.dtensor_op_overhead_s)
+    # sequence parallelism runs more of the block on DTensors: more host time per micro-batch
+    sp = tp.replace(sequence_parallel=True)
+    assert block_host_s(model, catalog, sp) > block_host_s(model, catalog, tp)
+    assert step_time(model, catalog, sp).overhead_s > step_time(model, catalog, tp).overhead_s
+    # a recomputed forward replays its DTensor operators; selective recompute replays local ones only
+    assert tp_block_ops(model, tp.replace(recompute="full"))[1] == dtensor + fd
+    assert tp_block_ops(model, tp.replace(recompute="selective")) == (plain + ATTENTION_CORE_FWD_OPS, dtensor)
+    # Megatron and DeepSpeed TP do not use DTensors
+    for framework in ("megatron", "deepspeed"):
+        other = tp.replace(framework=framework)
+        assert block_host_s(model, catalog, other) == block_ops(model, other) * catalog.gpu.op_overhead_s
+    assert sum(TP_EDGE_OPS[True, True]) > sum(TP_EDGE_OPS[True, False]) > 0
+
+
+def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():
+    model = load_model("tiny")
+    cpu = make_cluster(num_gpus=2, gpu="cpu")
+    gpu = cpu.gpu
+    assert gpu.zero3_host_module_s > 0 and gpu.zero3_host_bytes_per_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.zero3_host_module_s == 0
+    zero3 = ParallelPlan(dp=2, global_batch=4, micro_batch=1, seq_len=64, framework="deepspeed",
+                         sharding="zero3")
+    params = model.num_params
+    expected = 2 * 39 * gpu.zero3_host_module_s + params * gpu.half_bytes / gpu.zero3_host_bytes_per_s
+    assert zero3_host_s(cpu, zero3, 39, params) == pytest.approx(expected)
+    # in the step: the same modules the ZeRO-3 gathers count (dpcomm), on top of ZeRO-2's overhead
+    zero2 = zero3.replace(sharding="zero2")
+    added = step_time(model, cpu, zero3).overhead_s - step_time(model, cpu, zero2).overhead_s
+    assert added == pytest.approx(expected)
+    # FSDP's fully_shard and DeepSpeed's other stages pay none of it
+    for other in (zero2, zero3.replace(framework="fsdp", sharding="fsdp-full")):
+        assert zero3_host_s(cpu, other, 39, params) == 0

@@ -94,6 +94,9 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert sum(BLOCK_OPS[True]) <= ops["ops_per_step"] <= sum(BLOCK_OPS[True]) + 5  # + .sum() and its grad
     assert len(ops["per_rank_s"]) == 2 and 0 < ops["op_overhead_s"] < 1e-3
     assert cluster.gpu.op_overhead_s == pytest.approx(ops["op_overhead_s"], rel=1e-3)
+    # a DTensor operator costs the host more than a plain one (sharding propagation, wrapping)
+    assert ops["dtensor_ops_per_step"] > 0 and ops["dtensor_op_overhead_s"] > ops["op_overhead_s"]
+    assert cluster.gpu.dtensor_op_overhead_s == pytest.approx(ops["dtensor_op_overhead_s"], rel=1e-2)
 
 
 def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):

@@ -1,13 +1,16 @@
 """Run under torchrun (2 gloo ranks): count the collectives the trials issue; rank 0 writes them as JSON.
 
 ``_count_comm.py tp OUT``: TP collective calls of one micro-batch of the trial model, ``{layout: [forward,
-backward]}`` (CommDebugMode). ``_count_comm.py dp OUT``: DP collectives of one optimizer step of the trial
-trainers, ``{layout: {op: calls}}`` (CommDebugMode's module tracker trips over FSDP2 with micro-batches, so a
-plain dispatch mode counts the c10d ops).
+backward]}`` (CommDebugMode). ``_count_comm.py host OUT``: ATen operators of one micro-batch of the
+TP trial model, plain and on DTensors, per block and outside the blocks, ``{layout: {"block"|"edge":
+[forward plain, forward DTensor, backward plain, backward DTensor]}}``. ``_count_comm.py dp OUT``: DP
+collectives of one optimizer step of the trial trainers, ``{layout: {op: calls}}`` (CommDebugMode's module
+tracker trips over FSDP2 with micro-batches, so a plain dispatch mode counts the c10d ops).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -50,6 +54,22 @@ class _Collectives(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _Ops(TorchDispatchMode):
+    """ATen operators by whether a DTensor takes part (the DTensor's own local operators run below the mode
+    and are not seen: one DTensor operator is one dispatch through DTensor's sharding propagation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = self.dtensor = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if DTensor in types:
+            self.dtensor += 1
+        else:
+            self.plain += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _calls(mode: CommDebugMode) -> int:
     return sum(mode.get_comm_counts().values())
 
@@ -77,6 +97,31 @@ def tp_counts(spec: ModelSpec) -> dict[str, list[int]]:
     return out
 
 
+def _tp_ops(spec: ModelSpec, sequence_parallel: bool) -> list[int]:
+    plan = ParallelPlan(tp=2, global_batch=2, micro_batch=2, seq_len=64, sequence_parallel=sequence_parallel)
+    model = build_model(spec, device="cpu", seed=0)
+    parallelize(model, plan=plan, mesh=build_mesh(plan, "cpu"))
+    x = torch.randint(0, spec.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    lm_loss(model(x), x).backward()  # warm-up: DTensor caches its sharding decisions
+    with _Ops() as fwd:
+        loss = lm_loss(model(x), x)
+    with _Ops() as bwd:
+        loss.backward()
+    return [fwd.plain, fwd.dtensor, bwd.plain, bwd.dtensor]
+
+
+def host_counts(spec: ModelSpec) -> dict[str, dict[str, list[int]]]:
+    out = {}
+    for gated in (True, False):
+        for sp in (False, True):
+            shape = dataclasses.replace(spec, gated_mlp=gated, bias=not gated)
+            one, two = (_tp_ops(dataclasses.replace(shape, num_layers=n), sp) for n in (1, 2))
+            block = [b - a for a, b in zip(one, two, strict=True)]
+            out[f"{'llama' if gated else 'gpt'}{'-sp' if sp else ''}"] = {
+                "block": block, "edge": [a - b for a, b in zip(one, block, strict=True)]}
+    return out
+
+
 def dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
     out = {}
     for name, (framework, sharding, mbs) in DP_LAYOUTS.items():
@@ -98,7 +143,7 @@ def main() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist.init_process_group("gloo")
     spec = load_model("tiny")
-    out: Any = tp_counts(spec) if kind == "tp" else dp_counts(spec)
+    out: Any = {"tp": tp_counts, "host": host_counts, "dp": dp_counts}[kind](spec)
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(out, f)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autotune.catalog import load_model
 from autotune.costmodel.dpcomm import collective_calls as dp_calls
+from autotune.costmodel.hostops import TP_BLOCK_OPS, TP_EDGE_OPS
 from autotune.costmodel.tpcomm import collective_calls
 from autotune.plan import ParallelPlan
 
@@ -55,3 +56,13 @@ def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
     # one all-gather per module per step, kept across backward and micro-batches (dpcomm, max reuse)
     for name in ("deepspeed-zero3-m1", "deepspeed-zero3-m2"):
         assert modules - 1 <= measured[name]["allgather"] <= modules, name
+
+
+def test_cost_model_counts_the_dtensor_operators_of_torch_tp(tmp_path):
+    measured = _count("host", tmp_path / "ops.json")
+    for gated, name in ((True, "llama"), (False, "gpt")):
+        for sp, suffix in ((False, ""), (True, "-sp")):
+            assert list(TP_BLOCK_OPS[gated, sp]) == measured[name + suffix]["block"], name + suffix
+            assert list(TP_EDGE_OPS[gated, sp]) == measured[name + suffix]["edge"], name + suffix
+    # sequence parallelism moves the norms and the residual stream onto DTensors
+    assert sum(TP_BLOCK_OPS[True, True][1::2]) > sum(TP_BLOCK_OPS[True, False][1::2])
