@@ -187,6 +187,7 @@ def load_gpu(name: str) -> GPUSpec:
         half_bytes=int(g.get("half_bytes", 2)),
         op_overhead_s=float(g.get("op_overhead_us", 0.0)) * 1e-6,
         dtensor_op_overhead_s=float(g.get("dtensor_op_overhead_us", 0.0)) * 1e-6,
+        async_collectives=bool(g.get("async_collectives", True)),
         zero3_host_module_s=float(g.get("zero3_host_module_us", 0.0)) * 1e-6,
         zero3_host_bytes_per_s=float(g.get("zero3_host_gb_s", 0.0)) * 1e9,
     )

@@ -116,6 +116,11 @@ class GPUSpec:
     zero3_host_bytes_per_s: float = 0.0
     """The rate at which ZeRO-3's host work per step goes through the rank's parameter bytes (the optimizer
     over partitioned fp32 copies, flat-buffer copies); 0: none charged (GPUs)."""
+    async_collectives: bool = True
+    """Whether the frameworks run DP/TP collectives beside compute on this device. FSDP2 and DeepSpeed issue
+    them on side streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``: a
+    blocking ``dist.all_reduce`` inside ``device_handle.stream(...)``); a CPU has no streams, so there every
+    collective blocks the rank's compute and none overlaps (the CPU trial device: false)."""
     half_bytes: int = 2
     """Bytes a 16-bit (bf16/fp16) tensor of a plan takes on this device: 4 on the CPU trial device, which runs
     bf16 plans in fp32 (trials/train.py ``compute_dtype``), so its activations, gathered weights and 16-bit

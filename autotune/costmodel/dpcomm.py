@@ -19,7 +19,7 @@ from autotune.plan import Framework, ParallelPlan, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["DpComm", "collective_calls", "dp_comm_s", "gathers_per_microbatch", "GRAD_REDUCE_BYTES",
-           "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS"]
+           "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS", "DEEPSPEED_EXPOSED"]
 
 DEEPSPEED_MAX_REUSE_ELEMENTS = 1_000_000_000
 """DeepSpeed ZeRO-3 ``stage3_max_reuse_distance`` (and ``stage3_max_live_parameters``), default 1e9
@@ -33,6 +33,12 @@ DEEPSPEED_BUCKET_ALLREDUCE = True
 stage_1_and_2.py ``average_tensor``), and each rank then keeps its partition of the reduced bucket; the
 updated partitions are all-gathered after the step. Counted on 2 gloo ranks: ZeRO-1 issues all-reduces and
 one all-gather per step, no reduce-scatter (tests/trials/test_tp_comm.py)."""
+DEEPSPEED_EXPOSED = True
+"""DeepSpeed's engine reduces ZeRO-0 and ZeRO-1 gradients at the accumulation boundary, after the last
+backward (deepspeed/runtime/engine.py ``allreduce_gradients``: ``buffered_allreduce_fallback`` for ZeRO-0,
+``optimizer.reduce_gradients`` for ZeRO-1; only ZeRO-2/3 reduce in backward hooks, ``overlap_comm``), and
+ZeRO-1/2 all-gather the updated partitions inside ``optimizer.step`` (stage_1_and_2.py
+``all_gather_dp_groups``): both sit on the critical path (``DpComm.tail_s``)."""
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
 """Megatron-LM's gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
 ``max(40_000_000, 1_000_000 * dp)`` elements (megatron/core/distributed/distributed_data_parallel.py); the
@@ -90,7 +96,9 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     none: all-reduce grads once per step (FSDP2's ``replicate``: in every micro-batch's backward).
     zero1: reduce-scatter grads + all-gather 16-bit params once per step (Megatron distributed optimizer;
     DeepSpeed all-reduces the gradient buckets instead, ``DEEPSPEED_BUCKET_ALLREDUCE``). zero2: DeepSpeed
-    reduces gradients in every micro-batch's backward, gathers params once. zero3 / fsdp-full / hsdp: every
+    reduces gradients in every micro-batch's backward, gathers params once. DeepSpeed ZeRO-0 and ZeRO-1
+    reduce after the last backward and ZeRO-1/2 gather the updated parameters after the optimizer step, with
+    no compute left to hide behind (``DEEPSPEED_EXPOSED``). zero3 / fsdp-full / hsdp: every
     micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
     keeps the forward gather for backward. hsdp shards inside groups of ``hsdp_shard_size`` and all-reduces
     the shard across replicas once per step. FSDP2 under pipelining: ``_pipelined_fsdp_comm``.
@@ -107,19 +115,24 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     param_bytes = params * PARAM_GATHER_BYTES * widen
     sharding = plan.sharding
     gathers, reduces = collective_calls(model, plan, params, blocks)
+    deepspeed = plan.framework is Framework.DEEPSPEED
     if sharding is Sharding.NONE:
         all_reduce_s = comm.allreduce_s(grad_bytes, n, link, reduces)
-        if defers_grad_reduce(plan):
+        if defers_grad_reduce(plan) or (deepspeed and DEEPSPEED_EXPOSED):
             return DpComm(0.0, 0.0, all_reduce_s)
         if plan.framework is Framework.FSDP:  # replicate() reduces every backward (no no_sync in the loop)
             return DpComm(all_reduce_s, 0.0, 0.0)
         return DpComm(0.0, all_reduce_s, 0.0)
     if sharding in (Sharding.ZERO1, Sharding.ZERO2):
-        if plan.framework is Framework.DEEPSPEED and DEEPSPEED_BUCKET_ALLREDUCE:
+        if deepspeed and DEEPSPEED_BUCKET_ALLREDUCE:
             grads_s = comm.allreduce_s(grad_bytes, n, link, reduces)
         else:
             grads_s = comm.reduce_scatter_s(grad_bytes, n, link, reduces)
         params_s = comm.allgather_s(param_bytes, n, link, gathers)
+        if deepspeed and DEEPSPEED_EXPOSED:
+            if sharding is Sharding.ZERO1:
+                return DpComm(0.0, 0.0, grads_s + params_s)
+            return DpComm(grads_s, 0.0, params_s)
         if sharding is Sharding.ZERO1:
             return DpComm(0.0, grads_s + params_s, 0.0)
         return DpComm(grads_s, params_s, 0.0)

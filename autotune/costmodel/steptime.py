@@ -240,7 +240,10 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
 
 
 def _overlap_fraction(cluster: ClusterSpec) -> float:
-    """The cluster's calibrated overlap, else ``DP_OVERLAP_FRACTION``."""
+    """The cluster's calibrated overlap, else ``DP_OVERLAP_FRACTION``; 0 on a device whose frameworks issue
+    collectives synchronously (``GPUSpec.async_collectives``)."""
+    if not cluster.gpu.async_collectives:
+        return 0.0
     return DP_OVERLAP_FRACTION if cluster.dp_overlap_fraction is None else cluster.dp_overlap_fraction
 
 
