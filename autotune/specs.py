@@ -174,6 +174,10 @@ class ClusterSpec:
     dispatch). 0 in the catalog; fitted from trials (``autotune calibrate``)."""
     microbatch_overhead_s: float = 0.0
     """Fixed seconds per micro-batch (forward + backward dispatch, hooks). 0 in the catalog; fitted."""
+    cores_per_node: int | None = None
+    """CPU cores the ranks of a node share when the "GPU" is a CPU rank (CPU trials; ``autotune probe``
+    records it). None: every rank has its own device. Fewer cores than ranks: idle ranks give their cores
+    to the others (``pipeline.shared_core_bubble_fraction``)."""
     profile: str | None = None
     """Where the numbers above came from when not the catalog: a probe profile and/or a calibration,
     e.g. ``profile: cpu-2rank (measured 2026-11-30)``."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["bubble_fraction", "stage_split"]
+__all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split"]
 
 
 def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
@@ -21,6 +21,21 @@ def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> 
     if pp <= 1:
         return 0.0
     return (pp - 1) / (num_microbatches * max(1, virtual_stages))
+
+
+def shared_core_bubble_fraction(bubble: float, ranks_per_node: int, cores_per_node: int | None) -> float:
+    """The bubble a step pays when the node's ranks share fewer cores than there are ranks (CPU trials).
+
+    A rank idle in the fill or drain frees its share of the cores for the ranks that still compute. With
+    ``R`` ranks on ``K < R`` cores, each computing rank runs at ``K/R`` of a core (what ``autotune probe``
+    measures with every rank busy), so a step cannot end before the node has done all ranks' work:
+    ``m`` micro-batch slots at that rate (the throughput bound, no bubble); nor before the pipeline's
+    critical path at the fastest a rank can go alone, one core: ``(1 + bubble) m`` slots at ``K/R`` of
+    the contended time. The step takes the larger: a bubble of ``max(0, (K/R)(1 + bubble) - 1)`` slots
+    per micro-batch slot. ``cores_per_node`` None (a device per rank) or ``>= R``: the bubble itself."""
+    if cores_per_node is None or cores_per_node >= ranks_per_node or bubble <= 0:
+        return bubble
+    return max(0.0, cores_per_node / ranks_per_node * (1.0 + bubble) - 1.0)
 
 
 def stage_split(num_layers: int, pp: int, head_layers: float) -> tuple[int, int]:

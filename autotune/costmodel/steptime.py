@@ -383,7 +383,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         overhead_s=(cluster.step_overhead_s
                     + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
                     + zero3_host_s(cluster, plan, zero3_modules, params)),
-        pp_bubble_s=pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages) * m * mb_s,
+        pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(
+            pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages), cluster.gpus_per_node,
+            cluster.cores_per_node),
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
         model_flops=model_flops, hardware_flops=model_flops + extra,
         dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s,

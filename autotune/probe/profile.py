@@ -13,6 +13,7 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
 ``cluster``          ``collective_efficiency`` (1.0: the link numbers are already what collectives reach),
                      ``dp_overlap_fraction`` (measured by ``probe.overlap``, or fitted by a calibration),
+                     on a CPU ``cores_per_node`` (the cores the probe's ranks could run on),
                      and from a calibration ``step_overhead_s``, ``microbatch_overhead_s``
 
 A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a valid ``--profile`` too.
@@ -38,7 +39,8 @@ PROFILE_DIR = Path("runs") / "profiles"
 _GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
              "op_overhead_us", "dtensor_op_overhead_us"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
-_CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s"}
+_CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
+                 "cores_per_node"}
 _TOP_KEYS = {"name", "kind", "measured", "gpu", "gpu_overrides", "intra_node_link", "inter_node_link",
              "cluster", "source", "summary", "measurements", "fit", "trials"}
 
@@ -130,10 +132,12 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
                                else cluster.gpu.dtensor_op_overhead_s),
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
+    numbers: dict[str, Any] = dict(profile.cluster)
+    if "cores_per_node" in numbers:
+        numbers["cores_per_node"] = max(1, round(numbers["cores_per_node"]))
     return dataclasses.replace(
         cluster, gpu=gpu, intra_link=_link(cluster.intra_link, profile.intra_node_link, profile),
-        inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label,
-        **{k: v for k, v in profile.cluster.items()})
+        inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label, **numbers)
 
 
 def write_profile(data: dict[str, Any], path: Path) -> Path:
@@ -198,6 +202,8 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
         "gpu_overrides": overrides, "cluster": {"collective_efficiency": 1.0}}
     if raw.get("overlap"):
         out["cluster"]["dp_overlap_fraction"] = round(raw["overlap"]["dp_overlap_fraction"], 3)
+    if on_cpu and raw.get("cpus"):  # ranks share the node's cores (pipeline.shared_core_bubble_fraction)
+        out["cluster"]["cores_per_node"] = int(raw["cpus"])
     if on_cpu and raw.get("op_overhead"):  # on GPUs the launches hide behind the kernels (GPUSpec)
         overrides["op_overhead_us"] = round(raw["op_overhead"]["op_overhead_s"] * 1e6, 3)
         if raw["op_overhead"].get("dtensor_op_overhead_s") is not None:

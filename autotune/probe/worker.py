@@ -90,7 +90,8 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool) 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {"device": device.type, "device_name": name, "world_size": world, "local_world_size": local,
             "num_nodes": nodes, "torch": torch.__version__, "host": platform.node(),
-            "omp_num_threads": torch.get_num_threads(), "cpus": os.cpu_count(), "started": started,
+            "omp_num_threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
+            "started": started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_before": load_before,
             "load_avg_after": list(os.getloadavg()), "gemm": gemm,
             "copy_bytes_per_s": statistics.median(copies), "collectives": [c.to_dict() for c in collectives],

@@ -1,5 +1,6 @@
 """Step-time model: FLOPs cross-checks, pipeline bubble, topology effects, sanity, published runs."""
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -237,3 +238,26 @@ def test_pipelined_fsdp_reduces_once_per_step_and_gathers_m_plus_1_times():
     assert grad_op == pytest.approx([gather_s + reduce_s] * 2)
     replicate = dp_time("none", 4)
     assert replicate.dp_comm_total_s > 0 and replicate.dp_comm_s == pytest.approx(replicate.dp_comm_total_s)
+
+
+def test_ranks_sharing_fewer_cores_fill_the_pipeline_bubble():
+    # R ranks on K < R cores: the step is the larger of the node's work at K/R of a core per rank (no bubble)
+    # and the critical path at one core per rank ((1 + bubble) slots at K/R of the contended time)
+    assert pipeline.shared_core_bubble_fraction(0.75, 4, None) == 0.75  # a device per rank
+    assert pipeline.shared_core_bubble_fraction(0.75, 4, 4) == 0.75
+    assert pipeline.shared_core_bubble_fraction(0.75, 4, 2) == 0.0  # 2/4 x 1.75 < 1: the cores never idle
+    assert pipeline.shared_core_bubble_fraction(3.0, 4, 2) == pytest.approx(0.5 * 4.0 - 1.0)
+    assert pipeline.shared_core_bubble_fraction(0.0, 4, 2) == 0.0
+    model = load_model("tiny")
+    cluster = make_cluster(num_gpus=4, gpu="cpu", gpus_per_node=4)
+    plan = ParallelPlan(pp=4, global_batch=8, micro_batch=2, seq_len=64)
+    alone = step_time(model, cluster, plan)
+    shared = step_time(model, dataclasses.replace(cluster, cores_per_node=2), plan)
+    assert alone.pp_bubble_s > 0 and shared.pp_bubble_s == 0
+    assert shared.compute_s == alone.compute_s
+    # interleaving buys nothing on shared cores: only its extra sends remain
+    il = plan.replace(schedule="interleaved", virtual_stages=2, global_batch=16)
+    one = plan.replace(global_batch=16)
+    on2 = dataclasses.replace(cluster, cores_per_node=2)
+    assert step_time(model, cluster, il).step_time_s < step_time(model, cluster, one).step_time_s
+    assert step_time(model, on2, il).step_time_s > step_time(model, on2, one).step_time_s

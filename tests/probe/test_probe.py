@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -89,6 +90,8 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert overlap["dp_overlap_fraction"] == pytest.approx(hidden[len(hidden) // 2])
     assert cluster.dp_overlap_fraction == pytest.approx(doc["cluster"]["dp_overlap_fraction"], abs=1e-3)
     assert cluster.dp_overlap_fraction == pytest.approx(overlap["dp_overlap_fraction"], abs=1e-3)
+    # the ranks share the node's cores: the profile says how many (pipeline.shared_core_bubble_fraction)
+    assert cluster.cores_per_node == doc["cluster"]["cores_per_node"] == len(os.sched_getaffinity(0))
     # host time per eager operator (CPU only): a trial block's operators, timed on every rank
     ops = doc["measurements"]["op_overhead"]
     assert sum(BLOCK_OPS[True]) <= ops["ops_per_step"] <= sum(BLOCK_OPS[True]) + 5  # + .sum() and its grad
