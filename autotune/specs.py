@@ -174,6 +174,10 @@ class ClusterSpec:
     dispatch). 0 in the catalog; fitted from trials (``autotune calibrate``)."""
     microbatch_overhead_s: float = 0.0
     """Fixed seconds per micro-batch (forward + backward dispatch, hooks). 0 in the catalog; fitted."""
+    collective_scales: tuple[tuple[str, float, float], ...] = ()
+    """Per collective measured by ``autotune probe`` (``all_gather``, ``reduce_scatter``): its
+    own ring latency and bus bandwidth inside a node as multiples of the all-reduce's, which sets
+    ``intra_link`` (``costmodel.comm``). Empty: every collective runs at the link's numbers."""
     cores_per_node: int | None = None
     """CPU cores the ranks of a node share when the "GPU" is a CPU rank (CPU trials; ``autotune probe``
     records it). None: every rank has its own device. Fewer cores than ranks: idle ranks give their cores

@@ -24,7 +24,7 @@ so a replay is cheap, repeatable and the same for every strategy. Strategies:
   experiment DeepSpeed already ran is cached (its scheduler skips it). All strategies also run on that
   subspace.
 
-Usage:  python benchmarks/search_replay.py [--seeds 20]
+Usage:  python benchmarks/search_replay.py [--seeds 20] [--profiles DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def _ds_keep(plan: dict[str, Any]) -> bool:
     return plan["framework"] == "deepspeed" and plan["tp"] == 1 and plan["pp"] == 1
 
 
-def replay_cell(cell: str, seeds: int, subspace: bool) -> dict[str, Any] | None:
+def replay_cell(cell: str, seeds: int, subspace: bool, profiles: Path = PROFILES) -> dict[str, Any] | None:
     # the subspace is what `autotune search --tp 1 --pp 1 --framework deepspeed` ranks
     if not result_path(cell).exists():
         return None
@@ -249,7 +249,7 @@ def replay_cell(cell: str, seeds: int, subspace: bool) -> dict[str, Any] | None:
         return None
     land = Landscape(rows, _ds_keep if subspace else lambda p: True)
     refiner = Refiner(ranking)  # shared by the seeds: fits are cached by what was measured
-    profile = PROFILES / f"cpu-{cell.split('-')[1]}rank.yaml"
+    profile = profiles / f"cpu-{cell.split('-')[1]}rank.yaml"
     pins = {"tp": 1, "pp": 1} if subspace else None
     profiled = cell_ranking(cell, pins, profile) if profile.exists() else None
     out = {"cell": cell, "space": "deepspeed-covered" if subspace else "full", "num_plans": len(land.rows),
@@ -270,19 +270,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--out", type=Path, default=RESULTS / "search_replay.json")
+    ap.add_argument("--profiles", type=Path, default=PROFILES,
+                    help="directory of the probe profiles cpu-<N>rank.yaml (autotune_profile)")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     results = []
     for cell in CELLS:
         for subspace in (False, True) if cell.endswith("deepspeed") else (False,):
-            res = replay_cell(cell, args.seeds, subspace)
+            res = replay_cell(cell, args.seeds, subspace, args.profiles)
             if res:
                 results.append(res)
                 print(cell, res["space"], {k: res[k]["median_trials"] for k in
                                            ("autotune", "autotune_profile", "autotune_recalibrate", "tpe",
                                             "random", "grid", "deepspeed") if res.get(k)})
-    args.out.write_text(json.dumps({"within": WITHIN, "seeds": args.seeds, "top_k": TOP_K, "cells": results},
-                                   indent=2) + "\n")
+    args.out.write_text(json.dumps({"within": WITHIN, "seeds": args.seeds, "top_k": TOP_K,
+                                    "profiles": str(args.profiles), "cells": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

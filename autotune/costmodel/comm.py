@@ -7,6 +7,13 @@ a rank actually gets (``GroupLink.bw_bytes_per_s``, already scaled by ``ClusterS
 Bandwidth terms follow nccl-tests ``doc/PERFORMANCE.md``: a ring all-reduce moves ``2(n-1)/n`` times the
 buffer through every rank's link (its "bus bandwidth" factor), all-gather and reduce-scatter ``(n-1)/n``.
 Latency terms are the ring's ``2(n-1)`` / ``(n-1)`` steps, or a tree's ``2 log2(n)`` hops.
+
+The link is the all-reduce's. Where ``autotune probe`` fitted each collective on its own (a measured profile:
+``ClusterSpec.collective_scales``), all-gather and reduce-scatter inside a node use their own latency and
+bandwidth, as multiples of the all-reduce's: on NCCL they are close to 1, on gloo they are not (2 ranks on
+this dev VM: an all-gather step takes 0.35 ms against 0.95 ms for an all-reduce step, a reduce-scatter
+streams at a third of the all-reduce's bus bandwidth). ``autotune.probe.profile.PER_OP`` says why
+send/recv is not among them.
 """
 
 from __future__ import annotations
@@ -31,6 +38,16 @@ class GroupLink(NamedTuple):
     """Per-step latency (alpha) of the slowest hop."""
     num_nodes: int
     """Nodes the group spans (1: it stays inside a node)."""
+    scales: tuple[tuple[str, float, float], ...] = ()
+    """``(collective, latency multiple, bandwidth multiple)`` of the all-reduce's, measured inside a node."""
+
+    def of(self, op: str) -> GroupLink:
+        """This link as ``op`` sees it (itself unless the probe fitted ``op``)."""
+        for name, latency, bw in self.scales:
+            if name == op:
+                return self._replace(bw_bytes_per_s=self.bw_bytes_per_s * bw,
+                                     latency_s=self.latency_s * latency, scales=())
+        return self
 
 
 def allreduce_busbw_factor(n: int) -> float:
@@ -63,7 +80,7 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     eff = cluster.collective_efficiency
     intra = cluster.intra_link
     if size <= k:
-        return GroupLink(intra.bw_bytes_per_s * eff, intra.latency_s, 1)
+        return GroupLink(intra.bw_bytes_per_s * eff, intra.latency_s, 1, cluster.collective_scales)
     inter = cluster.inter_link
     nic_bw = cluster.nics_per_node * inter.bw_bytes_per_s * k / per_node
     bw = min(intra.bw_bytes_per_s, nic_bw) * eff
@@ -103,14 +120,19 @@ def allgather_s(nbytes: float, n: int, link: GroupLink, calls: int = 1) -> float
     """Ring all-gather producing ``nbytes`` on every rank: ``(n-1)/n * bytes / bw + (n-1) * alpha``.
     ``calls``: the payload split into that many collectives (one per FSDP unit, DeepSpeed fetch or bucket):
     the same bytes, the ring's latency paid by each."""
-    if n <= 1:
-        return 0.0
-    return allgather_busbw_factor(n) * nbytes / link.bw_bytes_per_s + calls * (n - 1) * link.latency_s
+    return _ring_s("all_gather", nbytes, n, link, calls)
 
 
 def reduce_scatter_s(nbytes: float, n: int, link: GroupLink, calls: int = 1) -> float:
     """Ring reduce-scatter of an ``nbytes`` input: the same traffic as an all-gather of the output."""
-    return allgather_s(nbytes, n, link, calls)
+    return _ring_s("reduce_scatter", nbytes, n, link, calls)
+
+
+def _ring_s(op: str, nbytes: float, n: int, link: GroupLink, calls: int) -> float:
+    if n <= 1:
+        return 0.0
+    own = link.of(op)
+    return allgather_busbw_factor(n) * nbytes / own.bw_bytes_per_s + calls * (n - 1) * own.latency_s
 
 
 def p2p_s(nbytes: float, link: GroupLink) -> float:

@@ -19,7 +19,7 @@ from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch
 from autotune.costmodel.hostops import block_host_s, edge_host_s, zero3_host_s
-from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s
+from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -193,7 +193,7 @@ def _cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, to
 def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: float, overlap: bool,
                   overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
     """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
-    or reduce-scatter pair of the same ring time; how many per framework: ``tpcomm.block_collectives``.
+    and reduce-scatter pair (``tpcomm.reduction_s``); how many per framework: ``tpcomm.block_collectives``.
     Forward ones sit between dependent GEMMs and are exposed. With ``overlap`` the backward ones run under
     the weight-gradient GEMMs (Megatron-LM's async TP all-reduce, since commit 16c90445e7, 2021-09), up to
     ``DP_OVERLAP_FRACTION`` of them."""
@@ -226,7 +226,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     tp_s = 0.0
     if tp > 1:
         hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)
-        one = comm.allreduce_s(hidden_bytes, tp, comm.group_link(cluster, tp, 1))
+        one = reduction_s(hidden_bytes, plan, comm.group_link(cluster, tp, 1))
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
         tp_s = _tp_exposed_s(one, model, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = tokens * (3 * flops.lm_head_flops_per_token(model) / gemm_rate

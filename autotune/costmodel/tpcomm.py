@@ -33,7 +33,7 @@ from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["ACT_BYTES", "act_bytes", "LOSS_BYTES", "INPUT_BYTES", "block_collectives", "collective_calls",
-           "edge_collectives_s"]
+           "edge_collectives_s", "reduction_s"]
 
 ACT_BYTES = 2
 """Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit) on a
@@ -73,6 +73,15 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
     return fwd + 1 + loss, bwd + 1  # embedding AR | head-input-grad AR
 
 
+def reduction_s(nbytes: float, plan: ParallelPlan, link: comm.GroupLink) -> float:
+    """One TP reduction of an ``nbytes`` activation: an all-reduce, or with SP the all-gather and
+    reduce-scatter pair that replaces it (the same ring bytes and steps on NCCL; each at its own measured
+    latency and bandwidth where the profile has them, ``comm.GroupLink.of``). DeepSpeed AutoTP has no SP."""
+    if plan.sequence_parallel and plan.framework is not Framework.DEEPSPEED:
+        return comm.allgather_s(nbytes, plan.tp, link) + comm.reduce_scatter_s(nbytes, plan.tp, link)
+    return comm.allreduce_s(nbytes, plan.tp, link)
+
+
 def edge_collectives_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float
                        ) -> tuple[float, float]:
     """Seconds per micro-batch of the TP collectives outside the blocks: ``(first pipeline rank: embedding,
@@ -81,8 +90,7 @@ def edge_collectives_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     if tp <= 1:
         return 0.0, 0.0
     link = comm.group_link(cluster, tp, 1)
-    # one all-reduce, or with SP the all-gather + reduce-scatter pair of the same ring time
-    one = comm.allreduce_s(tokens * model.hidden_size * act_bytes(cluster), tp, link)
+    one = reduction_s(tokens * model.hidden_size * act_bytes(cluster), plan, link)
     if plan.framework is Framework.DEEPSPEED:
         broadcast = comm.allgather_s(tokens * INPUT_BYTES, tp, link)  # a ring broadcast: n-1 hops
         return one + 2 * broadcast, one

@@ -11,6 +11,9 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      eager operator, and ``dtensor_op_overhead_us``, per DTensor operator (``probe.overhead``)
 ``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
+``intra_node_collectives``  ``all_gather``, ``reduce_scatter``: each one's own alpha-beta fit
+                     (its ring's steps and bus-bandwidth factor), applied as multiples of the all-reduce's
+                     (``ClusterSpec.collective_scales``)
 ``cluster``          ``collective_efficiency`` (1.0: the link numbers are already what collectives reach),
                      ``dp_overlap_fraction`` (measured by ``probe.overlap``, or fitted by a calibration),
                      on a CPU ``cores_per_node`` (the cores the probe's ranks could run on),
@@ -42,6 +45,7 @@ _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
                  "cores_per_node"}
 _TOP_KEYS = {"name", "kind", "measured", "gpu", "gpu_overrides", "intra_node_link", "inter_node_link",
+             "intra_node_collectives",
              "cluster", "source", "summary", "measurements", "fit", "trials"}
 
 
@@ -56,6 +60,8 @@ class Profile:
     gpu_overrides: dict[str, float] = field(default_factory=dict)
     intra_node_link: dict[str, float] | None = None
     inter_node_link: dict[str, float] | None = None
+    intra_node_collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+    """``all_gather`` / ``reduce_scatter`` / ``send_recv`` -> their own ``bw_gb_s``, ``latency_us`` fit."""
     cluster: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -98,11 +104,34 @@ def load_profile(path: str | Path) -> Profile:
     for key, link in links.items():
         if link is not None and not link.get("bw_gb_s"):
             raise ConfigError(f"{where}: {key} needs a positive 'bw_gb_s'")
+    ops = data.get("intra_node_collectives") or {}
+    if not isinstance(ops, dict) or set(ops) - set(PER_OP):
+        raise ConfigError(f"{where}: intra_node_collectives: a mapping of {', '.join(PER_OP)} to their "
+                          "bw_gb_s and latency_us")
+    fits = {op: _numbers(fit, _LINK_KEYS, f"{where}: intra_node_collectives: {op}")
+            for op, fit in ops.items()}
+    if ops and not links["intra_node_link"]:
+        raise ConfigError(f"{where}: intra_node_collectives needs intra_node_link (the all-reduce fit)")
+    for op, fit in fits.items():
+        if not fit.get("bw_gb_s"):
+            raise ConfigError(f"{where}: intra_node_collectives: {op} needs a positive 'bw_gb_s'")
     return Profile(name=str(data.get("name", Path(path).stem)), kind=str(data.get("kind", "probe")),
                    measured=str(data.get("measured", "unknown date")), gpu=data["gpu"],
                    gpu_overrides=_numbers(data.get("gpu_overrides"), _GPU_KEYS, f"{where}: gpu_overrides"),
                    intra_node_link=links["intra_node_link"], inter_node_link=links["inter_node_link"],
+                   intra_node_collectives=fits,
                    cluster=_numbers(data.get("cluster"), _CLUSTER_KEYS, f"{where}: cluster"))
+
+
+def _collective_scales(profile: Profile) -> tuple[tuple[str, float, float], ...]:
+    """Each fitted collective's latency and bandwidth as multiples of the all-reduce fit."""
+    base = profile.intra_node_link
+    if not base or not profile.intra_node_collectives:
+        return ()
+    base_latency = base.get("latency_us", 0.0)
+    return tuple((op, fit.get("latency_us", 0.0) / base_latency if base_latency else 1.0,
+                  fit["bw_gb_s"] / base["bw_gb_s"])
+                 for op, fit in sorted(profile.intra_node_collectives.items()))
 
 
 def _link(base: LinkSpec, override: dict[str, float] | None, profile: Profile) -> LinkSpec:
@@ -133,6 +162,8 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
+    if profile.intra_node_collectives:
+        numbers["collective_scales"] = _collective_scales(profile)
     if "cores_per_node" in numbers:
         numbers["cores_per_node"] = max(1, round(numbers["cores_per_node"]))
     return dataclasses.replace(
@@ -147,22 +178,37 @@ def write_profile(data: dict[str, Any], path: Path) -> Path:
     return path
 
 
+_RING = {  # collective -> (ring steps, bus-bandwidth factor) for n ranks: costmodel/comm.py
+    "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
+    "all_gather": (lambda n: n - 1, lambda n: (n - 1) / n),
+    "reduce_scatter": (lambda n: n - 1, lambda n: (n - 1) / n),
+    "send_recv": (lambda n: 1, lambda n: 1.0),
+}
+PER_OP = ("all_gather", "reduce_scatter")
+"""Collectives fitted on their own besides the all-reduce (``ClusterSpec.collective_scales``). Not send/recv:
+the pipeline's transfers (``torch.distributed.pipelining``: batched isend/irecv driven by the schedule's
+actions) cost more than the bare send/recv the probe times -- 0.6-0.75 ms each on the 2-rank landscape
+(interleaved minus 1F1B step time per extra transfer) against 0.17 ms for a bare 64 KiB send/recv -- so they
+keep the all-reduce link's alpha-beta until the probe times a schedule's transfers."""
+
+
 def fit_alpha_beta(points: list[dict[str, Any]]) -> tuple[float, float]:
-    """(alpha seconds per ring step, bandwidth bytes/s) of ``t = 2(n-1) alpha + 2(n-1)/n S / B`` over
-    all-reduce points (costmodel/comm.py's ring), by non-negative least squares on relative residuals
-    (every size weighs the same)."""
+    """(alpha seconds per ring step, bandwidth bytes/s) of ``t = steps alpha + factor S / B`` over points of
+    one collective (all-reduce: ``2(n-1)`` steps and ``2(n-1)/n``, costmodel/comm.py's ring; all-gather and
+    reduce-scatter ``n-1`` and ``(n-1)/n``; send/recv 1 and 1), by non-negative least squares on relative
+    residuals (every size weighs the same)."""
     import numpy as np
     from scipy.optimize import nnls
 
-    rows = [[2 * (p["num_ranks"] - 1), 2 * (p["num_ranks"] - 1) / p["num_ranks"] * p["size_bytes"]]
-            for p in points]
+    steps, factor = _RING[points[0].get("op", "all_reduce")]
+    rows = [[steps(p["num_ranks"]), factor(p["num_ranks"]) * p["size_bytes"]] for p in points]
     times = np.array([p["time_s"] for p in points])
     (alpha, inv_bw), _ = nnls(np.array(rows) / times[:, None], np.ones(len(points)))
     return float(alpha), float(1.0 / inv_bw) if inv_bw > 0 else float("inf")
 
 
-def _link_fit(raw: dict[str, Any], scope: str, per: int) -> dict[str, float] | None:
-    points = [c for c in raw["collectives"] if c["op"] == "all_reduce" and c["scope"] == scope]
+def _link_fit(raw: dict[str, Any], scope: str, per: int, op: str = "all_reduce") -> dict[str, float] | None:
+    points = [c for c in raw["collectives"] if c["op"] == op and c["scope"] == scope]
     if not points:
         return None
     alpha, bw = fit_alpha_beta(points)
@@ -212,6 +258,9 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
     inter = _link_fit(raw, "inter", nics_per_node)
     if intra:
         out["intra_node_link"] = intra
+        fits = {op: _link_fit(raw, "intra", 1, op) for op in PER_OP}
+        if all(fits.values()):
+            out["intra_node_collectives"] = fits
     if inter:
         out["inter_node_link"] = inter
     out["summary"] = _summary(raw)

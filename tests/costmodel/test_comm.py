@@ -1,11 +1,14 @@
 """Alpha-beta collectives and topology placement (autotune.costmodel.comm)."""
 
+import dataclasses
 import math
 
 import pytest
 
-from autotune.catalog import make_cluster
+from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import comm
+from autotune.costmodel.tpcomm import reduction_s
+from autotune.plan import ParallelPlan
 
 _GB = 1e9
 
@@ -73,3 +76,35 @@ def test_gradient_allreduce_of_30b_model_over_1gbe_takes_minutes_over_infiniband
     assert 10 * 60 < t_slow < 30 * 60
     assert 0.3 < t_fast < 2.0
     assert math.isclose(t_slow / t_fast, 200 / 0.125, rel_tol=0.01)
+
+
+def test_measured_collectives_use_their_own_fit_inside_a_node():
+    cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
+    scales = (("all_gather", 0.5, 2.0), ("reduce_scatter", 3.0, 0.5))
+    scaled = dataclasses.replace(cluster, collective_scales=scales)
+    plain, own = comm.group_link(cluster, 8, 1), comm.group_link(scaled, 8, 1)
+    nbytes = 64 * 2**20
+    assert comm.allreduce_s(nbytes, 8, own) == comm.allreduce_s(nbytes, 8, plain)  # the all-reduce's link
+    gather = comm.allgather_busbw_factor(8) * nbytes / (2 * plain.bw_bytes_per_s) + 7 * 0.5 * plain.latency_s
+    assert comm.allgather_s(nbytes, 8, own) == pytest.approx(gather)
+    factor = comm.allgather_busbw_factor(8)
+    reduce = factor * nbytes / (0.5 * plain.bw_bytes_per_s) + 7 * 3.0 * plain.latency_s
+    assert comm.reduce_scatter_s(nbytes, 8, own) == pytest.approx(reduce)
+    assert comm.p2p_s(nbytes, own) == comm.p2p_s(nbytes, plain)
+    # across nodes the NICs set the numbers: the in-node fits do not apply
+    multi = dataclasses.replace(scaled, num_nodes=2)
+    assert comm.group_link(multi, 16, 1).scales == ()
+
+
+def test_sequence_parallel_pays_its_gather_and_scatter_at_their_own_rates():
+    model = load_model("tiny")
+    cluster = make_cluster(num_gpus=2, gpu="cpu")
+    plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64, sequence_parallel=True)
+    link = comm.group_link(cluster, 2, 1)
+    nbytes = 2 * 64 * model.hidden_size * 4
+    assert reduction_s(nbytes, plan, link) == pytest.approx(comm.allreduce_s(nbytes, 2, link))  # same ring
+    slow_scatter = dataclasses.replace(cluster, collective_scales=(("reduce_scatter", 4.0, 0.25),))
+    link = comm.group_link(slow_scatter, 2, 1)
+    assert reduction_s(nbytes, plan, link) > comm.allreduce_s(nbytes, 2, link)
+    no_sp = plan.replace(sequence_parallel=False)
+    assert reduction_s(nbytes, no_sp, link) == comm.allreduce_s(nbytes, 2, link)

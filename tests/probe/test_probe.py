@@ -38,6 +38,12 @@ def test_alpha_beta_fit_recovers_a_synthetic_ring():
     ]
     got_alpha, got_bw = fit_alpha_beta(points)
     assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_bw == pytest.approx(bw, rel=1e-6)
+    # an all-gather's ring: n-1 steps and (n-1)/n of the gathered buffer
+    gathers = [{"op": "all_gather", "num_ranks": n, "size_bytes": s,
+                "time_s": (n - 1) * 3 * alpha + (n - 1) / n * s / (bw / 2)}
+               for s in message_sizes(1024, 2**26)]
+    got_alpha, got_bw = fit_alpha_beta(gathers)
+    assert got_alpha == pytest.approx(3 * alpha, rel=1e-6) and got_bw == pytest.approx(bw / 2, rel=1e-6)
 
 
 @pytest.mark.dist
@@ -92,6 +98,13 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert cluster.dp_overlap_fraction == pytest.approx(overlap["dp_overlap_fraction"], abs=1e-3)
     # the ranks share the node's cores: the profile says how many (pipeline.shared_core_bubble_fraction)
     assert cluster.cores_per_node == doc["cluster"]["cores_per_node"] == len(os.sched_getaffinity(0))
+    # all-gather and reduce-scatter fitted on their own, applied as multiples of the all-reduce fit
+    base = doc["intra_node_link"]
+    fits = doc["intra_node_collectives"]
+    assert set(fits) == {"all_gather", "reduce_scatter"}
+    for op, latency, bw in cluster.collective_scales:
+        assert latency == pytest.approx(fits[op]["latency_us"] / base["latency_us"])
+        assert bw == pytest.approx(fits[op]["bw_gb_s"] / base["bw_gb_s"])
     # host time per eager operator (CPU only): a trial block's operators, timed on every rank
     ops = doc["measurements"]["op_overhead"]
     assert sum(BLOCK_OPS[True]) <= ops["ops_per_step"] <= sum(BLOCK_OPS[True]) + 5  # + .sum() and its grad
@@ -119,6 +132,13 @@ def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
         ({"gpu": "cpu", "gpu_overrides": {"gemm_eff": 0.5}}, "unknown key 'gemm_eff'"),
         ({"gpu": "cpu", "cluster": {"step_overhead_s": -1}}, "must be a number >= 0"),
         ({"gpu": "cpu", "intra_node_link": {"latency_us": 3}}, "needs a positive 'bw_gb_s'"),
+        ({"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1}, "intra_node_collectives": {"send_recv": {}}},
+         "intra_node_collectives: a mapping of all_gather, reduce_scatter"),
+        ({"gpu": "cpu", "intra_node_collectives": {"all_gather": {"bw_gb_s": 1}}},
+         "needs intra_node_link"),
+        ({"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1},
+          "intra_node_collectives": {"reduce_scatter": {"latency_us": 9}}},
+         "reduce_scatter needs a positive"),
     ],
 )
 def test_bad_profiles_are_one_line_errors(tmp_path, doc, message):
