@@ -29,7 +29,7 @@ _TIME_ROWS = (
     ("dp_comm_s", "DP comm (exposed)"),
     ("optimizer_s", "optimizer step"),
     ("offload_s", "offload traffic"),
-    ("overhead_s", "fixed overhead"),
+    ("overhead_s", "host overhead"),
 )
 
 

@@ -87,7 +87,7 @@ def test_the_report_has_measured_and_predicted_rows_and_the_model_error(report):
     assert report["pareto"] and report["importances"]
     top = report["top"][0]
     assert set(top["time_breakdown_s"]) == {"compute", "recompute", "TP comm", "CP comm", "PP bubble + p2p",
-                                            "exposed DP comm", "optimizer", "offload", "fixed overhead"}
+                                            "exposed DP comm", "optimizer", "offload", "host overhead"}
 
 
 def test_the_html_is_self_contained_and_every_figure_is_a_valid_png(runs, report):
@@ -161,7 +161,7 @@ def test_the_stacked_time_groups_add_up_to_the_step_time_with_a_calibrated_overh
     plan = ParallelPlan(dp=8, global_batch=64, micro_batch=2, seq_len=4096)
     est = estimate(load_model("7b"), cluster, plan)
     groups = time_groups(est)
-    assert groups["fixed overhead"] == pytest.approx(0.05 + 4 * 0.01)
+    assert groups["host overhead"] == pytest.approx(0.05 + 4 * 0.01)
     assert sum(groups.values()) == pytest.approx(est.step_time_s)
 
 

@@ -27,7 +27,7 @@ _TIME_LABELS = {
     "dp_comm_s": "DP/sharding communication",
     "optimizer_s": "optimizer step",
     "offload_s": "offload traffic",
-    "overhead_s": "fixed overhead",
+    "overhead_s": "host overhead",
 }
 
 

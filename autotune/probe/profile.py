@@ -25,6 +25,7 @@ A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -123,14 +124,21 @@ def load_profile(path: str | Path) -> Profile:
                    cluster=_numbers(data.get("cluster"), _CLUSTER_KEYS, f"{where}: cluster"))
 
 
+def _ratio(value: float, base: float) -> float:
+    """``value / base``, or 1 where either fit could not resolve the term (a sweep of small messages leaves
+    the bandwidth infinite, one of large messages the latency 0)."""
+    if not (0 < value < math.inf and 0 < base < math.inf):
+        return 1.0
+    return value / base
+
+
 def _collective_scales(profile: Profile) -> tuple[tuple[str, float, float], ...]:
     """Each fitted collective's latency and bandwidth as multiples of the all-reduce fit."""
     base = profile.intra_node_link
     if not base or not profile.intra_node_collectives:
         return ()
-    base_latency = base.get("latency_us", 0.0)
-    return tuple((op, fit.get("latency_us", 0.0) / base_latency if base_latency else 1.0,
-                  fit["bw_gb_s"] / base["bw_gb_s"])
+    return tuple((op, _ratio(fit.get("latency_us", 0.0), base.get("latency_us", 0.0)),
+                  _ratio(fit["bw_gb_s"], base["bw_gb_s"]))
                  for op, fit in sorted(profile.intra_node_collectives.items()))
 
 

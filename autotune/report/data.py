@@ -55,10 +55,11 @@ TIME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("exposed DP comm", ("dp_comm_s",)),
     ("optimizer", ("optimizer_s",)),
     ("offload", ("offload_s",)),
-    ("fixed overhead", ("overhead_s",)),
+    ("host overhead", ("overhead_s",)),
 )
 """Step-time terms as the report stacks them (label -> ``TimeBreakdown`` fields); together they are the
-whole step time (``fixed overhead`` is zero until a calibration fits it)."""
+whole step time (``host overhead``: eager and DTensor operators and ZeRO-3 hooks where the device does not
+hide them, 0 on GPUs, plus what a calibration fits per step and micro-batch)."""
 MEMORY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("weights", ("weights_bytes",)),
     ("gradients", ("gradients_bytes",)),
