@@ -110,6 +110,13 @@ class GPUSpec:
     """Host seconds per operator on a DTensor (sharding propagation, redistribution planning, the local
     operator and the re-wrap), charged per DTensor operator that torch-native TP runs (``costmodel.hostops``).
     0 on GPUs, like ``op_overhead_s``; measured by ``autotune probe`` (``probe.overhead``) on a CPU device."""
+    fsdp_host_unit_s: float = 0.0
+    """FSDP2's host seconds per wrapped unit per micro-batch (unshard / reshard hooks, the gradient copy-in,
+    divide and copy-out around each reduction); 0 on GPUs, measured on the CPU trial device
+    (``costmodel.hostops``, benchmarks/fsdp_host.py)."""
+    fsdp_host_bytes_per_s: float = 0.0
+    """The rate at which FSDP2's host copies go through the rank's parameter bytes per micro-batch (into and
+    out of the gather and reduce buffers); 0: none charged (GPUs)."""
     zero3_host_module_s: float = 0.0
     """DeepSpeed ZeRO-3's host seconds per parameter-holding module per micro-batch (its fetch / release
     hooks); 0 on GPUs, measured on the CPU trial device (``costmodel.hostops``, benchmarks/zero3_host.py)."""

@@ -16,6 +16,11 @@ attention core runs on local tensors (``ColwiseParallel`` hands back local outpu
 replays plain operators only. Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as
 unsharded ones.
 
+FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
+unit in every micro-batch: ``GPUSpec.fsdp_host_unit_s`` per unit and the rank's parameter bytes at
+``fsdp_host_bytes_per_s``, measured on one rank, where no collective moves data, as the wrapped minus the
+unwrapped trial model (benchmarks/fsdp_host.py); 0 on GPUs.
+
 DeepSpeed ZeRO-3 runs Python hooks around every module that holds parameters (fetch and release through
 its parameter coordinator, in forward and backward) and steps the optimizer over partitioned fp32 copies:
 host time per module and micro-batch (``GPUSpec.zero3_host_module_s``) and per step over the rank's parameter
@@ -29,7 +34,7 @@ from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["BLOCK_OPS", "ATTENTION_CORE_FWD_OPS", "EDGE_OPS", "TP_BLOCK_OPS", "TP_EDGE_OPS", "block_ops",
-           "tp_block_ops", "block_host_s", "edge_host_s", "zero3_host_s"]
+           "tp_block_ops", "block_host_s", "edge_host_s", "fsdp_host_s", "zero3_host_s"]
 
 BLOCK_OPS = {True: (102, 141), False: (85, 117)}
 """``gated_mlp`` -> (forward, backward) operators of one block."""
@@ -93,3 +98,13 @@ def zero3_host_s(cluster: ClusterSpec, plan: ParallelPlan, modules: int, params:
     gpu = cluster.gpu
     per_byte = 1.0 / gpu.zero3_host_bytes_per_s if gpu.zero3_host_bytes_per_s else 0.0
     return plan.num_microbatches * modules * gpu.zero3_host_module_s + params * gpu.half_bytes * per_byte
+
+
+def fsdp_host_s(cluster: ClusterSpec, plan: ParallelPlan, units: int, params: float) -> float:
+    """FSDP2's host time of one step over a rank's ``units`` wrapped units holding ``params`` parameters
+    (DP > 1: the trials wrap; parameters held in fp32 by the CPU trial device, ``GPUSpec.half_bytes``)."""
+    if plan.framework is not Framework.FSDP or plan.dp <= 1:
+        return 0.0
+    gpu = cluster.gpu
+    per_byte = 1.0 / gpu.fsdp_host_bytes_per_s if gpu.fsdp_host_bytes_per_s else 0.0
+    return plan.num_microbatches * (units * gpu.fsdp_host_unit_s + params * gpu.half_bytes * per_byte)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch
-from autotune.costmodel.hostops import block_host_s, edge_host_s, zero3_host_s
+from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -364,6 +364,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     dp = dp_comm_s(cluster, model, plan, params, max(k_last, k_other))
     dp_mb_s = dp.per_microbatch_s
     zero3_modules = dp_collective_calls(model, plan, params, max(k_last, k_other))[0]
+    fsdp_units = max(k_last, k_other) + 1  # one unit per block, then the root (trials/parallelize.apply_dp)
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
@@ -382,7 +383,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
         overhead_s=(cluster.step_overhead_s
                     + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
-                    + zero3_host_s(cluster, plan, zero3_modules, params)),
+                    + zero3_host_s(cluster, plan, zero3_modules, params)
+                    + fsdp_host_s(cluster, plan, fsdp_units, params)),
         pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(
             pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages), cluster.gpus_per_node,
             cluster.cores_per_node),

@@ -16,6 +16,7 @@ from autotune.costmodel.hostops import (
     TP_EDGE_OPS,
     block_host_s,
     block_ops,
+    fsdp_host_s,
     tp_block_ops,
     zero3_host_s,
 )
@@ -110,3 +111,25 @@ def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():
     # FSDP's fully_shard and DeepSpeed's other stages pay none of it
     for other in (zero2, zero3.replace(framework="fsdp", sharding="fsdp-full")):
         assert zero3_host_s(cpu, other, 39, params) == 0
+
+
+def test_fsdp2_host_time_per_wrapped_unit_and_micro_batch():
+    model = load_model("tiny")
+    cpu = make_cluster(num_gpus=2, gpu="cpu")
+    gpu = cpu.gpu
+    assert gpu.fsdp_host_unit_s > 0 and gpu.fsdp_host_bytes_per_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.fsdp_host_unit_s == 0
+    plan = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="fsdp-full")
+    units, params = model.num_layers + 1, model.num_params  # a unit per block, then the root
+    per_mb = units * gpu.fsdp_host_unit_s + params * gpu.half_bytes / gpu.fsdp_host_bytes_per_s
+    assert fsdp_host_s(cpu, plan, units, params) == pytest.approx(2 * per_mb)  # 2 micro-batches per rank
+    # in the step: on top of the same plan without it, for replicate (sharding none) as for fully_shard
+    for sharding in ("none", "fsdp-grad-op", "fsdp-full"):
+        p = plan.replace(sharding=sharding)
+        without = dataclasses.replace(cpu, gpu=dataclasses.replace(gpu, fsdp_host_unit_s=0.0,
+                                                                   fsdp_host_bytes_per_s=0.0))
+        added = step_time(model, cpu, p).overhead_s - step_time(model, without, p).overhead_s
+        assert added == pytest.approx(2 * per_mb)
+    # nothing to wrap on one rank, and DeepSpeed has its own hooks
+    assert fsdp_host_s(cpu, ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64), units, params) == 0
+    assert fsdp_host_s(cpu, plan.replace(framework="deepspeed", sharding="zero3"), units, params) == 0
