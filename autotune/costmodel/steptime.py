@@ -181,12 +181,14 @@ def _cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, to
     """Ring attention (Liu et al. 2023; Megatron-Core CP): each of ``cp-1`` steps passes this rank's K and V
     chunk (``2 x tokens x kv_hidden/tp``) to the next CP rank; backward passes K, V and their gradients (2x).
     Each transfer overlaps the attention of the chunk already held, so only what exceeds the attention time
-    of the pass is exposed."""
+    of the pass is exposed; on a device without asynchronous collectives all of it is."""
     if plan.cp <= 1:
         return 0.0
     link = comm.group_link(cluster, plan.cp, plan.tp)
     step_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * act_bytes(cluster)
     fwd = (plan.cp - 1) * comm.p2p_s(step_bytes, link)
+    if not cluster.gpu.async_collectives:  # the transfers block the attention (GPUSpec.async_collectives)
+        return 3 * fwd
     return max(0.0, fwd - attn_fwd_s) + max(0.0, 2 * fwd - 2 * attn_fwd_s)
 
 

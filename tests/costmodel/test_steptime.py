@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.catalog import load_model, make_cluster
-from autotune.costmodel import flops, pipeline
+from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
@@ -261,3 +261,17 @@ def test_ranks_sharing_fewer_cores_fill_the_pipeline_bubble():
     on2 = dataclasses.replace(cluster, cores_per_node=2)
     assert step_time(model, cluster, il).step_time_s < step_time(model, cluster, one).step_time_s
     assert step_time(model, on2, il).step_time_s > step_time(model, on2, one).step_time_s
+
+
+def test_ring_attention_transfers_block_on_a_device_without_streams():
+    model = load_model("tiny")
+    cpu = make_cluster(num_gpus=2, gpu="cpu")
+    plan = ParallelPlan(cp=2, global_batch=4, micro_batch=2, seq_len=64)
+    blocked = block_times(model, cpu, plan).cp_s
+    streams = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, async_collectives=True))
+    assert blocked > block_times(model, streams, plan).cp_s >= 0
+    # forward passes K and V once around the ring, backward K, V and their gradients: 3 passes, all exposed
+    link = comm.group_link(cpu, 2, 1)
+    tokens = plan.micro_batch * plan.seq_len / plan.cp
+    one_pass = comm.p2p_s(2 * tokens * model.kv_hidden_size * cpu.gpu.half_bytes, link)
+    assert blocked == pytest.approx(3 * one_pass)

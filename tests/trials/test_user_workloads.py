@@ -124,8 +124,9 @@ def test_custom_workload_example_end_to_end(tmp_path, monkeypatch):
 @pytest.mark.dist(timeout=60)
 def test_train_script_example_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
+    # the example runs FSDP2 data parallelism only and says so (pins as in the README)
     study = _search(tmp_path, "--script", "examples/train_script/train.py", "--tp", "1", "--pp", "1",
-                    "--trials", "1")
+                    "--cp", "1", "--trials", "1")
     _assert_measured(tmp_path, study)
     trial_dir = next((tmp_path / "s" / "trials").glob("*/"))
     plan = ParallelPlan.from_dict(json.loads((trial_dir / "plan.json").read_text()))
