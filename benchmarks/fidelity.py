@@ -8,7 +8,11 @@ The measurement's own ceiling is reported beside them: tau and MAPE of repeat 1 
 same plans (no model can rank plans better than the measurement ranks itself). The same is done on the H200
 trials of benchmarks/results/gpu_validate.json (``gpu_cells``).
 
-Usage:  python benchmarks/fidelity.py [--seed 0]
+The held-out half of a cell is 6-15 plans, so one split's tau and MAPE move with the split: every cell is also
+split ``--splits`` times (seeds 0..N-1) and the median and range of the held-out numbers reported
+(``held_out_splits``).
+
+Usage:  python benchmarks/fidelity.py [--seed 0] [--splits 10]
 """
 
 from __future__ import annotations
@@ -89,6 +93,17 @@ def evaluate(cell: str, seed: int, profile: Path | None) -> dict[str, Any] | Non
     }
 
 
+def held_out_splits(cell: str, splits: int, profile: Path | None) -> dict[str, Any]:
+    """Held-out tau and MAPE after calibration over ``splits`` random halvings: median, min, max."""
+    runs = [evaluate(cell, seed, profile) for seed in range(splits)]
+    held = [r["after_held_out"] for r in runs if r]
+    taus = [h["kendall_tau"] for h in held if h["kendall_tau"] is not None]
+    mapes = [h["mape"] for h in held]
+    return {"splits": splits,
+            "kendall_tau": {"median": statistics.median(taus), "min": min(taus), "max": max(taus)},
+            "mape": {"median": statistics.median(mapes), "min": min(mapes), "max": max(mapes)}}
+
+
 def gpu_cells(seed: int) -> list[dict[str, Any]]:
     """The same split-half fit on the H200 trials of benchmarks/results/gpu_validate.json (a 1B Llama at world
     size 1; FSDP at world size 1 is planned as no sharding, so each FSDP setting is its own cell)."""
@@ -122,6 +137,7 @@ def gpu_cells(seed: int) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--splits", type=int, default=10, help="random halvings for the held-out median")
     args = ap.parse_args()
     cells = []
     for cell in CELLS:
@@ -135,6 +151,7 @@ def main() -> None:
             if res is None:
                 continue
             res["repeat_ceiling"] = repeat_ceiling(rows)
+            res["held_out_splits"] = held_out_splits(cell, args.splits, base)
             cells.append(res)
             print(
                 cell,
@@ -145,7 +162,8 @@ def main() -> None:
                 },
             )
     cells += gpu_cells(args.seed)
-    (RESULTS / "fidelity.json").write_text(json.dumps({"seed": args.seed, "cells": cells}, indent=2) + "\n")
+    out = {"seed": args.seed, "splits": args.splits, "cells": cells}
+    (RESULTS / "fidelity.json").write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
