@@ -362,11 +362,12 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     ov = _overlap_fraction(cluster)
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
     mb_s = blocks * block_s + head_s + edge_tp_s + edge_host
-    params = _rank_params(model, plan, max(k_last, k_other))
-    dp = dp_comm_s(cluster, model, plan, params, max(k_last, k_other))
+    busiest = max(k_last, k_other)
+    params = _rank_params(model, plan, busiest)
+    dp = dp_comm_s(cluster, model, plan, params, busiest)
     dp_mb_s = dp.per_microbatch_s
-    zero3_modules = dp_collective_calls(model, plan, params, max(k_last, k_other))[0]
-    fsdp_units = max(k_last, k_other) + 1  # one unit per block, then the root (trials/parallelize.apply_dp)
+    # what one parameter all-gather covers: a ZeRO-3 module, an FSDP2 unit (block or root); hostops charges it
+    units = dp_collective_calls(model, plan, params, busiest)[0]
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
@@ -385,8 +386,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
         overhead_s=(cluster.step_overhead_s
                     + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
-                    + zero3_host_s(cluster, plan, zero3_modules, params)
-                    + fsdp_host_s(cluster, plan, fsdp_units, params)),
+                    + zero3_host_s(cluster, plan, units, params)
+                    + fsdp_host_s(cluster, plan, units, params)),
         pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(
             pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages), cluster.gpus_per_node,
             cluster.cores_per_node),

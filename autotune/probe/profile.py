@@ -62,7 +62,7 @@ class Profile:
     intra_node_link: dict[str, float] | None = None
     inter_node_link: dict[str, float] | None = None
     intra_node_collectives: dict[str, dict[str, float]] = field(default_factory=dict)
-    """``all_gather`` / ``reduce_scatter`` / ``send_recv`` -> their own ``bw_gb_s``, ``latency_us`` fit."""
+    """``all_gather`` / ``reduce_scatter`` -> their own ``bw_gb_s``, ``latency_us`` fit (``PER_OP``)."""
     cluster: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -190,7 +190,6 @@ _RING = {  # collective -> (ring steps, bus-bandwidth factor) for n ranks: costm
     "all_reduce": (lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n),
     "all_gather": (lambda n: n - 1, lambda n: (n - 1) / n),
     "reduce_scatter": (lambda n: n - 1, lambda n: (n - 1) / n),
-    "send_recv": (lambda n: 1, lambda n: 1.0),
 }
 PER_OP = ("all_gather", "reduce_scatter")
 """Collectives fitted on their own besides the all-reduce (``ClusterSpec.collective_scales``). Not send/recv:
@@ -203,8 +202,8 @@ keep the all-reduce link's alpha-beta until the probe times a schedule's transfe
 def fit_alpha_beta(points: list[dict[str, Any]]) -> tuple[float, float]:
     """(alpha seconds per ring step, bandwidth bytes/s) of ``t = steps alpha + factor S / B`` over points of
     one collective (all-reduce: ``2(n-1)`` steps and ``2(n-1)/n``, costmodel/comm.py's ring; all-gather and
-    reduce-scatter ``n-1`` and ``(n-1)/n``; send/recv 1 and 1), by non-negative least squares on relative
-    residuals (every size weighs the same)."""
+    reduce-scatter ``n-1`` and ``(n-1)/n``), by non-negative least squares on relative residuals (every size
+    weighs the same)."""
     import numpy as np
     from scipy.optimize import nnls
 
