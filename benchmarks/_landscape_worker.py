@@ -3,8 +3,10 @@
 ``python -m torch.distributed.run ... benchmarks/_landscape_worker.py TODO.json OUT.jsonl``
 
 Each plan goes through the trial worker's own ``run_trial`` (the same trainers, warm-up, synchronised timing
-and max-over-ranks reduction as ``autotune search``), so its step time is what a standalone trial measures;
-only the torchrun launch (~3.5 s per trial on this machine, benchmarks/results/trial_overhead.md) is shared.
+and max-over-ranks reduction as ``autotune search``); the torchrun launch (~3.5 s per trial on this machine,
+benchmarks/results/trial_overhead.md) is shared by DeepSpeed ZeRO plans only. A torch-native trial gets a
+launch of its own: the gloo groups of its device mesh, and their threads, live as long as the process
+(``landscape._next_launch``).
 The landscape measures time, not memory, so the worker's MemTracker warm-up step is replaced by a plain step
 (it costs seconds per plan on 2 cores). Rank 0 appends one JSON line per plan to OUT.jsonl.
 """

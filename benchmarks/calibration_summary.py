@@ -66,10 +66,12 @@ def landscape_section() -> list[str]:
         f"{meta.get('warmup_steps', 2)} warm-up + {meta.get('measure_steps', 3)} measured steps per run, "
         f"{meta.get('repeats', 2)} repeats (two passes, the second in reverse order). Cut dimensions: {cuts} "
         "(reasons in landscape.py). Measured step time = median over repeats of each run's median step. "
-        "Plans run in batches per torchrun launch (benchmarks/_landscape_worker.py: the trial worker's own "
-        "run_trial; a DeepSpeed TP or PP plan ends its launch, DeepSpeed keeps their state in globals). An "
-        "earlier run of the same landscape under heavier load (1-min load average 8-75) is in git history "
-        "(commit e90278c, 'landscape measured under load').",
+        "Every plan runs through the trial worker's own run_trial (benchmarks/_landscape_worker.py): in a "
+        "torchrun cell one plan per torchrun launch, as autotune search runs a trial (a process that ran "
+        "trials one after another kept every trial's gloo groups and their threads and slowed with each: "
+        "landscape.py `_next_launch`); in a DeepSpeed cell plans in batches per launch, a TP or PP plan "
+        "ending its launch (DeepSpeed keeps their state in globals). Earlier runs are in git history: "
+        "under load 8-75 (commit e90278c), and the torchrun cells batched per launch (commit e1dfd7a).",
         "",
         "| cell | legal plans | measured ok (>= 2 repeats) | failed | not measured | runs "
         "| measured from - to | load avg (1 min) min / median / max | best plan | best step |",

@@ -2,7 +2,7 @@
 the torchrun (FSDP2 / DTensor / pipelining) and the DeepSpeed backend, each plan measured ``--repeats`` times.
 
 The space is the bundled ``fsdp`` / ``deepspeed`` space with these dimensions cut (``CUTS``), so that the
-whole landscape measures in ~40 min on the 2-core machine:
+whole landscape measures in ~1.6 h on the 2-core machine:
 
 * global batch fixed at 2 sequences per rank and seq-len at 64 (never tuned by autotune anyway);
 * ``cp: [1]``: context parallelism is not implemented in real trials (the worker raises ``TrialError``);
@@ -13,8 +13,10 @@ whole landscape measures in ~40 min on the 2-core machine:
 * ``schedule: [1f1b, interleaved]`` with ``virtual_stages: [2]`` (FSDP space; DeepSpeed runs 1F1B only):
   GPipe has 1F1B's bubble in every model compared here, and 4 virtual stages need 16 layers on PP 4.
 
-Each plan runs through the trial worker's own ``run_trial`` (``_landscape_worker.py``) in batches of plans per
-torchrun launch; repeats run in two passes (shuffled, then reversed) so load drift does not favour a plan.
+Each plan runs through the trial worker's own ``run_trial`` (``_landscape_worker.py``): in a torchrun cell
+each plan in its own torchrun launch, as ``autotune search`` runs a trial; in a DeepSpeed cell in batches of
+plans per launch (``_next_launch`` says why). Repeats run in two passes (shuffled, then reversed) so load
+drift does not favour a plan.
 Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
 run with its load average, the median step time) and ``landscape_meta.json``.
 
@@ -54,7 +56,7 @@ SEQ_LEN = 64
 SEQS_PER_RANK = 2
 WARMUP_STEPS, MEASURE_STEPS = 2, 8
 CHUNK = 24
-"""Plans per torchrun launch (bounds what one failure costs and what a long-lived process accumulates)."""
+"""Plans per launch in a DeepSpeed cell (bounds what one failure costs); torchrun cells: ``_next_launch``."""
 LAUNCH_OVERHEAD_S = 3.5
 """What a standalone trial adds to the in-process time: workers started (2.5-2.8 s) + tail (0.9 s),
 benchmarks/results/trial_overhead.json. Used for trial-seconds in the search replay."""
@@ -151,14 +153,24 @@ def _launch(cell: str, chunk: list[dict], raw: Path) -> None:
 
 
 def _next_launch(cell: str, todo: list[dict]) -> list[dict]:
-    """Up to ``CHUNK`` plans. DeepSpeed keeps AutoTP / pipeline state in module globals after such an engine
-    is destroyed (the next ``initialize`` fails on ``mpu.get_model_parallel_rank``), so in a DeepSpeed cell a
-    TP or PP plan is the last of its launch."""
+    """The plans of the next launch.
+
+    torchrun cells: one. Every trial builds a device mesh, and every mesh dimension a new gloo group (3
+    threads per rank each: ``gloo_tcp_loop`` and 2 ``pt_gloo_runloop``) that lives as long as the process;
+    destroying them breaks DTensor, whose sharding cache holds the meshes (equal by layout) with their group
+    names. Run one after another in one process, 4-rank trials slowed with every trial: 25 gloo threads per
+    rank after 3 trials, a TP2 x DP2 plan 203 ms then 220-267 ms after 1-8 more TP trials, the DP4 plan
+    119 -> 143 ms (2026-12-01, 2-core VM). A launch per plan measures what a standalone trial measures.
+
+    DeepSpeed cells: up to ``CHUNK`` (its ZeRO engines reuse their groups: the thread count stayed flat over
+    8 ZeRO-0..3 trials). DeepSpeed keeps AutoTP / pipeline state in module globals after such an engine is
+    destroyed (the next ``initialize`` fails on ``mpu.get_model_parallel_rank``), so a TP or PP plan is the
+    last of its launch."""
+    if cell.endswith("torchrun"):
+        return todo[:1]
     chunk = todo[:CHUNK]
-    if cell.endswith("deepspeed"):
-        ends = [i for i, it in enumerate(chunk) if it["plan"]["tp"] > 1 or it["plan"]["pp"] > 1]
-        chunk = chunk[: ends[0] + 1] if ends else chunk
-    return chunk
+    ends = [i for i, it in enumerate(chunk) if it["plan"]["tp"] > 1 or it["plan"]["pp"] > 1]
+    return chunk[: ends[0] + 1] if ends else chunk
 
 
 def measure_cell(cell: str, repeats: int, deadline: float,
