@@ -187,6 +187,7 @@ def load_gpu(name: str) -> GPUSpec:
         half_bytes=int(g.get("half_bytes", 2)),
         op_overhead_s=float(g.get("op_overhead_us", 0.0)) * 1e-6,
         dtensor_op_overhead_s=float(g.get("dtensor_op_overhead_us", 0.0)) * 1e-6,
+        dtensor_collective_overhead_s=float(g.get("dtensor_collective_overhead_us", 0.0)) * 1e-6,
         async_collectives=bool(g.get("async_collectives", True)),
         fsdp_host_unit_s=float(g.get("fsdp_host_unit_us", 0.0)) * 1e-6,
         fsdp_host_bytes_per_s=float(g.get("fsdp_host_gb_s", 0.0)) * 1e9,

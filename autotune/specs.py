@@ -110,6 +110,10 @@ class GPUSpec:
     """Host seconds per operator on a DTensor (sharding propagation, redistribution planning, the local
     operator and the re-wrap), charged per DTensor operator that torch-native TP runs (``costmodel.hostops``).
     0 on GPUs, like ``op_overhead_s``; measured by ``autotune probe`` (``probe.overhead``) on a CPU device."""
+    dtensor_collective_overhead_s: float = 0.0
+    """Host seconds a TP collective issued by a DTensor redistribution costs beyond the direct collective
+    (functional collectives, the wait, the re-wrap), charged per collective torch-native TP issues
+    (``costmodel.hostops``); the collective itself is ``comm``'s. 0 on GPUs; ``autotune probe`` on a CPU."""
     fsdp_host_unit_s: float = 0.0
     """FSDP2's host seconds per wrapped unit per micro-batch (unshard / reshard hooks, the gradient copy-in,
     divide and copy-out around each reduction); 0 on GPUs, measured on the CPU trial device

@@ -24,6 +24,9 @@ from landscape import CELLS, CUTS, load_landscape, result_path  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
+HOST_KEYS = (("op_overhead_us", "host time per eager operator"),
+             ("dtensor_op_overhead_us", "per DTensor operator"),
+             ("dtensor_collective_overhead_us", "per TP collective via DTensor beyond the direct call"))
 STRATEGIES = ("autotune", "autotune_profile", "autotune_recalibrate", "tpe", "random", "grid", "deepspeed")
 
 
@@ -49,7 +52,8 @@ def probe_section() -> list[str]:
             + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in s["best_gemm_tflops"].items())
             + f", gemm_efficiency {g['gemm_efficiency']:.2f}; copy {s['copy_gb_s']:.1f} GB/s; all-reduce "
             f"alpha-beta fit {link.get('bw_gb_s', 0):.2f} GB/s, {link.get('latency_us', 0):.0f} us per ring "
-            "step. Peak busbw: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in s["peak_busbw_gb_s"].items()),
+            "step. Peak busbw: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in s["peak_busbw_gb_s"].items())
+            + "".join(f"; {label} {g[key]:.1f} us" for key, label in HOST_KEYS if key in g),
             "",
         ]
     return lines

@@ -13,8 +13,11 @@ entries and, with sequence parallelism, the norms and the residual stream run on
 is one dispatch through DTensor (its local operator runs below it). Counted per micro-batch on 2 gloo ranks
 (tests/trials/_count_comm.py ``host``; tests/trials/test_tp_comm.py checks these tables against it). The
 attention core runs on local tensors (``ColwiseParallel`` hands back local outputs), so selective recompute
-replays plain operators only. Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as
-unsharded ones.
+replays plain operators only. Each TP collective they issue (``tpcomm.collective_calls``: a redistribution
+through functional collectives) costs the host ``GPUSpec.dtensor_collective_overhead_s`` beyond the
+collective's own time, which ``tpcomm`` prices from the probe's direct calls: 310-400 us on 2 gloo ranks
+(1.5 ms on 4 sharing 2 cores; ``autotune probe``), of the order of the collective itself at trial sizes.
+Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as unsharded ones.
 
 FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
 unit in every micro-batch: ``GPUSpec.fsdp_host_unit_s`` per unit and the rank's parameter bytes at
@@ -30,11 +33,12 @@ ZeRO-0 step time on two models (benchmarks/zero3_host.py); 0 on GPUs.
 
 from __future__ import annotations
 
+from autotune.costmodel.tpcomm import block_collectives, collective_calls
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["BLOCK_OPS", "ATTENTION_CORE_FWD_OPS", "EDGE_OPS", "TP_BLOCK_OPS", "TP_EDGE_OPS", "block_ops",
-           "tp_block_ops", "block_host_s", "edge_host_s", "fsdp_host_s", "zero3_host_s"]
+           "tp_block_ops", "tp_block_calls", "block_host_s", "edge_host_s", "fsdp_host_s", "zero3_host_s"]
 
 BLOCK_OPS = {True: (102, 141), False: (85, 117)}
 """``gated_mlp`` -> (forward, backward) operators of one block."""
@@ -76,18 +80,29 @@ def tp_block_ops(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
     return fp + bp, fd + bd
 
 
+def tp_block_calls(model: ModelSpec, plan: ParallelPlan) -> int:
+    """TP collective calls of one block per micro-batch (with SP a reduction is two: gather and scatter)."""
+    fwd, bwd = block_collectives(model, plan)
+    return (fwd + bwd) * (2 if plan.sequence_parallel else 1)
+
+
 def block_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    gpu = cluster.gpu
     if _torch_tp(plan):
         plain, dtensor = tp_block_ops(model, plan)
-        return plain * cluster.gpu.op_overhead_s + dtensor * cluster.gpu.dtensor_op_overhead_s
-    return block_ops(model, plan) * cluster.gpu.op_overhead_s
+        return (plain * gpu.op_overhead_s + dtensor * gpu.dtensor_op_overhead_s
+                + tp_block_calls(model, plan) * gpu.dtensor_collective_overhead_s)
+    return block_ops(model, plan) * gpu.op_overhead_s
 
 
 def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    gpu = cluster.gpu
     if _torch_tp(plan):
         fp, fd, bp, bd = TP_EDGE_OPS[model.gated_mlp, plan.sequence_parallel]
-        return (fp + bp) * cluster.gpu.op_overhead_s + (fd + bd) * cluster.gpu.dtensor_op_overhead_s
-    return EDGE_OPS * cluster.gpu.op_overhead_s
+        calls = sum(collective_calls(model, plan)) - model.num_layers * tp_block_calls(model, plan)
+        return ((fp + bp) * gpu.op_overhead_s + (fd + bd) * gpu.dtensor_op_overhead_s
+                + calls * gpu.dtensor_collective_overhead_s)
+    return EDGE_OPS * gpu.op_overhead_s
 
 
 def zero3_host_s(cluster: ClusterSpec, plan: ParallelPlan, modules: int, params: float) -> float:

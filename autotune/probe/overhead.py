@@ -12,7 +12,12 @@ Torch-native tensor parallelism runs part of a block on DTensors, and each DTens
 far more than a plain one (sharding propagation, redistribution planning, the local operator, the re-wrap).
 With a process group up, the probe also times a two-block trial model under autotune's TP plan, with and
 without sequence parallelism, on a TP mesh of one rank (so no collective runs: their time is the collective
-probe's) and reports what each DTensor operator costs beyond the plain operators' share.
+probe's) and reports what each DTensor operator costs beyond the plain operators' share. And a TP
+collective issued by a DTensor redistribution (functional collectives, the ``AsyncCollectiveTensor`` wait,
+the re-wrap) costs the host more than the same collective called directly, which is what the collective
+probe times: on a mesh over every rank of the node the probe times the three redistributions torch TP issues
+(``Shard(1) -> Replicate``: all-gather, ``Partial -> Shard(1)``: reduce-scatter, ``Partial -> Replicate``:
+all-reduce) against the direct calls and reports the median difference per collective.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from autotune.specs import ModelSpec
 from autotune.trials.model import Block, build_model
 from autotune.trials.train import lm_loss
 
-__all__ = ["PROBE_BLOCK", "count_ops", "op_overhead", "dtensor_op_overhead"]
+__all__ = ["PROBE_BLOCK", "count_ops", "op_overhead", "dtensor_op_overhead", "dtensor_collective_overhead"]
 
 PROBE_BLOCK = ModelSpec(name="probe-block", hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=4,
                         ffn_hidden_size=344, vocab_size=1024, max_seq_len=64, gated_mlp=True)
@@ -94,6 +99,8 @@ def op_overhead(*, repeats: int = 7, iters: int = 50) -> dict[str, Any]:
     out: dict[str, Any] = {"op_overhead_s": per_op, "ops_per_step": ops, "per_rank_s": everyone, "tokens": 1}
     if dist.is_initialized():
         out |= dtensor_op_overhead(per_op, repeats=repeats, iters=max(1, iters // 5))
+        if dist.get_world_size() > 1:
+            out |= dtensor_collective_overhead()
     return out
 
 
@@ -124,3 +131,46 @@ def dtensor_op_overhead(op_overhead_s: float, *, repeats: int = 7, iters: int = 
     per_op, everyone = _median_over_ranks(mine)
     return {"dtensor_op_overhead_s": per_op, "dtensor_per_rank_s": everyone,
             "dtensor_ops_per_step": int(dtensor), "plain_ops_per_step": int(plain)}
+
+
+def dtensor_collective_overhead(*, iters: int = 30) -> dict[str, Any]:
+    """Seconds a TP collective issued through a DTensor redistribution costs beyond the direct call
+    (module docstring): a ``[2, 64, 256]`` activation (the trials' micro-batch x seq-len x ``tiny`` width
+    order) on a mesh over all ranks, every rank at once. Each iteration times the redistribution and the
+    direct call back to back, each after a barrier (so neither starts with ranks out of step); per collective
+    the median over iterations of the difference, on the median rank; reported: the median collective."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    group = mesh.get_group()
+    full = torch.randn(2, 64 * world // 2, 256)
+    part = full.chunk(world, dim=1)[0].contiguous()
+    sharded = DTensor.from_local(part, mesh, [Shard(1)], run_check=False)
+    partial = DTensor.from_local(full, mesh, [Partial()], run_check=False)
+    flat_part, gathered, scattered = part.reshape(-1), torch.empty(full.numel()), torch.empty(part.numel())
+    pairs = {
+        "all_gather": (lambda: sharded.redistribute(mesh, [Replicate()]).to_local(),
+                       lambda: dist.all_gather_into_tensor(gathered, flat_part, group=group)),
+        "reduce_scatter": (lambda: partial.redistribute(mesh, [Shard(1)]).to_local(),
+                           lambda: dist.reduce_scatter_tensor(scattered, full.reshape(-1).clone(),
+                                                              group=group)),
+        "all_reduce": (lambda: partial.redistribute(mesh, [Replicate()]).to_local(),
+                       lambda: dist.all_reduce(full.clone(), group=group)),
+    }
+
+    def once(fn: Any) -> float:
+        dist.barrier(group)
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    extra = {}
+    for name, (via_dtensor, direct) in pairs.items():
+        for _ in range(5):
+            once(via_dtensor), once(direct)
+        diffs = [once(via_dtensor) - once(direct) for _ in range(iters)]
+        extra[name], _ = _median_over_ranks(statistics.median(diffs))
+    return {"dtensor_collective_overhead_s": max(0.0, statistics.median(extra.values())),
+            "dtensor_collective_extra_s": extra}

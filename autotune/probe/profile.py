@@ -8,7 +8,8 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      catalog has no datasheet for "a CPU": the best measured GEMM becomes the peak) and
                      ``memory_bandwidth_gb_s`` (measured copy bandwidth / ``steptime.HBM_EFFICIENCY``, so the
                      model's streaming rate is the measured one), ``op_overhead_us``, the host time per
-                     eager operator, and ``dtensor_op_overhead_us``, per DTensor operator (``probe.overhead``)
+                     eager operator, ``dtensor_op_overhead_us``, per DTensor operator, and
+                     ``dtensor_collective_overhead_us``, per TP collective via DTensor (``probe.overhead``)
 ``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
 ``intra_node_collectives``  ``all_gather``, ``reduce_scatter``: each one's own alpha-beta fit
@@ -41,7 +42,7 @@ __all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_p
 
 PROFILE_DIR = Path("runs") / "profiles"
 _GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
-             "op_overhead_us", "dtensor_op_overhead_us"}
+             "op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
                  "cores_per_node"}
@@ -167,6 +168,9 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         op_overhead_s=g["op_overhead_us"] * 1e-6 if "op_overhead_us" in g else cluster.gpu.op_overhead_s,
         dtensor_op_overhead_s=(g["dtensor_op_overhead_us"] * 1e-6 if "dtensor_op_overhead_us" in g
                                else cluster.gpu.dtensor_op_overhead_s),
+        dtensor_collective_overhead_s=(g["dtensor_collective_overhead_us"] * 1e-6
+                                       if "dtensor_collective_overhead_us" in g
+                                       else cluster.gpu.dtensor_collective_overhead_s),
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
@@ -261,6 +265,9 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
         overrides["op_overhead_us"] = round(raw["op_overhead"]["op_overhead_s"] * 1e6, 3)
         if raw["op_overhead"].get("dtensor_op_overhead_s") is not None:
             overrides["dtensor_op_overhead_us"] = round(raw["op_overhead"]["dtensor_op_overhead_s"] * 1e6, 2)
+        if raw["op_overhead"].get("dtensor_collective_overhead_s") is not None:
+            overrides["dtensor_collective_overhead_us"] = round(
+                raw["op_overhead"]["dtensor_collective_overhead_s"] * 1e6, 1)
     intra = _link_fit(raw, "intra", 1)
     inter = _link_fit(raw, "inter", nics_per_node)
     if intra:

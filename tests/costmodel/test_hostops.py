@@ -16,11 +16,14 @@ from autotune.costmodel.hostops import (
     TP_EDGE_OPS,
     block_host_s,
     block_ops,
+    edge_host_s,
     fsdp_host_s,
+    tp_block_calls,
     tp_block_ops,
     zero3_host_s,
 )
 from autotune.costmodel.steptime import step_time
+from autotune.costmodel.tpcomm import collective_calls
 from autotune.plan import ParallelPlan
 from autotune.probe.overhead import count_ops
 from autotune.trials.model import Block, build_model
@@ -78,7 +81,8 @@ def test_dtensor_operators_are_charged_to_torch_tp_only():
     fp, fd, bp, bd = TP_BLOCK_OPS[True, False]
     assert (plain, dtensor) == (fp + bp, fd + bd)
     assert block_host_s(model, catalog, tp) == pytest.approx(
-        plain * catalog.gpu.op_overhead_s + dtensor * catalog.gpu.dtensor_op_overhead_s)
+        plain * catalog.gpu.op_overhead_s + dtensor * catalog.gpu.dtensor_op_overhead_s
+        + 4 * catalog.gpu.dtensor_collective_overhead_s)
     # sequence parallelism runs more of the block on DTensors: more host time per micro-batch
     sp = tp.replace(sequence_parallel=True)
     assert block_host_s(model, catalog, sp) > block_host_s(model, catalog, tp)
@@ -91,6 +95,29 @@ def test_dtensor_operators_are_charged_to_torch_tp_only():
         other = tp.replace(framework=framework)
         assert block_host_s(model, catalog, other) == block_ops(model, other) * catalog.gpu.op_overhead_s
     assert sum(TP_EDGE_OPS[True, True]) > sum(TP_EDGE_OPS[True, False]) > 0
+
+
+def test_tp_collectives_through_dtensor_are_charged_once_each():
+    """Blocks and edges together charge ``dtensor_collective_overhead_s`` once per TP collective call that
+    ``tpcomm.collective_calls`` counts (itself checked against CommDebugMode in test_tp_comm)."""
+    model = load_model("tiny")
+    cpu = make_cluster(num_gpus=2, gpu="cpu")
+    gpu = dataclasses.replace(cpu.gpu, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
+                              dtensor_collective_overhead_s=1e-3)
+    cluster = dataclasses.replace(cpu, gpu=gpu)
+    assert make_cluster(num_gpus=2, gpu="cpu").gpu.dtensor_collective_overhead_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.dtensor_collective_overhead_s == 0
+    for sp in (False, True):
+        for recompute in ("none", "full"):
+            plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64, sequence_parallel=sp,
+                                recompute=recompute)
+            blocks = model.num_layers * block_host_s(model, cluster, plan)
+            charged = blocks + edge_host_s(model, cluster, plan)
+            assert charged == pytest.approx(sum(collective_calls(model, plan)) * 1e-3)
+            assert tp_block_calls(model, plan) == (4 if recompute == "none" else 6) * (2 if sp else 1)
+    for framework in ("megatron", "deepspeed"):  # no DTensors: nothing charged
+        plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64, framework=framework)
+        assert block_host_s(model, cluster, plan) == edge_host_s(model, cluster, plan) == 0
 
 
 def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():

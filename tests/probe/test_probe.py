@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 
 import pytest
 import yaml
@@ -118,6 +119,13 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     # a DTensor operator costs the host more than a plain one (sharding propagation, wrapping)
     assert ops["dtensor_ops_per_step"] > 0 and ops["dtensor_op_overhead_s"] > ops["op_overhead_s"]
     assert cluster.gpu.dtensor_op_overhead_s == pytest.approx(ops["dtensor_op_overhead_s"], rel=1e-2)
+    # a TP collective issued by a DTensor redistribution, beyond the direct call (the median collective;
+    # a difference of two timings, so clipped at 0 on a loaded machine)
+    assert set(ops["dtensor_collective_extra_s"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+    per_collective = ops["dtensor_collective_overhead_s"]
+    median = statistics.median(ops["dtensor_collective_extra_s"].values())
+    assert per_collective == pytest.approx(max(0.0, median))
+    assert cluster.gpu.dtensor_collective_overhead_s == pytest.approx(per_collective, rel=1e-2, abs=1e-7)
 
 
 def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
