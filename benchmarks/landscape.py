@@ -13,10 +13,9 @@ whole landscape measures in ~1.6 h on the 2-core machine:
 * ``schedule: [1f1b, interleaved]`` with ``virtual_stages: [2]`` (FSDP space; DeepSpeed runs 1F1B only):
   GPipe has 1F1B's bubble in every model compared here, and 4 virtual stages need 16 layers on PP 4.
 
-Each plan runs through the trial worker's own ``run_trial`` (``_landscape_worker.py``): in a torchrun cell
-each plan in its own torchrun launch, as ``autotune search`` runs a trial; in a DeepSpeed cell in batches of
-plans per launch (``_next_launch`` says why). Repeats run in two passes (shuffled, then reversed) so load
-drift does not favour a plan.
+Each plan runs through the trial worker's own ``run_trial`` (``_landscape_worker.py``) in its own torchrun
+launch, as ``autotune search`` runs a trial (``_next_launch`` says why). Repeats run in two passes
+(shuffled, then reversed) so load drift does not favour a plan.
 Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
 run with its load average, the median step time) and ``landscape_meta.json``.
 
@@ -55,8 +54,6 @@ WORK = ROOT / "runs" / "landscape"
 SEQ_LEN = 64
 SEQS_PER_RANK = 2
 WARMUP_STEPS, MEASURE_STEPS = 2, 8
-CHUNK = 24
-"""Plans per launch in a DeepSpeed cell (bounds what one failure costs); torchrun cells: ``_next_launch``."""
 LAUNCH_OVERHEAD_S = 3.5
 """What a standalone trial adds to the in-process time: workers started (2.5-2.8 s) + tail (0.9 s),
 benchmarks/results/trial_overhead.json. Used for trial-seconds in the search replay."""
@@ -153,24 +150,21 @@ def _launch(cell: str, chunk: list[dict], raw: Path) -> None:
 
 
 def _next_launch(cell: str, todo: list[dict]) -> list[dict]:
-    """The plans of the next launch.
+    """The plans of the next launch: one, in every cell, as ``autotune search`` runs a trial (a subprocess
+    per plan).
 
-    torchrun cells: one. Every trial builds a device mesh, and every mesh dimension a new gloo group (3
-    threads per rank each: ``gloo_tcp_loop`` and 2 ``pt_gloo_runloop``) that lives as long as the process;
-    destroying them breaks DTensor, whose sharding cache holds the meshes (equal by layout) with their group
-    names. Run one after another in one process, 4-rank trials slowed with every trial: 25 gloo threads per
-    rank after 3 trials, a TP2 x DP2 plan 203 ms then 220-267 ms after 1-8 more TP trials, the DP4 plan
-    119 -> 143 ms (2026-12-01, 2-core VM). A launch per plan measures what a standalone trial measures.
+    torchrun cells: every trial builds a device mesh, and every mesh dimension a new gloo group (3 threads per
+    rank each: ``gloo_tcp_loop`` and 2 ``pt_gloo_runloop``) that lives as long as the process; destroying them
+    breaks DTensor, whose sharding cache holds the meshes (equal by layout) with their group names. Run one
+    after another in one process, 4-rank trials slowed with every trial: 25 gloo threads per rank after 3
+    trials, a TP2 x DP2 plan 203 ms then 220-267 ms after 1-8 more TP trials (2026-12-01, 2-core VM).
 
-    DeepSpeed cells: up to ``CHUNK`` (its ZeRO engines reuse their groups: the thread count stayed flat over
-    8 ZeRO-0..3 trials). DeepSpeed keeps AutoTP / pipeline state in module globals after such an engine is
-    destroyed (the next ``initialize`` fails on ``mpu.get_model_parallel_rank``), so a TP or PP plan is the
-    last of its launch."""
-    if cell.endswith("torchrun"):
-        return todo[:1]
-    chunk = todo[:CHUNK]
-    ends = [i for i, it in enumerate(chunk) if it["plan"]["tp"] > 1 or it["plan"]["pp"] > 1]
-    return chunk[: ends[0] + 1] if ends else chunk
+    DeepSpeed cells were measured in launches of up to 24 plans (its ZeRO engines reuse their groups), and
+    read slow: small, DP 2, ZeRO-0 at 2 micro-batches 217 ms in such a launch, 168 ms as the only engine of
+    its process; ZeRO-3 at 1 micro-batch 356 ms against 258-264 ms (2026-12-01, 2-core VM). DeepSpeed also
+    keeps AutoTP / pipeline state in module globals after an engine is destroyed (the next ``initialize``
+    fails on ``mpu.get_model_parallel_rank``). A launch per plan measures what a standalone trial measures."""
+    return todo[:1]
 
 
 def measure_cell(cell: str, repeats: int, deadline: float,
@@ -187,7 +181,8 @@ def measure_cell(cell: str, repeats: int, deadline: float,
     _write(cell, plans, records)
     loads = sorted(r["load_avg"][0] for r in records) or [math.nan]
     times = [r["time"] for r in records] or [math.nan]
-    return {"cell": cell, "num_legal": ranking.num_legal, "num_plans": len(plans), "num_runs": len(records),
+    return {"cell": cell, "repeats": repeats, "num_legal": ranking.num_legal, "num_plans": len(plans),
+            "num_runs": len(records),
             "runs_ok": sum(r["status"] == "ok" for r in records), "first_run": _stamp(min(times)),
             "last_run": _stamp(max(times)), "measuring_s": max(times) - min(times),
             "load_avg_1min": {"min": loads[0], "median": statistics.median(loads), "max": loads[-1]}}
@@ -226,8 +221,8 @@ def main() -> None:
     cells = [measure_cell(c, args.repeats, deadline, args.measure_steps) for c in args.cells.split(",")]
     import torch
 
-    meta = {"cells": cells, "repeats": args.repeats, "seq_len": SEQ_LEN, "seqs_per_rank": SEQS_PER_RANK,
-            "warmup_steps": WARMUP_STEPS, "measure_steps": args.measure_steps, "plans_per_launch": CHUNK,
+    meta = {"cells": cells, "seq_len": SEQ_LEN, "seqs_per_rank": SEQS_PER_RANK,
+            "warmup_steps": WARMUP_STEPS, "measure_steps": args.measure_steps, "plans_per_launch": 1,
             "launch_overhead_s": LAUNCH_OVERHEAD_S, "cuts": {k: [str(getattr(v, "value", v)) for v in vs]
                                                              for k, vs in CUTS.items()},
             "cpus": os.cpu_count(), "torch": torch.__version__,
@@ -235,7 +230,8 @@ def main() -> None:
     meta_path = RESULTS / "landscape_meta.json"
     if meta_path.exists() and args.cells != ",".join(CELLS):  # a partial rerun keeps the other cells' rows
         old = json.loads(meta_path.read_text())
-        keep = [c for c in old.get("cells", []) if c["cell"] not in args.cells.split(",")]
+        keep = [{"repeats": old.get("repeats", 2), **c} for c in old.get("cells", [])
+                if c["cell"] not in args.cells.split(",")]
         meta["cells"] = sorted(keep + cells, key=lambda c: CELLS.index(c["cell"]))
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     for c in cells:
