@@ -125,8 +125,8 @@ class GPUSpec:
     """DeepSpeed ZeRO-3's host seconds per parameter-holding module per micro-batch (its fetch / release
     hooks); 0 on GPUs, measured on the CPU trial device (``costmodel.hostops``, benchmarks/zero3_host.py)."""
     zero3_host_bytes_per_s: float = 0.0
-    """The rate at which ZeRO-3's host work per step goes through the rank's parameter bytes (the optimizer
-    over partitioned fp32 copies, flat-buffer copies); 0: none charged (GPUs)."""
+    """The rate at which ZeRO-3's host work goes through the rank's parameter bytes in every micro-batch (flat
+    fetch buffers, gradient partitions); 0: none charged (GPUs)."""
     async_collectives: bool = True
     """Whether the frameworks run DP/TP collectives beside compute on this device. FSDP2 and DeepSpeed issue
     them on side streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``: a

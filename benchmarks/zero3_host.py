@@ -1,16 +1,17 @@
-"""Host time of DeepSpeed ZeRO-3's per-module machinery on this machine's CPU: the cost model's
+"""Host time of DeepSpeed ZeRO-3's machinery on this machine's CPU: the cost model's
 ``GPUSpec.zero3_host_module_s`` and ``zero3_host_bytes_per_s`` (catalog ``cpu`` entry).
 
-ZeRO-3 runs Python around every module that holds parameters: a pre-forward hook fetches the module's
-partitions (the parameter coordinator, its trace and prefetch bookkeeping), a post-forward hook releases them,
-the same again in backward, and the optimizer steps over partitioned fp32 copies. On one rank no collective
-moves any data, so the difference between a ZeRO-3 step and a ZeRO-0 step of the same model is that host
-time. It is measured at 1 and at 2 micro-batches per step (micro-batch 2 and 1 of a 2-sequence batch) on two
-models (``tiny``: 39 modules, 4.2 MB of fp32 parameters; ``small``: 75, 31.6 MB), and the two terms of
-``costmodel.hostops.zero3_host_s`` are fitted to the four differences by least squares: per micro-batch and
-module (the fetch / release hooks), and per step over the rank's parameter bytes (the optimizer over the
-partitioned fp32 copies, the flat-buffer copies of parameters and gradients), with the module count the cost
-model uses (``dpcomm.collective_calls``: one fetch per module that holds parameters, counted on the trials).
+ZeRO-3 runs Python around every module that holds parameters in every micro-batch (its parameter coordinator
+fetches and releases them in forward and backward) and goes through the rank's parameter bytes in every
+micro-batch (the flat fetch buffers, the gradients copied into their partitions). On one rank no collective
+moves any data, so the difference between a ZeRO-3 step and a ZeRO-0 step of the same model is that host time.
+It is measured on a 4-sequence batch in 1, 2 and 4 micro-batches on two models (``tiny``: 39 modules, 4.2 MB
+of fp32 parameters; ``small``: 75, 31.6 MB), and the two terms of ``costmodel.hostops.zero3_host_s`` are
+fitted to the six differences by least squares, both per micro-batch: per module (with the module count the
+cost model uses, ``dpcomm.zero3_gathers``) and per parameter byte. The six differences grow in proportion to
+the micro-batches (2026-12-01: tiny 20.4 / 39.5 / 78.9 ms, small 54.7 / 117.0 / 245.3 ms); forms with a
+per-step term fit them worse (per module per step + per byte per micro-batch after the first: rms 23 %;
+per module per micro-batch + per byte per step, this benchmark's earlier form: 30 %; this one: 5 %).
 
 Runs the trial's own DeepSpeed engine (``trials.deepspeed_engine.DeepSpeedTrainer``) with the stage set in its
 config (a ParallelPlan forbids sharding at DP = 1, so the stage is set here). Alternating repeats, median.
@@ -40,6 +41,9 @@ from _host_bench import (  # noqa: E402
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
+GLOBAL_BATCH = 4
+ACCUMULATION = (1, 2, 4)
+"""Micro-batches per step: micro-batch 4, 2 and 1 of the ``GLOBAL_BATCH``."""
 
 
 def _step_s(stage: int, micro_batch: int, model_name: str, steps: int) -> float:
@@ -59,7 +63,8 @@ def _step_s(stage: int, micro_batch: int, model_name: str, steps: int) -> float:
 
     engine.trial_ds_config = with_stage
     try:
-        plan = ParallelPlan(dp=1, global_batch=2, micro_batch=micro_batch, seq_len=64, framework="deepspeed")
+        plan = ParallelPlan(dp=1, global_batch=GLOBAL_BATCH, micro_batch=micro_batch, seq_len=64,
+                            framework="deepspeed")
         trainer = engine.DeepSpeedTrainer(plan=plan, config=TrialConfig(model=load_model(model_name),
                                                                         device="cpu"),
                                           device=torch.device("cpu"))
@@ -76,55 +81,50 @@ def main() -> None:
     import torch.distributed as dist
 
     from autotune.catalog import load_model
-    from autotune.costmodel.dpcomm import collective_calls
-    from autotune.plan import ParallelPlan
+    from autotune.costmodel.dpcomm import zero3_gathers
 
     load_before = list(os.getloadavg())
     models = ("tiny", "small")
-    runs, med = alternate([(f"{name}-zero{stage}-mbs{mbs}",
-                            functools.partial(_step_s, stage, mbs, name, args.steps))
-                           for name in models for stage in (0, 3) for mbs in (2, 1)], args.repeats)
+    runs, med = alternate([(f"{name}-zero{stage}-gas{gas}",
+                            functools.partial(_step_s, stage, GLOBAL_BATCH // gas, name, args.steps))
+                           for name in models for stage in (0, 3) for gas in ACCUMULATION], args.repeats)
     dist.destroy_process_group()
     rows = []
     for name in models:
         spec = load_model(name)
-        plan = ParallelPlan(dp=2, global_batch=4, micro_batch=2, seq_len=64, framework="deepspeed",
-                            sharding="zero3")
-        modules, _ = collective_calls(spec, plan, spec.num_params, spec.num_layers)
-        one = med[f"{name}-zero3-mbs2"] - med[f"{name}-zero0-mbs2"]  # 1 micro-batch per step
-        two = med[f"{name}-zero3-mbs1"] - med[f"{name}-zero0-mbs1"]  # 2 micro-batches per step
-        rows.append({"model": name, "modules": modules, "param_bytes": 4 * spec.num_params,
-                     "one_microbatch_s": one, "two_microbatches_s": two})
-    # least squares of  diff = n_microbatches * modules * x + param_bytes * y  over the four differences
-    per_module, per_byte = fit_two_terms([(n * r["modules"], r["param_bytes"], r[key]) for r in rows
-                                          for n, key in ((1, "one_microbatch_s"), (2, "two_microbatches_s"))])
+        modules = zero3_gathers(spec, 1).modules
+        for gas in ACCUMULATION:
+            rows.append({"model": name, "modules": modules, "param_bytes": 4 * spec.num_params,
+                         "micro_batches": gas,
+                         "zero0_s": med[f"{name}-zero0-gas{gas}"], "zero3_s": med[f"{name}-zero3-gas{gas}"],
+                         "host_s": med[f"{name}-zero3-gas{gas}"] - med[f"{name}-zero0-gas{gas}"]})
+    # least squares of  host = micro-batches * (modules * x + param_bytes * y)  over all rows
+    per_module, per_byte = fit_two_terms([(r["micro_batches"] * r["modules"],
+                                           r["micro_batches"] * r["param_bytes"], r["host_s"]) for r in rows])
     for r in rows:
-        for n, key in ((1, "one_microbatch_s"), (2, "two_microbatches_s")):
-            r[key.replace("_s", "_fitted_s")] = n * r["modules"] * per_module + r["param_bytes"] * per_byte
-    out = {"models": rows, "repeats": args.repeats, "steps": args.steps,
+        r["fitted_s"] = r["micro_batches"] * (r["modules"] * per_module + r["param_bytes"] * per_byte)
+    out = {"models": rows, "repeats": args.repeats, "steps": args.steps, "global_batch": GLOBAL_BATCH,
            "load_avg_before": load_before, "load_avg_after": list(os.getloadavg()),
            "step_s": runs, "median_step_s": med, "zero3_host_module_us": round(per_module * 1e6, 1),
-           "zero3_host_gb_s": round(1 / per_byte / 1e9, 3) if per_byte else None,
+           "zero3_host_gb_s": round(1 / per_byte / 1e9, 3) if per_byte > 0 else None,
            "command": "python benchmarks/zero3_host.py"}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "zero3_host.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# DeepSpeed ZeRO-3 host time (CPU, 1 rank)", "",
              f"Generated by `python benchmarks/zero3_host.py` ({args.repeats} alternating repeats x "
              f"{args.steps} steps, median; {load_line(load_before)}). ZeRO-3 minus ZeRO-0 step time of the "
-             "trial's DeepSpeed engine on one rank, where no collective moves data.", "",
-             "| model | modules | parameter bytes | ZeRO-0 step, 1 / 2 micro-batches | ZeRO-3 step, 1 / 2 | "
-             "ZeRO-3 - ZeRO-0, 1 / 2 | fitted, 1 / 2 |", "|---|---|---|---|---|---|---|"]
+             "trial's DeepSpeed engine on one rank, where no collective moves data; a "
+             f"{GLOBAL_BATCH}-sequence batch in 1, 2 and 4 micro-batches.", "",
+             "| model | modules | parameter bytes | micro-batches | ZeRO-0 step | ZeRO-3 step "
+             "| ZeRO-3 - ZeRO-0 | fitted |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        name = r["model"]
-        z0 = [med[f"{name}-zero0-mbs{b}"] * 1e3 for b in (2, 1)]
-        z3 = [med[f"{name}-zero3-mbs{b}"] * 1e3 for b in (2, 1)]
-        fitted = [r["one_microbatch_fitted_s"] * 1e3, r["two_microbatches_fitted_s"] * 1e3]
-        lines.append(f"| {name} | {r['modules']} | {r['param_bytes'] / 1e6:.1f} MB | "
-                     f"{z0[0]:.1f} / {z0[1]:.1f} ms | {z3[0]:.1f} / {z3[1]:.1f} ms | "
-                     f"{z3[0] - z0[0]:.1f} / {z3[1] - z0[1]:.1f} ms | {fitted[0]:.1f} / {fitted[1]:.1f} ms |")
-    gb_s = f"{out['zero3_host_gb_s']} GB/s" if per_byte else "none"
+        ms = {k: f"{r[k] * 1e3:.1f} ms" for k in ("zero0_s", "zero3_s", "host_s", "fitted_s")}
+        mb = r["param_bytes"] / 1e6
+        lines.append(f"| {r['model']} | {r['modules']} | {mb:.1f} MB | {r['micro_batches']} "
+                     f"| {ms['zero0_s']} | {ms['zero3_s']} | {ms['host_s']} | {ms['fitted_s']} |")
+    gb_s = f"{out['zero3_host_gb_s']} GB/s" if per_byte > 0 else "none"
     lines += ["", f"Fitted: **{per_module * 1e6:.0f} us per module per micro-batch** and the rank's "
-              f"parameter bytes once per step at **{gb_s}** (the catalog's `zero3_host_module_us`, "
+              f"parameter bytes once per micro-batch at **{gb_s}** (the catalog's `zero3_host_module_us`, "
               "`zero3_host_gb_s`)."]
     (args.out / "zero3_host.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

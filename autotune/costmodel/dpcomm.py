@@ -12,21 +12,29 @@ from typing import NamedTuple
 
 from autotune.costmodel import comm
 from autotune.costmodel.states import (
+    DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
     DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
     defers_grad_reduce,
 )
 from autotune.plan import Framework, ParallelPlan, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["DpComm", "collective_calls", "dp_comm_s", "gathers_per_microbatch", "GRAD_REDUCE_BYTES",
-           "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS", "DEEPSPEED_EXPOSED"]
+__all__ = ["DpComm", "Zero3Gathers", "collective_calls", "dp_comm_s", "gathers_per_microbatch",
+           "zero3_gathers", "GRAD_REDUCE_BYTES", "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS",
+           "DEEPSPEED_EXPOSED"]
 
 DEEPSPEED_MAX_REUSE_ELEMENTS = 1_000_000_000
 """DeepSpeed ZeRO-3 ``stage3_max_reuse_distance`` (and ``stage3_max_live_parameters``), default 1e9
 elements: a fetched parameter is not released if it will be used again within that many fetched elements
-(deepspeed/runtime/zero/partitioned_param_coordinator.py ``release_sub_module``). A rank whose whole model is
-under it keeps every parameter it gathered: counted on 2 gloo ranks (``tiny``), one all-gather per module per
-step, 38 calls at 1 and 39 at 2 micro-batches, none repeated in backward or the next micro-batch."""
+(deepspeed/runtime/zero/partitioned_param_coordinator.py ``release_sub_module``). A rank whose fetched
+parameters are under it keeps what its forward gathered for the backward of the same micro-batch; the next
+micro-batch gathers them again (counted, ``zero3_gathers``)."""
+DEEPSPEED_PERSISTENCE_ELEMENTS = 100_000
+"""``stage3_param_persistence_threshold`` default (deepspeed/runtime/zero/config.py, 1e5 elements): a
+parameter of at most this many elements stays gathered (``ds_persist``, parameter_offload.py
+``mark_persistent_parameters``), so no forward fetches it; after every optimizer step the engine all-gathers
+each one again (stage3.py ``_post_step`` -> partition_parameters.py ``_allgather_params_coalesced``, which
+issues one ``all_gather_into_tensor`` per parameter) with no compute left to hide behind."""
 DEEPSPEED_BUCKET_ALLREDUCE = True
 """DeepSpeed ZeRO-1/2 reduce each gradient bucket with an all-reduce, not a reduce-scatter:
 ``zero_optimization.use_multi_rank_bucket_allreduce`` defaults to true (deepspeed/runtime/zero/
@@ -63,6 +71,47 @@ class DpComm(NamedTuple):
     """Once per step with no compute left to hide behind (pipelining's end-of-step FSDP2 reduction)."""
 
 
+class Zero3Gathers(NamedTuple):
+    """How DeepSpeed ZeRO-3 all-gathers one rank's parameters (``zero3_gathers``)."""
+
+    modules: int
+    """Modules that hold parameters (each runs the fetch / release hooks)."""
+    persistent: int
+    """Parameters kept gathered (``DEEPSPEED_PERSISTENCE_ELEMENTS``): one all-gather each per step."""
+    persistent_params: float
+    fetched_params: float
+    """The rest: all-gathered in every micro-batch's forward."""
+    fetch_calls: int
+    """Coalesced all-gathers of ``fetched_params`` per forward: the prefetcher batches up to
+    ``DEEPSPEED_PREFETCH_BUCKET_ELEMENTS`` into one ``all_gather_coalesced``."""
+
+
+def zero3_gathers(model: ModelSpec, tp: int) -> Zero3Gathers:
+    """DeepSpeed ZeRO-3's all-gathers of a rank that holds the whole model split over ``tp`` (ZeRO-3 runs
+    without pipelining: ``plan.check``). Its parameters, module by module: Q, K, V, O and the MLP matrices
+    split over TP, the norms, embedding and head whole (AutoTP: ``states.vocab_split``). Counted with
+    ``CommDebugMode`` on 2 gloo ranks (tests/trials/test_tp_comm.py): ``tiny`` (every block parameter under
+    the threshold) 37 persistent gathers + 1 coalesced gather of the embedding and head per micro-batch;
+    ``small`` (its MLP matrices over it) 49 + 1 of 6.3 M elements per micro-batch; at TP 2 x DP 2 (4 ranks)
+    ``tiny`` 37 + 1 of the whole embedding and head, ``small`` 73 (its halved MLP matrices now under the
+    threshold) + 1."""
+    h, kv, f, v = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, model.vocab_size
+    norm = [h] * (2 if model.bias else 1)
+    mlp_biases = [f // tp] * (model.num_mlp_matrices - 1)
+    bias = [h // tp, kv // tp, kv // tp, h, *mlp_biases, h] if model.bias else []
+    block = [h * h // tp, h * kv // tp, h * kv // tp, h * h // tp,
+             *([h * f // tp] * model.num_mlp_matrices), *norm, *norm, *bias]
+    edges = [v * h, *norm, *([] if model.tie_embeddings else [v * h]),
+             *([model.max_seq_len * h] if model.learned_positions else [])]
+    sizes = model.num_layers * block + edges
+    kept = [n for n in sizes if n <= DEEPSPEED_PERSISTENCE_ELEMENTS]
+    fetched = sum(sizes) - sum(kept)
+    modules = model.num_layers * (4 + model.num_mlp_matrices + 2) + (2 if model.tie_embeddings else 3)
+    return Zero3Gathers(modules=modules, persistent=len(kept), persistent_params=float(sum(kept)),
+                        fetched_params=float(fetched),
+                        fetch_calls=math.ceil(fetched / DEEPSPEED_PREFETCH_BUCKET_ELEMENTS))
+
+
 def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[int, int]:
     """(parameter all-gathers, gradient reductions) one pass of the DP group issues over a rank's ``params``
     held in ``blocks`` transformer blocks; each pays the ring latency (``comm.allgather_s`` ``calls``).
@@ -73,9 +122,9 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
       optimizer's parameter gather over the same buckets.
     - DeepSpeed ZeRO-0/1/2: ``reduce_bucket_size`` / ``allreduce_bucket_size`` buckets (5e8 elements), and
       ZeRO-1/2's ``allgather_bucket_size`` (5e8) for the updated parameters.
-      ZeRO-3: one fetch per module that holds parameters (4 attention + MLP linears + 2 norms per block, the
-      embedding, final norm and head), each its own all-gather (counted on the trials: 38 for ``tiny``'s 39
-      modules); its gradients in ``reduce_bucket_size`` buckets.
+      ZeRO-3: an all-gather per persistent parameter and the coalesced fetches of the others
+      (``zero3_gathers``: what one micro-batch's step issues); its gradients in ``reduce_bucket_size``
+      buckets.
     """
     if plan.framework is Framework.FSDP:
         return blocks + 1, blocks + 1
@@ -85,7 +134,8 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
     buckets = max(1, math.ceil(params / DEEPSPEED_REDUCE_BUCKET_ELEMENTS))
     if plan.zero_stage < 3:
         return buckets, buckets
-    return blocks * (4 + model.num_mlp_matrices + 2) + 3, buckets
+    gathers = zero3_gathers(model, plan.tp)
+    return gathers.persistent + gathers.fetch_calls, buckets
 
 
 def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float,
@@ -100,8 +150,10 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     reduce after the last backward and ZeRO-1/2 gather the updated parameters after the optimizer step, with
     no compute left to hide behind (``DEEPSPEED_EXPOSED``). zero3 / fsdp-full / hsdp: every
     micro-batch all-gathers params for forward and again for backward and reduce-scatters grads; fsdp-grad-op
-    keeps the forward gather for backward. hsdp shards inside groups of ``hsdp_shard_size`` and all-reduces
-    the shard across replicas once per step. FSDP2 under pipelining: ``_pipelined_fsdp_comm``.
+    keeps the forward gather for backward, and so does DeepSpeed ZeRO-3 under its reuse distance, which
+    gathers its small parameters once per step after the optimizer instead (``zero3_gathers``). hsdp shards
+    inside groups of ``hsdp_shard_size`` and all-reduces the shard across replicas once per step. FSDP2 under
+    pipelining: ``_pipelined_fsdp_comm``.
     """
     n = plan.dp * plan.cp
     if n <= 1:
@@ -141,9 +193,21 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
     if defers_grad_reduce(plan):
         return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
-    if plan.framework is Framework.DEEPSPEED and params <= DEEPSPEED_MAX_REUSE_ELEMENTS:
-        return DpComm(reduce_s, gather_s, 0.0)  # gathered once per step, kept (DEEPSPEED_MAX_REUSE_ELEMENTS)
+    if deepspeed:
+        return _zero3_comm(model, plan, shard, link, widen, reduce_s)
     return DpComm(gathers_per_microbatch(plan) * gather_s + reduce_s, replica_s, 0.0)
+
+
+def _zero3_comm(model: ModelSpec, plan: ParallelPlan, shard: int, link: comm.GroupLink, widen: float,
+                reduce_s: float) -> DpComm:
+    """DeepSpeed ZeRO-3 (``zero3_gathers``): every micro-batch fetches the large parameters in coalesced
+    all-gathers (again in backward beyond ``DEEPSPEED_MAX_REUSE_ELEMENTS``) and reduce-scatters the gradients;
+    after the optimizer step each persistent parameter is all-gathered on its own, exposed."""
+    g = zero3_gathers(model, plan.tp)
+    passes = 1 if g.fetched_params <= DEEPSPEED_MAX_REUSE_ELEMENTS else 2
+    fetch_s = comm.allgather_s(g.fetched_params * PARAM_GATHER_BYTES * widen, shard, link, g.fetch_calls)
+    kept_s = comm.allgather_s(g.persistent_params * PARAM_GATHER_BYTES * widen, shard, link, g.persistent)
+    return DpComm(passes * fetch_s + reduce_s, 0.0, kept_s)
 
 
 def _hsdp_replica_s(cluster: ClusterSpec, plan: ParallelPlan, shard_grad_bytes: float) -> float:

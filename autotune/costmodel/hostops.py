@@ -24,11 +24,12 @@ unit in every micro-batch: ``GPUSpec.fsdp_host_unit_s`` per unit and the rank's 
 ``fsdp_host_bytes_per_s``, measured on one rank, where no collective moves data, as the wrapped minus the
 unwrapped trial model (benchmarks/fsdp_host.py); 0 on GPUs.
 
-DeepSpeed ZeRO-3 runs Python hooks around every module that holds parameters (fetch and release through
-its parameter coordinator, in forward and backward) and steps the optimizer over partitioned fp32 copies:
-host time per module and micro-batch (``GPUSpec.zero3_host_module_s``) and per step over the rank's parameter
-bytes (``zero3_host_bytes_per_s``). Measured on one rank, where no collective moves data, as ZeRO-3 minus
-ZeRO-0 step time on two models (benchmarks/zero3_host.py); 0 on GPUs.
+DeepSpeed ZeRO-3 runs Python hooks around every module that holds parameters (fetch and release through its
+parameter coordinator, in forward and backward) and goes through the rank's parameter bytes (flat fetch
+buffers, gradients copied into their partitions), both in every micro-batch: host time per module and
+micro-batch (``GPUSpec.zero3_host_module_s``) and per parameter byte and micro-batch
+(``zero3_host_bytes_per_s``). Measured on one rank, where no collective moves data, as ZeRO-3 minus ZeRO-0
+step time on two models at 1, 2 and 4 micro-batches (benchmarks/zero3_host.py); 0 on GPUs.
 """
 
 from __future__ import annotations
@@ -106,13 +107,14 @@ def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> f
 
 
 def zero3_host_s(cluster: ClusterSpec, plan: ParallelPlan, modules: int, params: float) -> float:
-    """DeepSpeed ZeRO-3's host time of one step over a rank's ``modules`` parameter-holding modules and
-    ``params`` parameters (held in fp32 by the CPU trial device: ``GPUSpec.half_bytes``)."""
+    """DeepSpeed ZeRO-3's host time of one step over a rank's ``modules`` parameter-holding modules
+    (``dpcomm.zero3_gathers``) and ``params`` parameters (held in fp32 by the CPU trial device:
+    ``GPUSpec.half_bytes``), both in every micro-batch."""
     if plan.framework is not Framework.DEEPSPEED or plan.zero_stage < 3:
         return 0.0
     gpu = cluster.gpu
     per_byte = 1.0 / gpu.zero3_host_bytes_per_s if gpu.zero3_host_bytes_per_s else 0.0
-    return plan.num_microbatches * modules * gpu.zero3_host_module_s + params * gpu.half_bytes * per_byte
+    return plan.num_microbatches * (modules * gpu.zero3_host_module_s + params * gpu.half_bytes * per_byte)
 
 
 def fsdp_host_s(cluster: ClusterSpec, plan: ParallelPlan, units: int, params: float) -> float:

@@ -42,7 +42,8 @@ from autotune.specs import ModelSpec
 __all__ = [
     "Numerics", "MIXED_BF16", "FP32", "StateBytesPerParam", "ModelStates", "state_bytes_per_param",
     "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "layer_params_per_gpu",
-    "root_params_per_gpu", "stage_params_per_gpu", "largest_module_params_per_gpu", "gathered_bytes",
+    "root_params_per_gpu", "stage_params_per_gpu", "vocab_split", "largest_module_params_per_gpu",
+    "gathered_bytes",
     "comm_bucket_bytes", "defers_grad_reduce", "host_grad_accumulation_bytes",
     "DDP_BUCKET_BYTES", "DEEPSPEED_REDUCE_BUCKET_ELEMENTS", "DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS",
     "DEEPSPEED_PREFETCH_BUCKET_ELEMENTS", "DEEPSPEED_OVERLAP_COMM", "DEEPSPEED_SUB_GROUP_ELEMENTS",
@@ -224,11 +225,20 @@ def layer_params_per_gpu(model: ModelSpec, plan: ParallelPlan) -> float:
     return model.params_per_layer / plan.tp
 
 
+def vocab_split(plan: ParallelPlan) -> int:
+    """TP ranks the ``V x h`` embedding and output layer are split over. Megatron and torch TP make them
+    vocab-parallel (``VocabParallelEmbedding``; torchtitan's and the trials' ``RowwiseParallel`` embedding and
+    ``ColwiseParallel`` head). DeepSpeed AutoTP shards the attention and MLP projections only and keeps both
+    whole on every TP rank (deepspeed/module_inject/autotp_config.py, the ``llama`` preset); counted at TP 2
+    x DP 2 under ZeRO-3, which all-gathers them at their full size (tests/trials/test_tp_comm.py)."""
+    return 1 if plan.framework is Framework.DEEPSPEED else plan.tp
+
+
 def root_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> float:
     """Embedding (first stage) and final norm + output layer (last stage) on one TP rank; vocab-parallel
-    embeddings split ``V x h`` by ``t``. Tied embeddings: with PP both ends hold a copy (Megatron
-    ``share_embeddings_and_output_weights`` keeps one on each end and all-reduces its gradient)."""
-    vh = model.vocab_size * model.hidden_size / plan.tp
+    embeddings split ``V x h`` by ``t`` (``vocab_split``). Tied embeddings: with PP both ends hold a copy
+    (Megatron ``share_embeddings_and_output_weights`` keeps one on each end and all-reduces its gradient)."""
+    vh = model.vocab_size * model.hidden_size / vocab_split(plan)
     params = 0.0
     if first:
         params += vh + (model.max_seq_len * model.hidden_size if model.learned_positions else 0)
@@ -251,7 +261,7 @@ def largest_module_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first
     h = model.hidden_size
     candidates = [h * model.ffn_hidden_size / plan.tp, h * h / plan.tp]
     if first or last:
-        candidates.append(model.vocab_size * h / plan.tp)
+        candidates.append(model.vocab_size * h / vocab_split(plan))
     return max(candidates)
 
 

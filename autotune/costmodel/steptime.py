@@ -17,8 +17,9 @@ from typing import NamedTuple
 
 from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
-from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch
+from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
+from autotune.costmodel.states import vocab_split
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -232,7 +233,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
         tp_s = _tp_exposed_s(one, model, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = tokens * (3 * flops.lm_head_flops_per_token(model) / gemm_rate
-                       + flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate) / tp
+                       + flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate) / vocab_split(plan)
     cp_s = _cp_exposed_s(model, cluster, plan, tokens, attn_s)
     slowdown = FLASH_BWD_SLOWDOWN.get(cluster.gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash_attention else 1.0
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
@@ -258,11 +259,13 @@ def _exposed_s(comm_s: float, window_s: float, pieces: int,
 
 
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
-    """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head
-    (vocab-parallel) on a pipeline end; with PP=1 the whole model."""
+    """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head on a
+    pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
     if plan.pp == 1:
-        return model.num_params / plan.tp
-    return (blocks * model.params_per_layer + model.vocab_size * model.hidden_size) / plan.tp
+        ends = model.embedding_params
+        return (model.num_params - ends) / plan.tp + ends / vocab_split(plan)
+    ends = model.vocab_size * model.hidden_size / vocab_split(plan)
+    return blocks * model.params_per_layer / plan.tp + ends
 
 
 def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
@@ -366,8 +369,10 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     params = _rank_params(model, plan, busiest)
     dp = dp_comm_s(cluster, model, plan, params, busiest)
     dp_mb_s = dp.per_microbatch_s
-    # what one parameter all-gather covers: a ZeRO-3 module, an FSDP2 unit (block or root); hostops charges it
+    # FSDP2's units (block or root), ZeRO-3's parameter-holding modules: what hostops charges per hook
     units = dp_collective_calls(model, plan, params, busiest)[0]
+    if plan.framework is Framework.DEEPSPEED and plan.zero_stage == 3:
+        units = zero3_gathers(model, plan.tp).modules
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)

@@ -61,3 +61,37 @@ def test_collectives_block_compute_on_a_device_without_streams():
     streams = dataclasses.replace(cpu.gpu, async_collectives=True)
     on_streams = dataclasses.replace(measured_overlap, gpu=streams)
     assert step_time(model, on_streams, plan).dp_comm_s < step_time(model, cpu, plan).dp_comm_s
+
+
+def test_deepspeed_zero3_keeps_small_parameters_and_fetches_the_rest_every_micro_batch():
+    from autotune.costmodel.dpcomm import DEEPSPEED_PERSISTENCE_ELEMENTS, zero3_gathers
+
+    model = load_model("70b")
+    g = zero3_gathers(model, 1)
+    # at 70B only the norms are under DeepSpeed's persistence threshold: two per block and the final one
+    assert g.persistent == 2 * model.num_layers + 1
+    assert g.persistent_params + g.fetched_params == pytest.approx(model.num_params)
+    assert g.fetch_calls == -(-int(g.fetched_params) // 50_000_000)
+    # TP shrinks the projections, and small's MLP matrices fall under the threshold and stay gathered;
+    # AutoTP keeps the embedding and head whole, so they are fetched at any TP
+    tiny, small = load_model("tiny"), load_model("small")
+    assert small.hidden_size * small.ffn_hidden_size > DEEPSPEED_PERSISTENCE_ELEMENTS
+    assert zero3_gathers(small, 2).persistent == zero3_gathers(small, 1).persistent + 3 * small.num_layers
+    for tp in (1, 2, 4):
+        assert zero3_gathers(tiny, tp).fetched_params == 2 * tiny.vocab_size * tiny.hidden_size
+
+    cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
+    one = ParallelPlan(dp=8, global_batch=8, micro_batch=1, seq_len=2048, sharding="zero3",
+                       framework="deepspeed")
+    two = one.replace(global_batch=16)
+    params = model.num_params
+    d1, d2 = (dp_comm_s(cluster, model, p, params, model.num_layers) for p in (one, two))
+    link = comm.group_link(cluster, 8, 1)
+    kept = comm.allgather_s(g.persistent_params * PARAM_GATHER_BYTES, 8, link, g.persistent)
+    assert d1.tail_s == pytest.approx(kept) == d2.tail_s  # once per step, after the optimizer
+    fetch = comm.allgather_s(g.fetched_params * PARAM_GATHER_BYTES, 8, link, g.fetch_calls)
+    buckets = collective_calls(model, one, params, model.num_layers)[1]
+    reduce = comm.reduce_scatter_s(params * GRAD_REDUCE_BYTES["deepspeed"], 8, link, buckets)
+    # 70B is over the reuse distance (1e9 elements): backward fetches again
+    assert d1.per_microbatch_s == pytest.approx(2 * fetch + reduce) == d2.per_microbatch_s
+    assert step_time(model, cluster, two).dp_comm_total_s > step_time(model, cluster, one).dp_comm_total_s

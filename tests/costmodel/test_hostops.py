@@ -129,9 +129,11 @@ def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():
     zero3 = ParallelPlan(dp=2, global_batch=4, micro_batch=1, seq_len=64, framework="deepspeed",
                          sharding="zero3")
     params = model.num_params
-    expected = 2 * 39 * gpu.zero3_host_module_s + params * gpu.half_bytes / gpu.zero3_host_bytes_per_s
+    # per module and per parameter byte, in each of the 2 micro-batches
+    expected = 2 * (39 * gpu.zero3_host_module_s + params * gpu.half_bytes / gpu.zero3_host_bytes_per_s)
     assert zero3_host_s(cpu, zero3, 39, params) == pytest.approx(expected)
-    # in the step: the same modules the ZeRO-3 gathers count (dpcomm), on top of ZeRO-2's overhead
+    assert zero3_host_s(cpu, zero3.replace(micro_batch=2), 39, params) == pytest.approx(expected / 2)
+    # in the step: the modules dpcomm.zero3_gathers counts, on top of ZeRO-2's overhead
     zero2 = zero3.replace(sharding="zero2")
     added = step_time(model, cpu, zero3).overhead_s - step_time(model, cpu, zero2).overhead_s
     assert added == pytest.approx(expected)

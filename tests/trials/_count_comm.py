@@ -34,10 +34,12 @@ from autotune.trials.train import lm_loss
 from autotune.trials.worker import make_trainer
 
 TP_LAYOUTS = {"torch": {}, "torch-sp": {"sequence_parallel": True}, "deepspeed": {"framework": "deepspeed"}}
-DP_LAYOUTS = {  # name: (framework, sharding, micro-batch)
-    "fsdp-none-m2": ("fsdp", "none", 1), "fsdp-full-m2": ("fsdp", "fsdp-full", 1),
-    "deepspeed-zero1-m1": ("deepspeed", "zero1", 2), "deepspeed-zero3-m1": ("deepspeed", "zero3", 2),
-    "deepspeed-zero3-m2": ("deepspeed", "zero3", 1),
+DP_LAYOUTS = {  # name: (framework, sharding, micro-batch, model)
+    "fsdp-none-m2": ("fsdp", "none", 1, "tiny"), "fsdp-full-m2": ("fsdp", "fsdp-full", 1, "tiny"),
+    "deepspeed-zero1-m1": ("deepspeed", "zero1", 2, "tiny"),
+    "deepspeed-zero3-m1": ("deepspeed", "zero3", 2, "tiny"),
+    "deepspeed-zero3-m2": ("deepspeed", "zero3", 1, "tiny"),
+    "deepspeed-zero3-m2-small": ("deepspeed", "zero3", 1, "small"),  # its MLP matrices are fetched
 }
 
 
@@ -124,10 +126,11 @@ def host_counts(spec: ModelSpec) -> dict[str, dict[str, list[int]]]:
 
 def dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
     out = {}
-    for name, (framework, sharding, mbs) in DP_LAYOUTS.items():
+    for name, (framework, sharding, mbs, model) in DP_LAYOUTS.items():
         plan = ParallelPlan(dp=2, global_batch=4, micro_batch=mbs, seq_len=64, sharding=sharding,
                             framework=framework)
-        trainer = make_trainer(plan, TrialConfig(model=spec, device="cpu"), torch.device("cpu"))
+        config = TrialConfig(model=spec if model == spec.name else load_model(model), device="cpu")
+        trainer = make_trainer(plan, config, torch.device("cpu"))
         trainer.step(0)
         with _Collectives() as mode:
             trainer.step(1)
@@ -138,12 +141,24 @@ def dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
     return out
 
 
+def tp_dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
+    """4 ranks: DeepSpeed TP 2 x DP 2 under ZeRO-3 (AutoTP keeps the embedding and head whole)."""
+    plan = ParallelPlan(tp=2, dp=2, global_batch=4, micro_batch=2, seq_len=64, sharding="zero3",
+                        framework="deepspeed")
+    trainer = make_trainer(plan, TrialConfig(model=spec, device="cpu"), torch.device("cpu"))
+    trainer.step(0)
+    with _Collectives() as mode:
+        trainer.step(1)
+    trainer.close()
+    return {"deepspeed-tp2-zero3-m1": dict(mode.calls)}
+
+
 def main() -> None:
     kind, path = sys.argv[1], sys.argv[2]
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     dist.init_process_group("gloo")
     spec = load_model("tiny")
-    out: Any = {"tp": tp_counts, "host": host_counts, "dp": dp_counts}[kind](spec)
+    out: Any = {"tp": tp_counts, "host": host_counts, "dp": dp_counts, "tp-dp": tp_dp_counts}[kind](spec)
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(out, f)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autotune.catalog import load_model
 from autotune.costmodel.dpcomm import collective_calls as dp_calls
+from autotune.costmodel.dpcomm import zero3_gathers
 from autotune.costmodel.hostops import TP_BLOCK_OPS, TP_EDGE_OPS
 from autotune.costmodel.tpcomm import collective_calls
 from autotune.plan import ParallelPlan
@@ -17,11 +18,11 @@ from autotune.plan import ParallelPlan
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _count(kind: str, out: Path) -> dict:
+def _count(kind: str, out: Path, nproc: int = 2) -> dict:
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                TORCH_EXTENSIONS_DIR=str(ROOT / ".torch_extensions"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            str(Path(__file__).with_name("_count_comm.py")), kind, str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,11 +52,24 @@ def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
     # DeepSpeed ZeRO-1 all-reduces its gradient buckets (dpcomm.DEEPSPEED_BUCKET_ALLREDUCE), then all-gathers
     zero1 = measured["deepspeed-zero1-m1"]
     assert zero1.get("allreduce", 0) >= 1 and zero1.get("allgather") == 1 and "reduce_scatter" not in zero1
-    zero3 = plan.replace(sharding="zero3", framework="deepspeed")
-    modules, _ = dp_calls(spec, zero3, spec.num_params, spec.num_layers)
-    # one all-gather per module per step, kept across backward and micro-batches (dpcomm, max reuse)
-    for name in ("deepspeed-zero3-m1", "deepspeed-zero3-m2"):
-        assert modules - 1 <= measured[name]["allgather"] <= modules, name
+    # ZeRO-3: each persistent parameter once per step, the others in one coalesced fetch per micro-batch
+    # (dpcomm.zero3_gathers); tiny fetches its embedding and head, small also its MLP matrices
+    for name, model, micro_batches in (("deepspeed-zero3-m1", "tiny", 1), ("deepspeed-zero3-m2", "tiny", 2),
+                                       ("deepspeed-zero3-m2-small", "small", 2)):
+        g = zero3_gathers(load_model(model), 1)
+        assert measured[name]["allgather"] == g.persistent + micro_batches * g.fetch_calls, name
+        assert measured[name]["reduce_scatter"] == micro_batches, name
+    assert zero3_gathers(load_model("small"), 1).persistent > zero3_gathers(spec, 1).persistent
+
+
+def test_deepspeed_autotp_keeps_embedding_and_head_whole_under_zero3(tmp_path):
+    """4 ranks, TP 2 x DP 2: split over TP the embedding and head of ``tiny`` (65536 elements each) would be
+    under DeepSpeed's persistence threshold; AutoTP keeps them whole, so ZeRO-3 fetches them."""
+    measured = _count("tp-dp", tmp_path / "counts.json", nproc=4)["deepspeed-tp2-zero3-m1"]
+    spec = load_model("tiny")
+    g = zero3_gathers(spec, 2)
+    assert g.fetched_params == 2 * spec.vocab_size * spec.hidden_size and g.fetch_calls == 1
+    assert measured["allgather"] == g.persistent + g.fetch_calls
 
 
 def test_cost_model_counts_the_dtensor_operators_of_torch_tp(tmp_path):
