@@ -59,6 +59,15 @@ def probe_section() -> list[str]:
     return lines
 
 
+def _repeats(meta: dict[str, Any]) -> str:
+    """The repeats per plan, per cell where they differ."""
+    per_cell = {c["cell"]: c.get("repeats", meta.get("repeats", 2)) for c in meta["cells"]}
+    counts = sorted(set(per_cell.values()))
+    if len(counts) <= 1:
+        return str(counts[0] if counts else meta.get("repeats", 2))
+    return " / ".join(f"{n} ({', '.join(c for c, k in per_cell.items() if k == n)})" for n in counts)
+
+
 def landscape_section() -> list[str]:
     meta = _load("landscape_meta.json") or {"cells": []}
     by_cell = {c["cell"]: c for c in meta["cells"]}
@@ -68,14 +77,14 @@ def landscape_section() -> list[str]:
         "",
         f"Global batch 2 sequences per rank x seq-len {meta.get('seq_len', 64)}, "
         f"{meta.get('warmup_steps', 2)} warm-up + {meta.get('measure_steps', 3)} measured steps per run, "
-        f"{meta.get('repeats', 2)} repeats (two passes, the second in reverse order). Cut dimensions: {cuts} "
+        f"{_repeats(meta)} repeats (in passes, every other one in reverse order). Cut dimensions: {cuts} "
         "(reasons in landscape.py). Measured step time = median over repeats of each run's median step. "
-        "Every plan runs through the trial worker's own run_trial (benchmarks/_landscape_worker.py): in a "
-        "torchrun cell one plan per torchrun launch, as autotune search runs a trial (a process that ran "
-        "trials one after another kept every trial's gloo groups and their threads and slowed with each: "
-        "landscape.py `_next_launch`); in a DeepSpeed cell plans in batches per launch, a TP or PP plan "
-        "ending its launch (DeepSpeed keeps their state in globals). Earlier runs are in git history: "
-        "under load 8-75 (commit e90278c), and the torchrun cells batched per launch (commit e1dfd7a).",
+        "Every plan runs through the trial worker's own run_trial (benchmarks/_landscape_worker.py) in its "
+        "own torchrun launch, as autotune search runs a trial (a process that ran trials one after another "
+        "kept every trial's gloo groups and their threads and slowed with each, and DeepSpeed plans read "
+        "slower after other engines: landscape.py `_next_launch`). Earlier runs are in git history: under "
+        "load 8-75 (commit e90278c), the torchrun cells batched per launch (commit e1dfd7a), the DeepSpeed "
+        "cells batched per launch (commit a6f201b).",
         "",
         "| cell | legal plans | measured ok (>= 2 repeats) | failed | not measured | runs "
         "| measured from - to | load avg (1 min) min / median / max | best plan | best step |",
@@ -124,7 +133,8 @@ def fidelity_section() -> list[str]:
         "## 3. Fidelity: Kendall tau / MAPE of step time (`python benchmarks/fidelity.py`)",
         "",
         "Fit on a random half of each cell's plans, reported on that half and on the held-out half; "
-        "'fit all' fits every plan; the repeat ceiling is repeat 1 against repeat 2 of the same plans. "
+        "'fit all' fits every plan; the repeat ceiling is repeat 1 against repeat 2 of the same plans (with 4 "
+        "repeats, the median of repeats 1-2 against that of 3-4). "
         "Targets: tau >= 0.8 and MAPE <= 10 % after calibration. Fitted factors no plan depends on are "
         "left out (on the CPU device no collective overlaps compute, so the DP overlap has no effect there).",
         "",

@@ -14,8 +14,11 @@ whole landscape measures in ~1.6 h on the 2-core machine:
   GPipe has 1F1B's bubble in every model compared here, and 4 virtual stages need 16 layers on PP 4.
 
 Each plan runs through the trial worker's own ``run_trial`` (``_landscape_worker.py``) in its own torchrun
-launch, as ``autotune search`` runs a trial (``_next_launch`` says why). Repeats run in two passes
-(shuffled, then reversed) so load drift does not favour a plan.
+launch, as ``autotune search`` runs a trial (``_next_launch`` says why). Repeats run in passes (shuffled,
+then reversed, again) so load drift does not favour a plan, and all of a cell's in one session: two more
+repeats of the 2-rank cells measured 3 h after the first two read 0.92-1.47x them, median 1.04-1.16x per cell
+(2026-12-01; runs/landscape/two-sessions). The 2-rank cells are measured with ``--repeats 4`` (a run costs
+seconds there, and their held-out halves are 6-8 plans), the 4-rank cells with 2.
 Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
 run with its load average, the median step time) and ``landscape_meta.json``.
 

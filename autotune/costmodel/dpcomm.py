@@ -82,8 +82,8 @@ class Zero3Gathers(NamedTuple):
     fetched_params: float
     """The rest: all-gathered in every micro-batch's forward."""
     fetch_calls: int
-    """Coalesced all-gathers of ``fetched_params`` per forward: the prefetcher batches up to
-    ``DEEPSPEED_PREFETCH_BUCKET_ELEMENTS`` into one ``all_gather_coalesced``."""
+    """Coalesced all-gathers of ``fetched_params`` per forward: the prefetcher batches the parameters of the
+    modules ahead, up to ``DEEPSPEED_PREFETCH_BUCKET_ELEMENTS``, into one ``all_gather_coalesced``."""
 
 
 def zero3_gathers(model: ModelSpec, tp: int) -> Zero3Gathers:
@@ -101,15 +101,25 @@ def zero3_gathers(model: ModelSpec, tp: int) -> Zero3Gathers:
     bias = [h // tp, kv // tp, kv // tp, h, *mlp_biases, h] if model.bias else []
     block = [h * h // tp, h * kv // tp, h * kv // tp, h * h // tp,
              *([h * f // tp] * model.num_mlp_matrices), *norm, *norm, *bias]
-    edges = [v * h, *norm, *([] if model.tie_embeddings else [v * h]),
-             *([model.max_seq_len * h] if model.learned_positions else [])]
-    sizes = model.num_layers * block + edges
+    first = [v * h, *([model.max_seq_len * h] if model.learned_positions else [])]
+    last = [*norm, *([] if model.tie_embeddings else [v * h])]
+    sizes = first + model.num_layers * block + last  # in the order forward fetches them
     kept = [n for n in sizes if n <= DEEPSPEED_PERSISTENCE_ELEMENTS]
-    fetched = sum(sizes) - sum(kept)
+    fetched = [n for n in sizes if n > DEEPSPEED_PERSISTENCE_ELEMENTS]
     modules = model.num_layers * (4 + model.num_mlp_matrices + 2) + (2 if model.tie_embeddings else 3)
     return Zero3Gathers(modules=modules, persistent=len(kept), persistent_params=float(sum(kept)),
-                        fetched_params=float(fetched),
-                        fetch_calls=math.ceil(fetched / DEEPSPEED_PREFETCH_BUCKET_ELEMENTS))
+                        fetched_params=float(sum(fetched)), fetch_calls=_prefetch_calls(fetched))
+
+
+def _prefetch_calls(sizes: list[int]) -> int:
+    """Coalesced all-gathers of parameters fetched in this order: each call takes the next parameters
+    while they fit ``DEEPSPEED_PREFETCH_BUCKET_ELEMENTS`` (a larger one goes alone)."""
+    calls, room = 0, 0
+    for n in sizes:
+        if n > room:
+            calls, room = calls + 1, DEEPSPEED_PREFETCH_BUCKET_ELEMENTS
+        room -= n
+    return calls
 
 
 def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[int, int]:
