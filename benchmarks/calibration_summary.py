@@ -133,8 +133,8 @@ def fidelity_section() -> list[str]:
         "## 3. Fidelity: Kendall tau / MAPE of step time (`python benchmarks/fidelity.py`)",
         "",
         "Fit on a random half of each cell's plans, reported on that half and on the held-out half; "
-        "'fit all' fits every plan; the repeat ceiling is repeat 1 against repeat 2 of the same plans (with 4 "
-        "repeats, the median of repeats 1-2 against that of 3-4). "
+        "'fit all' fits every plan; the repeat ceiling is repeat 1 against repeat 2 of the same plans "
+        "(with 4 repeats, the median of repeats 1-2 against that of 3-4). "
         "Targets: tau >= 0.8 and MAPE <= 10 % after calibration. Fitted factors no plan depends on are "
         "left out (on the CPU device no collective overlaps compute, so the DP overlap has no effect there).",
         "",

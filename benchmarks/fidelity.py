@@ -5,8 +5,9 @@ the median of its repeats. The plans are split in half at random (seeded); ``aut
 fitted on one half and Kendall tau and MAPE are reported on that half and on the held-out half, against the
 model before calibration (catalog ``cpu`` entry, and the probe profile when one exists for the rank count).
 The measurement's own ceiling is reported beside them: tau and MAPE of repeat 1 against repeat 2 of the
-same plans (with 4 repeats, of the median of repeats 1-2 against that of 3-4) (no model can rank plans better than the measurement ranks itself). The same is done on the H200
-trials of benchmarks/results/gpu_validate.json (``gpu_cells``).
+same plans, with 4 repeats of the median of repeats 1-2 against that of 3-4 (no model can rank plans better
+than the measurement ranks itself). The same is done on the H200 trials of
+benchmarks/results/gpu_validate.json (``gpu_cells``).
 
 The held-out half of a cell is 6-15 plans, so one split's tau and MAPE move with the split: every cell is also
 split ``--splits`` times (seeds 0..N-1) and the median and range of the held-out numbers reported

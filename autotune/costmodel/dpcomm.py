@@ -7,6 +7,7 @@ stride ``tp`` (rank order pp, dp, cp, tp; ``autotune.plan``).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -86,6 +87,7 @@ class Zero3Gathers(NamedTuple):
     modules ahead, up to ``DEEPSPEED_PREFETCH_BUCKET_ELEMENTS``, into one ``all_gather_coalesced``."""
 
 
+@functools.cache  # a step estimate asks up to three times; the search estimates thousands of plans
 def zero3_gathers(model: ModelSpec, tp: int) -> Zero3Gathers:
     """DeepSpeed ZeRO-3's all-gathers of a rank that holds the whole model split over ``tp`` (ZeRO-3 runs
     without pipelining: ``plan.check``). Its parameters, module by module: Q, K, V, O and the MLP matrices

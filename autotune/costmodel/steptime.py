@@ -261,11 +261,9 @@ def _exposed_s(comm_s: float, window_s: float, pieces: int,
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head on a
     pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
-    if plan.pp == 1:
-        ends = model.embedding_params
-        return (model.num_params - ends) / plan.tp + ends / vocab_split(plan)
-    ends = model.vocab_size * model.hidden_size / vocab_split(plan)
-    return blocks * model.params_per_layer / plan.tp + ends
+    ends = model.embedding_params if plan.pp == 1 else model.vocab_size * model.hidden_size
+    body = model.num_params - model.embedding_params if plan.pp == 1 else blocks * model.params_per_layer
+    return body / plan.tp + ends / vocab_split(plan)
 
 
 def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
@@ -370,9 +368,9 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     dp = dp_comm_s(cluster, model, plan, params, busiest)
     dp_mb_s = dp.per_microbatch_s
     # FSDP2's units (block or root), ZeRO-3's parameter-holding modules: what hostops charges per hook
-    units = dp_collective_calls(model, plan, params, busiest)[0]
-    if plan.framework is Framework.DEEPSPEED and plan.zero_stage == 3:
-        units = zero3_gathers(model, plan.tp).modules
+    zero3 = plan.framework is Framework.DEEPSPEED and plan.params_sharded
+    units = (zero3_gathers(model, plan.tp).modules if zero3
+             else dp_collective_calls(model, plan, params, busiest)[0])
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
