@@ -41,8 +41,9 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "hsdp-2x2": {"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 2},
     "tp2xdp2-fsdp": {"tp": 2, "dp": 2, "sharding": "fsdp-full"},
     "pp2xdp2": {"pp": 2, "dp": 2},
-    "tp2xpp2-interleaved": {"tp": 2, "pp": 2, "schedule": "interleaved", "virtual_stages": 2,
-                            "recompute": "selective"},
+    "tp2xpp2-interleaved-sp": {"tp": 2, "pp": 2, "schedule": "interleaved", "virtual_stages": 2,
+                               "recompute": "selective", "sequence_parallel": True},  # Partial norm grads
+    "tp2xdp2-fsdp-sp": {"tp": 2, "dp": 2, "sharding": "fsdp-full", "sequence_parallel": True},
 }
 
 
