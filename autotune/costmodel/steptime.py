@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, flops, pipeline
+from autotune.costmodel import comm, flops, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -87,7 +87,7 @@ class TimeBreakdown:
     recompute_s: float
     """Extra forward work of activation recomputation."""
     tp_comm_s: float
-    """Exposed TP all-reduce / all-gather + reduce-scatter (with SP)."""
+    """Exposed TP all-reduce / all-gather + reduce-scatter (with SP, and SP's norm gradients)."""
     cp_comm_s: float
     """Exposed context-parallel K/V exchange."""
     pp_p2p_s: float
@@ -373,22 +373,22 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
              else dp_collective_calls(model, plan, params, busiest)[0])
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
-                  + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
-                  + dp.tail_s)
+                  + _exposed_s(dp.once_s, mb_compute_s, blocks, ov) + dp.tail_s)
     shard = params / (plan.shard_degree * plan.cp) if plan.zero_stage >= 1 else params
-    offload_s = (_offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
-                 if plan.offload else 0.0)
+    offload_s = _offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
+    norm_s, norm_calls = tpcomm.sp_norm_grads(model, cluster, plan, blocks, plan.pp == 1 or last_busier)
     tokens = plan.tokens_per_step
     model_flops = flops.model_flops_per_token(model, plan.seq_len) * tokens
     extra = flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value) * tokens
     return TimeBreakdown(
         compute_s=m * (blocks * (bt.fwd_s + bt.bwd_s) + head_s),
         recompute_s=m * blocks * bt.recompute_s,
-        tp_comm_s=m * (blocks * bt.tp_s + edge_tp_s),
+        tp_comm_s=m * (blocks * bt.tp_s + edge_tp_s) + norm_s,
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=_pp_p2p_s(model, cluster, plan),
         overhead_s=(cluster.step_overhead_s
                     + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
+                    + norm_calls * cluster.gpu.dtensor_collective_overhead_s
                     + zero3_host_s(cluster, plan, units, params)
                     + fsdp_host_s(cluster, plan, units, params)),
         pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(
@@ -396,5 +396,4 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
             cluster.cores_per_node),
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
         model_flops=model_flops, hardware_flops=model_flops + extra,
-        dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s,
-    )
+        dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s)

@@ -24,6 +24,13 @@ values. DeepSpeed AutoTP leaves the embedding and head whole (its Llama policy s
 only); it broadcasts the micro-batch's inputs over the TP group (2 broadcasts) and issues one more
 all-reduce of ``b x s x h`` size class in forward and one in backward. Counted per micro-batch on 2 gloo
 ranks with ``CommDebugMode`` (``collective_calls``; tests/trials/test_tp_comm.py checks the two agree).
+
+Sequence parallelism leaves one more reduction: each TP rank normalises only its sequence shard, so the norms'
+weight (and bias) gradients are partial sums over the TP group (``sp_norm_grads``). Megatron-LM all-reduces
+them once per step, coalesced (``finalize_model_grads``, ``_allreduce_layernorm_grads``); autotune's torch
+trainer does the same where no data-parallel wrapper runs (``trials.train.reduce_partial_grads``); under
+FSDP2 or ``replicate`` (DP > 1) FSDP2 all-reduces each such gradient over TP through DTensor, in every
+micro-batch (counted: 9 per micro-batch on ``tiny`` at TP 2 x DP 2, tests/trials/test_tp_comm.py).
 """
 
 from __future__ import annotations
@@ -32,8 +39,8 @@ from autotune.costmodel import comm
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["ACT_BYTES", "act_bytes", "LOSS_BYTES", "INPUT_BYTES", "block_collectives", "collective_calls",
-           "edge_collectives_s", "reduction_s"]
+__all__ = ["ACT_BYTES", "act_bytes", "LOSS_BYTES", "INPUT_BYTES", "NORM_GRAD_BYTES", "block_collectives",
+           "collective_calls", "edge_collectives_s", "norm_grad_tensors", "reduction_s", "sp_norm_grads"]
 
 ACT_BYTES = 2
 """Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit) on a
@@ -42,6 +49,9 @@ LOSS_BYTES = 4
 """fp32 per-token values of a vocab-parallel cross-entropy."""
 INPUT_BYTES = 8
 """int64 token ids (DeepSpeed AutoTP's input broadcast)."""
+NORM_GRAD_BYTES = 4
+"""fp32 norm gradients (Megatron reduces its fp32 ``main_grad``); their size hardly matters next to the
+latency of the call."""
 
 
 def act_bytes(cluster: ClusterSpec) -> int:
@@ -97,3 +107,25 @@ def edge_collectives_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPla
     if plan.framework is Framework.MEGATRON:
         return one, one + 3 * comm.allreduce_s(tokens * LOSS_BYTES, tp, link)
     return one, one + comm.allgather_s(tokens * model.vocab_size * act_bytes(cluster), tp, link)
+
+
+def norm_grad_tensors(model: ModelSpec, blocks: int, final_norm: bool) -> int:
+    """Norm parameter tensors of ``blocks`` blocks and, with ``final_norm``, the final norm: a weight per
+    norm, and a bias with ``ModelSpec.bias`` (LayerNorm)."""
+    return (2 if model.bias else 1) * (2 * blocks + int(final_norm))
+
+
+def sp_norm_grads(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, blocks: int,
+                  final_norm: bool) -> tuple[float, int]:
+    """``(seconds, DTensor collective calls)`` per step of reducing the partial norm gradients of a pipeline
+    rank with ``blocks`` blocks over TP under sequence parallelism (module docstring): one coalesced
+    all-reduce per step, or under torch FSDP2 / ``replicate`` one per tensor per micro-batch."""
+    if plan.tp <= 1 or not plan.sequence_parallel or plan.framework is Framework.DEEPSPEED:
+        return 0.0, 0
+    tensors = norm_grad_tensors(model, blocks, final_norm)
+    nbytes = tensors * model.hidden_size * NORM_GRAD_BYTES
+    link = comm.group_link(cluster, plan.tp, 1)
+    if plan.framework is Framework.FSDP and plan.dp > 1:
+        calls = plan.num_microbatches * tensors
+        return plan.num_microbatches * comm.allreduce_s(nbytes, plan.tp, link, calls=tensors), calls
+    return comm.allreduce_s(nbytes, plan.tp, link), 0

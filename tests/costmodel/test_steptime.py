@@ -12,6 +12,8 @@ from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
+from autotune.costmodel.tpcomm import NORM_GRAD_BYTES, norm_grad_tensors, sp_norm_grads
+from autotune.costmodel.tpcomm import collective_calls as tp_calls
 from autotune.plan import Framework, ParallelPlan
 from autotune.search import plan_search
 from autotune.space import load_space
@@ -73,7 +75,7 @@ def test_stage_split_balances_a_large_lm_head():
 
 def test_tp_across_nodes_is_much_slower_than_inside_a_node():
     model = load_model("gpt3-175b")
-    plan = {"global_batch": 64, "seq_len": 2048, "sequence_parallel": True, "pp": 8}
+    plan = {"global_batch": 64, "seq_len": 2048, "sequence_parallel": True, "pp": 8, "framework": "megatron"}
     ib = make_cluster(num_gpus=128)
     tp8 = step_time(model, ib, ParallelPlan(tp=8, dp=2, **plan))
     tp16 = step_time(model, ib, ParallelPlan(tp=16, dp=1, **plan))
@@ -275,3 +277,42 @@ def test_ring_attention_transfers_block_on_a_device_without_streams():
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     one_pass = comm.p2p_s(2 * tokens * model.kv_hidden_size * cpu.gpu.half_bytes, link)
     assert blocked == pytest.approx(3 * one_pass)
+
+
+def test_sequence_parallel_reduces_the_partial_norm_gradients():
+    """SP leaves the norms' gradients partial over TP: one coalesced all-reduce per step (Megatron, torch
+    without a DP wrapper), one per norm tensor and micro-batch through DTensor under FSDP2 (DP > 1); each
+    pipeline rank reduces its own blocks' norms, the last one the final norm too."""
+    model = load_model("llama3-8b")
+    cluster = make_cluster(num_gpus=16, gpu="h100-sxm")
+    link = comm.group_link(cluster, 8, 1)
+    base = ParallelPlan(tp=8, dp=2, global_batch=64, micro_batch=4, seq_len=4096, sequence_parallel=True)
+    tensors = 2 * model.num_layers + 1
+    once = comm.allreduce_s(tensors * model.hidden_size * NORM_GRAD_BYTES, 8, link)
+    for framework, sharding in (("megatron", "none"), ("fsdp", "none")):
+        plan = base.replace(framework=framework, sharding=sharding, dp=1, global_batch=32)
+        assert sp_norm_grads(model, cluster, plan, model.num_layers, True) == (pytest.approx(once), 0)
+    fsdp = base.replace(sharding="fsdp-full")  # 8 micro-batches per rank
+    seconds, calls = sp_norm_grads(model, cluster, fsdp, model.num_layers, True)
+    assert calls == 8 * tensors
+    each = comm.allreduce_s(tensors * model.hidden_size * NORM_GRAD_BYTES, 8, link, calls=tensors)
+    assert seconds == pytest.approx(8 * each)
+    gpt = dataclasses.replace(model, bias=True, gated_mlp=False)  # LayerNorm: weight and bias
+    assert norm_grad_tensors(gpt, 4, False) == 2 * norm_grad_tensors(model, 4, False) == 16
+    for plan in (base.replace(sequence_parallel=False), base.replace(framework="deepspeed", sharding="zero1",
+                                                                     sequence_parallel=False)):
+        assert sp_norm_grads(model, cluster, plan, model.num_layers, True) == (0.0, 0)
+    # in the step: TP time on the critical path, and on the CPU trial device DTensor's host cost per call
+    cpu = make_cluster(num_gpus=4, gpu="cpu")
+    tiny = load_model("tiny")
+    sp = ParallelPlan(tp=2, dp=2, global_batch=8, micro_batch=1, seq_len=64, sequence_parallel=True,
+                      sharding="fsdp-full")
+    norm_s, norm_calls = sp_norm_grads(tiny, cpu, sp, tiny.num_layers, True)
+    assert norm_calls == 4 * 9
+    with_norms = step_time(tiny, cpu, sp)
+    plain = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, dtensor_collective_overhead_s=0.0))
+    calls = sp.num_microbatches * sum(tp_calls(tiny, sp)) + norm_calls  # the blocks' and edges' TP calls too
+    assert with_norms.overhead_s - step_time(tiny, plain, sp).overhead_s == pytest.approx(
+        calls * cpu.gpu.dtensor_collective_overhead_s)
+    pp = ParallelPlan(tp=2, pp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True)
+    assert sp_norm_grads(tiny, cpu, pp, 2, False)[0] < sp_norm_grads(tiny, cpu, pp, 2, True)[0]

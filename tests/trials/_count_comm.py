@@ -30,7 +30,7 @@ from autotune.trials.config import TrialConfig
 from autotune.trials.deepspeed_engine import DeepSpeedTrainer
 from autotune.trials.model import build_model
 from autotune.trials.parallelize import build_mesh, parallelize
-from autotune.trials.train import lm_loss
+from autotune.trials.train import _param_groups, lm_loss, make_optimizer, reduce_partial_grads
 from autotune.trials.worker import make_trainer
 
 TP_LAYOUTS = {"torch": {}, "torch-sp": {"sequence_parallel": True}, "deepspeed": {"framework": "deepspeed"}}
@@ -96,6 +96,13 @@ def tp_counts(spec: ModelSpec) -> dict[str, list[int]]:
         out[name] = [_calls(fwd), _calls(bwd)]
         if name == "deepspeed":
             trainer.close()
+        if name == "torch-sp":  # the partial norm gradients: reduced once, then AdamW issues nothing
+            optimizer = make_optimizer(_param_groups([model]), lr=1e-3, fused=False)
+            with _Collectives() as reduce:
+                reduce_partial_grads(model.parameters())
+            with _Collectives() as step:
+                optimizer.step()
+            out["torch-sp-step"] = {"reduce": dict(reduce.calls), "optimizer": dict(step.calls)}
     return out
 
 
@@ -142,15 +149,22 @@ def dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
 
 
 def tp_dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
-    """4 ranks: DeepSpeed TP 2 x DP 2 under ZeRO-3 (AutoTP keeps the embedding and head whole)."""
-    plan = ParallelPlan(tp=2, dp=2, global_batch=4, micro_batch=2, seq_len=64, sharding="zero3",
-                        framework="deepspeed")
-    trainer = make_trainer(plan, TrialConfig(model=spec, device="cpu"), torch.device("cpu"))
-    trainer.step(0)
-    with _Collectives() as mode:
-        trainer.step(1)
-    trainer.close()
-    return {"deepspeed-tp2-zero3-m1": dict(mode.calls)}
+    """4 ranks, TP 2 x DP 2: DeepSpeed under ZeRO-3 (AutoTP keeps the embedding and head whole); FSDP2 with
+    sequence parallelism at 2 micro-batches (its partial norm gradients)."""
+    out = {}
+    for name, extra in (("deepspeed-tp2-zero3-m1", {"micro_batch": 2, "sharding": "zero3",
+                                                     "framework": "deepspeed"}),
+                        ("fsdp-tp2-sp-m2", {"micro_batch": 1, "sharding": "fsdp-full",
+                                            "sequence_parallel": True})):
+        plan = ParallelPlan(tp=2, dp=2, global_batch=4, seq_len=64, **extra)
+        trainer = make_trainer(plan, TrialConfig(model=spec, device="cpu"), torch.device("cpu"))
+        trainer.step(0)
+        with _Collectives() as mode:
+            trainer.step(1)
+        if hasattr(trainer, "close"):
+            trainer.close()
+        out[name] = dict(mode.calls)
+    return out
 
 
 def main() -> None:

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune.catalog import load_model
+from autotune.catalog import load_model, make_cluster
 from autotune.costmodel.dpcomm import collective_calls as dp_calls
 from autotune.costmodel.dpcomm import zero3_gathers
 from autotune.costmodel.hostops import TP_BLOCK_OPS, TP_EDGE_OPS
-from autotune.costmodel.tpcomm import collective_calls
+from autotune.costmodel.tpcomm import collective_calls, sp_norm_grads
 from autotune.plan import ParallelPlan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +38,11 @@ def test_cost_model_counts_the_tp_collectives_of_the_trials(tmp_path):
         assert list(collective_calls(spec, plan)) == measured[name], name
     # the torchtitan-style plan reduces each sub-layer's input gradient once, DeepSpeed AutoTP per projection
     assert measured["torch"][1] < measured["deepspeed"][1]
+    # SP's partial norm gradients: one coalesced all-reduce (tpcomm.sp_norm_grads), none left to AdamW
+    sp = ParallelPlan(tp=2, global_batch=2, micro_batch=2, seq_len=64, sequence_parallel=True)
+    cluster = make_cluster(num_gpus=2, gpu="cpu")
+    assert sp_norm_grads(spec, cluster, sp, spec.num_layers, True)[0] > 0
+    assert measured["torch-sp-step"] == {"reduce": {"allreduce": 1}, "optimizer": {}}
 
 
 def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
@@ -62,14 +67,19 @@ def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
     assert zero3_gathers(load_model("small"), 1).persistent > zero3_gathers(spec, 1).persistent
 
 
-def test_deepspeed_autotp_keeps_embedding_and_head_whole_under_zero3(tmp_path):
-    """4 ranks, TP 2 x DP 2: split over TP the embedding and head of ``tiny`` (65536 elements each) would be
-    under DeepSpeed's persistence threshold; AutoTP keeps them whole, so ZeRO-3 fetches them."""
-    measured = _count("tp-dp", tmp_path / "counts.json", nproc=4)["deepspeed-tp2-zero3-m1"]
+def test_cost_model_counts_the_tp_x_dp_collectives_of_the_trials(tmp_path):
+    """4 ranks, TP 2 x DP 2. DeepSpeed ZeRO-3: split over TP the embedding and head of ``tiny`` (65536
+    elements each) would be under DeepSpeed's persistence threshold; AutoTP keeps them whole, so ZeRO-3
+    fetches them. FSDP2 with SP: one all-reduce per partial norm gradient and micro-batch."""
+    measured = _count("tp-dp", tmp_path / "counts.json", nproc=4)
     spec = load_model("tiny")
     g = zero3_gathers(spec, 2)
     assert g.fetched_params == 2 * spec.vocab_size * spec.hidden_size and g.fetch_calls == 1
-    assert measured["allgather"] == g.persistent + g.fetch_calls
+    assert measured["deepspeed-tp2-zero3-m1"]["allgather"] == g.persistent + g.fetch_calls
+    plan = ParallelPlan(tp=2, dp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True,
+                        sharding="fsdp-full")
+    calls = sp_norm_grads(spec, make_cluster(num_gpus=4, gpu="cpu"), plan, spec.num_layers, True)[1]
+    assert measured["fsdp-tp2-sp-m2"]["all_reduce"] == calls == 2 * (2 * spec.num_layers + 1)
 
 
 def test_cost_model_counts_the_dtensor_operators_of_torch_tp(tmp_path):
