@@ -18,7 +18,10 @@ launch, as ``autotune search`` runs a trial (``_next_launch`` says why). Repeats
 then reversed, again) so load drift does not favour a plan, and all of a cell's in one session: two more
 repeats of the 2-rank cells measured 3 h after the first two read 0.92-1.47x them, median 1.04-1.16x per cell
 (2026-12-01; runs/landscape/two-sessions). The 2-rank cells are measured with ``--repeats 4`` (a run costs
-seconds there, and their held-out halves are 6-8 plans), the 4-rank cells with 2.
+seconds there, and their held-out halves are 6-8 plans), the 4-rank cells with 2. The torchrun cells were
+measured again, whole, after the trainer stopped reducing SP's norm gradients 3 times per norm in AdamW
+(``trials.train.reduce_partial_grads``): TP + SP plans without DP read 0.73-0.90x their old time (cell
+medians), the plans the change does not touch 0.85-1.00x (runs/landscape/before-sp-reduce).
 Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
 run with its load average, the median step time) and ``landscape_meta.json``.
 
