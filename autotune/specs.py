@@ -114,6 +114,9 @@ class GPUSpec:
     """Host seconds a TP collective issued by a DTensor redistribution costs beyond the direct collective
     (functional collectives, the wait, the re-wrap), charged per collective torch-native TP issues
     (``costmodel.hostops``); the collective itself is ``comm``'s. 0 on GPUs; ``autotune probe`` on a CPU."""
+    dtensor_collective_op_overhead_s: tuple[tuple[str, float], ...] = ()
+    """The same per collective (``all_gather``, ``reduce_scatter``, ``all_reduce``), as ``autotune probe``
+    measures each; a collective not listed costs ``dtensor_collective_overhead_s`` (``dtensor_call_s``)."""
     fsdp_host_unit_s: float = 0.0
     """FSDP2's host seconds per wrapped unit per micro-batch (unshard / reshard hooks, the gradient copy-in,
     divide and copy-out around each reduction); 0 on GPUs, measured on the CPU trial device
@@ -136,6 +139,10 @@ class GPUSpec:
     """Bytes a 16-bit (bf16/fp16) tensor of a plan takes on this device: 4 on the CPU trial device, which runs
     bf16 plans in fp32 (trials/train.py ``compute_dtype``), so its activations, gathered weights and 16-bit
     gradients move twice the bytes through its collectives."""
+
+    def dtensor_call_s(self, op: str) -> float:
+        """Host seconds of one ``op`` collective issued through DTensor beyond the direct call."""
+        return dict(self.dtensor_collective_op_overhead_s).get(op, self.dtensor_collective_overhead_s)
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""

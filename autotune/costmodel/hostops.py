@@ -16,7 +16,8 @@ attention core runs on local tensors (``ColwiseParallel`` hands back local outpu
 replays plain operators only. Each TP collective they issue (``tpcomm.collective_calls``: a redistribution
 through functional collectives) costs the host ``GPUSpec.dtensor_collective_overhead_s`` beyond the
 collective's own time, which ``tpcomm`` prices from the probe's direct calls: 310-400 us on 2 gloo ranks
-(1.5 ms on 4 sharing 2 cores; ``autotune probe``), of the order of the collective itself at trial sizes.
+(0.9-1.6 ms on 4 sharing 2 cores; ``autotune probe``), of the order of the collective itself at trial sizes;
+each kind at its own probed cost (``GPUSpec.dtensor_call_s``).
 Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as unsharded ones.
 
 FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
@@ -34,7 +35,7 @@ step time on two models at 1, 2 and 4 micro-batches (benchmarks/zero3_host.py); 
 
 from __future__ import annotations
 
-from autotune.costmodel.tpcomm import block_collectives, collective_calls
+from autotune.costmodel.tpcomm import block_collectives
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -87,22 +88,32 @@ def tp_block_calls(model: ModelSpec, plan: ParallelPlan) -> int:
     return (fwd + bwd) * (2 if plan.sequence_parallel else 1)
 
 
+def _reduction_calls_s(cluster: ClusterSpec, plan: ParallelPlan, reductions: float) -> float:
+    """DTensor host time of ``reductions`` TP reductions: all-reduces, or with SP all-gather + reduce-scatter
+    pairs (``tpcomm.reduction_s``), each at its own probed cost (``GPUSpec.dtensor_call_s``)."""
+    gpu = cluster.gpu
+    if plan.sequence_parallel:
+        return reductions * (gpu.dtensor_call_s("all_gather") + gpu.dtensor_call_s("reduce_scatter"))
+    return reductions * gpu.dtensor_call_s("all_reduce")
+
+
 def block_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
     gpu = cluster.gpu
     if _torch_tp(plan):
         plain, dtensor = tp_block_ops(model, plan)
         return (plain * gpu.op_overhead_s + dtensor * gpu.dtensor_op_overhead_s
-                + tp_block_calls(model, plan) * gpu.dtensor_collective_overhead_s)
+                + _reduction_calls_s(cluster, plan, sum(block_collectives(model, plan))))
     return block_ops(model, plan) * gpu.op_overhead_s
 
 
 def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """Outside the blocks (``tpcomm.collective_calls``): the embedding's and the head's reduction (with SP
+    each an all-gather + reduce-scatter pair) and the loss's logits all-gather."""
     gpu = cluster.gpu
     if _torch_tp(plan):
         fp, fd, bp, bd = TP_EDGE_OPS[model.gated_mlp, plan.sequence_parallel]
-        calls = sum(collective_calls(model, plan)) - model.num_layers * tp_block_calls(model, plan)
         return ((fp + bp) * gpu.op_overhead_s + (fd + bd) * gpu.dtensor_op_overhead_s
-                + calls * gpu.dtensor_collective_overhead_s)
+                + _reduction_calls_s(cluster, plan, 2) + gpu.dtensor_call_s("all_gather"))
     return EDGE_OPS * gpu.op_overhead_s
 
 

@@ -42,7 +42,8 @@ __all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_p
 
 PROFILE_DIR = Path("runs") / "profiles"
 _GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
-             "op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us"}
+             "op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us",
+             "dtensor_collective_op_overhead_us"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
                  "cores_per_node"}
@@ -73,17 +74,26 @@ class Profile:
         return f"{kind}: {self.name} (measured {self.measured[:10]})"
 
 
-def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, float]:
+_PER_COLLECTIVE = {"dtensor_collective_op_overhead_us": {"all_gather", "reduce_scatter", "all_reduce"}}
+"""Keys whose value is a mapping of collective -> number."""
+
+
+def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of {', '.join(sorted(allowed))}")
+    out: dict[str, Any] = {}
     for key, value in data.items():
         if key not in allowed:
             raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
+        if key in _PER_COLLECTIVE and isinstance(value, dict):
+            out[key] = _numbers(value, _PER_COLLECTIVE[key], f"{where}: {key}")
+            continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"{where}: key {key!r} must be a number >= 0, got {value!r}")
-    return {k: float(v) for k, v in data.items()}
+        out[key] = float(value)
+    return out
 
 
 def load_profile(path: str | Path) -> Profile:
@@ -171,6 +181,9 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         dtensor_collective_overhead_s=(g["dtensor_collective_overhead_us"] * 1e-6
                                        if "dtensor_collective_overhead_us" in g
                                        else cluster.gpu.dtensor_collective_overhead_s),
+        dtensor_collective_op_overhead_s=(
+            tuple((op, float(us) * 1e-6) for op, us in g["dtensor_collective_op_overhead_us"].items())
+            if "dtensor_collective_op_overhead_us" in g else cluster.gpu.dtensor_collective_op_overhead_s),
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
@@ -268,6 +281,9 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
         if raw["op_overhead"].get("dtensor_collective_overhead_s") is not None:
             overrides["dtensor_collective_overhead_us"] = round(
                 raw["op_overhead"]["dtensor_collective_overhead_s"] * 1e6, 1)
+            overrides["dtensor_collective_op_overhead_us"] = {
+                op: round(max(0.0, v) * 1e6, 1)  # a difference of two timings: clipped at 0
+                for op, v in raw["op_overhead"]["dtensor_collective_extra_s"].items()}
     intra = _link_fit(raw, "intra", 1)
     inter = _link_fit(raw, "inter", nics_per_node)
     if intra:

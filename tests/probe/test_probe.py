@@ -126,6 +126,8 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     median = statistics.median(ops["dtensor_collective_extra_s"].values())
     assert per_collective == pytest.approx(max(0.0, median))
     assert cluster.gpu.dtensor_collective_overhead_s == pytest.approx(per_collective, rel=1e-2, abs=1e-7)
+    for op, extra in ops["dtensor_collective_extra_s"].items():  # and each kind at its own cost
+        assert cluster.gpu.dtensor_call_s(op) == pytest.approx(max(0.0, extra), rel=1e-2, abs=1e-7)
 
 
 def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
