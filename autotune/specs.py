@@ -117,6 +117,12 @@ class GPUSpec:
     dtensor_collective_op_overhead_s: tuple[tuple[str, float], ...] = ()
     """The same per collective (``all_gather``, ``reduce_scatter``, ``all_reduce``), as ``autotune probe``
     measures each; a collective not listed costs ``dtensor_collective_overhead_s`` (``dtensor_call_s``)."""
+    pipeline_action_overhead_s: tuple[tuple[str, float], ...] = ()
+    """Host seconds per action (a forward or backward of one micro-batch on one stage) of each torch pipeline
+    schedule (``gpipe``, ``1f1b``, ``interleaved``), with the sends and receives around it: the schedule's
+    bookkeeping and the latency a rank waits on its neighbour. Measured by ``autotune probe``
+    (``probe.pipeline``) on a CPU device, where it is on the critical path and replaces the link latency of
+    each activation send (``steptime``); none listed (GPUs): the link's latency."""
     fsdp_host_unit_s: float = 0.0
     """FSDP2's host seconds per wrapped unit per micro-batch (unshard / reshard hooks, the gradient copy-in,
     divide and copy-out around each reduction); 0 on GPUs, measured on the CPU trial device
@@ -143,6 +149,10 @@ class GPUSpec:
     def dtensor_call_s(self, op: str) -> float:
         """Host seconds of one ``op`` collective issued through DTensor beyond the direct call."""
         return dict(self.dtensor_collective_op_overhead_s).get(op, self.dtensor_collective_overhead_s)
+
+    def pipeline_action_s(self, schedule: str) -> float | None:
+        """Measured host seconds per action of a torch pipeline ``schedule``; None where not measured."""
+        return dict(self.pipeline_action_overhead_s).get(schedule)
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""

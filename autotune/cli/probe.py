@@ -156,7 +156,14 @@ def _report(profile: dict[str, Any], path: Path) -> str:
             link = profile[scope]
             lines.append(f"{scope.split('_')[0]:<9} alpha-beta fit: {link['bw_gb_s']:g} GB/s, "
                          f"{link['latency_us']:g} us per ring step")
-    lines += ["peak busbw " + ", ".join(f"{k} {v:g} GB/s" for k, v in s["peak_busbw_gb_s"].items()),
-              f"wrote     {path}",
+    lines += ["peak busbw " + ", ".join(f"{k} {v:g} GB/s" for k, v in s["peak_busbw_gb_s"].items())]
+    if "op_overhead_us" in g:
+        lines.append(f"host      {g['op_overhead_us']:g} us per eager operator"
+                     + (f", {g['dtensor_op_overhead_us']:g} us per DTensor operator"
+                        if "dtensor_op_overhead_us" in g else ""))
+    if "pipeline_action_us" in g:
+        lines.append("pipeline  " + ", ".join(f"{k} {v:g} us" for k, v in g["pipeline_action_us"].items())
+                     + " per schedule action")
+    lines += [f"wrote     {path}",
               f"use       autotune estimate|search ... --gpu {profile['gpu']} --profile {path}"]
     return "\n".join(lines)

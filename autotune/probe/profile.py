@@ -9,7 +9,9 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      ``memory_bandwidth_gb_s`` (measured copy bandwidth / ``steptime.HBM_EFFICIENCY``, so the
                      model's streaming rate is the measured one), ``op_overhead_us``, the host time per
                      eager operator, ``dtensor_op_overhead_us``, per DTensor operator, and
-                     ``dtensor_collective_overhead_us``, per TP collective via DTensor (``probe.overhead``)
+                     ``dtensor_collective_overhead_us``, per TP collective via DTensor (``probe.overhead``;
+                     ``dtensor_collective_op_overhead_us`` per kind of collective), and
+                     ``pipeline_action_us``, per action of each torch pipeline schedule (``probe.pipeline``)
 ``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
 ``intra_node_collectives``  ``all_gather``, ``reduce_scatter``: each one's own alpha-beta fit
@@ -35,6 +37,7 @@ import yaml
 
 from autotune.costmodel.steptime import HBM_EFFICIENCY
 from autotune.errors import ConfigError
+from autotune.plan import Schedule
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
 
 __all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_profile", "fit_alpha_beta",
@@ -43,7 +46,7 @@ __all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_p
 PROFILE_DIR = Path("runs") / "profiles"
 _GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
              "op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us",
-             "dtensor_collective_op_overhead_us"}
+             "dtensor_collective_op_overhead_us", "pipeline_action_us"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
                  "cores_per_node"}
@@ -74,8 +77,9 @@ class Profile:
         return f"{kind}: {self.name} (measured {self.measured[:10]})"
 
 
-_PER_COLLECTIVE = {"dtensor_collective_op_overhead_us": {"all_gather", "reduce_scatter", "all_reduce"}}
-"""Keys whose value is a mapping of collective -> number."""
+_PER_KIND = {"dtensor_collective_op_overhead_us": {"all_gather", "reduce_scatter", "all_reduce"},
+             "pipeline_action_us": {s.value for s in Schedule}}
+"""Keys whose value is a mapping of a kind (collective, pipeline schedule) -> number."""
 
 
 def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
@@ -87,8 +91,8 @@ def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
     for key, value in data.items():
         if key not in allowed:
             raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
-        if key in _PER_COLLECTIVE and isinstance(value, dict):
-            out[key] = _numbers(value, _PER_COLLECTIVE[key], f"{where}: {key}")
+        if key in _PER_KIND and isinstance(value, dict):
+            out[key] = _numbers(value, _PER_KIND[key], f"{where}: {key}")
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"{where}: key {key!r} must be a number >= 0, got {value!r}")
@@ -184,6 +188,9 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         dtensor_collective_op_overhead_s=(
             tuple((op, float(us) * 1e-6) for op, us in g["dtensor_collective_op_overhead_us"].items())
             if "dtensor_collective_op_overhead_us" in g else cluster.gpu.dtensor_collective_op_overhead_s),
+        pipeline_action_overhead_s=(
+            tuple((s, float(us) * 1e-6) for s, us in g["pipeline_action_us"].items())
+            if "pipeline_action_us" in g else cluster.gpu.pipeline_action_overhead_s),
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
@@ -284,6 +291,9 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
             overrides["dtensor_collective_op_overhead_us"] = {
                 op: round(max(0.0, v) * 1e6, 1)  # a difference of two timings: clipped at 0
                 for op, v in raw["op_overhead"]["dtensor_collective_extra_s"].items()}
+    if on_cpu and raw.get("pipeline"):
+        overrides["pipeline_action_us"] = {s: round(v * 1e6, 1)
+                                           for s, v in raw["pipeline"]["pipeline_action_s"].items()}
     intra = _link_fit(raw, "intra", 1)
     inter = _link_fit(raw, "inter", nics_per_node)
     if intra:
@@ -296,5 +306,5 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
     out["summary"] = _summary(raw)
     out["measurements"] = {"gemm": raw["gemm"], "collectives": raw["collectives"],
                            "copy_bytes_per_s": raw["copy_bytes_per_s"], "overlap": raw.get("overlap"),
-                           "op_overhead": raw.get("op_overhead")}
+                           "op_overhead": raw.get("op_overhead"), "pipeline": raw.get("pipeline")}
     return out

@@ -4,8 +4,8 @@
 launched by torchrun across nodes. Order: GEMMs and a memory copy on every rank at once (ranks share a node
 as trial ranks do), then every collective inside each node (all nodes at once), then across all ranks when
 there is more than one node, then how much of an all-reduce hides behind GEMMs inside a node
-(``probe.overlap``), and on a CPU the host time per eager operator (``probe.overhead``). Rank 0 writes the
-raw measurements as JSON.
+(``probe.overlap``), and on a CPU the host time per eager operator (``probe.overhead``) and per pipeline
+schedule action (``probe.pipeline``). Rank 0 writes the raw measurements as JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from autotune.probe.collectives import collective_sweep, message_sizes
 from autotune.probe.gemm import copy_bytes_per_s, default_shapes, gemm_sweep
 from autotune.probe.overhead import op_overhead as run_op_overhead
 from autotune.probe.overlap import overlap_fraction
+from autotune.probe.pipeline import pipeline_action_overhead
 
 __all__ = ["run_probe", "finish", "main"]
 
@@ -81,6 +82,8 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool) 
     if nodes > 1:
         collectives += collective_sweep(device, sizes=sizes, group=dist.group.WORLD, scope="inter")
     op_overhead = run_op_overhead() if device.type == "cpu" else None  # every rank at once, as trials run
+    # like the operators, a CPU-only figure: on GPUs the schedule's host work runs ahead of the kernels
+    pipeline = pipeline_action_overhead(device, local_world_size=local) if device.type == "cpu" else None
     # all nodes at once, as a DP group's ranks overlap in training
     overlap = overlap_fraction(device, node_groups[rank // local]) if local > 1 else None
     copies: list[Any] = [None] * world
@@ -95,7 +98,7 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool) 
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_before": load_before,
             "load_avg_after": list(os.getloadavg()), "gemm": gemm,
             "copy_bytes_per_s": statistics.median(copies), "collectives": [c.to_dict() for c in collectives],
-            "overlap": overlap, "op_overhead": op_overhead}
+            "overlap": overlap, "op_overhead": op_overhead, "pipeline": pipeline}
 
 
 def main(argv: list[str] | None = None) -> None:

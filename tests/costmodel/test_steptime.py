@@ -257,9 +257,11 @@ def test_ranks_sharing_fewer_cores_fill_the_pipeline_bubble():
     shared = step_time(model, dataclasses.replace(cluster, cores_per_node=2), plan)
     assert alone.pp_bubble_s > 0 and shared.pp_bubble_s == 0
     assert shared.compute_s == alone.compute_s
-    # interleaving buys nothing on shared cores: only its extra sends remain
+    # interleaving buys nothing on shared cores: only its extra sends remain (the sends at the link's
+    # latency here, without the catalog's measured host cost per schedule action)
     il = plan.replace(schedule="interleaved", virtual_stages=2, global_batch=16)
     one = plan.replace(global_batch=16)
+    cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, pipeline_action_overhead_s=()))
     on2 = dataclasses.replace(cluster, cores_per_node=2)
     assert step_time(model, cluster, il).step_time_s < step_time(model, cluster, one).step_time_s
     assert step_time(model, on2, il).step_time_s > step_time(model, on2, one).step_time_s
@@ -317,3 +319,28 @@ def test_sequence_parallel_reduces_the_partial_norm_gradients():
         calls * one.dtensor_collective_overhead_s)
     pp = ParallelPlan(tp=2, pp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True)
     assert sp_norm_grads(tiny, cpu, pp, 2, False)[0] < sp_norm_grads(tiny, cpu, pp, 2, True)[0]
+
+
+def test_a_measured_pipeline_action_cost_replaces_the_send_latency_of_torch_schedules():
+    tiny = load_model("tiny")
+    cpu = make_cluster(num_gpus=2, gpu="cpu")
+    link = comm.group_link(cpu, 2, 1)
+    nbytes = 2 * 64 * tiny.hidden_size * cpu.gpu.half_bytes  # one micro-batch of 2 x 64 tokens
+    per_action = {"1f1b": 3e-4, "gpipe": 4e-4, "interleaved": 1e-3}
+    measured = dataclasses.replace(cpu, gpu=dataclasses.replace(
+        cpu.gpu, pipeline_action_overhead_s=tuple(per_action.items())))
+    unmeasured = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, pipeline_action_overhead_s=()))
+    for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
+        plan = ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64, schedule=schedule,
+                            virtual_stages=v)
+        sends = plan.num_microbatches * 2 * v  # a forward and a backward send per micro-batch and chunk
+        assert step_time(tiny, measured, plan).pp_p2p_s == pytest.approx(
+            sends * (per_action[schedule] + nbytes / link.bw_bytes_per_s))
+        assert step_time(tiny, unmeasured, plan).pp_p2p_s == pytest.approx(sends * comm.p2p_s(nbytes, link))
+    # the interleaved runtime's actions cost the host more: PP2 1F1B now ranks ahead of it on the CPU
+    one_f = ParallelPlan(pp=2, global_batch=4, micro_batch=2, seq_len=64)
+    inter = one_f.replace(schedule="interleaved", virtual_stages=2)
+    assert step_time(tiny, measured, one_f).step_time_s < step_time(tiny, measured, inter).step_time_s
+    # DeepSpeed's and Megatron's schedules are not torch's: their sends keep the link latency
+    ds = ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64, framework="deepspeed", sharding="none")
+    assert step_time(tiny, measured, ds).pp_p2p_s == step_time(tiny, unmeasured, ds).pp_p2p_s
