@@ -15,6 +15,7 @@ from autotune.cli import main
 from autotune.costmodel.hostops import BLOCK_OPS
 from autotune.errors import ConfigError
 from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
+from autotune.probe.pipeline import MICROBATCHES, SCHEDULES
 from autotune.probe.profile import fit_alpha_beta, load_profile
 
 
@@ -120,7 +121,9 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert ops["dtensor_ops_per_step"] > 0 and ops["dtensor_op_overhead_s"] > ops["op_overhead_s"]
     assert cluster.gpu.dtensor_op_overhead_s == pytest.approx(ops["dtensor_op_overhead_s"], rel=1e-2)
     # a TP collective issued by a DTensor redistribution, beyond the direct call (the median collective;
-    # a difference of two timings, so clipped at 0 on a loaded machine)
+    # a difference of two CPU timings, so clipped at 0 on a loaded machine), scaled by the ranks' share of a
+    # core where they outnumber the cores
+    assert ops["dtensor_collective_cpu_share"] == max(1.0, 2 / len(os.sched_getaffinity(0)))
     assert set(ops["dtensor_collective_extra_s"]) == {"all_gather", "reduce_scatter", "all_reduce"}
     per_collective = ops["dtensor_collective_overhead_s"]
     median = statistics.median(ops["dtensor_collective_extra_s"].values())
@@ -128,6 +131,15 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert cluster.gpu.dtensor_collective_overhead_s == pytest.approx(per_collective, rel=1e-2, abs=1e-7)
     for op, extra in ops["dtensor_collective_extra_s"].items():  # and each kind at its own cost
         assert cluster.gpu.dtensor_call_s(op) == pytest.approx(max(0.0, extra), rel=1e-2, abs=1e-7)
+    # host time per action of each torch pipeline schedule: the slope of step time over actions, per rank
+    # the median of the sweeps, then the median rank; the interleaved runtime sends and receives apart
+    pipe = doc["measurements"]["pipeline"]
+    assert pipe["pairs"] == [[0, 1]] and pipe["microbatches"] == list(MICROBATCHES)
+    for name in SCHEDULES:
+        per_rank = [r[name] for r in pipe["per_rank_s"]]
+        assert pipe["pipeline_action_s"][name] == pytest.approx(max(0.0, statistics.median(per_rank)))
+        assert 0 < pipe["pipeline_action_s"][name] < 0.1
+        assert cluster.gpu.pipeline_action_s(name) == pytest.approx(pipe["pipeline_action_s"][name], rel=1e-2)
 
 
 def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
@@ -154,6 +166,8 @@ def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
         ({"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1},
           "intra_node_collectives": {"reduce_scatter": {"latency_us": 9}}},
          "reduce_scatter needs a positive"),
+        ({"gpu": "cpu", "gpu_overrides": {"pipeline_action_us": {"zb": 3}}},
+         "pipeline_action_us: unknown key 'zb'; allowed: 1f1b, gpipe, interleaved"),
     ],
 )
 def test_bad_profiles_are_one_line_errors(tmp_path, doc, message):
