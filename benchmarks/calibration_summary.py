@@ -53,10 +53,17 @@ def probe_section() -> list[str]:
             + f", gemm_efficiency {g['gemm_efficiency']:.2f}; copy {s['copy_gb_s']:.1f} GB/s; all-reduce "
             f"alpha-beta fit {link.get('bw_gb_s', 0):.2f} GB/s, {link.get('latency_us', 0):.0f} us per ring "
             "step. Peak busbw: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in s["peak_busbw_gb_s"].items())
-            + "".join(f"; {label} {g[key]:.1f} us" for key, label in HOST_KEYS if key in g),
+            + "".join(f"; {label} {g[key]:.1f} us" for key, label in HOST_KEYS if key in g)
+            + _pipeline_text(g),
             "",
         ]
     return lines
+
+
+def _pipeline_text(g: dict[str, Any]) -> str:
+    actions = g.get("pipeline_action_us")
+    return "; per pipeline schedule action " + ", ".join(f"{k} {v:.0f} us" for k, v in actions.items()) \
+        if actions else ""
 
 
 def _repeats(meta: dict[str, Any]) -> str:
@@ -152,6 +159,28 @@ def fidelity_section() -> list[str]:
             f"{_tau(c['after_all_fit_all'])} | "
             f"{_tau(c['repeat_ceiling'])} | {factors} |"
         )
+    return lines + [""] + fidelity_repeat_section(fid)
+
+
+def fidelity_repeat_section(fid: dict[str, Any]) -> list[str]:
+    """The probe-profile rows with the committed profiles and with repeated probes (fidelity_probe*.json)."""
+    runs = [("committed profiles", fid)] + [
+        (f"probe repeat {p.stem.removeprefix('fidelity_probe')}", json.loads(p.read_text()))
+        for p in sorted(RESULTS.glob("fidelity_probe*.json"))]
+    if len(runs) < 2:
+        return []
+    lines = ["The same with the profiles of repeated `autotune probe` runs (`python benchmarks/fidelity.py "
+             "--profiles DIR --out FILE`; profiles under `results/probe_repeats/`), probe-profile base, "
+             "held-out tau / MAPE, median of the splits:", "",
+             "| cell | " + " | ".join(name for name, _ in runs) + " |", "|---|" + "---|" * len(runs)]
+    for c in (c for c in fid["cells"] if c["base"] != "catalog cpu" and c.get("held_out_splits")):
+        cols = []
+        for _, r in runs:
+            other = next((o for o in r["cells"]
+                          if o["cell"] == c["cell"] and o["base"] != "catalog cpu"), None)
+            s = other and other.get("held_out_splits")
+            cols.append(f"{s['kendall_tau']['median']:+.2f} / {s['mape']['median']:.1%}" if s else "n/a")
+        lines.append(f"| {c['cell']} | " + " | ".join(cols) + " |")
     return lines + [""]
 
 

@@ -13,7 +13,11 @@ The held-out half of a cell is 6-15 plans, so one split's tau and MAPE move with
 split ``--splits`` times (seeds 0..N-1) and the median and range of the held-out numbers reported
 (``held_out_splits``).
 
-Usage:  python benchmarks/fidelity.py [--seed 0] [--splits 10]
+The probe is noisy on this VM, so the probe-profile rows are also computed from repeated probes
+(``--profiles benchmarks/results/probe_repeats/N --out FILE``; only the profile rows are written then, as the
+catalog rows do not depend on a profile).
+
+Usage:  python benchmarks/fidelity.py [--seed 0] [--splits 10] [--profiles DIR --out FILE]
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from landscape import CELLS, RESULTS, cell_ranking, load_landscape, result_path  # noqa: E402
+from landscape import CELLS, RESULTS, ROOT, cell_ranking, load_landscape, result_path  # noqa: E402
 
 from autotune.calibrate import Observation, fidelity, fit, kendall_tau  # noqa: E402
 from autotune.catalog import make_cluster  # noqa: E402
@@ -143,15 +147,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--splits", type=int, default=10, help="random halvings for the held-out median")
+    ap.add_argument("--profiles", type=Path, default=PROFILES, help="where cpu-<N>rank.yaml are")
+    ap.add_argument("--out", type=Path, default=RESULTS / "fidelity.json")
     args = ap.parse_args()
+    repeat = args.profiles.resolve() != PROFILES.resolve()
     cells = []
     for cell in CELLS:
         if not result_path(cell).exists():
             continue
         rows = load_landscape(cell)
         n = cell.split("-")[1]
-        profile = PROFILES / f"cpu-{n}rank.yaml"
-        for base in [None] + ([profile] if profile.exists() else []):
+        profile = args.profiles / f"cpu-{n}rank.yaml"
+        for base in ([] if repeat else [None]) + ([profile] if profile.exists() else []):
             res = evaluate(cell, args.seed, base)
             if res is None:
                 continue
@@ -166,9 +173,11 @@ def main() -> None:
                     for k in ("before_held_out", "after_held_out", "after_all_fit_all")
                 },
             )
-    cells += gpu_cells(args.seed)
-    out = {"seed": args.seed, "splits": args.splits, "cells": cells}
-    (RESULTS / "fidelity.json").write_text(json.dumps(out, indent=2) + "\n")
+    if not repeat:
+        cells += gpu_cells(args.seed)
+    profiles = str(args.profiles.resolve().relative_to(ROOT))
+    out = {"seed": args.seed, "splits": args.splits, "profiles": profiles, "cells": cells}
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
