@@ -162,11 +162,16 @@ def fidelity_section() -> list[str]:
     return lines + [""] + fidelity_repeat_section(fid)
 
 
+def _with_repeats(committed: dict[str, Any], prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """The committed result and those computed from repeated probes (``<prefix>N.json``), named."""
+    return [("committed profiles", committed)] + [
+        (f"probe repeat {p.stem.removeprefix(prefix)}", json.loads(p.read_text()))
+        for p in sorted(RESULTS.glob(f"{prefix}*.json"))]
+
+
 def fidelity_repeat_section(fid: dict[str, Any]) -> list[str]:
     """The probe-profile rows with the committed profiles and with repeated probes (fidelity_probe*.json)."""
-    runs = [("committed profiles", fid)] + [
-        (f"probe repeat {p.stem.removeprefix('fidelity_probe')}", json.loads(p.read_text()))
-        for p in sorted(RESULTS.glob("fidelity_probe*.json"))]
+    runs = _with_repeats(fid, "fidelity_probe")
     if len(runs) < 2:
         return []
     lines = ["The same with the profiles of repeated `autotune probe` runs (`python benchmarks/fidelity.py "
@@ -231,13 +236,14 @@ def replay_section() -> list[str]:
 def probe_repeat_section(rep: dict[str, Any]) -> list[str]:
     """``autotune_profile`` with the committed profiles and with repeated probes
     (search_replay_probe*.json)."""
-    runs = [("committed profiles", rep)] + [
-        (f"probe repeat {p.stem.removeprefix('search_replay_probe')}", json.loads(p.read_text()))
-        for p in sorted(RESULTS.glob("search_replay_probe*.json"))]
+    runs = _with_repeats(rep, "search_replay_probe")
     if len(runs) < 2:
         return []
-    lines = ["The probe is noisy on this VM (GEMM efficiency 0.86-0.96 over this session's probes): the "
-             "same replay with profiles from repeated `autotune probe` runs (`python "
+    profiles = [*RESULTS.glob("profiles/cpu-*.yaml"), *RESULTS.glob("probe_repeats/*/cpu-*.yaml")]
+    effs = sorted(yaml.safe_load(p.read_text())["gpu_overrides"]["gemm_efficiency"] for p in profiles)
+    lines = [f"The probe is noisy on this VM (GEMM efficiency {effs[0]:.2f}-{effs[-1]:.2f} over the "
+             "committed and the repeated probes): the same replay with profiles from repeated `autotune "
+             "probe` runs (`python "
              "benchmarks/search_replay.py --profiles DIR --out FILE`; profiles under "
              "`results/probe_repeats/`), `autotune_profile` trials and / grid:", "",
              "| cell | space | " + " | ".join(name for name, _ in runs) + " |",
