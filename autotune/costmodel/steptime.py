@@ -91,7 +91,8 @@ class TimeBreakdown:
     cp_comm_s: float
     """Exposed context-parallel K/V exchange."""
     pp_p2p_s: float
-    """Pipeline point-to-point activation/gradient sends on the critical path."""
+    """Pipeline point-to-point activation/gradient sends on the critical path (where the device's host time
+    per schedule action is measured, each send with that instead of the link latency: ``_pp_p2p_s``)."""
     pp_bubble_s: float
     """Pipeline fill/drain idle time."""
     dp_comm_s: float
