@@ -1,4 +1,4 @@
-"""Pipeline-parallel terms: the fill/drain bubble and the load of the busiest stage.
+"""Pipeline-parallel terms: the fill/drain bubble, the load of the busiest stage and the activation sends.
 
 Convention: times are those of the most-loaded pipeline rank, which sets the pace of every stage.
 """
@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split"]
+from autotune.costmodel import comm
+from autotune.costmodel.tpcomm import act_bytes
+from autotune.plan import Framework, ParallelPlan
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split", "sends_s"]
 
 
 def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
@@ -60,3 +65,22 @@ def stage_split(num_layers: int, pp: int, head_layers: float) -> tuple[int, int]
         if load < best[0]:
             best = (load, k, rest)
     return best[1], best[2]
+
+
+def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """Activation sends of the busiest pipeline rank per step: per micro-batch one forward and one backward
+    send of ``b s h`` per model chunk (``2v``), blocking in Megatron's and torch's schedules. With TP each
+    rank sends its ``1/tp`` slice (Narayanan et al. 2021 Sec. 4.1 scatter/gather; inherent with sequence
+    parallelism). Where ``autotune probe`` measured the host time per action of torch's schedule
+    (``GPUSpec.pipeline_action_s``: a CPU device, where the schedule's bookkeeping and the wait on the
+    neighbour's send are on the critical path: on 2 gloo ranks 0.28-0.35 ms per action of ``Schedule1F1B``
+    and 0.70-0.76 ms of ``ScheduleInterleaved1F1B`` over 3 probes), that replaces the link's latency in each
+    send."""
+    if plan.pp <= 1:
+        return 0.0
+    link = comm.group_link(cluster, plan.pp, plan.tp * plan.cp * plan.dp)
+    nbytes = plan.micro_batch * plan.seq_len / plan.cp * model.hidden_size * act_bytes(cluster) / plan.tp
+    torch_schedule = plan.framework is Framework.FSDP  # Megatron's and DeepSpeed's schedules are their own
+    action_s = cluster.gpu.pipeline_action_s(plan.schedule.value) if torch_schedule else None
+    send_s = comm.p2p_s(nbytes, link) if action_s is None else action_s + nbytes / link.bw_bytes_per_s
+    return plan.num_microbatches * 2 * plan.virtual_stages * send_s

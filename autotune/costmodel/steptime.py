@@ -91,8 +91,8 @@ class TimeBreakdown:
     cp_comm_s: float
     """Exposed context-parallel K/V exchange."""
     pp_p2p_s: float
-    """Pipeline point-to-point activation/gradient sends on the critical path (where the device's host time
-    per schedule action is measured, each send with that instead of the link latency: ``_pp_p2p_s``)."""
+    """Pipeline point-to-point activation/gradient sends on the critical path (``pipeline.sends_s``; where
+    the device's host time per schedule action is measured, each send costs that, not the link latency)."""
     pp_bubble_s: float
     """Pipeline fill/drain idle time."""
     dp_comm_s: float
@@ -332,25 +332,6 @@ def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) 
     return node_params * OPTIMIZER_BYTES_PER_PARAM / HOST_OPTIMIZER_BYTES_PER_S
 
 
-def _pp_p2p_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """Activation sends of the busiest pipeline rank per step: per micro-batch one forward and one backward
-    send of ``b s h`` per model chunk (``2v``), blocking in Megatron's and torch's schedules. With TP each
-    rank sends its ``1/tp`` slice (Narayanan et al. 2021 Sec. 4.1 scatter/gather; inherent with sequence
-    parallelism). Where ``autotune probe`` measured the host time per action of torch's schedule
-    (``GPUSpec.pipeline_action_s``: a CPU device, where the schedule's bookkeeping and the wait on the
-    neighbour's send are on the critical path: on 2 gloo ranks 0.28-0.35 ms per action of ``Schedule1F1B``
-    and 0.70-0.76 ms of ``ScheduleInterleaved1F1B`` over 3 probes), that replaces the link's latency in each
-    send."""
-    if plan.pp <= 1:
-        return 0.0
-    link = comm.group_link(cluster, plan.pp, plan.tp * plan.cp * plan.dp)
-    nbytes = plan.micro_batch * plan.seq_len / plan.cp * model.hidden_size * act_bytes(cluster) / plan.tp
-    torch_schedule = plan.framework is Framework.FSDP  # Megatron's and DeepSpeed's schedules are their own
-    action_s = cluster.gpu.pipeline_action_s(plan.schedule.value) if torch_schedule else None
-    send_s = comm.p2p_s(nbytes, link) if action_s is None else action_s + nbytes / link.bw_bytes_per_s
-    return plan.num_microbatches * 2 * plan.virtual_stages * send_s
-
-
 def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
               tp_backward_overlap: bool | None = None) -> TimeBreakdown:
     """Critical-path seconds of one optimizer step, by cause (see the module docstring for conventions; the
@@ -393,7 +374,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         recompute_s=m * blocks * bt.recompute_s,
         tp_comm_s=m * (blocks * bt.tp_s + edge_tp_s) + norm_s,
         cp_comm_s=m * blocks * bt.cp_s,
-        pp_p2p_s=_pp_p2p_s(model, cluster, plan),
+        pp_p2p_s=pipeline.sends_s(model, cluster, plan),
         overhead_s=(cluster.step_overhead_s
                     + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
                     + norm_calls * cluster.gpu.dtensor_call_s("all_reduce")

@@ -261,7 +261,8 @@ def test_ranks_sharing_fewer_cores_fill_the_pipeline_bubble():
     # latency here, without the catalog's measured host cost per schedule action)
     il = plan.replace(schedule="interleaved", virtual_stages=2, global_batch=16)
     one = plan.replace(global_batch=16)
-    cluster = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, pipeline_action_overhead_s=()))
+    latency_sends = dataclasses.replace(cluster.gpu, pipeline_action_overhead_s=())
+    cluster = dataclasses.replace(cluster, gpu=latency_sends)
     on2 = dataclasses.replace(cluster, cores_per_node=2)
     assert step_time(model, cluster, il).step_time_s < step_time(model, cluster, one).step_time_s
     assert step_time(model, on2, il).step_time_s > step_time(model, on2, one).step_time_s
