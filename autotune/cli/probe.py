@@ -45,6 +45,17 @@ def parse_size(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    """A count of at least 1 (``--sweeps``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {text!r}")
+    return value
+
+
 def _guess_gpu(device_name: str) -> str:
     upper = device_name.upper()
     for needles, key in _GPU_NAMES:
@@ -70,6 +81,8 @@ class ProbeCommand:
         p.add_argument("--max-size", type=parse_size, default=256 * 1024**2,
                        help="largest message (default 256M)")
         p.add_argument("--quick", action="store_true", help="fewer GEMM shapes (tests, smoke runs)")
+        p.add_argument("--sweeps", type=positive_int, default=3, metavar="N",
+                       help="collective sweeps, each size's median kept (default 3)")
         p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="give up after S seconds")
         p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
 
@@ -79,7 +92,7 @@ class ProbeCommand:
             from autotune.probe.worker import finish, run_probe
 
             raw = run_probe(device_type=device, min_bytes=args.min_size, max_bytes=args.max_size,
-                            quick=args.quick)
+                            quick=args.quick, sweeps=args.sweeps)
             finish()
             if raw is None:  # not rank 0: rank 0 writes the profile
                 return 0
@@ -111,7 +124,8 @@ def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
     out = tmp / "raw.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "autotune.probe.worker", "--out", str(out), "--device", device,
-           "--min-bytes", str(args.min_size), "--max-bytes", str(args.max_size)] + (["--quick"] * args.quick)
+           "--min-bytes", str(args.min_size), "--max-bytes", str(args.max_size),
+           "--sweeps", str(args.sweeps)] + (["--quick"] * args.quick)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(os.sched_getaffinity(0)), nproc)[0]))  # as trials run
     root = str(Path(__file__).resolve().parents[2])
@@ -157,6 +171,9 @@ def _report(profile: dict[str, Any], path: Path) -> str:
             lines.append(f"{scope.split('_')[0]:<9} alpha-beta fit: {link['bw_gb_s']:g} GB/s, "
                          f"{link['latency_us']:g} us per ring step")
     lines += ["peak busbw " + ", ".join(f"{k} {v:g} GB/s" for k, v in s["peak_busbw_gb_s"].items())]
+    if s.get("sweep_spread"):
+        lines.append(f"noise     {s['collective_sweeps']} sweeps, median kept; slowest - fastest sweep, "
+                     "median size: " + ", ".join(f"{k} {v:.0%}" for k, v in s["sweep_spread"].items()))
     if "op_overhead_us" in g:
         lines.append(f"host      {g['op_overhead_us']:g} us per eager operator"
                      + (f", {g['dtensor_op_overhead_us']:g} us per DTensor operator"

@@ -9,10 +9,18 @@ previous at once.
 
 Every rank times the same number of iterations (chosen from the warm-up on all ranks, so no rank waits in a
 collective the others skip); the reported time is the slowest rank's mean, as nccl-tests reports it.
+
+The whole sweep runs ``sweeps`` times (every op at every size, then again) and each size reports the median
+sweep, all of them kept beside it (``sweeps_s``). One sweep is a short window on a shared machine: on 4 gloo
+ranks of the 2-core VM the all-reduce alpha fitted to single sweeps (1 KiB-2 MiB) read 862-1174 us, the first
+sweep of a launch low in each of three launches (984, 862, 933 against 989-1174 after it); the median of 5
+sweeps read 1100-1157 us over the same three launches (2026-12-02). Full probes on 2 ranks: all-reduce alpha
+627-879 us over three one-sweep probes (2026-12-01), 631-643 us over three of 3 sweeps (2026-12-02).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -43,8 +51,11 @@ class CollectiveResult:
     num_ranks: int
     size_bytes: int
     time_s: float
+    """The median sweep's seconds per op."""
     algbw_bytes_per_s: float
     busbw_bytes_per_s: float
+    sweeps_s: tuple[float, ...] = ()
+    """Every sweep's seconds per op, in the order they ran."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,18 +131,25 @@ def time_collective(op: str, size: int, group: dist.ProcessGroup, device: torch.
 
 
 def collective_sweep(device: torch.device, *, sizes: list[int], group: dist.ProcessGroup, scope: str,
-                     ops: tuple[str, ...] = OPS, target_s: float = 0.05) -> list[CollectiveResult]:
-    """Every op at every size on ``group`` (the caller's rank must belong to it)."""
+                     ops: tuple[str, ...] = OPS, target_s: float = 0.05,
+                     sweeps: int = 3) -> list[CollectiveResult]:
+    """Every op at every size on ``group`` (the caller's rank must belong to it), ``sweeps`` times over; each
+    size's median sweep (module docstring)."""
+    if sweeps < 1:
+        raise ValueError(f"sweeps must be at least 1, got {sweeps}")
     n = dist.get_world_size(group)
+    ops = tuple(op for op in ops if op != "send_recv" or n >= 2)
+    times: dict[tuple[str, int], list[float]] = {(op, size): [] for op in ops for size in sizes}
+    for _ in range(sweeps):
+        for op in ops:
+            for size in sizes:
+                times[op, size].append(time_collective(op, size, group, device, target_s=target_s))
     results = []
-    for op in ops:
-        if op == "send_recv" and n < 2:
-            continue
-        for size in sizes:
-            t = time_collective(op, size, group, device, target_s=target_s)
-            nbytes = 4 * _elems(size, n)
-            algbw = nbytes / t
-            results.append(CollectiveResult(op=op, scope=scope, num_ranks=n, size_bytes=nbytes, time_s=t,
-                                            algbw_bytes_per_s=algbw,
-                                            busbw_bytes_per_s=algbw * BUSBW_FACTOR[op](n)))
+    for (op, size), runs in times.items():
+        t = statistics.median(runs)
+        nbytes = 4 * _elems(size, n)
+        algbw = nbytes / t
+        results.append(CollectiveResult(op=op, scope=scope, num_ranks=n, size_bytes=nbytes, time_s=t,
+                                        algbw_bytes_per_s=algbw,
+                                        busbw_bytes_per_s=algbw * BUSBW_FACTOR[op](n), sweeps_s=tuple(runs)))
     return results

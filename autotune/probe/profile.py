@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,9 +255,25 @@ def _summary(raw: dict[str, Any]) -> dict[str, Any]:
     for c in raw["collectives"]:
         key = f"{c['scope']} {c['op']}"
         busbw[key] = max(busbw.get(key, 0.0), c["busbw_bytes_per_s"] / 1e9)
-    return {"best_gemm_tflops": {k: round(v, 4) for k, v in best.items()},
-            "copy_gb_s": round(raw["copy_bytes_per_s"] / 1e9, 3),
-            "peak_busbw_gb_s": {k: round(v, 4) for k, v in busbw.items()}}
+    out = {"best_gemm_tflops": {k: round(v, 4) for k, v in best.items()},
+           "copy_gb_s": round(raw["copy_bytes_per_s"] / 1e9, 3),
+           "peak_busbw_gb_s": {k: round(v, 4) for k, v in busbw.items()}}
+    spread = _sweep_spread(raw["collectives"])
+    if spread:
+        out["collective_sweeps"] = len(raw["collectives"][0]["sweeps_s"])
+        out["sweep_spread"] = spread
+    return out
+
+
+def _sweep_spread(collectives: list[dict[str, Any]]) -> dict[str, float]:
+    """Per scope and collective, the median over sizes of ``(slowest - fastest sweep) / median sweep``: how
+    far one sweep could have been from the figure kept (``probe.collectives``); empty with a single sweep."""
+    ranges: dict[str, list[float]] = {}
+    for c in collectives:
+        runs = c.get("sweeps_s") or []
+        if len(runs) > 1:
+            ranges.setdefault(f"{c['scope']} {c['op']}", []).append((max(runs) - min(runs)) / c["time_s"])
+    return {k: round(statistics.median(v), 3) for k, v in ranges.items()}
 
 
 def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node: int) -> dict[str, Any]:

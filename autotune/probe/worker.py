@@ -65,7 +65,8 @@ def _gemm(device: torch.device, quick: bool) -> list[dict[str, Any]]:
     return merged
 
 
-def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool) -> dict[str, Any] | None:
+def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool,
+              sweeps: int = 3) -> dict[str, Any] | None:
     """Measure; the raw record on rank 0, None elsewhere."""
     device = _init(device_type)
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -78,9 +79,11 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool) 
     node_groups = [dist.new_group(list(range(i * local, (i + 1) * local))) for i in range(nodes)]
     collectives = []
     if local > 1:
-        collectives += collective_sweep(device, sizes=sizes, group=node_groups[rank // local], scope="intra")
+        collectives += collective_sweep(device, sizes=sizes, group=node_groups[rank // local], scope="intra",
+                                        sweeps=sweeps)
     if nodes > 1:
-        collectives += collective_sweep(device, sizes=sizes, group=dist.group.WORLD, scope="inter")
+        collectives += collective_sweep(device, sizes=sizes, group=dist.group.WORLD, scope="inter",
+                                        sweeps=sweeps)
     op_overhead = run_op_overhead() if device.type == "cpu" else None  # every rank at once, as trials run
     # like the operators, a CPU-only figure: on GPUs the schedule's host work runs ahead of the kernels
     pipeline = pipeline_action_overhead(device, local_world_size=local) if device.type == "cpu" else None
@@ -94,6 +97,7 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool) 
     return {"device": device.type, "device_name": name, "world_size": world, "local_world_size": local,
             "num_nodes": nodes, "torch": torch.__version__, "host": platform.node(),
             "omp_num_threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
+            "collective_sweeps": sweeps,
             "started": started,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_before": load_before,
             "load_avg_after": list(os.getloadavg()), "gemm": gemm,
@@ -108,9 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--min-bytes", type=int, default=1024)
     ap.add_argument("--max-bytes", type=int, default=256 * _MIB)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweeps", type=int, default=3)
     args = ap.parse_args(argv)
     raw = run_probe(device_type=args.device, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
-                    quick=args.quick)
+                    quick=args.quick, sweeps=args.sweeps)
     if raw is not None:
         args.out.write_text(json.dumps(raw, indent=2) + "\n")
     finish()

@@ -61,6 +61,8 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
             "--max-size",
             "64K",
             "--quick",
+            "--sweeps",
+            "2",
             "--out",
             str(tmp_path),
             "--name",
@@ -82,6 +84,11 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
         assert r["num_ranks"] == 2 and r["scope"] == "intra"
         assert r["algbw_bytes_per_s"] == pytest.approx(r["size_bytes"] / r["time_s"])
         assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * BUSBW_FACTOR[r["op"]](2))
+        assert len(r["sweeps_s"]) == 2 and r["time_s"] == pytest.approx(statistics.median(r["sweeps_s"]))
+    assert doc["summary"]["collective_sweeps"] == 2  # and how far apart the sweeps were, per collective
+    spread = {f"intra {op}": statistics.median((max(r["sweeps_s"]) - min(r["sweeps_s"])) / r["time_s"]
+                                               for r in rows if r["op"] == op) for op in OPS}
+    assert doc["summary"]["sweep_spread"] == pytest.approx(spread, abs=1e-3)
     assert {g["dtype"] for g in doc["measurements"]["gemm"]} >= {"fp32"}
     link = doc["intra_node_link"]
     assert link["bw_gb_s"] > 0 and link["latency_us"] > 0
@@ -187,3 +194,13 @@ def test_collective_fits_become_finite_multiples_of_the_all_reduce_fit(tmp_path)
                                    "reduce_scatter": {"bw_gb_s": float("inf"), "latency_us": 300.0}}}))
     cluster = with_profile(make_cluster(num_gpus=2, gpu="cpu"), path)
     assert cluster.collective_scales == (("all_gather", 0.5, 0.5), ("reduce_scatter", 3.0, 1.0))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5"])
+def test_bad_sweep_counts_are_one_line_usage_errors(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["probe", "--device", "cpu", "--sweeps", value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
+    assert len(lines) == 1 and "--sweeps" in lines[0] and "Traceback" not in err
