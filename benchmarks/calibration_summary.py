@@ -163,10 +163,21 @@ def fidelity_section() -> list[str]:
 
 
 def _with_repeats(committed: dict[str, Any], prefix: str) -> list[tuple[str, dict[str, Any]]]:
-    """The committed result and those computed from repeated probes (``<prefix>N.json``), named."""
-    return [("committed profiles", committed)] + [
-        (f"probe repeat {p.stem.removeprefix(prefix)}", json.loads(p.read_text()))
-        for p in sorted(RESULTS.glob(f"{prefix}*.json"))]
+    """The committed result and those computed from repeated probes (``<prefix>N.json``), named with the day
+    the probe ran and its collective sweeps."""
+    return [(f"committed profiles {_probe_run(RESULTS / 'profiles')}", committed)] + [
+        (f"probe repeat {n} {_probe_run(RESULTS / 'probe_repeats' / n)}", json.loads(p.read_text()))
+        for p in sorted(RESULTS.glob(f"{prefix}*.json")) for n in [p.stem.removeprefix(prefix)]]
+
+
+def _probe_run(folder: Path) -> str:
+    """``(2026-12-02, 3 sweeps)`` of the 4-rank profile in ``folder``."""
+    path = folder / "cpu-4rank.yaml"
+    if not path.exists():
+        return ""
+    doc = yaml.safe_load(path.read_text())
+    sweeps = len(doc["measurements"]["collectives"][0].get("sweeps_s") or [0])
+    return f"({doc['measured'][:10]}, {sweeps} sweep{'s' * (sweeps > 1)})"
 
 
 def fidelity_repeat_section(fid: dict[str, Any]) -> list[str]:
@@ -186,6 +197,32 @@ def fidelity_repeat_section(fid: dict[str, Any]) -> list[str]:
             s = other and other.get("held_out_splits")
             cols.append(f"{s['kendall_tau']['median']:+.2f} / {s['mape']['median']:.1%}" if s else "n/a")
         lines.append(f"| {c['cell']} | " + " | ".join(cols) + " |")
+    return lines + [""] + probe_drift_table()
+
+
+def probe_drift_table() -> list[str]:
+    """What each probe read on 4 ranks: a probe describes the machine on the day it ran."""
+    folders = [RESULTS / "profiles"] + sorted((RESULTS / "probe_repeats").glob("*"))
+    finished = (_load("landscape_meta.json") or {}).get("finished", "?")
+    lines = ["What the probes read on 4 ranks. A probe describes the machine when it ran; the landscape "
+             f"finished {finished}. A profile of another day prices the landscape with that day's host times "
+             "(the fit moves the efficiencies and the latency, not the host times).", "",
+             "| probe | measured | sweeps | host us / op | us / DTensor op | DTensor all-gather extra us | "
+             "1F1B action us | all-reduce alpha us | GEMM peak GFLOP/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for folder in folders:
+        path = folder / "cpu-4rank.yaml"
+        if not path.exists():
+            continue
+        doc = yaml.safe_load(path.read_text())
+        g = doc["gpu_overrides"]
+        sweeps = len(doc["measurements"]["collectives"][0].get("sweeps_s") or [0])
+        name = "committed" if folder.name == "profiles" else f"repeat {folder.name}"
+        lines.append(f"| {name} | {doc['measured']} | {sweeps} | {g['op_overhead_us']:.1f} | "
+                     f"{g['dtensor_op_overhead_us']:.0f} | "
+                     f"{g['dtensor_collective_op_overhead_us']['all_gather']:.0f} | "
+                     f"{g['pipeline_action_us']['1f1b']:.0f} | {doc['intra_node_link']['latency_us']:.0f} | "
+                     f"{g['fp32_tflops'] * 1e3:.1f} |")
     return lines + [""]
 
 
