@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -187,3 +188,43 @@ def test_recalibrating_during_the_search_finds_the_true_best_plan_in_a_few_trial
     run_study(study, ranking, backend, options, trials_dir=tmp_path, refine=Refiner(ranking))
     assert truth in backend.launched
     assert all(t.user_attrs.get("source") == "calibrated cost model" for t in study.trials[1:])
+
+
+@pytest.fixture(scope="module")
+def cpu_setup():
+    """30 TP/PP/FSDP plans of the tiny model on 4 CPU ranks: host terms (eager ops, DTensor, pipeline actions,
+    FSDP2 hooks) are a large part of each step, as on the landscape."""
+    model = load_model("tiny")
+    cluster = make_cluster(num_gpus=4, gpu="cpu", gpus_per_node=4)
+    ranking = plan_search(load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1},
+                          global_batch=16, seq_len=128)
+    plans = random.Random(0).sample([e.plan for e in ranking.feasible], 30)
+    assert {p.tp > 1 for p in plans} == {True, False} and any(p.pp > 1 for p in plans)
+    return model, cluster, plans
+
+
+def test_a_host_that_runs_slower_than_when_probed_is_fitted_as_the_host_scale(cpu_setup):
+    model, cluster, plans = cpu_setup
+    slow_host = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
+                        host_scale=1.8)
+    result = fit(model, cluster, _observe(model, cluster, plans, slow_host, noise=0.02))
+    assert "host_scale" in result.fitted
+    assert result.factors.host_scale == pytest.approx(1.8, rel=0.1)
+    assert result.after.mape < 0.03 < result.before.mape
+    as_probed = dataclasses.replace(slow_host, host_scale=1.0)
+    without = fit(model, cluster, _observe(model, cluster, plans, as_probed, noise=0.02))
+    assert "host_scale" not in without.fitted and without.factors.host_scale == 1.0
+
+
+def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):
+    _, cluster, _ = cpu_setup
+    gpu = Factors.of(cluster)
+    scaled = dataclasses.replace(gpu, host_scale=2.0).apply(cluster).gpu
+    assert scaled.op_overhead_s == 2 * cluster.gpu.op_overhead_s > 0
+    assert scaled.dtensor_call_s("all_gather") == 2 * cluster.gpu.dtensor_call_s("all_gather") > 0
+    assert scaled.pipeline_action_s("1f1b") == 2 * cluster.gpu.pipeline_action_s("1f1b")
+    assert scaled.fsdp_host_unit_s == 2 * cluster.gpu.fsdp_host_unit_s > 0
+    assert scaled.zero3_host_bytes_per_s == cluster.gpu.zero3_host_bytes_per_s / 2 > 0
+    assert (scaled.bf16_flops, scaled.memory_bandwidth_bytes_per_s) == (
+        cluster.gpu.bf16_flops, cluster.gpu.memory_bandwidth_bytes_per_s)
+

@@ -7,16 +7,19 @@ The factors are the step-time model's documented knobs that live on the specs as
 ``collective_efficiency``  ``ClusterSpec``: fraction of link bandwidth collectives reach (scales all comm)
 ``dp_overlap_fraction``    ``ClusterSpec``: share of compute DP/ZeRO/FSDP traffic hides behind (steptime.py)
 ``latency_scale``          ``LinkSpec.latency_s`` of both links x this: the alpha of every collective and send
+``host_scale``             ``GPUSpec``'s host-time terms x this (rates / this): eager operators, DTensor,
+                           pipeline actions, FSDP2 / ZeRO-3 hooks -- host work the device does not hide
+                           (0 on GPUs, so it only moves CPU trials)
 ``step_overhead_s``        ``ClusterSpec``: fixed seconds per optimizer step no kernel term covers
 ``microbatch_overhead_s``  ``ClusterSpec``: fixed seconds per micro-batch (dispatch, hooks)
 =========================  ==================================================================================
 
 ``fit`` minimises ``sum_i (log predicted_i - log measured_i)^2`` within ``BOUNDS`` (scipy ``least_squares``,
 trust-region reflective, three starting points): log residuals weigh a 10 % miss on a 20 ms plan like one on a
-2 s plan, and only ratios matter for ranking. The three efficiency factors are always fitted; the latency
-scale and the pair of overheads only when the data needs them: each is kept if it lowers the AIC
-``n log(RSS/n) + 2k`` (greedy forward selection). A calibrated cluster is ``Factors.apply(cluster)`` -- a new
-``ClusterSpec`` with new ``LinkSpec``s, never a changed module global.
+2 s plan, and only ratios matter for ranking. The three efficiency factors are always fitted; the host scale,
+the latency scale and the pair of overheads only when the data needs them: each is kept if it lowers the
+AIC ``n log(RSS/n) + 2k`` (greedy forward selection, in that order). A calibrated cluster is
+``Factors.apply(cluster)`` -- a new ``ClusterSpec`` with new ``LinkSpec``s, never a changed module global.
 """
 
 from __future__ import annotations
@@ -29,18 +32,18 @@ from typing import Any
 
 from autotune.costmodel.steptime import DP_OVERLAP_FRACTION, step_time
 from autotune.plan import ParallelPlan
-from autotune.specs import ClusterSpec, ModelSpec
+from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
 __all__ = ["Factors", "BASE", "EXTRAS", "BOUNDS", "Observation", "Fidelity", "FitResult", "fit", "fidelity",
            "kendall_tau", "predict_s"]
 
 BASE = ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
-EXTRAS = (("latency_scale",), ("step_overhead_s", "microbatch_overhead_s"))
+EXTRAS = (("host_scale",), ("latency_scale",), ("step_overhead_s", "microbatch_overhead_s"))
 """Groups added to ``BASE`` only when the AIC asks for them."""
 BOUNDS = {"gemm_efficiency": (1e-3, 1.0), "collective_efficiency": (1e-3, 1.0),
-          "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0)}
+          "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0), "host_scale": (0.1, 10.0)}
 """Bounds of the efficiency factors; the overheads are bounded by 0 and the slowest measured step."""
-_LOG = {"gemm_efficiency", "collective_efficiency", "latency_scale"}
+_LOG = {"gemm_efficiency", "collective_efficiency", "latency_scale", "host_scale"}
 """Searched in log space: they span decades."""
 
 
@@ -51,6 +54,8 @@ class Factors:
     dp_overlap_fraction: float
     latency_scale: float = 1.0
     """Relative to the links of the cluster the factors are applied to."""
+    host_scale: float = 1.0
+    """Relative to the host-time terms of the GPU spec the factors are applied to (``_scale_host``)."""
     step_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
 
@@ -66,7 +71,8 @@ class Factors:
 
     def apply(self, cluster: ClusterSpec, label: str | None = None) -> ClusterSpec:
         """``cluster`` carrying these factors (and ``label`` in ``ClusterSpec.profile``)."""
-        gpu = dataclasses.replace(cluster.gpu, gemm_efficiency=self.gemm_efficiency)
+        gpu = dataclasses.replace(_scale_host(cluster.gpu, self.host_scale),
+                                  gemm_efficiency=self.gemm_efficiency)
         profile = cluster.profile if label is None else "; ".join(p for p in (cluster.profile, label) if p)
         intra, inter = (dataclasses.replace(link, latency_s=link.latency_s * self.latency_scale)
                         for link in (cluster.intra_link, cluster.inter_link))
@@ -78,6 +84,24 @@ class Factors:
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
+
+
+def _scale_host(gpu: GPUSpec, scale: float) -> GPUSpec:
+    """``gpu`` with every host-time term x ``scale`` and every host rate / ``scale``: a host that runs
+    ``1 / scale`` as fast as when its terms were measured (a CPU VM drifts 1.2-2.6x from day to day:
+    benchmarks/results/calibration_summary.md, probe drift)."""
+    if scale == 1.0:
+        return gpu
+    return dataclasses.replace(
+        gpu, op_overhead_s=gpu.op_overhead_s * scale, dtensor_op_overhead_s=gpu.dtensor_op_overhead_s * scale,
+        dtensor_collective_overhead_s=gpu.dtensor_collective_overhead_s * scale,
+        dtensor_collective_op_overhead_s=tuple((k, v * scale)
+                                               for k, v in gpu.dtensor_collective_op_overhead_s),
+        pipeline_action_overhead_s=tuple((k, v * scale) for k, v in gpu.pipeline_action_overhead_s),
+        fsdp_host_unit_s=gpu.fsdp_host_unit_s * scale,
+        fsdp_host_bytes_per_s=gpu.fsdp_host_bytes_per_s / scale,
+        zero3_host_module_s=gpu.zero3_host_module_s * scale,
+        zero3_host_bytes_per_s=gpu.zero3_host_bytes_per_s / scale)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
