@@ -228,3 +228,43 @@ def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):
     assert (scaled.bf16_flops, scaled.memory_bandwidth_bytes_per_s) == (
         cluster.gpu.bf16_flops, cluster.gpu.memory_bandwidth_bytes_per_s)
 
+
+def test_a_cpu_calibration_on_a_probe_profile_loads_back_with_every_measured_term(cpu_setup, tmp_path):
+    """calibration.yaml carries the probe's host terms, per-collective fits and cores, and the host scale:
+    the same predictions as the calibrated cluster, for every plan kind."""
+    model, catalog, plans = cpu_setup
+    probe = tmp_path / "probe.yaml"
+    probe.write_text(
+        "name: p\nkind: probe\nmeasured: '2026-12-03 00:00:00'\ngpu: cpu\n"
+        "gpu_overrides: {fp32_tflops: 0.2, gemm_efficiency: 0.9, op_overhead_us: 9.5,\n"
+        "  dtensor_op_overhead_us: 95, dtensor_collective_overhead_us: 800,\n"
+        "  dtensor_collective_op_overhead_us: {all_gather: 810, reduce_scatter: 770, all_reduce: 760},\n"
+        "  pipeline_action_us: {gpipe: 500, 1f1b: 700, interleaved: 1250}}\n"
+        "intra_node_link: {bw_gb_s: 2.5, latency_us: 900}\n"
+        "intra_node_collectives: {all_gather: {bw_gb_s: 3.0, latency_us: 450},\n"
+        "  reduce_scatter: {bw_gb_s: 2.0, latency_us: 800}}\n"
+        "cluster: {collective_efficiency: 1.0, dp_overlap_fraction: 0.0, cores_per_node: 2}\n")
+    cluster = with_profile(catalog, probe)
+    truth = Factors(gemm_efficiency=0.6, collective_efficiency=0.8, dp_overlap_fraction=0.0,
+                    host_scale=1.5, latency_scale=1.3)
+    obs = _observe(model, cluster, plans, truth, noise=0.02)
+    study, root = _fake_study(tmp_path, "cpu", model, cluster, obs)
+    block = calibrate_study(study, model, cluster, root)
+    assert "host_scale" in block["fitted"]
+    reloaded = with_profile(catalog, root / "calibration.yaml")
+    calibrated = Factors(**block["factors"]).apply(cluster)
+    assert reloaded.cores_per_node == 2
+    for field in dataclasses.fields(calibrated.gpu):
+        want, got = getattr(calibrated.gpu, field.name), getattr(reloaded.gpu, field.name)
+        if isinstance(want, float):
+            assert got == pytest.approx(want), field.name
+        elif field.name.endswith("overhead_s"):  # (kind, seconds) pairs
+            assert dict(got) == pytest.approx(dict(want)), field.name
+        elif field.name != "sources":
+            assert got == want, field.name
+    assert [op for op, *_ in reloaded.collective_scales] == ["all_gather", "reduce_scatter"]
+    assert [x for _, *xs in reloaded.collective_scales for x in xs] == pytest.approx(
+        [x for _, *xs in calibrated.collective_scales for x in xs])
+    for o in obs:
+        assert predict_s(model, reloaded, o.plan) == pytest.approx(predict_s(model, calibrated, o.plan),
+                                                                   rel=1e-6)

@@ -24,7 +24,7 @@ from typing import Any
 
 from autotune.calibrate.fit import Factors, FitResult, Observation, fidelity, fit
 from autotune.plan import ParallelPlan
-from autotune.probe.profile import write_profile
+from autotune.probe.profile import cluster_overrides, write_profile
 from autotune.render import plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -85,22 +85,13 @@ def calibration_block(model: ModelSpec, cluster: ClusterSpec, result: FitResult,
 
 def _profile_doc(name: str, base: ClusterSpec, factors: Factors, block: dict[str, Any],
                  plans: dict[str, ParallelPlan]) -> dict[str, Any]:
-    """calibration.yaml: the calibrated cluster as a ``--profile`` (peaks, links with the fitted latency,
-    factors) plus the fit."""
-    cluster = factors.apply(base)
-    gpu = cluster.gpu
-    peaks = {f"{p}_tflops": gpu.peak_flops(p) / 1e12 for p in ("fp32", "bf16", "fp16") if gpu.peak_flops(p)}
-    link = {k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
-            for k, lk in (("intra_node_link", cluster.intra_link), ("inter_node_link", cluster.inter_link))}
-    f = factors.as_dict()
+    """calibration.yaml: the calibrated cluster as a ``--profile`` (everything of the base profile and the
+    fitted factors that a profile can carry: ``probe.profile.cluster_overrides``) plus the fit."""
     trials = [row | {"plan": plan_summary(plans[row["trial"]])} for row in block["trials"]]
     return {"name": name, "kind": "calibration", "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "gpu": gpu.key, "source": f"fit to {len(trials)} measured trials of study {name} "
-                                      f"(autotune.calibrate; base: {base.profile or 'the catalog'})",
-            "gpu_overrides": {**peaks, "gemm_efficiency": f["gemm_efficiency"],
-                              "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9},
-            **link, "cluster": {k: f[k] for k in ("collective_efficiency", "dp_overlap_fraction",
-                                                   "step_overhead_s", "microbatch_overhead_s")},
+            "source": f"fit to {len(trials)} measured trials of study {name} "
+                      f"(autotune.calibrate; base: {base.profile or 'the catalog'})",
+            **cluster_overrides(factors.apply(base)),
             "fit": {k: v for k, v in block.items() if k != "trials"}, "trials": trials}
 
 

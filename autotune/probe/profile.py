@@ -11,7 +11,9 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      eager operator, ``dtensor_op_overhead_us``, per DTensor operator, and
                      ``dtensor_collective_overhead_us``, per TP collective via DTensor (``probe.overhead``;
                      ``dtensor_collective_op_overhead_us`` per kind of collective), and
-                     ``pipeline_action_us``, per action of each torch pipeline schedule (``probe.pipeline``)
+                     ``pipeline_action_us``, per action of each torch pipeline schedule (``probe.pipeline``);
+                     a calibration also writes the catalog's FSDP2 / ZeRO-3 host terms (``fsdp_host_unit_us``,
+                     ``fsdp_host_gb_s``, ``zero3_host_module_us``, ``zero3_host_gb_s``) x its host scale
 ``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
 ``intra_node_collectives``  ``all_gather``, ``reduce_scatter``: each one's own alpha-beta fit
@@ -22,7 +24,8 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      on a CPU ``cores_per_node`` (the cores the probe's ranks could run on),
                      and from a calibration ``step_overhead_s``, ``microbatch_overhead_s``
 
-A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a valid ``--profile`` too.
+A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a valid ``--profile`` too:
+``cluster_overrides`` writes every term of the calibrated cluster that the keys above carry.
 """
 
 from __future__ import annotations
@@ -41,13 +44,15 @@ from autotune.errors import ConfigError
 from autotune.plan import Schedule
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
 
-__all__ = ["Profile", "load_profile", "apply_profile", "write_profile", "probe_profile", "fit_alpha_beta",
+__all__ = ["Profile", "load_profile", "apply_profile", "cluster_overrides", "write_profile", "probe_profile",
+           "fit_alpha_beta",
            "PROFILE_DIR"]
 
 PROFILE_DIR = Path("runs") / "profiles"
 _GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
              "op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us",
-             "dtensor_collective_op_overhead_us", "pipeline_action_us"}
+             "dtensor_collective_op_overhead_us", "pipeline_action_us", "fsdp_host_unit_us", "fsdp_host_gb_s",
+             "zero3_host_module_us", "zero3_host_gb_s"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
                  "cores_per_node"}
@@ -166,6 +171,13 @@ def _link(base: LinkSpec, override: dict[str, float] | None, profile: Profile) -
                                sources=(profile.label,))
 
 
+_HOST_RATES = {"fsdp_host_unit_us": ("fsdp_host_unit_s", 1e-6),
+               "fsdp_host_gb_s": ("fsdp_host_bytes_per_s", 1e9),
+               "zero3_host_module_us": ("zero3_host_module_s", 1e-6),
+               "zero3_host_gb_s": ("zero3_host_bytes_per_s", 1e9)}
+"""Catalog host terms of FSDP2 / ZeRO-3 (hardware.yaml) a profile may carry: key -> (GPUSpec field, unit)."""
+
+
 def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     """The cluster with the profile's measured numbers in place of the catalog's (data, not globals)."""
     if profile.gpu != cluster.gpu.key:
@@ -192,6 +204,8 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         pipeline_action_overhead_s=(
             tuple((s, float(us) * 1e-6) for s, us in g["pipeline_action_us"].items())
             if "pipeline_action_us" in g else cluster.gpu.pipeline_action_overhead_s),
+        **{field: g[key] * scale if key in g else getattr(cluster.gpu, field)
+           for key, (field, scale) in _HOST_RATES.items()},
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
@@ -202,6 +216,38 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     return dataclasses.replace(
         cluster, gpu=gpu, intra_link=_link(cluster.intra_link, profile.intra_node_link, profile),
         inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label, **numbers)
+
+
+def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
+    """The profile keys that make ``apply_profile`` turn the catalog's cluster into ``cluster`` (the inverse
+    of ``apply_profile`` for what a profile can carry): how a calibration is written as a ``--profile``."""
+    gpu = cluster.gpu
+    g: dict[str, Any] = {f"{p}_tflops": gpu.peak_flops(p) / 1e12 for p in ("fp32", "bf16", "fp16")
+                         if gpu.peak_flops(p)}
+    g |= {"gemm_efficiency": gpu.gemm_efficiency,
+          "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9}
+    host = {"op_overhead_us": gpu.op_overhead_s, "dtensor_op_overhead_us": gpu.dtensor_op_overhead_s,
+            "dtensor_collective_overhead_us": gpu.dtensor_collective_overhead_s,
+            **{key: getattr(gpu, field) / scale for key, (field, scale) in _HOST_RATES.items()}}
+    g |= {k: v * 1e6 if k.endswith("_us") and k not in _HOST_RATES else v for k, v in host.items() if v}
+    for key, pairs in (("dtensor_collective_op_overhead_us", gpu.dtensor_collective_op_overhead_s),
+                       ("pipeline_action_us", gpu.pipeline_action_overhead_s)):
+        if pairs:
+            g[key] = {k: v * 1e6 for k, v in pairs}
+    links = {k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
+             for k, lk in (("intra_node_link", cluster.intra_link), ("inter_node_link", cluster.inter_link))}
+    intra = links["intra_node_link"]
+    ops = {op: {"bw_gb_s": intra["bw_gb_s"] * bw, "latency_us": intra["latency_us"] * lat}
+           for op, lat, bw in cluster.collective_scales}
+    numbers: dict[str, Any] = {"collective_efficiency": cluster.collective_efficiency,
+                               "step_overhead_s": cluster.step_overhead_s,
+                               "microbatch_overhead_s": cluster.microbatch_overhead_s}
+    if cluster.dp_overlap_fraction is not None:
+        numbers["dp_overlap_fraction"] = cluster.dp_overlap_fraction
+    if cluster.cores_per_node is not None:
+        numbers["cores_per_node"] = cluster.cores_per_node
+    return {"gpu": gpu.key, "gpu_overrides": g, **links,
+            **({"intra_node_collectives": ops} if ops else {}), "cluster": numbers}
 
 
 def write_profile(data: dict[str, Any], path: Path) -> Path:
