@@ -13,12 +13,16 @@ batch 4 x 64 tokens) on the space DeepSpeed covers: ZeRO stage 0-3 x micro-batch
    ``autotune.backends.DeepSpeedBackend``, alternating, at the fixed global batch (DeepSpeed's probes change
    the global batch; its pick is run with its ZeRO stage and micro-batch at the fixed batch).
 
+DeepSpeed's autotuner needs ``tabulate`` (``pip install 'deepspeed[autotuning]'``, or ``pip install tabulate``
+in the benchmark environment only); without it the script stops before measuring anything.
+
 Usage:  python benchmarks/ds_autotuning.py [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -217,6 +221,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    if importlib.util.find_spec("tabulate") is None:  # deepspeed --autotuning asserts on it and exits 1
+        sys.exit("ds_autotuning.py: DeepSpeed Autotuning needs `tabulate`; run `pip install tabulate` "
+                 "(deepspeed[autotuning]) and rerun; benchmarks/results/ds_autotuning.json is unchanged")
     WORK.mkdir(parents=True, exist_ok=True)
     load_before = list(os.getloadavg())
     ds = run_deepspeed_autotuning()
