@@ -77,6 +77,20 @@ def test_overheads_stay_out_when_the_data_does_not_need_them(setup):
     assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0
 
 
+def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
+    """``overheads=False`` (the online refit) keeps them out even when the data has them; the AIC still
+    decides the latency scale; ``overheads=True`` fits them even when the data has none."""
+    model, cluster, plans = setup
+    lat = dataclasses.replace(TRUE, latency_scale=4.0)
+    out = fit(model, cluster, _observe(model, cluster, plans, lat, noise=0.01), overheads=False)
+    assert "step_overhead_s" not in out.fitted and "latency_scale" in out.fitted
+    assert out.factors.step_overhead_s == out.factors.microbatch_overhead_s == 0.0
+    no_overhead = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
+    forced = fit(model, cluster, _observe(model, cluster, plans, no_overhead, noise=0.02), overheads=True)
+    assert forced.fitted[-2:] == ("step_overhead_s", "microbatch_overhead_s")
+    assert "latency_scale" not in forced.fitted
+
+
 def test_a_fit_is_data_on_the_specs_never_a_module_global(setup):
     model, cluster, plans = setup
     before = (steptime.DP_OVERLAP_FRACTION, cluster.gpu.gemm_efficiency, cluster.collective_efficiency)

@@ -34,11 +34,13 @@ from autotune.costmodel.steptime import DP_OVERLAP_FRACTION, step_time
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
-__all__ = ["Factors", "BASE", "EXTRAS", "BOUNDS", "Observation", "Fidelity", "FitResult", "fit", "fidelity",
-           "kendall_tau", "predict_s"]
+__all__ = ["Factors", "BASE", "EXTRAS", "OVERHEADS", "BOUNDS", "Observation", "Fidelity", "FitResult", "fit",
+           "fidelity", "kendall_tau", "predict_s"]
 
 BASE = ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
-EXTRAS = (("host_scale",), ("latency_scale",), ("step_overhead_s", "microbatch_overhead_s"))
+OVERHEADS = ("step_overhead_s", "microbatch_overhead_s")
+"""The group ``fit(overheads=...)`` forces in or out."""
+EXTRAS = (("host_scale",), ("latency_scale",), OVERHEADS)
 """Groups added to ``BASE`` only when the AIC asks for them."""
 BOUNDS = {"gemm_efficiency": (1e-3, 1.0), "collective_efficiency": (1e-3, 1.0),
           "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0), "host_scale": (0.1, 10.0)}
@@ -226,7 +228,7 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
     factors, rss = _fit_set(model, cluster, observations, BASE, start)
     names: tuple[str, ...] = BASE
     for group in EXTRAS:
-        is_overheads = group is EXTRAS[1]
+        is_overheads = group == OVERHEADS
         if is_overheads and overheads is False:
             continue
         force = is_overheads and overheads is True
