@@ -202,6 +202,13 @@ class ClusterSpec:
     dispatch). 0 in the catalog; fitted from trials (``autotune calibrate``)."""
     microbatch_overhead_s: float = 0.0
     """Fixed seconds per micro-batch (forward + backward dispatch, hooks). 0 in the catalog; fitted."""
+    shared_core_latency: float = 0.0
+    """Share (0-1) of a ring step's latency that queues behind the other groups of the same axis when the
+    ranks of a node share fewer CPU cores than there are ranks (``cores_per_node``; CPU trials;
+    ``comm.group_link``). 0 (catalog; a device per rank): the groups of one axis run their rings
+    independently, as NCCL's do; 1: the steps of the node's ``G`` groups run one after another, a ring step
+    costs ``G`` alphas. Fitted from trials (``autotune calibrate``); a probe runs one world-sized group and
+    cannot see it."""
     collective_scales: tuple[tuple[str, float, float], ...] = ()
     """Per collective measured by ``autotune probe`` (``all_gather``, ``reduce_scatter``): its
     own ring latency and bus bandwidth inside a node as multiples of the all-reduce's, which sets

@@ -10,6 +10,8 @@ The factors are the step-time model's documented knobs that live on the specs as
 ``host_scale``             ``GPUSpec``'s host-time terms x this (rates / this): eager operators, DTensor,
                            pipeline actions, FSDP2 / ZeRO-3 hooks -- host work the device does not hide
                            (0 on GPUs, so it only moves CPU trials)
+``shared_core_latency``    ``ClusterSpec``: share of a ring step's latency that queues behind the node's other
+                           groups of the axis when ranks share cores (``comm.group_link``; CPU trials only)
 ``step_overhead_s``        ``ClusterSpec``: fixed seconds per optimizer step no kernel term covers
 ``microbatch_overhead_s``  ``ClusterSpec``: fixed seconds per micro-batch (dispatch, hooks)
 =========================  ==================================================================================
@@ -17,9 +19,10 @@ The factors are the step-time model's documented knobs that live on the specs as
 ``fit`` minimises ``sum_i (log predicted_i - log measured_i)^2`` within ``BOUNDS`` (scipy ``least_squares``,
 trust-region reflective, three starting points): log residuals weigh a 10 % miss on a 20 ms plan like one on a
 2 s plan, and only ratios matter for ranking. The three efficiency factors are always fitted; the host scale,
-the latency scale and the pair of overheads only when the data needs them: each is kept if it lowers the
-AIC ``n log(RSS/n) + 2k`` (greedy forward selection, in that order). A calibrated cluster is
-``Factors.apply(cluster)`` -- a new ``ClusterSpec`` with new ``LinkSpec``s, never a changed module global.
+the latency scale, the shared-core latency and the pair of overheads only when the data needs them: each is
+kept if it lowers the AIC ``n log(RSS/n) + 2k`` (greedy forward selection, in that order). A calibrated
+cluster is ``Factors.apply(cluster)`` -- a new ``ClusterSpec`` with new ``LinkSpec``s, never a changed module
+global.
 """
 
 from __future__ import annotations
@@ -40,10 +43,11 @@ __all__ = ["Factors", "BASE", "EXTRAS", "OVERHEADS", "BOUNDS", "Observation", "F
 BASE = ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
 OVERHEADS = ("step_overhead_s", "microbatch_overhead_s")
 """The group ``fit(overheads=...)`` forces in or out."""
-EXTRAS = (("host_scale",), ("latency_scale",), OVERHEADS)
+EXTRAS = (("host_scale",), ("latency_scale",), ("shared_core_latency",), OVERHEADS)
 """Groups added to ``BASE`` only when the AIC asks for them."""
 BOUNDS = {"gemm_efficiency": (1e-3, 1.0), "collective_efficiency": (1e-3, 1.0),
-          "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0), "host_scale": (0.1, 10.0)}
+          "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0), "host_scale": (0.1, 10.0),
+          "shared_core_latency": (0.0, 1.0)}
 """Bounds of the efficiency factors; the overheads are bounded by 0 and the slowest measured step."""
 _LOG = {"gemm_efficiency", "collective_efficiency", "latency_scale", "host_scale"}
 """Searched in log space: they span decades."""
@@ -58,6 +62,7 @@ class Factors:
     """Relative to the links of the cluster the factors are applied to."""
     host_scale: float = 1.0
     """Relative to the host-time terms of the GPU spec the factors are applied to (``_scale_host``)."""
+    shared_core_latency: float = 0.0
     step_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
 
@@ -69,7 +74,8 @@ class Factors:
                    collective_efficiency=cluster.collective_efficiency,
                    dp_overlap_fraction=DP_OVERLAP_FRACTION if overlap is None else overlap,
                    step_overhead_s=cluster.step_overhead_s,
-                   microbatch_overhead_s=cluster.microbatch_overhead_s)
+                   microbatch_overhead_s=cluster.microbatch_overhead_s,
+                   shared_core_latency=cluster.shared_core_latency)
 
     def apply(self, cluster: ClusterSpec, label: str | None = None) -> ClusterSpec:
         """``cluster`` carrying these factors (and ``label`` in ``ClusterSpec.profile``)."""
@@ -82,7 +88,8 @@ class Factors:
                                    collective_efficiency=self.collective_efficiency,
                                    dp_overlap_fraction=self.dp_overlap_fraction,
                                    step_overhead_s=self.step_overhead_s,
-                                   microbatch_overhead_s=self.microbatch_overhead_s, profile=profile)
+                                   microbatch_overhead_s=self.microbatch_overhead_s,
+                                   shared_core_latency=self.shared_core_latency, profile=profile)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

@@ -74,13 +74,23 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     the per-GPU NIC share; with a whole node in one group (pure DP/FSDP) it is the node's full NIC
     bandwidth, which is what nccl-tests reports as multi-node busbw on DGX-class nodes. The ring runs at
     its slowest hop: ``min(intra link, that NIC bandwidth)``.
+
+    Inside a node whose ranks share fewer CPU cores than there are ranks (CPU trials), the ``G =
+    gpus_per_node / k`` groups of the axis also share the cores that run their ring steps: each step's latency
+    is ``alpha (1 + f (G - 1))`` with ``f = ClusterSpec.shared_core_latency`` (fitted, 0 in the catalog).
+    Measured inside real 4-rank TP trials on 2 cores (benchmarks/results/tp_in_trial.json): a TP4 all-reduce
+    call costs 1.4-1.8x a TP2 one while both TP2 pairs reduce at the same time, where independent rings
+    would differ by their steps, 6 / 2 = 3x; the fits of the 4-rank landscape cells put ``f`` at 0.1-0.5.
     """
     per_node = cluster.gpus_per_node
     k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
     eff = cluster.collective_efficiency
     intra = cluster.intra_link
     if size <= k:
-        return GroupLink(intra.bw_bytes_per_s * eff, intra.latency_s, 1, cluster.collective_scales)
+        cores = cluster.cores_per_node
+        groups = per_node // k if cores is not None and cores < per_node else 1
+        latency = intra.latency_s * (1.0 + cluster.shared_core_latency * (groups - 1))
+        return GroupLink(intra.bw_bytes_per_s * eff, latency, 1, cluster.collective_scales)
     inter = cluster.inter_link
     nic_bw = cluster.nics_per_node * inter.bw_bytes_per_s * k / per_node
     bw = min(intra.bw_bytes_per_s, nic_bw) * eff

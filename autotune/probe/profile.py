@@ -22,7 +22,8 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
 ``cluster``          ``collective_efficiency`` (1.0: the link numbers are already what collectives reach),
                      ``dp_overlap_fraction`` (measured by ``probe.overlap``, or fitted by a calibration),
                      on a CPU ``cores_per_node`` (the cores the probe's ranks could run on),
-                     and from a calibration ``step_overhead_s``, ``microbatch_overhead_s``
+                     and from a calibration ``step_overhead_s``, ``microbatch_overhead_s`` and, on a CPU,
+                     ``shared_core_latency``
 
 A calibration (``runs/<study>/calibration.yaml``) has the same keys, so it is a valid ``--profile`` too:
 ``cluster_overrides`` writes every term of the calibrated cluster that the keys above carry.
@@ -55,7 +56,7 @@ _GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "me
              "zero3_host_module_us", "zero3_host_gb_s"}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
 _CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
-                 "cores_per_node"}
+                 "cores_per_node", "shared_core_latency"}
 _TOP_KEYS = {"name", "kind", "measured", "gpu", "gpu_overrides", "intra_node_link", "inter_node_link",
              "intra_node_collectives",
              "cluster", "source", "summary", "measurements", "fit", "trials"}
@@ -88,6 +89,9 @@ _PER_KIND = {"dtensor_collective_op_overhead_us": {"all_gather", "reduce_scatter
 """Keys whose value is a mapping of a kind (collective, pipeline schedule) -> number."""
 
 
+_FRACTIONS = {"gemm_efficiency", "collective_efficiency", "dp_overlap_fraction", "shared_core_latency"}
+
+
 def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
     if data is None:
         return {}
@@ -102,6 +106,8 @@ def _numbers(data: Any, allowed: set[str], where: str) -> dict[str, Any]:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise ConfigError(f"{where}: key {key!r} must be a number >= 0, got {value!r}")
+        if key in _FRACTIONS and value > 1:
+            raise ConfigError(f"{where}: key {key!r} is a fraction, between 0 and 1; got {value!r}")
         out[key] = float(value)
     return out
 
@@ -246,6 +252,8 @@ def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
         numbers["dp_overlap_fraction"] = cluster.dp_overlap_fraction
     if cluster.cores_per_node is not None:
         numbers["cores_per_node"] = cluster.cores_per_node
+    if cluster.shared_core_latency:
+        numbers["shared_core_latency"] = cluster.shared_core_latency
     return {"gpu": gpu.key, "gpu_overrides": g, **links,
             **({"intra_node_collectives": ops} if ops else {}), "cluster": numbers}
 

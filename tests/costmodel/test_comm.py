@@ -108,3 +108,23 @@ def test_sequence_parallel_pays_its_gather_and_scatter_at_their_own_rates():
     assert reduction_s(nbytes, plan, link) > comm.allreduce_s(nbytes, 2, link)
     no_sp = plan.replace(sequence_parallel=False)
     assert reduction_s(nbytes, no_sp, link) == comm.allreduce_s(nbytes, 2, link)
+
+
+def test_groups_that_share_cpu_cores_queue_their_ring_steps_by_the_fitted_share():
+    """4 CPU ranks on 2 cores: the two TP pairs of TP2 x DP2 reduce at the same time on the same cores."""
+    cpu = dataclasses.replace(make_cluster(num_gpus=4, gpu="cpu", gpus_per_node=4), cores_per_node=2)
+    alpha = cpu.intra_link.latency_s
+    assert comm.group_link(cpu, 2, 1).latency_s == alpha  # the catalog: independent rings
+    queued = dataclasses.replace(cpu, shared_core_latency=0.5)
+    assert comm.group_link(queued, 2, 1).latency_s == pytest.approx(1.5 * alpha)  # 2 pairs of the TP axis
+    assert comm.group_link(queued, 2, 2).latency_s == pytest.approx(1.5 * alpha)  # 2 pairs of the DP axis
+    assert comm.group_link(queued, 4, 1).latency_s == alpha  # one world group: nothing to queue behind
+    full = dataclasses.replace(cpu, shared_core_latency=1.0)
+    pair = comm.group_link(full, 2, 1)
+    assert comm.allreduce_s(0, 2, pair) == pytest.approx(4 * alpha)  # 2 groups x 2 steps
+    assert comm.allreduce_s(0, 4, comm.group_link(full, 4, 1)) == pytest.approx(6 * alpha)
+    # a core per rank (or a device per rank): the share does not apply
+    for cores in (4, None):
+        assert comm.group_link(dataclasses.replace(queued, cores_per_node=cores), 2, 1).latency_s == alpha
+    gpus = dataclasses.replace(make_cluster(num_gpus=8, gpu="h100-sxm"), shared_core_latency=1.0)
+    assert comm.group_link(gpus, 2, 1) == comm.group_link(make_cluster(num_gpus=8, gpu="h100-sxm"), 2, 1)

@@ -165,6 +165,7 @@ def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
         ({"gpu": "cpu", "gpu_overides": {}}, "unknown key 'gpu_overides'"),
         ({"gpu": "cpu", "gpu_overrides": {"gemm_eff": 0.5}}, "unknown key 'gemm_eff'"),
         ({"gpu": "cpu", "cluster": {"step_overhead_s": -1}}, "must be a number >= 0"),
+        ({"gpu": "cpu", "cluster": {"shared_core_latency": 2}}, "'shared_core_latency' is a fraction"),
         ({"gpu": "cpu", "intra_node_link": {"latency_us": 3}}, "needs a positive 'bw_gb_s'"),
         ({"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1}, "intra_node_collectives": {"send_recv": {}}},
          "intra_node_collectives: a mapping of all_gather, reduce_scatter"),
