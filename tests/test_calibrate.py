@@ -11,10 +11,11 @@ import optuna
 import pytest
 
 from autotune.calibrate import Factors, Observation, calibrate_study, fit
-from autotune.calibrate.fit import predict_s
+from autotune.calibrate.fit import BOUNDS, predict_s
 from autotune.catalog import load_model, make_cluster, with_profile
 from autotune.cli import main
 from autotune.costmodel import steptime
+from autotune.plan import ParallelPlan
 from autotune.search import plan_search
 from autotune.space import load_space
 
@@ -245,6 +246,34 @@ def test_groups_queueing_on_shared_cores_are_fitted_as_the_shared_core_latency(c
     independent = dataclasses.replace(queued, shared_core_latency=0.0)
     without = fit(model, cluster, _observe(model, cluster, plans, independent, noise=0.01))
     assert "shared_core_latency" not in without.fitted and without.factors.shared_core_latency == 0.0
+
+
+def test_a_scale_the_data_pushes_to_its_search_limit_is_not_kept(cpu_setup, monkeypatch):
+    """A host 1.8x slower than probed, with the host scale capped at 1.2: the capped fit still lowers the AIC,
+    but a factor stuck on its limit describes no machine, so the scale stays out (the DeepSpeed head-to-head's
+    5 trials used to end at host scale 0.1, collective efficiency 0.03)."""
+    model, cluster, plans = cpu_setup
+    slow_host = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
+                        host_scale=1.8)
+    obs = _observe(model, cluster, plans, slow_host, noise=0.02)
+    assert "host_scale" in fit(model, cluster, obs).fitted
+    monkeypatch.setitem(BOUNDS, "host_scale", (0.1, 1.2))
+    capped = fit(model, cluster, obs)
+    assert "host_scale" not in capped.fitted and capped.factors.host_scale == 1.0
+
+
+def test_five_measured_deepspeed_trials_do_not_fit_a_host_scale_on_its_limit():
+    """The 5 trials of benchmarks/ds_autotuning.py's autotune study (2026-12-03, tiny, 2 CPU ranks, catalog
+    ``cpu``): step times as measured. The AIC alone kept the host scale at 0.1."""
+    model, cluster = load_model("tiny"), make_cluster(num_gpus=2, gpu="cpu")
+    measured = {("zero1", 2): 52.13, ("zero2", 2): 56.14, ("none", 2): 40.96, ("zero1", 1): 60.72,
+                ("none", 1): 34.89}
+    plan = {"dp": 2, "global_batch": 4, "seq_len": 64, "framework": "deepspeed"}
+    obs = [Observation(plan=ParallelPlan.from_dict({**plan, "micro_batch": mb, "sharding": sharding}),
+                       measured_s=ms / 1e3) for (sharding, mb), ms in measured.items()]
+    result = fit(model, cluster, obs)
+    assert result.fitted == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
+    assert result.after.mape < result.before.mape
 
 
 def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):

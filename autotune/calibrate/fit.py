@@ -20,9 +20,9 @@ The factors are the step-time model's documented knobs that live on the specs as
 trust-region reflective, three starting points): log residuals weigh a 10 % miss on a 20 ms plan like one on a
 2 s plan, and only ratios matter for ranking. The three efficiency factors are always fitted; the host scale,
 the latency scale, the shared-core latency and the pair of overheads only when the data needs them: each is
-kept if it lowers the AIC ``n log(RSS/n) + 2k`` (greedy forward selection, in that order). A calibrated
-cluster is ``Factors.apply(cluster)`` -- a new ``ClusterSpec`` with new ``LinkSpec``s, never a changed module
-global.
+kept if it lowers the AIC ``n log(RSS/n) + 2k`` (greedy forward selection, in that order) and ends inside its
+search limits (``_at_bound``). A calibrated cluster is ``Factors.apply(cluster)`` -- a new ``ClusterSpec``
+with new ``LinkSpec``s, never a changed module global.
 """
 
 from __future__ import annotations
@@ -243,6 +243,8 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
         if n <= len(trial_names) and not force:
             continue
         f1, rss1 = _fit_set(model, cluster, observations, trial_names, factors)
+        if not force and _at_bound(f1, group, max(o.measured_s for o in observations)):
+            continue
         if force or _aic(rss1, n, len(trial_names)) < _aic(rss, n, len(names)):
             factors, rss, names = f1, rss1, trial_names
     calibrated = factors.apply(cluster)
@@ -252,6 +254,23 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
     return FitResult(factors=factors, fitted=names, before=fidelity(model, cluster, observations),
                      after=after, rms_log_error=rms,
                      unidentified=_unidentified(model, calibrated, observations, names))
+
+
+def _at_bound(factors: Factors, group: tuple[str, ...], slowest_s: float) -> bool:
+    """Whether a factor of ``group`` ended on a search limit rather than inside it: a scale at 0.1x or 10x
+    (``BOUNDS``), an overhead as long as the slowest measured step. The data pushed it past anything the
+    machine can be -- what a few noisy trials do (5 trials of the DeepSpeed head-to-head put the host scale at
+    0.1 and the collective efficiency at 0.03) -- so the group is not kept. The physical ends of a fraction
+    (0 and 1 of the shared-core latency) are values it may take."""
+    for name in group:
+        value = getattr(factors, name)
+        if name in _LOG:
+            lo, hi = BOUNDS[name]
+            if value <= lo * (1 + 1e-6) or value >= hi * (1 - 1e-6):
+                return True
+        elif name.endswith("_s") and value >= slowest_s * (1 - 1e-6):
+            return True
+    return False
 
 
 def _aic(rss: float, n: int, k: int) -> float:
