@@ -143,7 +143,11 @@ def fidelity_section() -> list[str]:
         "'fit all' fits every plan; the repeat ceiling is repeat 1 against repeat 2 of the same plans "
         "(with 4 repeats, the median of repeats 1-2 against that of 3-4). "
         "Targets: tau >= 0.8 and MAPE <= 10 % after calibration. Fitted factors no plan depends on are "
-        "left out (on the CPU device no collective overlaps compute, so the DP overlap has no effect there).",
+        "left out (on the CPU device no collective overlaps compute, so the DP overlap has no effect there). "
+        "The extra factors enter only where the AIC asks for them and the fit does not end on a search limit "
+        "(autotune/calibrate/fit.py); `shared_core_latency` is the share of a ring step's latency that waits "
+        "for the node's other groups of the same axis when 4 ranks share 2 cores "
+        "(autotune/costmodel/comm.py; the catalog `cpu` base has no core count, so it does not apply there).",
         "",
         "| cell | base model | before (held-out) | after, fitted half | after, held-out | "
         f"held-out, median of {fid.get('splits', 0)} splits [range] | fit all | repeat ceiling | "
