@@ -1,4 +1,5 @@
-"""`autotune probe`: nccl-tests conventions, the alpha-beta fit, and a real 2-rank gloo probe (< 60 s)."""
+"""`autotune probe`: nccl-tests conventions, the alpha-beta fit, a real 2-rank gloo probe (< 60 s) and one
+across two torchrun agents (two "nodes" on loopback)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
+from distributed import free_port
 
 from autotune.catalog import make_cluster, with_profile
 from autotune.cli import main
+from autotune.costmodel import comm
 from autotune.costmodel.hostops import BLOCK_OPS
 from autotune.errors import ConfigError
 from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
@@ -205,3 +211,35 @@ def test_bad_sweep_counts_are_one_line_usage_errors(value, capsys):
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
     assert len(lines) == 1 and "--sweeps" in lines[0] and "Traceback" not in err
+
+
+def test_a_probe_across_two_torchrun_agents_measures_the_link_between_nodes(tmp_path):
+    """Two agents (``--nnodes 2``, one rank each, c10d rendezvous on loopback) run ``autotune probe`` as a
+    user runs it across nodes: rank 0 writes a profile whose between-node link a 2-node cluster then uses."""
+    port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": "1",
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "probe-2n",
+           "-m", "autotune", "probe", "--device", "cpu", "--quick", "--max-size", "64K", "--sweeps", "1",
+           "--out", str(tmp_path), "--name", "two-nodes"]
+    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for _ in range(2)]
+    try:
+        logs = [a.communicate(timeout=240)[0] for a in agents]
+    finally:
+        for a in agents:
+            a.kill()
+    assert [a.returncode for a in agents] == [0, 0], logs
+    path = tmp_path / "two-nodes.yaml"
+    doc = yaml.safe_load(path.read_text())
+    assert "2 node(s) x 1 ranks" in doc["source"] and "intra_node_link" not in doc  # one rank per node
+    rows = doc["measurements"]["collectives"]
+    assert {r["scope"] for r in rows} == {"inter"} and {r["op"] for r in rows} == set(OPS)
+    link = doc["inter_node_link"]
+    assert link["bw_gb_s"] > 0 and link["latency_us"] > 0
+    catalog = make_cluster(num_gpus=2, gpu="cpu", gpus_per_node=1)
+    cluster = with_profile(catalog, path)
+    assert cluster.inter_link.latency_s == pytest.approx(link["latency_us"] * 1e-6)
+    assert cluster.inter_link.bw_bytes_per_s == pytest.approx(link["bw_gb_s"] * 1e9)
+    across = comm.group_link(cluster, 2, 1)  # a 2-rank group spans both nodes: it runs at the measured link
+    assert across.num_nodes == 2 and across.latency_s == pytest.approx(cluster.inter_link.latency_s)
