@@ -188,8 +188,6 @@ def load_gpu(name: str) -> GPUSpec:
         op_overhead_s=float(g.get("op_overhead_us", 0.0)) * 1e-6,
         dtensor_op_overhead_s=float(g.get("dtensor_op_overhead_us", 0.0)) * 1e-6,
         dtensor_collective_overhead_s=float(g.get("dtensor_collective_overhead_us", 0.0)) * 1e-6,
-        dtensor_collective_op_overhead_s=tuple(
-            (op, float(us) * 1e-6) for op, us in (g.get("dtensor_collective_op_overhead_us") or {}).items()),
         pipeline_action_overhead_s=tuple(
             (s, float(us) * 1e-6) for s, us in (g.get("pipeline_action_us") or {}).items()),
         async_collectives=bool(g.get("async_collectives", True)),

@@ -113,10 +113,12 @@ class GPUSpec:
     dtensor_collective_overhead_s: float = 0.0
     """Host seconds a TP collective issued by a DTensor redistribution costs beyond the direct collective
     (functional collectives, the wait, the re-wrap), charged per collective torch-native TP issues
-    (``costmodel.hostops``); the collective itself is ``comm``'s. 0 on GPUs; ``autotune probe`` on a CPU."""
-    dtensor_collective_op_overhead_s: tuple[tuple[str, float], ...] = ()
-    """The same per collective (``all_gather``, ``reduce_scatter``, ``all_reduce``), as ``autotune probe``
-    measures each; a collective not listed costs ``dtensor_collective_overhead_s`` (``dtensor_call_s``)."""
+    (``costmodel.hostops``); the collective itself is ``comm``'s. 0 on GPUs; ``autotune probe`` on a CPU: the
+    median of the three kinds it times (all-gather, reduce-scatter, all-reduce). One figure for every kind:
+    the kinds' own figures did not reproduce from probe to probe (4 ranks, 6 probes: all-gather 0.7-2.3 ms,
+    all-reduce 0.6-1.6 ms, their order changing), and charging each its own priced the landscape worse
+    (held-out MAPE over the 6 probe sets: mean 8.85 % against 8.70 % with the median, worst 12.8 % against
+    11.7 %; benchmarks/results/calibration_summary.md)."""
     pipeline_action_overhead_s: tuple[tuple[str, float], ...] = ()
     """Host seconds per action (a forward or backward of one micro-batch on one stage) of each torch pipeline
     schedule (``gpipe``, ``1f1b``, ``interleaved``), with the sends and receives around it: the schedule's
@@ -145,10 +147,6 @@ class GPUSpec:
     """Bytes a 16-bit (bf16/fp16) tensor of a plan takes on this device: 4 on the CPU trial device, which runs
     bf16 plans in fp32 (trials/train.py ``compute_dtype``), so its activations, gathered weights and 16-bit
     gradients move twice the bytes through its collectives."""
-
-    def dtensor_call_s(self, op: str) -> float:
-        """Host seconds of one ``op`` collective issued through DTensor beyond the direct call."""
-        return dict(self.dtensor_collective_op_overhead_s).get(op, self.dtensor_collective_overhead_s)
 
     def pipeline_action_s(self, schedule: str) -> float | None:
         """Measured host seconds per action of a torch pipeline ``schedule``; None where not measured."""

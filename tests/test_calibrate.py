@@ -238,11 +238,13 @@ def test_groups_queueing_on_shared_cores_are_fitted_as_the_shared_core_latency(c
     cluster = dataclasses.replace(catalog, cores_per_node=2)
     queued = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
                      shared_core_latency=0.6)
+    exact = fit(model, cluster, _observe(model, cluster, plans, queued))
+    assert exact.factors.shared_core_latency == pytest.approx(0.6, rel=1e-3)
+    # with 1 % noise it is still asked for, though loosely pinned: the pairs' latency is a small part of these
+    # steps, and the noise moves it 0.3-0.9 from seed to seed
     result = fit(model, cluster, _observe(model, cluster, plans, queued, noise=0.01))
-    assert "shared_core_latency" in result.fitted
-    # weakly identified: the pairs' latency is a small part of these steps, 1 % noise moves it 0.3-0.8 by seed
-    assert result.factors.shared_core_latency == pytest.approx(0.6, abs=0.2)
-    assert result.after.mape < result.before.mape
+    assert "shared_core_latency" in result.fitted and 0 < result.factors.shared_core_latency <= 1
+    assert result.after.mape < min(0.015, result.before.mape)
     independent = dataclasses.replace(queued, shared_core_latency=0.0)
     without = fit(model, cluster, _observe(model, cluster, plans, independent, noise=0.01))
     assert "shared_core_latency" not in without.fitted and without.factors.shared_core_latency == 0.0
@@ -281,7 +283,7 @@ def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):
     gpu = Factors.of(cluster)
     scaled = dataclasses.replace(gpu, host_scale=2.0).apply(cluster).gpu
     assert scaled.op_overhead_s == 2 * cluster.gpu.op_overhead_s > 0
-    assert scaled.dtensor_call_s("all_gather") == 2 * cluster.gpu.dtensor_call_s("all_gather") > 0
+    assert scaled.dtensor_collective_overhead_s == 2 * cluster.gpu.dtensor_collective_overhead_s > 0
     assert scaled.pipeline_action_s("1f1b") == 2 * cluster.gpu.pipeline_action_s("1f1b")
     assert scaled.fsdp_host_unit_s == 2 * cluster.gpu.fsdp_host_unit_s > 0
     assert scaled.zero3_host_bytes_per_s == cluster.gpu.zero3_host_bytes_per_s / 2 > 0

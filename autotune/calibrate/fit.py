@@ -104,8 +104,6 @@ def _scale_host(gpu: GPUSpec, scale: float) -> GPUSpec:
     return dataclasses.replace(
         gpu, op_overhead_s=gpu.op_overhead_s * scale, dtensor_op_overhead_s=gpu.dtensor_op_overhead_s * scale,
         dtensor_collective_overhead_s=gpu.dtensor_collective_overhead_s * scale,
-        dtensor_collective_op_overhead_s=tuple((k, v * scale)
-                                               for k, v in gpu.dtensor_collective_op_overhead_s),
         pipeline_action_overhead_s=tuple((k, v * scale) for k, v in gpu.pipeline_action_overhead_s),
         fsdp_host_unit_s=gpu.fsdp_host_unit_s * scale,
         fsdp_host_bytes_per_s=gpu.fsdp_host_bytes_per_s / scale,

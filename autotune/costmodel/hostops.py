@@ -16,9 +16,9 @@ attention core runs on local tensors (``ColwiseParallel`` hands back local outpu
 replays plain operators only. Each TP collective they issue (``tpcomm.collective_calls``: a redistribution
 through functional collectives) costs the host ``GPUSpec.dtensor_collective_overhead_s`` beyond the
 collective's own time, which ``tpcomm`` prices from the probe's direct calls: 220-400 us on 2 gloo ranks
-(0.6-1.3 ms on 4 sharing 2 cores; ``autotune probe``, CPU time scaled by the ranks' share of a core), of the
-order of the collective itself at trial sizes;
-each kind at its own probed cost (``GPUSpec.dtensor_call_s``).
+(0.6-1.6 ms on 4 sharing 2 cores; ``autotune probe``, CPU time scaled by the ranks' share of a core), of the
+order of the collective itself at trial sizes; one figure for every kind of collective (the reason is in
+``GPUSpec.dtensor_collective_overhead_s``).
 Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as unsharded ones.
 
 FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
@@ -91,11 +91,9 @@ def tp_block_calls(model: ModelSpec, plan: ParallelPlan) -> int:
 
 def _reduction_calls_s(cluster: ClusterSpec, plan: ParallelPlan, reductions: float) -> float:
     """DTensor host time of ``reductions`` TP reductions: all-reduces, or with SP all-gather + reduce-scatter
-    pairs (``tpcomm.reduction_s``), each at its own probed cost (``GPUSpec.dtensor_call_s``)."""
-    gpu = cluster.gpu
-    if plan.sequence_parallel:
-        return reductions * (gpu.dtensor_call_s("all_gather") + gpu.dtensor_call_s("reduce_scatter"))
-    return reductions * gpu.dtensor_call_s("all_reduce")
+    pairs (``tpcomm.reduction_s``), two calls each."""
+    calls = 2 if plan.sequence_parallel else 1
+    return reductions * calls * cluster.gpu.dtensor_collective_overhead_s
 
 
 def block_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
@@ -114,7 +112,7 @@ def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> f
     if _torch_tp(plan):
         fp, fd, bp, bd = TP_EDGE_OPS[model.gated_mlp, plan.sequence_parallel]
         return ((fp + bp) * gpu.op_overhead_s + (fd + bd) * gpu.dtensor_op_overhead_s
-                + _reduction_calls_s(cluster, plan, 2) + gpu.dtensor_call_s("all_gather"))
+                + _reduction_calls_s(cluster, plan, 2) + gpu.dtensor_collective_overhead_s)
     return EDGE_OPS * gpu.op_overhead_s
 
 

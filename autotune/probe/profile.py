@@ -10,7 +10,9 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      model's streaming rate is the measured one), ``op_overhead_us``, the host time per
                      eager operator, ``dtensor_op_overhead_us``, per DTensor operator, and
                      ``dtensor_collective_overhead_us``, per TP collective via DTensor (``probe.overhead``;
-                     ``dtensor_collective_op_overhead_us`` per kind of collective), and
+                     the median of the kinds, each kept under ``measurements``; profiles written before
+                     2026-12-03 also list them as ``dtensor_collective_op_overhead_us``, read and not used:
+                     ``GPUSpec.dtensor_collective_overhead_s`` says why), and
                      ``pipeline_action_us``, per action of each torch pipeline schedule (``probe.pipeline``);
                      a calibration also writes the catalog's FSDP2 / ZeRO-3 host terms (``fsdp_host_unit_us``,
                      ``fsdp_host_gb_s``, ``zero3_host_module_us``, ``zero3_host_gb_s``) x its host scale
@@ -204,9 +206,6 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         dtensor_collective_overhead_s=(g["dtensor_collective_overhead_us"] * 1e-6
                                        if "dtensor_collective_overhead_us" in g
                                        else cluster.gpu.dtensor_collective_overhead_s),
-        dtensor_collective_op_overhead_s=(
-            tuple((op, float(us) * 1e-6) for op, us in g["dtensor_collective_op_overhead_us"].items())
-            if "dtensor_collective_op_overhead_us" in g else cluster.gpu.dtensor_collective_op_overhead_s),
         pipeline_action_overhead_s=(
             tuple((s, float(us) * 1e-6) for s, us in g["pipeline_action_us"].items())
             if "pipeline_action_us" in g else cluster.gpu.pipeline_action_overhead_s),
@@ -236,10 +235,8 @@ def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
             "dtensor_collective_overhead_us": gpu.dtensor_collective_overhead_s,
             **{key: getattr(gpu, field) / scale for key, (field, scale) in _HOST_RATES.items()}}
     g |= {k: v * 1e6 if k.endswith("_us") and k not in _HOST_RATES else v for k, v in host.items() if v}
-    for key, pairs in (("dtensor_collective_op_overhead_us", gpu.dtensor_collective_op_overhead_s),
-                       ("pipeline_action_us", gpu.pipeline_action_overhead_s)):
-        if pairs:
-            g[key] = {k: v * 1e6 for k, v in pairs}
+    if gpu.pipeline_action_overhead_s:
+        g["pipeline_action_us"] = {k: v * 1e6 for k, v in gpu.pipeline_action_overhead_s}
     links = {k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
              for k, lk in (("intra_node_link", cluster.intra_link), ("inter_node_link", cluster.inter_link))}
     intra = links["intra_node_link"]
@@ -359,9 +356,6 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
         if raw["op_overhead"].get("dtensor_collective_overhead_s") is not None:
             overrides["dtensor_collective_overhead_us"] = round(
                 raw["op_overhead"]["dtensor_collective_overhead_s"] * 1e6, 1)
-            overrides["dtensor_collective_op_overhead_us"] = {
-                op: round(max(0.0, v) * 1e6, 1)  # a difference of two timings: clipped at 0
-                for op, v in raw["op_overhead"]["dtensor_collective_extra_s"].items()}
     if on_cpu and raw.get("pipeline"):
         overrides["pipeline_action_us"] = {s: round(v * 1e6, 1)
                                            for s, v in raw["pipeline"]["pipeline_action_s"].items()}

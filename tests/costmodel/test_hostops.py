@@ -82,7 +82,7 @@ def test_dtensor_operators_are_charged_to_torch_tp_only():
     assert (plain, dtensor) == (fp + bp, fd + bd)
     assert block_host_s(model, catalog, tp) == pytest.approx(
         plain * catalog.gpu.op_overhead_s + dtensor * catalog.gpu.dtensor_op_overhead_s
-        + 4 * catalog.gpu.dtensor_call_s("all_reduce"))
+        + 4 * catalog.gpu.dtensor_collective_overhead_s)
     # sequence parallelism runs more of the block on DTensors: more host time per micro-batch
     sp = tp.replace(sequence_parallel=True)
     assert block_host_s(model, catalog, sp) > block_host_s(model, catalog, tp)
@@ -103,7 +103,7 @@ def test_tp_collectives_through_dtensor_are_charged_once_each():
     model = load_model("tiny")
     cpu = make_cluster(num_gpus=2, gpu="cpu")
     gpu = dataclasses.replace(cpu.gpu, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
-                              dtensor_collective_overhead_s=1e-3, dtensor_collective_op_overhead_s=())
+                              dtensor_collective_overhead_s=1e-3)
     cluster = dataclasses.replace(cpu, gpu=gpu)
     assert make_cluster(num_gpus=2, gpu="cpu").gpu.dtensor_collective_overhead_s > 0
     assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.dtensor_collective_overhead_s == 0
@@ -118,17 +118,13 @@ def test_tp_collectives_through_dtensor_are_charged_once_each():
     for framework in ("megatron", "deepspeed"):  # no DTensors: nothing charged
         plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64, framework=framework)
         assert block_host_s(model, cluster, plan) == edge_host_s(model, cluster, plan) == 0
-    # each kind of collective at its own probed cost: with SP a reduction is an all-gather + reduce-scatter
-    costs = {"all_gather": 4e-3, "reduce_scatter": 2e-3, "all_reduce": 1e-3}
-    per_op = dataclasses.replace(cluster, gpu=dataclasses.replace(
-        gpu, dtensor_collective_op_overhead_s=tuple(costs.items())))
+    # one cost for every kind: with SP a reduction is two calls (an all-gather and a reduce-scatter)
     plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64)
-    assert block_host_s(model, per_op, plan) == pytest.approx(4 * 1e-3)
-    assert edge_host_s(model, per_op, plan) == pytest.approx(2 * 1e-3 + 4e-3)  # embedding, head; logits
+    assert block_host_s(model, cluster, plan) == pytest.approx(4 * 1e-3)
+    assert edge_host_s(model, cluster, plan) == pytest.approx(2 * 1e-3 + 1e-3)  # embedding, head; logits
     sp = plan.replace(sequence_parallel=True)
-    assert block_host_s(model, per_op, sp) == pytest.approx(4 * 6e-3)
-    assert edge_host_s(model, per_op, sp) == pytest.approx(2 * 6e-3 + 4e-3)
-    assert make_cluster(num_gpus=2, gpu="cpu").gpu.dtensor_call_s("all_gather") > 0
+    assert block_host_s(model, cluster, sp) == pytest.approx(4 * 2e-3)
+    assert edge_host_s(model, cluster, sp) == pytest.approx(2 * 2e-3 + 1e-3)
 
 
 def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():
