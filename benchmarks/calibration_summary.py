@@ -209,9 +209,12 @@ def probe_drift_table() -> list[str]:
     folders = [RESULTS / "profiles"] + sorted((RESULTS / "probe_repeats").glob("*"))
     finished = (_load("landscape_meta.json") or {}).get("finished", "?")
     lines = ["What the probes read on 4 ranks. A probe describes the machine when it ran; the landscape "
-             f"finished {finished}. A profile of another day prices the landscape with that day's host times "
-             "(the fit moves the efficiencies and the latency, not the host times).", "",
-             "| probe | measured | sweeps | host us / op | us / DTensor op | DTensor all-gather extra us | "
+             f"finished {finished}. A profile of another day prices the landscape with that day's host "
+             "times, which the fit can move only together (one host scale). The DTensor collective column is "
+             "the extra host time of a TP collective issued through DTensor, the median of the three kinds "
+             "that the model charges, and in brackets all-gather / reduce-scatter / all-reduce, which do not "
+             "keep their order from probe to probe.", "",
+             "| probe | measured | sweeps | host us / op | us / DTensor op | DTensor collective extra us | "
              "1F1B action us | all-reduce alpha us | GEMM peak GFLOP/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for folder in folders:
@@ -224,10 +227,17 @@ def probe_drift_table() -> list[str]:
         name = "committed" if folder.name == "profiles" else f"repeat {folder.name}"
         lines.append(f"| {name} | {doc['measured']} | {sweeps} | {g['op_overhead_us']:.1f} | "
                      f"{g['dtensor_op_overhead_us']:.0f} | "
-                     f"{g['dtensor_collective_op_overhead_us']['all_gather']:.0f} | "
+                     f"{_dtensor_collective_text(doc)} | "
                      f"{g['pipeline_action_us']['1f1b']:.0f} | {doc['intra_node_link']['latency_us']:.0f} | "
                      f"{g['fp32_tflops'] * 1e3:.1f} |")
     return lines + [""]
+
+
+def _dtensor_collective_text(doc: dict[str, Any]) -> str:
+    extra = doc["measurements"]["op_overhead"]["dtensor_collective_extra_s"]
+    kinds = " / ".join(f"{max(0.0, extra[k]) * 1e6:.0f}"
+                       for k in ("all_gather", "reduce_scatter", "all_reduce"))
+    return f"{doc['gpu_overrides']['dtensor_collective_overhead_us']:.0f} ({kinds})"
 
 
 def _splits(d: dict[str, Any] | None) -> str:
