@@ -230,6 +230,7 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
         raise ValueError(f"a fit needs at least 2 measured plans, got {len(observations)}")
     start = Factors.of(cluster)
     n = len(observations)
+    slowest_s = max(o.measured_s for o in observations)
     factors, rss = _fit_set(model, cluster, observations, BASE, start)
     names: tuple[str, ...] = BASE
     for group in EXTRAS:
@@ -241,7 +242,7 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
         if n <= len(trial_names) and not force:
             continue
         f1, rss1 = _fit_set(model, cluster, observations, trial_names, factors)
-        if not force and _at_bound(f1, group, max(o.measured_s for o in observations)):
+        if not force and _at_bound(f1, group, slowest_s):
             continue
         if force or _aic(rss1, n, len(trial_names)) < _aic(rss, n, len(names)):
             factors, rss, names = f1, rss1, trial_names

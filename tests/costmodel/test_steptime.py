@@ -312,12 +312,11 @@ def test_sequence_parallel_reduces_the_partial_norm_gradients():
                       sharding="fsdp-full")
     _, norm_calls = sp_norm_grads(tiny, cpu, sp, tiny.num_layers, True)
     assert norm_calls == 4 * 9
-    one = cpu.gpu
-    with_norms = step_time(tiny, dataclasses.replace(cpu, gpu=one), sp)
-    plain = dataclasses.replace(cpu, gpu=dataclasses.replace(one, dtensor_collective_overhead_s=0.0))
+    with_norms = step_time(tiny, cpu, sp)
+    plain = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, dtensor_collective_overhead_s=0.0))
     calls = sp.num_microbatches * sum(tp_calls(tiny, sp)) + norm_calls  # the blocks' and edges' TP calls too
     assert with_norms.overhead_s - step_time(tiny, plain, sp).overhead_s == pytest.approx(
-        calls * one.dtensor_collective_overhead_s)
+        calls * cpu.gpu.dtensor_collective_overhead_s)
     pp = ParallelPlan(tp=2, pp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True)
     assert sp_norm_grads(tiny, cpu, pp, 2, False)[0] < sp_norm_grads(tiny, cpu, pp, 2, True)[0]
 
