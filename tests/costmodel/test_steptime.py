@@ -215,8 +215,8 @@ def test_published_runs_within_bounds():
 
 def test_pipelined_fsdp_reduces_once_per_step_and_gathers_m_plus_1_times():
     """torch 2.13 pipelining + FSDP2 (``states.defers_grad_reduce``; counted on real trial stages by
-    tests/costmodel/test_memory.py::test_pipelined_fsdp_keeps_the_stage_unsharded_as_torch_does): per step
-    the stage is all-gathered ``m + 1`` times (fsdp-full, hsdp) or once (fsdp-grad-op) and reduce-scattered
+    test_memory_pipelined_fsdp.py::test_pipelined_fsdp_keeps_the_stage_unsharded_as_torch_does): per step the
+    stage is all-gathered ``m + 1`` times (fsdp-full, hsdp) or once (fsdp-grad-op) and reduce-scattered
     once, in ``perform_reduce_grad`` after the last backward (torch/distributed/pipelining/stage.py), whose
     ``finalize_backward`` makes the compute stream wait: the reduction is exposed. FSDP2's replicate
     (sharding none) all-reduces there too."""
