@@ -12,6 +12,8 @@ Usage:  python benchmarks/calibration_summary.py
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,12 +69,15 @@ def _pipeline_text(g: dict[str, Any]) -> str:
 
 
 def _repeats(meta: dict[str, Any]) -> str:
-    """The repeats per plan, per cell where they differ."""
-    per_cell = {c["cell"]: c.get("repeats", meta.get("repeats", 2)) for c in meta["cells"]}
-    counts = sorted(set(per_cell.values()))
-    if len(counts) <= 1:
-        return str(counts[0] if counts else meta.get("repeats", 2))
-    return " / ".join(f"{n} ({', '.join(c for c, k in per_cell.items() if k == n)})" for n in counts)
+    """Repeats per plan x measured steps per run, per group of cells where they differ."""
+    def runs(c: dict[str, Any]) -> str:
+        steps = c.get("measure_steps", meta.get("measure_steps", 8))
+        return f"{c.get('repeats', meta.get('repeats', 2))} repeats x {steps}"
+    per_cell = {c["cell"]: runs(c) for c in meta["cells"]}
+    kinds = sorted(set(per_cell.values()))
+    if len(kinds) <= 1:
+        return kinds[0] if kinds else runs({})
+    return " / ".join(f"{k} ({', '.join(c for c, v in per_cell.items() if v == k)})" for k in kinds)
 
 
 def landscape_section() -> list[str]:
@@ -83,8 +88,8 @@ def landscape_section() -> list[str]:
         "## 2. Measured landscape (`python benchmarks/landscape.py`)",
         "",
         f"Global batch 2 sequences per rank x seq-len {meta.get('seq_len', 64)}, "
-        f"{meta.get('warmup_steps', 2)} warm-up + {meta.get('measure_steps', 3)} measured steps per run, "
-        f"{_repeats(meta)} repeats (in passes, every other one in reverse order). Cut dimensions: {cuts} "
+        f"{meta.get('warmup_steps', 2)} warm-up steps, then {_repeats(meta)} measured steps per run "
+        f"(repeats in passes, every other one in reverse order). Cut dimensions: {cuts} "
         "(reasons in landscape.py). Measured step time = median over repeats of each run's median step. "
         "Every plan runs through the trial worker's own run_trial (benchmarks/_landscape_worker.py) in its "
         "own torchrun launch, as autotune search runs a trial (a process that ran trials one after another "
@@ -112,7 +117,7 @@ def landscape_section() -> list[str]:
             f"| {cell} | {c.get('num_legal', len(rows))} | {len(ok)} "
             f"({sum(len(r['runs']) >= 2 for r in ok)}) | "
             f"{len(failed)} | {sum(r['status'] == 'not_measured' for r in rows)} | {c.get('num_runs', '')} | "
-            f"{c.get('first_run', '')[11:16]} - {c.get('last_run', '')[11:16]} | "
+            f"{c.get('first_run', '')[5:16]} - {c.get('last_run', '')[11:16]} | "
             f"{load.get('min', 0):.1f} / {load.get('median', 0):.1f} / {load.get('max', 0):.1f} | "
             f"{best_txt} | {best['step_time_s'] * 1e3:.0f} ms |"
             if best
@@ -141,7 +146,7 @@ def fidelity_section() -> list[str]:
         "",
         "Fit on a random half of each cell's plans, reported on that half and on the held-out half; "
         "'fit all' fits every plan; the repeat ceiling is repeat 1 against repeat 2 of the same plans "
-        "(with 4 repeats, the median of repeats 1-2 against that of 3-4). "
+        "(with 4 or 8 repeats, the median of the first half of them against that of the second). "
         "Targets: tau >= 0.8 and MAPE <= 10 % after calibration. Fitted factors no plan depends on are "
         "left out (on the CPU device no collective overlaps compute, so the DP overlap has no effect there). "
         "The extra factors enter only where the AIC asks for them and the fit does not end on a search limit "
@@ -193,23 +198,44 @@ def fidelity_repeat_section(fid: dict[str, Any]) -> list[str]:
              "--profiles DIR --out FILE`; profiles under `results/probe_repeats/`), probe-profile base, "
              "held-out tau / MAPE, median of the splits:", "",
              "| cell | " + " | ".join(name for name, _ in runs) + " |", "|---|" + "---|" * len(runs)]
+    pairs = probe_pairs(fid)
     for c in (c for c in fid["cells"] if c["base"] != "catalog cpu" and c.get("held_out_splits")):
-        cols = []
-        for _, r in runs:
-            other = next((o for o in r["cells"]
-                          if o["cell"] == c["cell"] and o["base"] != "catalog cpu"), None)
-            s = other and other.get("held_out_splits")
-            cols.append(f"{s['kendall_tau']['median']:+.2f} / {s['mape']['median']:.1%}" if s else "n/a")
+        cols = [f"{s['kendall_tau']['median']:+.2f} / {s['mape']['median']:.1%}" if s else "n/a"
+                for s in (pairs.get((c["cell"], name)) for name, _ in runs)]
         lines.append(f"| {c['cell']} | " + " | ".join(cols) + " |")
-    return lines + [""] + probe_drift_table()
+    return lines + ["", probe_pairs_text(pairs), ""] + probe_drift_table()
+
+
+def probe_pairs(fid: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(cell, probe run) -> held-out splits of the probe-profile base, committed and repeated probes."""
+    return {(o["cell"], name): o["held_out_splits"] for name, r in _with_repeats(fid, "fidelity_probe")
+            for o in r["cells"] if o["base"] != "catalog cpu" and o.get("held_out_splits")}
+
+
+def probe_pairs_text(pairs: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """How many cell x probe pairs meet both targets, the mean and the worst MAPE."""
+    if not pairs:
+        return ""
+    ok, mean, (cell, probe, worst) = _pairs_stats(pairs)
+    return (f"{ok} of {len(pairs)} cell x probe pairs meet both targets (tau >= 0.8 and MAPE <= 10 %); mean "
+            f"MAPE {mean:.1%}, worst {worst:.1%} ({cell}, {probe}).")
+
+
+def _pairs_stats(pairs: dict[tuple[str, str], dict[str, Any]]) -> tuple[int, float, tuple[str, str, float]]:
+    """(pairs meeting both targets, mean MAPE, (cell, probe run, MAPE) of the worst)."""
+    ok = sum(s["kendall_tau"]["median"] >= 0.8 and s["mape"]["median"] <= 0.10 for s in pairs.values())
+    (cell, probe), worst = max(pairs.items(), key=lambda kv: kv[1]["mape"]["median"])
+    mean = statistics.fmean(s["mape"]["median"] for s in pairs.values())
+    return ok, mean, (cell, probe.split(" (")[0], worst["mape"]["median"])
 
 
 def probe_drift_table() -> list[str]:
     """What each probe read on 4 ranks: a probe describes the machine on the day it ran."""
     folders = [RESULTS / "profiles"] + sorted((RESULTS / "probe_repeats").glob("*"))
-    finished = (_load("landscape_meta.json") or {}).get("finished", "?")
+    days = sorted({c["first_run"][:10] for c in (_load("landscape_meta.json") or {}).get("cells", [])})
     lines = ["What the probes read on 4 ranks. A probe describes the machine when it ran; the landscape "
-             f"finished {finished}. A profile of another day prices the landscape with that day's host "
+             f"was measured on {' and '.join(days) or '?'} (section 2). A profile of another day prices the "
+             "landscape with that day's host "
              "times, which the fit can move only together (one host scale). The DTensor collective column is "
              "the extra host time of a TP collective issued through DTensor, the median of the three kinds "
              "that the model charges, and in brackets all-gather / reduce-scatter / all-reduce, which do not "
@@ -410,6 +436,16 @@ def readme_block() -> str:
                 f"per cell | >= 0.8 / <= 10 % | tau {st[0]:.2f} - {st[-1]:.2f} "
                 f"({sum(t >= 0.8 for t in st)} of {len(st)}); MAPE {sm[0]:.1%} - {sm[-1]:.1%} "
                 f"({sum(m <= 0.10 for m in sm)} of {len(sm)}) |")
+    pairs = probe_pairs(fid)
+    if len({probe for _, probe in pairs}) > 1:
+        ok, mean, (cell, probe, worst) = _pairs_stats(pairs)
+        runs = sorted({probe for _, probe in pairs})
+        day = re.compile(r"\d{4}-\d\d-\d\d")
+        days = {m.group() for m in map(day.search, runs) if m}
+        lines.append(f"| CPU landscape, probe-profile base, each of {len(runs)} probe runs "
+                     f"({len(days)} days): held-out tau / MAPE, median of the splits, per cell "
+                     f"| >= 0.8 / <= 10 % | {ok} of {len(pairs)} cell x probe pairs; mean MAPE {mean:.1%}, "
+                     f"worst {worst:.1%} ({cell}, {probe}) |")
     for c in (c for c in fid["cells"] if c["cell"].startswith("h200")):
         lines += [
             f"| {c['cell']}: held-out MAPE before -> after the fit | | {c['before_held_out']['mape']:.0%} -> "

@@ -5,8 +5,8 @@ the median of its repeats. The plans are split in half at random (seeded); ``aut
 fitted on one half and Kendall tau and MAPE are reported on that half and on the held-out half, against the
 model before calibration (catalog ``cpu`` entry, and the probe profile when one exists for the rank count).
 The measurement's own ceiling is reported beside them: tau and MAPE of repeat 1 against repeat 2 of the
-same plans, with 4 repeats of the median of repeats 1-2 against that of 3-4 (no model can rank plans better
-than the measurement ranks itself). The same is done on the H200 trials of
+same plans, with 4 or 8 repeats the median of the first half of them against that of the second (no model
+can rank plans better than the measurement ranks itself). The same is done on the H200 trials of
 benchmarks/results/gpu_validate.json (``gpu_cells``).
 
 The held-out half of a cell is 6-15 plans, so one split's tau and MAPE move with the split: every cell is also
@@ -52,8 +52,8 @@ def _observations(rows: list[dict[str, Any]]) -> list[Observation]:
 
 
 def repeat_ceiling(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """tau and MAPE of one measurement of the plans against another: repeat 1 against repeat 2, or with 4
-    repeats the median of repeats 1-2 against that of 3-4 (plans measured ok that often)."""
+    """tau and MAPE of one measurement of the plans against another: the median of the first half of each
+    plan's repeats against that of the second (repeat 1 against 2; with 4, repeats 1-2 against 3-4)."""
     pairs = [_halves([run["step_time_s"] for run in r["runs"]]) for r in rows
              if r["status"] == "ok" and len(r["runs"]) >= 2]
     if len(pairs) < 2:
@@ -67,9 +67,9 @@ def repeat_ceiling(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _halves(times: list[float]) -> tuple[float, float]:
-    if len(times) >= 4:
-        return statistics.median(times[:2]), statistics.median(times[2:4])
-    return times[0], times[1]
+    """The median of the first half of the repeats and that of the second (an odd last repeat left out)."""
+    half = len(times) // 2
+    return statistics.median(times[:half]), statistics.median(times[half:2 * half])
 
 
 def evaluate(cell: str, seed: int, profile: Path | None) -> dict[str, Any] | None:

@@ -18,7 +18,12 @@ launch, as ``autotune search`` runs a trial (``_next_launch`` says why). Repeats
 then reversed, again) so load drift does not favour a plan, and all of a cell's in one session: two more
 repeats of the 2-rank cells measured 3 h after the first two read 0.92-1.47x them, median 1.04-1.16x per cell
 (2026-12-01; runs/landscape/two-sessions). The 2-rank cells are measured with ``--repeats 4`` (a run costs
-seconds there, and their held-out halves are 6-8 plans), the 4-rank cells with 2. The torchrun cells were
+seconds there, and their held-out halves are 6-8 plans), the 4-rank cells with 2. tiny-2-torchrun, whose steps
+are 35-370 ms, was measured again alone on 2026-12-03 with ``--repeats 8 --measure-steps 16``: at 4 x 8 its
+repeats differed by 12-60 % per plan and the median of repeats 1-2 read 13 % (MAPE) from that of 3-4, which
+no model fitted to it can beat; at 8 x 16 the halves read 5.9 % apart. That day the cell read 1.01-1.46x its
+12-01 times (median 1.27x), unevenly over plans, so the cell is compared with a probe of the same day
+(``probe_repeats/6``) as well as the committed one. The torchrun cells were
 measured again, whole, after the trainer stopped reducing SP's norm gradients 3 times per norm in AdamW
 (``trials.train.reduce_partial_grads``): TP + SP plans without DP read 0.73-0.90x their old time (cell
 medians), the plans the change does not touch 0.85-1.00x (runs/landscape/before-sp-reduce).
@@ -26,6 +31,7 @@ Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one lin
 run with its load average, the median step time) and ``landscape_meta.json``.
 
 Usage:  python benchmarks/landscape.py [--repeats 2] [--measure-steps 8] [--budget-min 45] [--cells ...]
+        python benchmarks/landscape.py --cells tiny-2-torchrun --repeats 8 --measure-steps 16  (as committed)
         (resumes from runs/landscape/*.raw.jsonl; ``--budget-min 0`` only rewrites the result files)
 """
 
@@ -187,7 +193,8 @@ def measure_cell(cell: str, repeats: int, deadline: float,
     _write(cell, plans, records)
     loads = sorted(r["load_avg"][0] for r in records) or [math.nan]
     times = [r["time"] for r in records] or [math.nan]
-    return {"cell": cell, "repeats": repeats, "num_legal": ranking.num_legal, "num_plans": len(plans),
+    return {"cell": cell, "repeats": repeats, "measure_steps": measure_steps, "num_legal": ranking.num_legal,
+            "num_plans": len(plans),
             "num_runs": len(records),
             "runs_ok": sum(r["status"] == "ok" for r in records), "first_run": _stamp(min(times)),
             "last_run": _stamp(max(times)), "measuring_s": max(times) - min(times),
@@ -236,7 +243,9 @@ def main() -> None:
     meta_path = RESULTS / "landscape_meta.json"
     if meta_path.exists() and args.cells != ",".join(CELLS):  # a partial rerun keeps the other cells' rows
         old = json.loads(meta_path.read_text())
-        keep = [{"repeats": old.get("repeats", 2), **c} for c in old.get("cells", [])
+        keep = [{"repeats": old.get("repeats", 2), "measure_steps": old.get("measure_steps", MEASURE_STEPS),
+                 **c}
+                for c in old.get("cells", [])
                 if c["cell"] not in args.cells.split(",")]
         meta["cells"] = sorted(keep + cells, key=lambda c: CELLS.index(c["cell"]))
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
