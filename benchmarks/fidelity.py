@@ -17,7 +17,7 @@ The probe is noisy on this VM, so the probe-profile rows are also computed from 
 (``--profiles benchmarks/results/probe_repeats/N --out FILE``; only the profile rows are written then, as the
 catalog rows do not depend on a profile).
 
-Usage:  python benchmarks/fidelity.py [--seed 0] [--splits 10] [--profiles DIR --out FILE]
+Usage:  python benchmarks/fidelity.py [--seed 0] [--splits 10] [--profiles DIR --out FILE] [--cells A,B]
 """
 
 from __future__ import annotations
@@ -33,7 +33,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from landscape import CELLS, RESULTS, ROOT, cell_ranking, load_landscape, result_path  # noqa: E402
+from landscape import (  # noqa: E402
+    CELLS,
+    RESULTS,
+    ROOT,
+    cell_ranking,
+    load_landscape,
+    replace_cells,
+    result_path,
+)
 
 from autotune.calibrate import Observation, fidelity, fit, kendall_tau  # noqa: E402
 from autotune.catalog import make_cluster  # noqa: E402
@@ -149,10 +157,15 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=10, help="random halvings for the held-out median")
     ap.add_argument("--profiles", type=Path, default=PROFILES, help="where cpu-<N>rank.yaml are")
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity.json")
+    ap.add_argument("--cells", default=",".join(CELLS),
+                    help="only these (comma-separated); the other cells' rows of --out are kept")
     args = ap.parse_args()
     repeat = args.profiles.resolve() != PROFILES.resolve()
+    only = args.cells.split(",")
+    if unknown := sorted(set(only) - set(CELLS)):
+        ap.error(f"--cells: unknown cell {unknown[0]!r}; cells: {', '.join(CELLS)}")
     cells = []
-    for cell in CELLS:
+    for cell in only:
         if not result_path(cell).exists():
             continue
         rows = load_landscape(cell)
@@ -173,7 +186,9 @@ def main() -> None:
                     for k in ("before_held_out", "after_held_out", "after_all_fit_all")
                 },
             )
-    if not repeat:
+    if only != list(CELLS):
+        cells = replace_cells(args.out, "cells", cells, only)
+    elif not repeat:
         cells += gpu_cells(args.seed)
     profiles = str(args.profiles.resolve().relative_to(ROOT))
     out = {"seed": args.seed, "splits": args.splits, "profiles": profiles, "cells": cells}

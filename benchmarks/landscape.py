@@ -108,6 +108,15 @@ def load_landscape(cell: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in result_path(cell).read_text().splitlines() if line.strip()]
 
 
+def replace_cells(out: Path, key: str, rows: list[dict[str, Any]], cells: list[str]) -> list[dict[str, Any]]:
+    """``rows`` (of ``cells``) with the other cells' rows of the result file ``out`` (its list ``key``) kept,
+    in ``CELLS`` order: a partial rerun after one cell was measured again."""
+    old = json.loads(out.read_text())[key] if out.exists() else []
+    kept = [r for r in old if r["cell"] not in cells]
+    order = {c: i for i, c in enumerate(CELLS)}
+    return sorted(kept + rows, key=lambda r: order.get(r["cell"], len(order)))  # stable sort
+
+
 def _todo(cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[str, int]],
           measure_steps: int) -> list[dict]:
     model = load_model(cell.split("-")[0])

@@ -24,7 +24,7 @@ so a replay is cheap, repeatable and the same for every strategy. Strategies:
   experiment DeepSpeed already ran is cached (its scheduler skips it). All strategies also run on that
   subspace.
 
-Usage:  python benchmarks/search_replay.py [--seeds 20] [--profiles DIR] [--out FILE]
+Usage:  python benchmarks/search_replay.py [--seeds 20] [--profiles DIR] [--out FILE] [--cells A,B]
 """
 
 from __future__ import annotations
@@ -43,7 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import optuna  # noqa: E402
-from landscape import CELLS, RESULTS, cell_ranking, load_landscape, plan_key, result_path  # noqa: E402
+from landscape import (  # noqa: E402
+    CELLS,
+    RESULTS,
+    cell_ranking,
+    load_landscape,
+    plan_key,
+    replace_cells,
+    result_path,
+)
 from optuna.trial import TrialState  # noqa: E402
 
 from autotune.backends.base import TrialRequest  # noqa: E402
@@ -272,10 +280,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "search_replay.json")
     ap.add_argument("--profiles", type=Path, default=PROFILES,
                     help="directory of the probe profiles cpu-<N>rank.yaml (autotune_profile)")
+    ap.add_argument("--cells", default=",".join(CELLS),
+                    help="only these (comma-separated); the other cells' rows of --out are kept")
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    only = args.cells.split(",")
+    if unknown := sorted(set(only) - set(CELLS)):
+        ap.error(f"--cells: unknown cell {unknown[0]!r}; cells: {', '.join(CELLS)}")
     results = []
-    for cell in CELLS:
+    for cell in only:
         for subspace in (False, True) if cell.endswith("deepspeed") else (False,):
             res = replay_cell(cell, args.seeds, subspace, args.profiles)
             if res:
@@ -283,6 +296,8 @@ def main() -> None:
                 print(cell, res["space"], {k: res[k]["median_trials"] for k in
                                            ("autotune", "autotune_profile", "autotune_recalibrate", "tpe",
                                             "random", "grid", "deepspeed") if res.get(k)})
+    if only != list(CELLS):
+        results = replace_cells(args.out, "cells", results, only)
     args.out.write_text(json.dumps({"within": WITHIN, "seeds": args.seeds, "top_k": TOP_K,
                                     "profiles": str(args.profiles), "cells": results}, indent=2) + "\n")
 
