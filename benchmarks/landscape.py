@@ -23,10 +23,12 @@ are 35-370 ms, was measured again alone on 2026-12-03 with ``--repeats 8 --measu
 repeats differed by 12-60 % per plan and the median of repeats 1-2 read 13 % (MAPE) from that of 3-4, which
 no model fitted to it can beat; at 8 x 16 the halves read 5.9 % apart. That day the cell read 1.01-1.46x its
 12-01 times (median 1.27x), unevenly over plans, so the cell is compared with a probe of the same day
-(``probe_repeats/6``) as well as the committed one. The torchrun cells were
-measured again, whole, after the trainer stopped reducing SP's norm gradients 3 times per norm in AdamW
-(``trials.train.reduce_partial_grads``): TP + SP plans without DP read 0.73-0.90x their old time (cell
-medians), the plans the change does not touch 0.85-1.00x (runs/landscape/before-sp-reduce).
+(``probe_repeats/6``) as well as the committed one. tiny-4-torchrun was measured again on 12-03 too, with
+``--repeats 3`` (3 whole passes, 174 runs in 46 min; a fourth pass did not fit the session): it read 0.92-2.0x
+its 12-01 times (median 1.36x) and noisier (repeat 1 against 2: 15 % MAPE, 8.8 % on 12-01).
+The torchrun cells were measured again, whole, after the trainer stopped reducing SP's norm gradients 3 times
+per norm in AdamW (``trials.train.reduce_partial_grads``): TP + SP plans without DP read 0.73-0.90x their old
+time (cell medians), the plans the change does not touch 0.85-1.00x (runs/landscape/before-sp-reduce).
 Writes ``benchmarks/results/landscape_<model>_<n>rank_<backend>.jsonl`` (one line per plan: the plan, every
 run with its load average, the median step time) and ``landscape_meta.json``.
 
