@@ -205,8 +205,7 @@ def measure_cell(cell: str, repeats: int, deadline: float,
     loads = sorted(r["load_avg"][0] for r in records) or [math.nan]
     times = [r["time"] for r in records] or [math.nan]
     return {"cell": cell, "repeats": repeats, "measure_steps": measure_steps, "num_legal": ranking.num_legal,
-            "num_plans": len(plans),
-            "num_runs": len(records),
+            "num_plans": len(plans), "num_runs": len(records),
             "runs_ok": sum(r["status"] == "ok" for r in records), "first_run": _stamp(min(times)),
             "last_run": _stamp(max(times)), "measuring_s": max(times) - min(times),
             "load_avg_1min": {"min": loads[0], "median": statistics.median(loads), "max": loads[-1]}}
@@ -253,12 +252,10 @@ def main() -> None:
             "python": platform.python_version(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     meta_path = RESULTS / "landscape_meta.json"
     if meta_path.exists() and args.cells != ",".join(CELLS):  # a partial rerun keeps the other cells' rows
-        old = json.loads(meta_path.read_text())
-        keep = [{"repeats": old.get("repeats", 2), "measure_steps": old.get("measure_steps", MEASURE_STEPS),
-                 **c}
-                for c in old.get("cells", [])
-                if c["cell"] not in args.cells.split(",")]
-        meta["cells"] = sorted(keep + cells, key=lambda c: CELLS.index(c["cell"]))
+        old = json.loads(meta_path.read_text())  # older files kept repeats and steps once for every cell
+        legacy = {"repeats": old.get("repeats", 2), "measure_steps": old.get("measure_steps", MEASURE_STEPS)}
+        meta["cells"] = [c if c in cells else {**legacy, **c}
+                         for c in replace_cells(meta_path, "cells", cells, args.cells.split(","))]
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     for c in cells:
         rows = load_landscape(c["cell"])
