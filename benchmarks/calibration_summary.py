@@ -3,7 +3,7 @@
 Reads (never measures): profiles/cpu-*rank.yaml (``autotune probe``), landscape_meta.json +
 landscape_*.jsonl (benchmarks/landscape.py), fidelity.json (fidelity.py), search_replay.json
 (search_replay.py), llm_analysis_compare.json (llm_analysis_compare.py), ds_autotuning.json
-(ds_autotuning.py).
+(ds_autotuning.py); the probe sections and the repeated-probe rows are in probe_runs.py.
 The README block between ``<!-- calibration:begin -->`` and ``<!-- calibration:end -->`` is replaced.
 
 Usage:  python benchmarks/calibration_summary.py
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from landscape import CELLS, CUTS, load_landscape, result_path  # noqa: E402
+from probe_runs import (  # noqa: E402
+    fidelity_repeat_section,
+    pairs_stats,
+    probe_pairs,
+    probe_section,
+    with_repeats,
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
-HOST_KEYS = (("op_overhead_us", "host time per eager operator"),
-             ("dtensor_op_overhead_us", "per DTensor operator"),
-             ("dtensor_collective_overhead_us", "per TP collective via DTensor beyond the direct call"))
 STRATEGIES = ("autotune", "autotune_profile", "autotune_recalibrate", "tpe", "random", "grid", "deepspeed")
 
 
@@ -41,31 +44,6 @@ def _tau(d: dict[str, Any] | None) -> str:
     if not d or d.get("kendall_tau") is None:
         return "n/a"
     return f"{d['kendall_tau']:+.2f} / {d['mape']:.0%}"
-
-
-def probe_section() -> list[str]:
-    lines = ["## 1. Probe (`autotune probe --device cpu --nproc N`)", ""]
-    for path in sorted((RESULTS / "profiles").glob("cpu-*.yaml")):
-        p = yaml.safe_load(path.read_text())
-        s, g = p["summary"], p["gpu_overrides"]
-        link = p.get("intra_node_link", {})
-        lines += [
-            f"**{p['name']}** ({p['measured']}; {p['source']}): best GEMM "
-            + ", ".join(f"{k} {v * 1e3:.1f} GFLOP/s" for k, v in s["best_gemm_tflops"].items())
-            + f", gemm_efficiency {g['gemm_efficiency']:.2f}; copy {s['copy_gb_s']:.1f} GB/s; all-reduce "
-            f"alpha-beta fit {link.get('bw_gb_s', 0):.2f} GB/s, {link.get('latency_us', 0):.0f} us per ring "
-            "step. Peak busbw: " + ", ".join(f"{k} {v:.2f} GB/s" for k, v in s["peak_busbw_gb_s"].items())
-            + "".join(f"; {label} {g[key]:.1f} us" for key, label in HOST_KEYS if key in g)
-            + _pipeline_text(g),
-            "",
-        ]
-    return lines
-
-
-def _pipeline_text(g: dict[str, Any]) -> str:
-    actions = g.get("pipeline_action_us")
-    return "; per pipeline schedule action " + ", ".join(f"{k} {v:.0f} us" for k, v in actions.items()) \
-        if actions else ""
 
 
 def _repeats(meta: dict[str, Any]) -> str:
@@ -171,101 +149,6 @@ def fidelity_section() -> list[str]:
     return lines + [""] + fidelity_repeat_section(fid)
 
 
-def _with_repeats(committed: dict[str, Any], prefix: str) -> list[tuple[str, dict[str, Any]]]:
-    """The committed result and those computed from repeated probes (``<prefix>N.json``), named with the day
-    the probe ran and its collective sweeps."""
-    return [(f"committed profiles {_probe_run(RESULTS / 'profiles')}", committed)] + [
-        (f"probe repeat {n} {_probe_run(RESULTS / 'probe_repeats' / n)}", json.loads(p.read_text()))
-        for p in sorted(RESULTS.glob(f"{prefix}*.json")) for n in [p.stem.removeprefix(prefix)]]
-
-
-def _probe_run(folder: Path) -> str:
-    """``(2026-12-02, 3 sweeps)`` of the 4-rank profile in ``folder``."""
-    path = folder / "cpu-4rank.yaml"
-    if not path.exists():
-        return ""
-    doc = yaml.safe_load(path.read_text())
-    sweeps = len(doc["measurements"]["collectives"][0].get("sweeps_s") or [0])
-    return f"({doc['measured'][:10]}, {sweeps} sweep{'s' * (sweeps > 1)})"
-
-
-def fidelity_repeat_section(fid: dict[str, Any]) -> list[str]:
-    """The probe-profile rows with the committed profiles and with repeated probes (fidelity_probe*.json)."""
-    runs = _with_repeats(fid, "fidelity_probe")
-    if len(runs) < 2:
-        return []
-    lines = ["The same with the profiles of repeated `autotune probe` runs (`python benchmarks/fidelity.py "
-             "--profiles DIR --out FILE`; profiles under `results/probe_repeats/`), probe-profile base, "
-             "held-out tau / MAPE, median of the splits:", "",
-             "| cell | " + " | ".join(name for name, _ in runs) + " |", "|---|" + "---|" * len(runs)]
-    pairs = probe_pairs(fid)
-    for c in (c for c in fid["cells"] if c["base"] != "catalog cpu" and c.get("held_out_splits")):
-        cols = [f"{s['kendall_tau']['median']:+.2f} / {s['mape']['median']:.1%}" if s else "n/a"
-                for s in (pairs.get((c["cell"], name)) for name, _ in runs)]
-        lines.append(f"| {c['cell']} | " + " | ".join(cols) + " |")
-    return lines + ["", probe_pairs_text(pairs), ""] + probe_drift_table()
-
-
-def probe_pairs(fid: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(cell, probe run) -> held-out splits of the probe-profile base, committed and repeated probes."""
-    return {(o["cell"], name): o["held_out_splits"] for name, r in _with_repeats(fid, "fidelity_probe")
-            for o in r["cells"] if o["base"] != "catalog cpu" and o.get("held_out_splits")}
-
-
-def probe_pairs_text(pairs: dict[tuple[str, str], dict[str, Any]]) -> str:
-    """How many cell x probe pairs meet both targets, the mean and the worst MAPE."""
-    if not pairs:
-        return ""
-    ok, mean, (cell, probe, worst) = _pairs_stats(pairs)
-    return (f"{ok} of {len(pairs)} cell x probe pairs meet both targets (tau >= 0.8 and MAPE <= 10 %); mean "
-            f"MAPE {mean:.1%}, worst {worst:.1%} ({cell}, {probe}).")
-
-
-def _pairs_stats(pairs: dict[tuple[str, str], dict[str, Any]]) -> tuple[int, float, tuple[str, str, float]]:
-    """(pairs meeting both targets, mean MAPE, (cell, probe run, MAPE) of the worst)."""
-    ok = sum(s["kendall_tau"]["median"] >= 0.8 and s["mape"]["median"] <= 0.10 for s in pairs.values())
-    (cell, probe), worst = max(pairs.items(), key=lambda kv: kv[1]["mape"]["median"])
-    mean = statistics.fmean(s["mape"]["median"] for s in pairs.values())
-    return ok, mean, (cell, probe.split(" (")[0], worst["mape"]["median"])
-
-
-def probe_drift_table() -> list[str]:
-    """What each probe read on 4 ranks: a probe describes the machine on the day it ran."""
-    folders = [RESULTS / "profiles"] + sorted((RESULTS / "probe_repeats").glob("*"))
-    days = sorted({c["first_run"][:10] for c in (_load("landscape_meta.json") or {}).get("cells", [])})
-    lines = ["What the probes read on 4 ranks. A probe describes the machine when it ran; the landscape "
-             f"was measured on {' and '.join(days) or '?'} (section 2). A profile of another day prices the "
-             "landscape with that day's host "
-             "times, which the fit can move only together (one host scale). The DTensor collective column is "
-             "the extra host time of a TP collective issued through DTensor, the median of the three kinds "
-             "that the model charges, and in brackets all-gather / reduce-scatter / all-reduce, which do not "
-             "keep their order from probe to probe.", "",
-             "| probe | measured | sweeps | host us / op | us / DTensor op | DTensor collective extra us | "
-             "1F1B action us | all-reduce alpha us | GEMM peak GFLOP/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for folder in folders:
-        path = folder / "cpu-4rank.yaml"
-        if not path.exists():
-            continue
-        doc = yaml.safe_load(path.read_text())
-        g = doc["gpu_overrides"]
-        sweeps = len(doc["measurements"]["collectives"][0].get("sweeps_s") or [0])
-        name = "committed" if folder.name == "profiles" else f"repeat {folder.name}"
-        lines.append(f"| {name} | {doc['measured']} | {sweeps} | {g['op_overhead_us']:.1f} | "
-                     f"{g['dtensor_op_overhead_us']:.0f} | "
-                     f"{_dtensor_collective_text(doc)} | "
-                     f"{g['pipeline_action_us']['1f1b']:.0f} | {doc['intra_node_link']['latency_us']:.0f} | "
-                     f"{g['fp32_tflops'] * 1e3:.1f} |")
-    return lines + [""]
-
-
-def _dtensor_collective_text(doc: dict[str, Any]) -> str:
-    extra = doc["measurements"]["op_overhead"]["dtensor_collective_extra_s"]
-    kinds = " / ".join(f"{max(0.0, extra[k]) * 1e6:.0f}"
-                       for k in ("all_gather", "reduce_scatter", "all_reduce"))
-    return f"{doc['gpu_overrides']['dtensor_collective_overhead_us']:.0f} ({kinds})"
-
-
 def _splits(d: dict[str, Any] | None) -> str:
     if not d:
         return "n/a"
@@ -313,7 +196,7 @@ def replay_section() -> list[str]:
 def probe_repeat_section(rep: dict[str, Any]) -> list[str]:
     """``autotune_profile`` with the committed profiles and with repeated probes
     (search_replay_probe*.json)."""
-    runs = _with_repeats(rep, "search_replay_probe")
+    runs = with_repeats(rep, "search_replay_probe")
     if len(runs) < 2:
         return []
     profiles = [*RESULTS.glob("profiles/cpu-*.yaml"), *RESULTS.glob("probe_repeats/*/cpu-*.yaml")]
@@ -438,7 +321,7 @@ def readme_block() -> str:
                 f"({sum(m <= 0.10 for m in sm)} of {len(sm)}) |")
     pairs = probe_pairs(fid)
     if len({probe for _, probe in pairs}) > 1:
-        ok, mean, (cell, probe, worst) = _pairs_stats(pairs)
+        ok, mean, (cell, probe, worst) = pairs_stats(pairs)
         runs = sorted({probe for _, probe in pairs})
         day = re.compile(r"\d{4}-\d\d-\d\d")
         days = {m.group() for m in map(day.search, runs) if m}
