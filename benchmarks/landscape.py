@@ -26,6 +26,9 @@ no model fitted to it can beat; at 8 x 16 the halves read 5.9 % apart. That day 
 (``probe_repeats/6``) as well as the committed one. tiny-4-torchrun was measured again on 12-03 too, with
 ``--repeats 3`` (3 whole passes, 174 runs in 46 min; a fourth pass did not fit the session): it read 0.92-2.0x
 its 12-01 times (median 1.36x) and noisier (repeat 1 against 2: 15 % MAPE, 8.8 % on 12-01).
+small-4-torchrun was measured again on 12-03 with ``--repeats 3`` and then ``--repeats 4`` (one more
+pass, reversed; 240 runs in 98 min): it read 1.00-1.58x its 12-01 times (median 1.31x) and noisier (repeat 1
+against 2: 13 % MAPE, 7 % on 12-01); the median of repeats 1-2 read 8.4 % from that of 3-4.
 The torchrun cells were measured again, whole, after the trainer stopped reducing SP's norm gradients 3 times
 per norm in AdamW (``trials.train.reduce_partial_grads``): TP + SP plans without DP read 0.73-0.90x their old
 time (cell medians), the plans the change does not touch 0.85-1.00x (runs/landscape/before-sp-reduce).
@@ -34,6 +37,7 @@ run with its load average, the median step time) and ``landscape_meta.json``.
 
 Usage:  python benchmarks/landscape.py [--repeats 2] [--measure-steps 8] [--budget-min 45] [--cells ...]
         python benchmarks/landscape.py --cells tiny-2-torchrun --repeats 8 --measure-steps 16  (as committed)
+        python benchmarks/landscape.py --cells small-4-torchrun --repeats 4  (as committed)
         (resumes from runs/landscape/*.raw.jsonl; ``--budget-min 0`` only rewrites the result files)
 """
 
