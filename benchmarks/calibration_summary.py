@@ -11,7 +11,6 @@ Usage:  python benchmarks/calibration_summary.py
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
@@ -23,21 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from landscape import CELLS, CUTS, load_landscape, result_path  # noqa: E402
 from probe_runs import (  # noqa: E402
+    RESULTS,
     fidelity_repeat_section,
+    load_result,
     pairs_stats,
     probe_pairs,
     probe_section,
     with_repeats,
 )
 
-RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 STRATEGIES = ("autotune", "autotune_profile", "autotune_recalibrate", "tpe", "random", "grid", "deepspeed")
-
-
-def _load(name: str) -> Any:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _tau(d: dict[str, Any] | None) -> str:
@@ -59,7 +54,7 @@ def _repeats(meta: dict[str, Any]) -> str:
 
 
 def landscape_section() -> list[str]:
-    meta = _load("landscape_meta.json") or {"cells": []}
+    meta = load_result("landscape_meta.json") or {"cells": []}
     by_cell = {c["cell"]: c for c in meta["cells"]}
     cuts = "; ".join(f"{k}: {[getattr(v, 'value', v) for v in vs]}" for k, vs in CUTS.items())
     lines = [
@@ -118,7 +113,7 @@ def _plan_text(p: dict[str, Any]) -> str:
 
 
 def fidelity_section() -> list[str]:
-    fid = _load("fidelity.json") or {"cells": []}
+    fid = load_result("fidelity.json") or {"cells": []}
     lines = [
         "## 3. Fidelity: Kendall tau / MAPE of step time (`python benchmarks/fidelity.py`)",
         "",
@@ -165,7 +160,7 @@ def _factor(name: str, value: float) -> str:
 
 
 def replay_section() -> list[str]:
-    rep = _load("search_replay.json") or {"cells": []}
+    rep = load_result("search_replay.json") or {"cells": []}
     lines = [
         "## 4. Search efficiency on the landscape (`python benchmarks/search_replay.py`)",
         "",
@@ -223,7 +218,7 @@ def _num(x: float) -> str:
 
 
 def llm_analysis_section() -> list[str]:
-    cmp = _load("llm_analysis_compare.json")
+    cmp = load_result("llm_analysis_compare.json")
     if not cmp:
         return []
     s = cmp["stats"]
@@ -253,7 +248,7 @@ def llm_analysis_section() -> list[str]:
 
 
 def deepspeed_section() -> list[str]:
-    h2h = _load("ds_autotuning.json")
+    h2h = load_result("ds_autotuning.json")
     if not h2h:
         return [
             "## 6. DeepSpeed Autotuning head to head",
@@ -281,10 +276,10 @@ def deepspeed_section() -> list[str]:
 
 
 def readme_block() -> str:
-    fid = _load("fidelity.json") or {"cells": []}
-    rep = _load("search_replay.json") or {"cells": []}
-    cmp = _load("llm_analysis_compare.json")
-    h2h = _load("ds_autotuning.json")
+    fid = load_result("fidelity.json") or {"cells": []}
+    rep = load_result("search_replay.json") or {"cells": []}
+    cmp = load_result("llm_analysis_compare.json")
+    h2h = load_result("ds_autotuning.json")
     catalog = [c for c in fid["cells"] if c["base"] == "catalog cpu"]
     lines = [
         BEGIN,

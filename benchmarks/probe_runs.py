@@ -18,6 +18,12 @@ HOST_KEYS = (("op_overhead_us", "host time per eager operator"),
              ("dtensor_collective_overhead_us", "per TP collective via DTensor beyond the direct call"))
 
 
+def load_result(name: str) -> Any:
+    """A JSON result file under ``benchmarks/results``, or None where it has not been measured."""
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def probe_section() -> list[str]:
     lines = ["## 1. Probe (`autotune probe --device cpu --nproc N`)", ""]
     for path in sorted((RESULTS / "profiles").glob("cpu-*.yaml")):
@@ -104,7 +110,7 @@ def pairs_stats(pairs: dict[tuple[str, str], dict[str, Any]]) -> tuple[int, floa
 def probe_drift_table() -> list[str]:
     """What each probe read on 4 ranks: a probe describes the machine on the day it ran."""
     folders = [RESULTS / "profiles"] + sorted((RESULTS / "probe_repeats").glob("*"))
-    days = sorted({c["first_run"][:10] for c in _landscape_meta().get("cells", [])})
+    days = sorted({c["first_run"][:10] for c in (load_result("landscape_meta.json") or {}).get("cells", [])})
     lines = ["What the probes read on 4 ranks. A probe describes the machine when it ran; the landscape "
              f"was measured on {' and '.join(days) or '?'} (section 2). A profile of another day prices the "
              "landscape with that day's host "
@@ -136,8 +142,3 @@ def _dtensor_collective_text(doc: dict[str, Any]) -> str:
     kinds = " / ".join(f"{max(0.0, extra[k]) * 1e6:.0f}"
                        for k in ("all_gather", "reduce_scatter", "all_reduce"))
     return f"{doc['gpu_overrides']['dtensor_collective_overhead_us']:.0f} ({kinds})"
-
-
-def _landscape_meta() -> dict[str, Any]:
-    path = RESULTS / "landscape_meta.json"
-    return json.loads(path.read_text()) if path.exists() else {}
