@@ -44,8 +44,8 @@ from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
-           "keep_alive", "fail_stale", "describe_study", "study_setup", "make_setup", "model_from_dict",
-           "cluster_from_dict"]
+           "keep_alive", "fail_stale", "owner_dead_here", "requeue", "describe_study", "study_setup",
+           "make_setup", "model_from_dict", "cluster_from_dict"]
 
 DEFAULT_HEARTBEAT_S = 30
 """A RUNNING trial's heartbeat period; a dead worker's trial is failed ``GRACE_FACTOR`` periods later."""
@@ -142,6 +142,12 @@ def _start_ticks(pid: int) -> str | None:
         return None
 
 
+def owner_dead_here(trial: FrozenTrial) -> bool:
+    """The process that ran ``trial`` was on this host and is gone (its trial processes may not be)."""
+    owner = trial.system_attrs.get(_OWNER)
+    return owner is not None and _dead_here(owner)
+
+
 def _dead_here(owner: str) -> bool:
     """The trial's process ran on this host and is gone (no heartbeat grace needed to know it)."""
     host, pid, ticks = owner.rsplit(":", 2)
@@ -227,8 +233,13 @@ def _fail_and_retry(study: optuna.Study, trial: FrozenTrial) -> bool:
             return False
     except optuna.exceptions.UpdateFinishedTrialError:  # told meanwhile, or another worker failed it first
         return False
-    _retry_callback()(study, storage.get_trial(trial._trial_id))
+    requeue(study, storage.get_trial(trial._trial_id))
     return True
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a failed trial's plan again (WAITING; ``failed_trial`` names it), at most ``MAX_RETRY`` times."""
+    _retry_callback()(study, trial)
 
 
 def _failed(study: optuna.Study) -> set[int]:

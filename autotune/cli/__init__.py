@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from autotune import __version__
 from autotune.errors import AutotuneError
+from autotune.interrupt import Interrupted, signals_interrupt
 
 __all__ = ["main", "COMMANDS"]
 
@@ -79,13 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._command().run(args))
+        with signals_interrupt():  # SIGTERM/SIGHUP unwind like Ctrl-C: trials stopped, study updated
+            return int(args._command().run(args))
     except AutotuneError as e:
         print(f"autotune {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"autotune {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = f" by {e}" if isinstance(e, Interrupted) else ""
+        print(f"autotune {args.command}: interrupted{how}{getattr(e, 'resume_hint', '')}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Interrupted) else 130
     except BrokenPipeError:  # `autotune ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
