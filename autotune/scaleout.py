@@ -15,10 +15,10 @@ for it dies (SIGKILL, a preempted node), nobody tells it, so each trial is kept 
 (every ``heartbeat_s``) and every worker fails the trials whose heartbeat is older than the grace period
 (``GRACE_FACTOR x heartbeat_s``) before it asks for a new one; a trial whose process ran on this host (and
 PID namespace) and is gone is failed at once (``--resume`` right after a SIGKILL needs no grace). A
-failed trial is re-queued (WAITING, same plan) by Optuna's ``RetryHeartbeatStaleTrialCallback``, at most
-``MAX_RETRY`` times. RDB storages use Optuna's own heartbeat table (database clock); ``JournalStorage`` has
-none, so a journal trial carries its heartbeat in a system attribute (the hosts' clocks must agree to well
-within the grace period).
+failed trial is re-queued (WAITING, same plan) by ``requeue`` (Optuna's ``RetryHeartbeatStaleTrialCallback``
+less the failed try's constraints), at most ``MAX_RETRY`` times. RDB storages use Optuna's own heartbeat
+table (database clock); ``JournalStorage`` has none, so a journal trial carries its heartbeat in a system
+attribute (the hosts' clocks must agree to well within the grace period).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
@@ -79,7 +79,7 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
                               "skip_table_creation": not create}
     if heartbeat_s is not None:
         kwargs.update(heartbeat_interval=heartbeat_s, grace_period=GRACE_FACTOR * heartbeat_s,
-                      heartbeat_stale_trial_callback=_retry_callback())
+                      heartbeat_stale_trial_callback=requeue)
         # ask/tell is our loop (trials are subprocesses); keep_alive() beats for it, as optimize() would
         warnings.filterwarnings("ignore", message=_ASK_WARNING)
     with warnings.catch_warnings():
@@ -96,12 +96,6 @@ class _Journal(JournalStorage):
     def __init__(self, backend: JournalFileBackend, heartbeat_s: int | None) -> None:
         super().__init__(backend)
         self.autotune_heartbeat_s = heartbeat_s
-
-
-def _retry_callback() -> RetryHeartbeatStaleTrialCallback:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
 
 
 def _beat_period(storage: Any) -> tuple[int | None, bool]:
@@ -238,8 +232,18 @@ def _fail_and_retry(study: optuna.Study, trial: FrozenTrial) -> bool:
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Queue a failed trial's plan again (WAITING; ``failed_trial`` names it), at most ``MAX_RETRY`` times."""
-    _retry_callback()(study, trial)
+    """Queue a failed trial's plan again (WAITING; ``failed_trial`` names the first try), at most
+    ``MAX_RETRY`` times: Optuna's ``RetryHeartbeatStaleTrialCallback``, without the constraints and owner of
+    the failed try (the retry sets its own; Optuna warns when a constraint is set twice)."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > MAX_RETRY:
+        return
+    system = {k: v for k, v in trial.system_attrs.items()
+              if not k.startswith("constraints:") and k not in (_OWNER, _JOURNAL_BEAT)}
+    system |= {"failed_trial": trial.system_attrs.get("failed_trial", trial.number), "retry_history": history}
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=trial.params,
+                                        distributions=trial.distributions, user_attrs=trial.user_attrs,
+                                        system_attrs=system))
 
 
 def _failed(study: optuna.Study) -> set[int]:
