@@ -44,8 +44,8 @@ from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
-           "keep_alive", "fail_stale", "owner_dead_here", "requeue", "describe_study", "study_setup",
-           "make_setup", "model_from_dict", "cluster_from_dict"]
+           "keep_alive", "fail_stale", "owner_dead_here", "requeue", "storage_error", "redact_url",
+           "describe_study", "study_setup", "make_setup", "model_from_dict", "cluster_from_dict"]
 
 DEFAULT_HEARTBEAT_S = 30
 """A RUNNING trial's heartbeat period; a dead worker's trial is failed ``GRACE_FACTOR`` periods later."""
@@ -71,7 +71,10 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
         path = url.removeprefix("journal://")
         if not path.startswith("/"):
             raise ConfigError(f"--storage {url}: a journal URL needs an absolute path (journal:///dir/file.log)")
-        return _Journal(JournalFileBackend(path), heartbeat_s)
+        try:
+            return _Journal(JournalFileBackend(path), heartbeat_s)
+        except OSError as e:
+            raise storage_error(url, e) from None
     if "://" not in url:
         raise ConfigError(f"--storage {url!r}: expected a URL (sqlite:///..., postgresql+psycopg2://..., "
                           "journal:///...)")
@@ -87,7 +90,26 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
         try:
             return RDBStorage(url, **kwargs)
         except (ImportError, ValueError) as e:  # unknown dialect or driver
-            raise ConfigError(f"--storage {url}: {e}") from None
+            raise ConfigError(f"--storage {redact_url(url)}: {e}") from None
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError) as e:
+            raise storage_error(url, e) from None
+
+
+def storage_error(url: str, error: BaseException) -> ConfigError:
+    """One line for a storage that cannot be opened or used: unreachable, no such path, no such dialect."""
+    text = str(error.__cause__ or error).strip()
+    cause = text.splitlines()[0][:200] if text else type(error).__name__
+    return ConfigError(f"--storage {redact_url(url)}: cannot use it ({cause}); is the database up, the path "
+                       "there and writable, and the URL one of sqlite:///, postgresql+psycopg2://, journal:///?")
+
+
+def redact_url(url: str) -> str:
+    """A URL without its password, for printing."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 class _Journal(JournalStorage):

@@ -15,10 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.catalog import load_gpu, load_link, load_model, with_profile
-from autotune.cli._args import _positive_int, cluster_from_flags, default_global_batch, default_seq_len
+from autotune.cli._args import (
+    DEFAULT_GPU,
+    _positive_int,
+    cluster_from_flags,
+    default_global_batch,
+    default_seq_len,
+)
 from autotune.cli.report import _price
 from autotune.errors import ConfigError
-from autotune.render import gib, plan_summary
+from autotune.render import gib, param_count, plan_summary
 from autotune.scale import ScalePoint, ScaleResult, parse_tokens, scale
 from autotune.space import load_space
 from autotune.specs import ClusterSpec
@@ -98,7 +104,7 @@ class ScaleCommand:
         seq_len = args.seq_len or default_seq_len(model)
         largest_pow2 = 1 << (max(args.gpus).bit_length() - 1)
         global_batch = args.global_batch or default_global_batch(seq_len, largest_pow2)
-        load_gpu(args.gpu)  # a misspelt name is bad input (exit 2), not a count that "does not fit"
+        load_gpu(args.gpu or DEFAULT_GPU)  # a misspelt name is bad input (exit 2), not "does not fit"
         for flag, link in (("--intra-node", args.intra_node), ("--inter-node", args.inter_node)):
             if link:
                 load_link(link, flag=flag)
@@ -138,7 +144,8 @@ def _title(result: ScaleResult, args: argparse.Namespace) -> str:
         else ""
     )
     return (
-        f"{result.model.name} ({result.model.num_params / 1e9:.1f}B) on {args.gpu}: {links}; "
+        f"{result.model.name} ({param_count(result.model.num_params)}) on {args.gpu or DEFAULT_GPU}: "
+        f"{links}; "
         f"batch {result.global_batch} x {result.seq_len} tokens"
     )
 
