@@ -24,10 +24,12 @@ from autotune.cli._args import (
 )
 from autotune.cli.report import _price
 from autotune.errors import ConfigError
+from autotune.preflight import check_writable
 from autotune.render import gib, param_count, plan_summary
 from autotune.scale import ScalePoint, ScaleResult, parse_tokens, scale
 from autotune.space import load_space
 from autotune.specs import ClusterSpec
+from autotune.userfile import writable_dir
 
 __all__ = ["ScaleCommand"]
 
@@ -108,6 +110,8 @@ class ScaleCommand:
         for flag, link in (("--intra-node", args.intra_node), ("--inter-node", args.inter_node)):
             if link:
                 load_link(link, flag=flag)
+        if args.plot:  # before the sweep, not after it
+            _check_plot(Path(args.plot))
         result = scale(
             model,
             args.gpus,
@@ -150,11 +154,17 @@ def _title(result: ScaleResult, args: argparse.Namespace) -> str:
     )
 
 
+def _check_plot(path: Path) -> None:
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"--plot {path}: the plot is a PNG; name it FILE.png")
+    if path.is_dir():
+        raise ConfigError(f"--plot {path}: is a directory; name a FILE.png")
+    check_writable(path.parent, "--plot")
+
+
 def _plot(result: ScaleResult, path: Path, args: argparse.Namespace) -> None:
     from autotune.report.plots import scaling_png
 
-    if path.suffix.lower() != ".png":
-        raise ConfigError(f"--plot {path}: the plot is a PNG; name it FILE.png")
     pts = result.points
     image = scaling_png(
         _title(result, args),
@@ -164,8 +174,11 @@ def _plot(result: ScaleResult, path: Path, args: argparse.Namespace) -> None:
         [p.shares for p in pts],
         result.min_efficiency,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(image)
+    try:
+        writable_dir(path.parent, "--plot")
+        path.write_bytes(image)
+    except OSError as e:
+        raise ConfigError(f"--plot {path}: cannot write it ({e.strerror})") from None
 
 
 def _row(p: ScalePoint, result: ScaleResult) -> str:

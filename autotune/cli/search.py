@@ -28,6 +28,7 @@ from autotune.cli._args import (
     implied_framework,
     resolve_model_cluster,
 )
+from autotune.cli._notes import batch_notes
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
@@ -107,6 +108,9 @@ class SearchCommand:
         check_writable(args.out, "--out")
         with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
             choice, ranking = _rank(args, model, cluster, progress.ranking_estimator())
+            for line in batch_notes(model, cluster, ranking.ctx, global_batch_given=bool(args.global_batch),
+                                    seq_len_given=bool(args.seq_len)):
+                note(line)
             progress.ranked(len(ranking.feasible))
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             study, study_dir, url = _open(args, model, cluster, ranking)
