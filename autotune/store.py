@@ -162,16 +162,23 @@ def _existing_identity(study_dir: StudyDir, url: str, name: str, *,
     if study_dir.marker.exists():
         data = json.loads(study_dir.marker.read_text())
         return {k: v for k, v in data.items() if k not in ("study", "storage")}
+    if own_storage and study_dir.db.exists():  # another search is creating it now (its marker comes last)
+        return _identity_in(url, name, missing=None)
     if study_dir.root.exists() and any(study_dir.root.iterdir()):
         raise ConfigError(f"{study_dir.root} exists and is not an autotune study; "
                           "choose another --study or --out")
     if own_storage:
         return None
+    return _identity_in(url, name, missing={"model": "(not an autotune study)"})
+
+
+def _identity_in(url: str, name: str, *, missing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The identity the study ``name`` in storage ``url`` records; None when there is no such study yet."""
     try:
         study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_s=None))
     except KeyError:
         return None
-    return study.user_attrs.get(_IDENTITY_ATTR, {"model": "(not an autotune study)"})
+    return study.user_attrs.get(_IDENTITY_ATTR, missing)  # type: ignore[no-any-return]
 
 
 def _check_same(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
