@@ -5,8 +5,10 @@ Every failure is a one-line ``ConfigError`` that names the file, the key and the
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
+import re
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -16,6 +18,7 @@ import yaml
 
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
+from autotune.userfile import read_text
 
 __all__ = [
     "model_names",
@@ -57,10 +60,7 @@ def link_names() -> list[str]:
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror}); pass an existing file") from None
+    text = read_text(path, "")
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
@@ -152,12 +152,28 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in presets:
         return model_from_dict(presets[name_or_path], name=name_or_path)
     path = Path(name_or_path)
+    if path.is_dir():
+        hint = f"did you mean --model {path / 'config.json'}?" if (path / "config.json").is_file() else \
+            "pass its config.json"
+        raise ConfigError(f"--model {name_or_path}: is a directory; {hint}")
     if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
         return model_from_dict(_read_mapping(path), name=str(path))
-    raise ConfigError(
-        f"--model: unknown model {name_or_path!r}; known presets: {', '.join(model_names())}, "
-        "or a path to a Hugging Face config.json / YAML"
-    )
+    known = model_names()
+    raise ConfigError(f"--model: unknown model {name_or_path!r}{_did_you_mean(name_or_path, known)}; known "
+                      f"presets: {', '.join(known)}, or a path to a Hugging Face config.json / YAML")
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    """`` (did you mean X?)`` for a misspelt or under-specified catalog key (``H100`` -> h100-sxm, h100-pcie;
+    a Hugging Face repo id -> download its config.json), else ''."""
+    key = name.lower().rsplit("/", 1)[-1].replace("meta-llama-", "llama").replace("_", "-")
+    near = [k for k in known if k.startswith(key)] or difflib.get_close_matches(key, known, n=2, cutoff=0.6)
+    repo = ""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name).exists():
+        repo = " (a Hugging Face repo id: download its config.json and pass that path)"
+    if not near:
+        return repo
+    return f"{repo} (did you mean {' or '.join(near)}?)"
 
 
 def _tflops(value: Any) -> float | None:
@@ -167,7 +183,8 @@ def _tflops(value: Any) -> float | None:
 def load_gpu(name: str) -> GPUSpec:
     gpus = _data("hardware.yaml")["gpus"]
     if name not in gpus:
-        raise ConfigError(f"--gpu: unknown GPU {name!r}; known: {', '.join(gpu_names())}")
+        raise ConfigError(f"--gpu: unknown GPU {name!r}{_did_you_mean(name, gpu_names())}; "
+                          f"known: {', '.join(gpu_names())}")
     g = gpus[name]
     return GPUSpec(
         key=name,

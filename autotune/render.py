@@ -33,6 +33,15 @@ _TIME_ROWS = (
 )
 
 
+def param_count(n: float) -> str:
+    """``7.00B``, ``124M``, ``1.6M``: parameters at a precision that says something at every size."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.2f}{unit}" if unit in "TB" else f"{value:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 def gib(num_bytes: float) -> str:
     return f"{num_bytes / _GIB:.1f} GiB"
 

@@ -15,10 +15,10 @@ for it dies (SIGKILL, a preempted node), nobody tells it, so each trial is kept 
 (every ``heartbeat_s``) and every worker fails the trials whose heartbeat is older than the grace period
 (``GRACE_FACTOR x heartbeat_s``) before it asks for a new one; a trial whose process ran on this host (and
 PID namespace) and is gone is failed at once (``--resume`` right after a SIGKILL needs no grace). A
-failed trial is re-queued (WAITING, same plan) by Optuna's ``RetryHeartbeatStaleTrialCallback``, at most
-``MAX_RETRY`` times. RDB storages use Optuna's own heartbeat table (database clock); ``JournalStorage`` has
-none, so a journal trial carries its heartbeat in a system attribute (the hosts' clocks must agree to well
-within the grace period).
+failed trial is re-queued (WAITING, same plan) by ``requeue`` (Optuna's ``RetryHeartbeatStaleTrialCallback``
+less the failed try's constraints), at most ``MAX_RETRY`` times. RDB storages use Optuna's own heartbeat
+table (database clock); ``JournalStorage`` has none, so a journal trial carries its heartbeat in a system
+attribute (the hosts' clocks must agree to well within the grace period).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage, RetryHeartbeatStaleTrialCallback
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
@@ -44,8 +44,8 @@ from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
-           "keep_alive", "fail_stale", "describe_study", "study_setup", "make_setup", "model_from_dict",
-           "cluster_from_dict"]
+           "keep_alive", "fail_stale", "owner_dead_here", "requeue", "storage_error", "redact_url",
+           "describe_study", "study_setup", "make_setup", "model_from_dict", "cluster_from_dict"]
 
 DEFAULT_HEARTBEAT_S = 30
 """A RUNNING trial's heartbeat period; a dead worker's trial is failed ``GRACE_FACTOR`` periods later."""
@@ -71,7 +71,10 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
         path = url.removeprefix("journal://")
         if not path.startswith("/"):
             raise ConfigError(f"--storage {url}: a journal URL needs an absolute path (journal:///dir/file.log)")
-        return _Journal(JournalFileBackend(path), heartbeat_s)
+        try:
+            return _Journal(JournalFileBackend(path), heartbeat_s)
+        except OSError as e:
+            raise storage_error(url, e) from None
     if "://" not in url:
         raise ConfigError(f"--storage {url!r}: expected a URL (sqlite:///..., postgresql+psycopg2://..., "
                           "journal:///...)")
@@ -79,7 +82,7 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
                               "skip_table_creation": not create}
     if heartbeat_s is not None:
         kwargs.update(heartbeat_interval=heartbeat_s, grace_period=GRACE_FACTOR * heartbeat_s,
-                      heartbeat_stale_trial_callback=_retry_callback())
+                      heartbeat_stale_trial_callback=requeue)
         # ask/tell is our loop (trials are subprocesses); keep_alive() beats for it, as optimize() would
         warnings.filterwarnings("ignore", message=_ASK_WARNING)
     with warnings.catch_warnings():
@@ -87,7 +90,26 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
         try:
             return RDBStorage(url, **kwargs)
         except (ImportError, ValueError) as e:  # unknown dialect or driver
-            raise ConfigError(f"--storage {url}: {e}") from None
+            raise ConfigError(f"--storage {redact_url(url)}: {e}") from None
+        except (SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError) as e:
+            raise storage_error(url, e) from None
+
+
+def storage_error(url: str, error: BaseException) -> ConfigError:
+    """One line for a storage that cannot be opened or used: unreachable, no such path, no such dialect."""
+    text = str(error.__cause__ or error).strip()
+    cause = text.splitlines()[0][:200] if text else type(error).__name__
+    return ConfigError(f"--storage {redact_url(url)}: cannot use it ({cause}); is the database up, the path "
+                       "there and writable, and the URL one of sqlite:///, postgresql+psycopg2://, journal:///?")
+
+
+def redact_url(url: str) -> str:
+    """A URL without its password, for printing."""
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not at or ":" not in creds:
+        return url
+    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 class _Journal(JournalStorage):
@@ -96,12 +118,6 @@ class _Journal(JournalStorage):
     def __init__(self, backend: JournalFileBackend, heartbeat_s: int | None) -> None:
         super().__init__(backend)
         self.autotune_heartbeat_s = heartbeat_s
-
-
-def _retry_callback() -> RetryHeartbeatStaleTrialCallback:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRY)
 
 
 def _beat_period(storage: Any) -> tuple[int | None, bool]:
@@ -140,6 +156,12 @@ def _start_ticks(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
+
+
+def owner_dead_here(trial: FrozenTrial) -> bool:
+    """The process that ran ``trial`` was on this host and is gone (its trial processes may not be)."""
+    owner = trial.system_attrs.get(_OWNER)
+    return owner is not None and _dead_here(owner)
 
 
 def _dead_here(owner: str) -> bool:
@@ -227,8 +249,23 @@ def _fail_and_retry(study: optuna.Study, trial: FrozenTrial) -> bool:
             return False
     except optuna.exceptions.UpdateFinishedTrialError:  # told meanwhile, or another worker failed it first
         return False
-    _retry_callback()(study, storage.get_trial(trial._trial_id))
+    requeue(study, storage.get_trial(trial._trial_id))
     return True
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a failed trial's plan again (WAITING; ``failed_trial`` names the first try), at most
+    ``MAX_RETRY`` times: Optuna's ``RetryHeartbeatStaleTrialCallback``, without the constraints and owner of
+    the failed try (the retry sets its own; Optuna warns when a constraint is set twice)."""
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > MAX_RETRY:
+        return
+    system = {k: v for k, v in trial.system_attrs.items()
+              if not k.startswith("constraints:") and k not in (_OWNER, _JOURNAL_BEAT)}
+    system |= {"failed_trial": trial.system_attrs.get("failed_trial", trial.number), "retry_history": history}
+    study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=trial.params,
+                                        distributions=trial.distributions, user_attrs=trial.user_attrs,
+                                        system_attrs=system))
 
 
 def _failed(study: optuna.Study) -> set[int]:

@@ -31,6 +31,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan
 from autotune.render import plan_summary
+from autotune.resume import INTERRUPTED, ask_first, first_trials, interrupted, repair, trial_dir_of
 from autotune.scaleout import beat, fail_stale, keep_alive
 from autotune.space import (
     BATCH_RULE,
@@ -219,6 +220,8 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model", "predicted_rank": rank},
                             skip_if_exists=True)
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
+    repair(study, trials_dir, backend.measures, _record, log)  # what a killed search left: ended, kept
+    first = first_trials(study)  # the plans that were running when a search stopped: they run first
     tried = {_plan_key(t.user_attrs["plan"]) for t in study.get_trials(deepcopy=False)
              if _was_launched(t) and "plan" in t.user_attrs}
     launched = asks = repeats = 0
@@ -226,27 +229,28 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
         if len(tried) >= len(ranking.feasible) or (deadline is not None and time.monotonic() > deadline):
             break
         fail_stale(study)  # a dead worker's RUNNING trial: failed, its plan queued again (heartbeats)
-        trial, asks = study.ask(), asks + 1
-        beat(study, trial)  # from now on a dead process's trial is found stale
-        plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
-        est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
-        if est is None or plan is None:
-            continue
-        if _reuse_finished(study, trial, est.plan):
-            repeats += 1
-            if repeats >= _MAX_REPEATS:  # TPE keeps proposing what ran (small spaces): the ranking goes on
-                _enqueue_next_untried(study, ranking, tried)
-                repeats = 0
-            continue
-        repeats = 0
-        request = TrialRequest(model=ranking.ctx.model, cluster=ranking.ctx.cluster, plan=plan,
-                               trial_dir=trials_dir / f"{trial.number:05d}",
-                               timeout_s=options.trial_timeout_s)
+        trial, asks = ask_first(study, first), asks + 1
         try:
+            beat(study, trial)  # from now on a dead process's trial is found stale
+            plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
+            est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
+            if est is None or plan is None:
+                continue
+            if _reuse_finished(study, trial, est.plan):
+                repeats += 1
+                if repeats >= _MAX_REPEATS:  # TPE keeps proposing what ran (small spaces): ranking goes on
+                    _enqueue_next_untried(study, ranking, tried)
+                    repeats = 0
+                continue
+            repeats = 0
+            request = TrialRequest(model=ranking.ctx.model, cluster=ranking.ctx.cluster, plan=plan,
+                                   trial_dir=trial_dir_of(trials_dir, trial.number),
+                                   timeout_s=options.trial_timeout_s)
             with keep_alive(study, trial):
                 result = backend.run(request, _reporter(trial))
-        except KeyboardInterrupt:  # leave no trial RUNNING forever in the study
-            study.tell(trial, state=TrialState.FAIL)
+        except KeyboardInterrupt as e:  # a stop signal (autotune.interrupt): its processes are ended by now
+            e.resume_hint = interrupted(study, trial, trial_dir_of(trials_dir, trial.number),  # type: ignore
+                                        backend.measures, _record)
             raise
         launched += 1
         tried.add(_plan_key(est.plan.to_dict()))
@@ -296,7 +300,8 @@ def _enqueue_next_untried(study: optuna.Study, ranking: Ranking, tried: set[str]
 
 def _was_launched(trial: FrozenTrial) -> bool:
     attrs = trial.user_attrs
-    return attrs.get("status", "infeasible") != "infeasible" and "duplicate_of" not in attrs
+    status = attrs.get("status", "infeasible")
+    return status not in ("infeasible", INTERRUPTED) and "duplicate_of" not in attrs
 
 
 def _gate(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan | None, reason: str | None,

@@ -33,6 +33,7 @@ from autotune import plan as _plan
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.userfile import read_text
 
 __all__ = [
     "KNOBS", "BATCH_RULE", "Rule", "SearchSpace", "PlanContext", "Ladder", "Tally", "load_space",
@@ -90,9 +91,7 @@ def load_space(name_or_path: str | None = None) -> SearchSpace:
         path = _SPACES_DIR / f"{name_or_path}.yaml"
     where = str(path)
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"--space: cannot read {where} ({e.strerror})") from None
+        data = yaml.safe_load(read_text(path, "--space"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):

@@ -23,23 +23,29 @@ cluster or batch is a ``ConfigError``, never a silently mixed study.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sqlite3
+import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import optuna
+from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import ConfigError
-from autotune.scaleout import DEFAULT_HEARTBEAT_S, open_storage
+from autotune.scaleout import DEFAULT_HEARTBEAT_S, open_storage, storage_error
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.userfile import writable_dir
 
-__all__ = ["StudyDir", "study_name_for", "default_storage_url", "open_study"]
+__all__ = ["StudyDir", "study_name_for", "default_storage_url", "open_study", "check_study_name"]
 
 _IDENTITY_ATTR = "autotune_identity"
+_MAX_NAME = 100
+_CREATE_ATTEMPTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,11 +93,32 @@ def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict
     Checks everything before writing anything: an existing study without ``resume``/``force``, or one made
     for another model/cluster/batch/space, is a ``ConfigError`` and nothing is touched.
     """
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise ConfigError(f"--study {name!r}: use letters, digits, '.', '_' and '-' only")
+    check_study_name(name)
     study_dir = StudyDir(runs_dir / name)
     url = storage or default_storage_url(study_dir)
     identity = json.loads(json.dumps(identity))  # as it reads back from JSON
+    try:
+        return _open(study_dir, url, name, storage=storage, identity=identity, resume=resume, force=force,
+                     sampler=sampler, pruner=pruner, heartbeat_s=heartbeat_s)
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        raise storage_error(url, e) from None
+
+
+def check_study_name(name: str) -> None:
+    """A study name is a directory under ``--out``: a plain, short name, never a path."""
+    if not name:
+        raise ConfigError("--study '': give a name (or leave --study out for <model>-<gpus>x<gpu>)")
+    if len(name) > _MAX_NAME:
+        raise ConfigError(f"--study: a name of {len(name)} characters; use at most {_MAX_NAME}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise ConfigError(f"--study {name!r}: start with a letter or digit, then letters, digits, '.', '_' "
+                          "and '-' only (a name, not a path: --out DIR says where)")
+
+
+def _open(study_dir: StudyDir, url: str, name: str, *, storage: str | None, identity: dict[str, Any],
+          resume: bool, force: bool, sampler: optuna.samplers.BaseSampler,
+          pruner: optuna.pruners.BasePruner | None,
+          heartbeat_s: int | None) -> tuple[optuna.Study, StudyDir, str]:
     existing = _existing_identity(study_dir, url, name, own_storage=storage is None)
     if existing is not None and not force:
         _check_same(name, existing, identity)
@@ -100,15 +127,25 @@ def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict
                               "trials to it, --force to start over, or --study NEW")
     if existing is not None and force:
         _remove(study_dir, url, name, own_storage=storage is None)
-    study_dir.root.mkdir(parents=True, exist_ok=True)
+    writable_dir(study_dir.root, "--out")
     engine = None if storage else {"creator": partial(_connect_sqlite, study_dir.db)}
-    backend = open_storage(url, heartbeat_s=heartbeat_s, engine_kwargs=engine)  # scaleout.py: heartbeats
-    study = optuna.create_study(study_name=name, storage=backend, load_if_exists=True, direction="maximize",
-                                sampler=sampler, pruner=pruner)
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            backend = open_storage(url, heartbeat_s=heartbeat_s, engine_kwargs=engine)  # scaleout: heartbeats
+            study = optuna.create_study(study_name=name, storage=backend, load_if_exists=True,
+                                        direction="maximize", sampler=sampler, pruner=pruner)
+            break
+        except (ConfigError, SQLAlchemyError):  # another search created the schema at the same moment
+            if storage is not None or attempt == _CREATE_ATTEMPTS - 1:  # (only its own SQLite is retried)
+                raise
+            time.sleep(0.2 * (attempt + 1))
     if _IDENTITY_ATTR not in study.user_attrs:
         study.set_user_attr(_IDENTITY_ATTR, identity)
+    _check_same(name, study.user_attrs[_IDENTITY_ATTR], identity)  # a search that created it meanwhile
     if not study_dir.marker.exists():
-        study_dir.marker.write_text(json.dumps({"study": name, "storage": url, **identity}, indent=2) + "\n")
+        tmp = study_dir.root / f".{study_dir.marker.name}.{os.getpid()}"
+        tmp.write_text(json.dumps({"study": name, "storage": url, **identity}, indent=2) + "\n")
+        tmp.replace(study_dir.marker)
     return study, study_dir, url
 
 
@@ -125,16 +162,23 @@ def _existing_identity(study_dir: StudyDir, url: str, name: str, *,
     if study_dir.marker.exists():
         data = json.loads(study_dir.marker.read_text())
         return {k: v for k, v in data.items() if k not in ("study", "storage")}
+    if own_storage and study_dir.db.exists():  # another search is creating it now (its marker comes last)
+        return _identity_in(url, name, missing=None)
     if study_dir.root.exists() and any(study_dir.root.iterdir()):
         raise ConfigError(f"{study_dir.root} exists and is not an autotune study; "
                           "choose another --study or --out")
     if own_storage:
         return None
+    return _identity_in(url, name, missing={"model": "(not an autotune study)"})
+
+
+def _identity_in(url: str, name: str, *, missing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The identity the study ``name`` in storage ``url`` records; None when there is no such study yet."""
     try:
         study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_s=None))
     except KeyError:
         return None
-    return study.user_attrs.get(_IDENTITY_ATTR, {"model": "(not an autotune study)"})
+    return study.user_attrs.get(_IDENTITY_ATTR, missing)  # type: ignore[no-any-return]
 
 
 def _check_same(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:

@@ -291,4 +291,8 @@ def test_an_interrupted_trial_is_not_left_running(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_study(study, _ranking(), Interrupted(), StudyOptions(n_trials=1, top_k=1), trials_dir=tmp_path,
                   estimator=fake_estimate)
-    assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL]
+    stopped, again = study.trials
+    assert stopped.state is optuna.trial.TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
+    # its plan is queued again, and taken first by the next run (before the rest of the queue)
+    assert again.state is optuna.trial.TrialState.WAITING and again.params == stopped.params
+    assert again.system_attrs["failed_trial"] == stopped.number

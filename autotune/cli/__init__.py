@@ -7,13 +7,17 @@ Exit codes: 0 success (an infeasible plan is still a successful *query*), 2 bad 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from autotune import __version__
 from autotune.errors import AutotuneError
+from autotune.interrupt import Interrupted, signals_interrupt
 
 __all__ = ["main", "COMMANDS"]
 
@@ -66,9 +70,41 @@ def _available() -> dict[str, type]:
 
 def _requested(argv: Sequence[str]) -> dict[str, type] | None:
     """Only the named subcommand's module is imported (``autotune estimate`` never loads optuna or
-    matplotlib; ``autotune probe`` runs on a GPU box that has torch alone)."""
+    matplotlib; ``autotune probe`` runs on a GPU box that has torch alone); with no subcommand none is:
+    ``autotune --help`` lists each command's ``help`` read from its source (0.1 s, not 0.9 s of imports)."""
     name = next((a for a in argv if not a.startswith("-")), None)
-    return {name: _load(COMMANDS[name])} if name in COMMANDS else None
+    if name in COMMANDS:
+        return {name: _load(COMMANDS[name])}
+    return _listed()
+
+
+class _Listed:
+    """A subcommand as ``autotune --help`` lists it: its help line, no arguments, never run."""
+
+    help = ""
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        pass
+
+
+def _listed() -> dict[str, type] | None:
+    """Each installed subcommand's ``help`` class attribute, read with ``ast``; None if one cannot be read."""
+    found: dict[str, type] = {}
+    for name, target in COMMANDS.items():
+        module, cls = target.split(":")
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            continue
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+        body = next((c.body for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls), [])
+        text = next((node.value.value for node in body if isinstance(node, ast.Assign)
+                     and isinstance(node.value, ast.Constant)
+                     and [getattr(t, "id", None) for t in node.targets] == ["help"]), None)
+        if not isinstance(text, str):
+            return None
+        found[name] = type(cls, (_Listed,), {"help": text})
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,13 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._command().run(args))
+        with signals_interrupt():  # SIGTERM/SIGHUP unwind like Ctrl-C: trials stopped, study updated
+            return int(args._command().run(args))
     except AutotuneError as e:
         print(f"autotune {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"autotune {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        how = f" by {e}" if isinstance(e, Interrupted) else ""
+        print(f"autotune {args.command}: interrupted{how}{getattr(e, 'resume_hint', '')}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Interrupted) else 130
     except BrokenPipeError:  # `autotune ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

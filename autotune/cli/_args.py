@@ -7,7 +7,15 @@ from typing import Any
 
 from autotune.catalog import load_cluster, load_model, make_cluster, with_profile
 from autotune.errors import ConfigError
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import (
+    FRAMEWORK_SHARDING,
+    Framework,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    Sharding,
+)
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
@@ -18,8 +26,11 @@ __all__ = [
     "default_seq_len",
     "default_global_batch",
     "DEFAULT_GLOBAL_BATCH_TOKENS",
+    "DEFAULT_GPU",
+    "implied_framework",
 ]
 
+DEFAULT_GPU = "h100-sxm"
 DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
 """When no --global-batch is given: ~4M tokens per step (Llama 2 paper Sec. 2.2), as whole sequences."""
 
@@ -40,7 +51,7 @@ def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
         "--model", required=True, help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path"
     )
     g.add_argument("--gpus", type=_positive_int, help="total GPUs (with --gpu and --gpus-per-node)")
-    g.add_argument("--gpu", default="h100-sxm", help="GPU type from the catalog (default: h100-sxm)")
+    g.add_argument("--gpu", help=f"GPU type from the catalog (default: {DEFAULT_GPU}; cpu with --device cpu)")
     g.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU's usual 8)")
     g.add_argument("--cluster", metavar="FILE", help="cluster YAML (gpu, num_nodes, gpus_per_node, links)")
     g.add_argument(
@@ -74,7 +85,7 @@ def cluster_from_flags(args: argparse.Namespace, num_gpus: int) -> ClusterSpec:
     """``num_gpus`` of ``--gpu`` with the node and link flags (``--gpus-per-node``, ``--intra-node``, ...)."""
     return make_cluster(
         num_gpus=num_gpus,
-        gpu=args.gpu,
+        gpu=args.gpu or DEFAULT_GPU,
         gpus_per_node=args.gpus_per_node,
         intra_node=args.intra_node,
         inter_node=args.inter_node,
@@ -98,7 +109,6 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "schedule": None,
             "virtual_stages": 1,
             "precision": "bf16",
-            "framework": "fsdp",
         }
     )
     g = p.add_argument_group("plan" + (" (pin a knob; the rest stay free)" if pinning else ""))
@@ -173,5 +183,11 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         virtual_stages=args.virtual_stages,
         offload=args.offload,
         precision=args.precision,
-        framework=args.framework,
+        framework=args.framework or implied_framework(args.sharding) or "fsdp",
     )
+
+
+def implied_framework(sharding: str | None) -> str | None:
+    """The one framework that offers ``sharding`` (zero2/zero3: DeepSpeed); None when several or none do."""
+    offering = [fw for fw, shardings in FRAMEWORK_SHARDING.items() if sharding in shardings]
+    return str(offering[0]) if sharding is not None and len(offering) == 1 else None

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from autotune.catalog import load_cluster, load_model, make_cluster
@@ -15,6 +16,7 @@ from autotune.cli._args import _positive_int
 from autotune.emit import emit_all, read_plan_document
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.userfile import writable_dir
 
 __all__ = ["EmitCommand"]
 
@@ -71,6 +73,19 @@ class EmitCommand:
         model, cluster = _model(args, doc.model), _cluster(args, doc.cluster)
         overridden = bool(args.model or args.cluster or args.gpus)  # the recorded estimate no longer applies
         estimate = _estimate(model, cluster, doc.plan, None if overridden else doc.estimate)
+        writable_dir(args.out, "--out")
+        _warn_infeasible(estimate)
         for path in emit_all(doc.plan, model, cluster, estimate, args.out, force=args.force):
             print(path)
         return 0
+
+
+def _warn_infeasible(estimate: Any) -> None:
+    """Launch files are written for any legal plan; one the cost model says cannot run is said so."""
+    feasible = getattr(estimate, "feasible", None)
+    reasons = getattr(estimate, "reasons", None)
+    if isinstance(estimate, dict):
+        feasible, reasons = estimate.get("feasible"), estimate.get("reasons")
+    if feasible is False:
+        print(f"autotune emit: warning: the cost model predicts this plan fails: {(reasons or ['?'])[0]}; "
+              "its launch files are written all the same", file=sys.stderr)

@@ -12,16 +12,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from autotune.catalog import load_gpu
 from autotune.errors import ConfigError
 from autotune.trials.cpu import cpu_share
+from autotune.userfile import writable_dir
 
 __all__ = ["ProbeCommand", "parse_size"]
 
@@ -64,6 +63,9 @@ def _guess_gpu(device_name: str) -> str:
     raise ConfigError(f"cannot tell which catalog GPU {device_name!r} is; pass --gpu KEY")
 
 
+_RAW = ".probe-raw.json"
+
+
 class ProbeCommand:
     help = "Measure GEMMs and collectives on this machine; write a hardware profile for --profile."
 
@@ -87,6 +89,7 @@ class ProbeCommand:
         p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
 
     def run(self, args: argparse.Namespace) -> int:
+        writable_dir(args.out, "--out")  # now, not after minutes of measuring
         device = args.device or _default_device()
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun (e.g. across nodes)
             from autotune.probe.worker import finish, run_probe
@@ -120,8 +123,7 @@ def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
         nproc = args.nproc or 2
     if nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {nproc}")
-    tmp = Path(tempfile.mkdtemp(prefix="autotune-probe-"))
-    out = tmp / "raw.json"
+    out = Path(args.out) / _RAW  # kept in --out until the profile is written: a failure loses no measurement
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "autotune.probe.worker", "--out", str(out), "--device", device,
            "--min-bytes", str(args.min_size), "--max-bytes", str(args.max_size),
@@ -138,8 +140,6 @@ def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
         return json.loads(out.read_text())  # type: ignore[no-any-return]
     except subprocess.TimeoutExpired:
         raise ConfigError(f"the probe took longer than --timeout {args.timeout:g} s") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write(args: argparse.Namespace, raw: dict[str, Any]) -> int:
@@ -150,7 +150,12 @@ def _write(args: argparse.Namespace, raw: dict[str, Any]) -> int:
     nodes, local = raw["num_nodes"], raw["local_world_size"]
     name = args.name or (f"{raw['device']}-{local}rank" if nodes == 1 else f"{raw['device']}-{nodes}x{local}")
     profile = probe_profile(raw, name=name, gpu=gpu, nics_per_node=gpu.default_nics_per_node)
-    path = write_profile(profile, Path(args.out) / f"{name}.yaml")
+    try:
+        path = write_profile(profile, Path(args.out) / f"{name}.yaml")
+    except OSError as e:
+        raise ConfigError(f"--out {args.out}: cannot write {name}.yaml ({e.strerror}); the raw measurements "
+                          f"are in {Path(args.out) / _RAW}") from None
+    (Path(args.out) / _RAW).unlink(missing_ok=True)
     if args.json:
         print(json.dumps(profile | {"path": str(path)}, indent=2))
         return 0

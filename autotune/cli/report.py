@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from autotune.errors import ConfigError
+from autotune.userfile import writable_dir
 
 __all__ = ["ReportCommand"]
 
@@ -57,7 +58,7 @@ class ReportCommand:
                 f"no study '{args.study}' under {args.out}/ (pass --out DIR where the search wrote it)"
             )
         data = collect(study_dir, price_per_gpu_hour=args.price_per_gpu_hour)
-        files = write_report(data, study_dir / "report", top=args.top)
+        files = write_report(data, writable_dir(study_dir / "report", "--out"), top=args.top)
         if args.json:
             print(json.dumps({**data.to_dict(top=args.top), "files": [str(f) for f in files]}, indent=2))
         else:

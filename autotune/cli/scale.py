@@ -15,13 +15,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.catalog import load_gpu, load_link, load_model, with_profile
-from autotune.cli._args import _positive_int, cluster_from_flags, default_global_batch, default_seq_len
+from autotune.cli._args import (
+    DEFAULT_GPU,
+    _positive_int,
+    cluster_from_flags,
+    default_global_batch,
+    default_seq_len,
+)
 from autotune.cli.report import _price
 from autotune.errors import ConfigError
-from autotune.render import gib, plan_summary
+from autotune.preflight import check_writable
+from autotune.render import gib, param_count, plan_summary
 from autotune.scale import ScalePoint, ScaleResult, parse_tokens, scale
 from autotune.space import load_space
 from autotune.specs import ClusterSpec
+from autotune.userfile import writable_dir
 
 __all__ = ["ScaleCommand"]
 
@@ -98,10 +106,12 @@ class ScaleCommand:
         seq_len = args.seq_len or default_seq_len(model)
         largest_pow2 = 1 << (max(args.gpus).bit_length() - 1)
         global_batch = args.global_batch or default_global_batch(seq_len, largest_pow2)
-        load_gpu(args.gpu)  # a misspelt name is bad input (exit 2), not a count that "does not fit"
+        load_gpu(args.gpu or DEFAULT_GPU)  # a misspelt name is bad input (exit 2), not "does not fit"
         for flag, link in (("--intra-node", args.intra_node), ("--inter-node", args.inter_node)):
             if link:
                 load_link(link, flag=flag)
+        if args.plot:  # before the sweep, not after it
+            _check_plot(Path(args.plot))
         result = scale(
             model,
             args.gpus,
@@ -138,16 +148,23 @@ def _title(result: ScaleResult, args: argparse.Namespace) -> str:
         else ""
     )
     return (
-        f"{result.model.name} ({result.model.num_params / 1e9:.1f}B) on {args.gpu}: {links}; "
+        f"{result.model.name} ({param_count(result.model.num_params)}) on {args.gpu or DEFAULT_GPU}: "
+        f"{links}; "
         f"batch {result.global_batch} x {result.seq_len} tokens"
     )
+
+
+def _check_plot(path: Path) -> None:
+    if path.suffix.lower() != ".png":
+        raise ConfigError(f"--plot {path}: the plot is a PNG; name it FILE.png")
+    if path.is_dir():
+        raise ConfigError(f"--plot {path}: is a directory; name a FILE.png")
+    check_writable(path.parent, "--plot")
 
 
 def _plot(result: ScaleResult, path: Path, args: argparse.Namespace) -> None:
     from autotune.report.plots import scaling_png
 
-    if path.suffix.lower() != ".png":
-        raise ConfigError(f"--plot {path}: the plot is a PNG; name it FILE.png")
     pts = result.points
     image = scaling_png(
         _title(result, args),
@@ -157,8 +174,11 @@ def _plot(result: ScaleResult, path: Path, args: argparse.Namespace) -> None:
         [p.shares for p in pts],
         result.min_efficiency,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(image)
+    try:
+        writable_dir(path.parent, "--plot")
+        path.write_bytes(image)
+    except OSError as e:
+        raise ConfigError(f"--plot {path}: cannot write it ({e.strerror})") from None
 
 
 def _row(p: ScalePoint, result: ScaleResult) -> str:

@@ -25,13 +25,16 @@ from autotune.cli._args import (
     add_plan_args,
     cluster_from_flags,
     default_seq_len,
+    implied_framework,
     resolve_model_cluster,
 )
+from autotune.cli._notes import batch_notes
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
+from autotune.preflight import check_trials_can_run, check_writable
 from autotune.progress import SearchProgress, wants_progress
-from autotune.render import gib, plan_summary
+from autotune.render import gib, param_count, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["SearchCommand"]
@@ -99,11 +102,15 @@ class SearchCommand:
         from autotune.scaleout import describe_study, make_setup
         from autotune.search import StudyOptions, run_study, top_trials
 
-        if args.resume and args.force:
-            raise ConfigError("--resume keeps the study and --force replaces it: pass one")
+        _check_args(args)
         model, cluster = resolve_model_cluster(args)
+        _check_precision(args, cluster)
+        check_writable(args.out, "--out")
         with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
             choice, ranking = _rank(args, model, cluster, progress.ranking_estimator())
+            for line in batch_notes(model, cluster, ranking.ctx, global_batch_given=bool(args.global_batch),
+                                    seq_len_given=bool(args.seq_len)):
+                note(line)
             progress.ranked(len(ranking.feasible))
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             study, study_dir, url = _open(args, model, cluster, ranking)
@@ -130,8 +137,10 @@ class SearchCommand:
                                  log=log, refine=refine)
         top = top_trials(study, max(args.top, 1))
         if not top:
-            print(f"autotune search: no trial succeeded in study '{study.study_name}'; "
-                  f"see {study_dir.trials}/*/stderr.log", file=sys.stderr)
+            where = (f"see {study_dir.trials}/*/stderr.log" if any(study_dir.trials.glob("*/stderr.log"))
+                     else "none has run yet")
+            print(f"autotune search: no trial succeeded in study '{study.study_name}'; {where}",
+                  file=sys.stderr)
             return 1
         best_plan = ParallelPlan.from_dict(top[0].user_attrs["plan"])
         best_est = estimate(model, cluster, best_plan)
@@ -152,6 +161,38 @@ class SearchCommand:
         return 0
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Flags that contradict each other or ask for nothing, and the defaults other flags imply (noted)."""
+    from autotune.store import check_study_name
+
+    if args.resume and args.force:
+        raise ConfigError("--resume keeps the study and --force replaces it: pass one")
+    if args.trials == 0 and not (args.resume or args.create_only):
+        raise ConfigError("--trials 0 runs nothing: pass --trials N (N >= 1), or --create-only to only "
+                          "create the study (--resume --trials 0 reports an existing one)")
+    if args.timeout is not None and not args.timeout > 0:
+        raise ConfigError(f"--timeout {args.timeout:g}: expected seconds > 0")
+    if args.study is not None:
+        check_study_name(args.study)
+    if args.device == "cpu" and args.gpu is None and not args.cluster:
+        args.gpu = "cpu"
+        note("--device cpu: the trials are priced as the catalog's 'cpu' (pass --gpu to plan for another)")
+    framework = implied_framework(args.sharding)
+    if args.framework is None and framework is not None:
+        args.framework = framework
+        note(f"--sharding {args.sharding}: only {framework} offers it, so --framework {framework}")
+
+
+def _check_precision(args: argparse.Namespace, cluster: ClusterSpec) -> None:
+    if args.precision and not cluster.gpu.supports(args.precision):
+        raise ConfigError(f"--precision {args.precision}: {cluster.gpu.key} has no {args.precision} tensor "
+                          "cores; use bf16, or a GPU that has them")
+
+
+def note(text: str) -> None:
+    print(f"autotune search: note: {text}", file=sys.stderr)
+
+
 def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
           estimator: Any = estimate) -> tuple[Any, Any]:
     """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
@@ -163,6 +204,10 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     options = trial_options(workload=args.workload, script=args.script)
     choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
                          executor=args.executor)
+    runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
+    if choice.backend.measures and runnable:  # before anything is written: no CUDA, no launcher -> one line
+        check_trials_can_run(backend=args.backend, device=args.device, executor=args.executor,
+                             cluster=cluster, frameworks=choice.frameworks)
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
@@ -188,7 +233,8 @@ def _open(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile
     study, study_dir, url = open_study(
-        name=args.study or study_name_for(model, cluster), runs_dir=Path(args.out), storage=args.storage,
+        name=args.study if args.study is not None else study_name_for(model, cluster),
+        runs_dir=Path(args.out), storage=args.storage,
         identity=identity, resume=args.resume, force=args.force, sampler=make_sampler(args.seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1), heartbeat_s=args.heartbeat)
     study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
@@ -256,7 +302,7 @@ def _row(trial: Any) -> dict[str, Any]:
 
 def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking: Any) -> str:
     ctx = ranking.ctx
-    lines = [f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters) on {cluster.name}",
+    lines = [f"model     {model.name} ({param_count(model.num_params)} parameters) on {cluster.name}",
              f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
              f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; "
              "combinations pruned, by reason:"]

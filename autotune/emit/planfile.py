@@ -19,6 +19,7 @@ from autotune.catalog import make_cluster, model_from_dict
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.userfile import read_text
 
 __all__ = ["PLAN_FORMAT", "PlanDocument", "plan_document", "read_plan_document", "model_to_config"]
 
@@ -106,9 +107,7 @@ def read_plan_document(path: str | Path) -> PlanDocument:
     """Read ``plan.json`` as written by ``emit_all`` (or a bare plan mapping)."""
     where = str(path)
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot read ({e.strerror}); pass an existing plan.json") from None
+        data = json.loads(read_text(path, "--plan"))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{where}: not valid JSON ({e.msg}, line {e.lineno})") from None
     if not isinstance(data, dict):

@@ -132,9 +132,11 @@ def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec
                    skipped: list[tuple[str, list[str]]], measured: list[dict[str, Any]] | None = None) -> str:
     """``written``: (file, what it is); ``skipped``: (file, why its framework cannot express the plan);
     ``measured``: the search's best trials (``autotune search`` rows), or None when nothing was measured."""
+    from autotune.render import param_count
+
     gpus = f"{cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.key}"
     lines = [f"# autotune plan: {model.name} on {cluster.name}", "",
-             f"{cluster.num_gpus} GPUs ({gpus}), {model.num_params / 1e9:.2f}B parameters.", "",
+             f"{cluster.num_gpus} GPUs ({gpus}), {param_count(model.num_params)} parameters.", "",
              *_plan_table(plan), "", "## Estimate (cost model)", "", *_estimate_lines(estimate), "",
              *([*_measured_lines(measured), ""] if measured else []),
              "## Files", "", _priced_for(plan, {name for name, _ in written}), "",

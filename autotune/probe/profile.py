@@ -46,6 +46,7 @@ from autotune.costmodel.steptime import HBM_EFFICIENCY
 from autotune.errors import ConfigError
 from autotune.plan import Schedule
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
+from autotune.userfile import read_text
 
 __all__ = ["Profile", "load_profile", "apply_profile", "cluster_overrides", "write_profile", "probe_profile",
            "fit_alpha_beta",
@@ -118,10 +119,7 @@ def load_profile(path: str | Path) -> Profile:
     """Read and check a profile; every problem is one ``ConfigError`` line naming the key."""
     where = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"--profile: cannot read {where} ({e.strerror}); "
-                          "run `autotune probe` first") from None
+        data = yaml.safe_load(read_text(path, "--profile"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("gpu"), str):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.render import gib
+from autotune.render import gib, param_count
 from autotune.report.data import ReportData
 
 __all__ = [
@@ -77,7 +77,7 @@ def facts(data: ReportData) -> list[tuple[str, str]]:
     statuses = ", ".join(f"{n} {s}" for s, n in data.statuses.items()) or "none"
     return [
         ("study", f"{data.study} ({data.study_dir})"),
-        ("model", f"{m.name} ({m.num_params / 1e9:.2f}B parameters)"),
+        ("model", f"{m.name} ({param_count(m.num_params)} parameters)"),
         (
             "cluster",
             f"{c.name}: {c.intra_link.key} inside nodes, {c.nics_per_node}x {c.inter_link.key} "

@@ -39,12 +39,13 @@ from autotune.catalog import load_gpu
 from autotune.trials.command import torchrun_command, worker_entry
 from autotune.trials.config import TrialConfig
 from autotune.trials.cpu import cpu_share
+from autotune.trials.orphans import live_trial_pids, record_agents
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Launch", "trial_config", "launch_command", "run_trial", "run_commands", "live_trial_pids"]
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-_STALE = ("result.json", "progress.jsonl", "result.rank*.json", "started.*", "joined.*")
+_STALE = ("result.json", "progress.jsonl", "result.rank*.json", "started.*", "joined.*", "agents.json")
 # How often this process and torchrun's agent wake up during a trial. Each wake-up takes a core from a rank
 # for a moment, and a 2-core CPU node runs two ranks: 0.05 s here and torchrun's default 0.1 s added a few
 # percent of noise to CPU step times. A quarter second still ends a trial or a pruned trial promptly.
@@ -118,23 +119,6 @@ def _prepare(trial_dir: Path, request: TrialRequest, config: TrialConfig, cmds: 
     (trial_dir / "plan.json").write_text(json.dumps(request.plan.to_dict(), indent=2) + "\n")
     config.write(trial_dir / "trial.json")
     (trial_dir / "cmd.txt").write_text("".join(shlex.join(cmd) + "\n" for cmd in cmds))
-
-
-def live_trial_pids(trial_dir: Path) -> list[int]:
-    """Processes launched for this trial: ``--trial-dir <trial_dir>`` in their argv (torchrun, workers)."""
-    needle = b"\0--trial-dir\0" + str(trial_dir).encode() + b"\0"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -266,6 +250,7 @@ def run_commands(request: TrialRequest, commands: list[list[str]], *, config: Tr
             for cmd in commands:
                 procs.append(subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, env=env,
                                               stdin=subprocess.DEVNULL, start_new_session=True))
+            record_agents(trial_dir, [p.pid for p in procs])  # a resume after a SIGKILL ends them
             while not _settled(procs):
                 pruned = progress.poll()
                 timed_out = time.monotonic() - start > request.timeout_s

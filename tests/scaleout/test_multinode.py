@@ -50,7 +50,7 @@ def test_lone_agent_is_a_rendezvous_error_within_bounds(tmp_path):
     elapsed = time.monotonic() - start
     assert result.status is TrialStatus.RENDEZVOUS_ERROR, result.error
     assert result.error.startswith("no worker started")
-    assert 8 <= elapsed < 30
+    assert 8 <= elapsed < 90  # the join timeout, then a stop: a hang would be far longer
     assert not list(request.trial_dir.glob("started.*"))
     assert_nothing_left(request.trial_dir)
 

@@ -79,7 +79,7 @@ def test_hang_past_the_deadline_is_a_timeout_and_the_group_is_killed(tiny, tmp_p
     result, _ = _run_fault(tiny, tmp_path, "hang", timeout_s=15.0)
     assert result.status is TrialStatus.TIMEOUT
     assert 15.0 <= result.wall_s < 15.0 + 3.0 + 5.0  # deadline + SIGTERM grace + slack
-    assert time.monotonic() - start < 40
+    assert time.monotonic() - start < 120  # a hang, not a slow start on a loaded machine
 
 
 @pytest.mark.dist(timeout=90)
