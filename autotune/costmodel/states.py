@@ -249,9 +249,11 @@ def root_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, la
     return params
 
 
-def stage_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> float:
-    """Parameters one GPU of a stage holds before sharding: its ``L/pp`` blocks and its ends."""
-    blocks = model.num_layers / plan.pp * layer_params_per_gpu(model, plan)
+def stage_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool,
+                         layers: float | None = None) -> float:
+    """Parameters one GPU of a stage holds before sharding: its blocks (``layers``, by default ``L/pp``;
+    ``autotune/stagesplit.py`` for uneven splits) and its ends."""
+    blocks = (model.num_layers / plan.pp if layers is None else layers) * layer_params_per_gpu(model, plan)
     return blocks + root_params_per_gpu(model, plan, first=first, last=last)
 
 
