@@ -31,6 +31,7 @@ import yaml
 
 from autotune import plan as _plan
 from autotune.errors import ConfigError
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import pipeline_degree_ok, split_error
@@ -81,6 +82,8 @@ class PlanContext:
     seq_len: int
     dp: int | None = None
     """A pinned DP degree (``--dp``), else None."""
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
+    """Share of device memory a recommended plan leaves free (``autotune/headroom.py``)."""
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -95,9 +95,9 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
         args.append(["--fp16"])
     else:  # fp8 runs its GEMMs in fp8 (Transformer Engine) on top of bf16 everything else
         args.append(["--bf16"])
-    if plan.precision is Precision.FP8:
+    if plan.precision is Precision.FP8:  # bf16 gradient reduction as NeMo's fp8 recipes (states.py)
         args += [["--fp8-format", "hybrid"], ["--fp8-amax-history-len", "1024"],
-                 ["--fp8-amax-compute-algo", "max"]]
+                 ["--fp8-amax-compute-algo", "max"], ["--grad-reduce-in-bf16"]]
     return args
 
 
