@@ -7,9 +7,9 @@ figures are RESERVED memory and are compared with the full prediction, allocator
 prediction for the comparison). Rows that only say a layout ran on a GPU ("ran on 80 GB", no figure)
 are checked for one thing: the model must not call them out of memory.
 
-Rows: ``ROWS`` below (each with its source), plus every entry of benchmarks/data/modern_runs.yaml that has
-``measured.peak_memory_gib`` (built by the ``data`` branch; rows it cannot turn into a plan are listed with
-the reason). Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
+Rows: every entry of benchmarks/data/modern_runs.yaml that has ``measured.peak_memory_gib`` (its source
+and the fields it fills are in ``_modern_row``; rows it cannot turn into a plan are listed with the
+reason), plus ``ROWS`` below: layouts of the issue 21 table that ran without a published figure. Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
 
 Usage:  python benchmarks/memory_published.py [--out benchmarks/results]
 """
@@ -34,10 +34,7 @@ MODERN = ROOT / "data" / "modern_runs.yaml"
 _GIB = 1024**3
 TARGET = 0.10
 
-_TT = (
-    "pytorch/torchtitan docs/performance.md @eaea6f6 (H100 96 GB HBM2e, torch/torchao/torchtitan of 2024-12)"
-)
-_TT_RESERVED = "max reserved (torchtitan DeviceMemoryMonitor)"
+_COMPILE = "torch.compile / async TP not modelled"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,133 +53,7 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _tt(
-    name: str, model: str, gib: float, plan: dict[str, Any], *, modelled: bool = True, note: str = ""
-) -> Row:
-    return Row(
-        name=name,
-        source=_TT,
-        model=model,
-        gpu="h100-96gb",
-        plan={"framework": "fsdp", **plan},
-        published_gib=gib,
-        includes=_TT_RESERVED,
-        modelled=modelled,
-        note=note,
-    )
-
-
-_T1 = {
-    "dp": 8,
-    "micro_batch": 2,
-    "global_batch": 16,
-    "seq_len": 8192,
-    "sharding": "fsdp-full",
-    "recompute": "selective",
-}
-_T3 = {**_T1, "dp": 128, "global_batch": 256}
-_T4 = {
-    "tp": 8,
-    "dp": 32,
-    "micro_batch": 16,
-    "global_batch": 512,
-    "seq_len": 8192,
-    "sharding": "fsdp-full",
-    "recompute": "full",
-    "sequence_parallel": True,
-    "precision": "fp8",
-}
-# torchtitan's default fsdp_reshard_after_forward ("default") does not reshard under PP
-# (torchtitan/models/llama3/infra/parallelize.py apply_fsdp): fsdp-grad-op.
-_T5 = {
-    "tp": 8,
-    "pp": 8,
-    "dp": 8,
-    "micro_batch": 1,
-    "global_batch": 256,
-    "seq_len": 8192,
-    "sharding": "fsdp-grad-op",
-    "recompute": "full",
-    "sequence_parallel": True,
-    "precision": "fp8",
-}
-_COMPILE = "torch.compile not modelled"
-
 ROWS: list[Row] = [
-    _tt("torchtitan T1 Llama3.1-8B FSDP8 SAC-op", "llama3-8b", 82.4, _T1),
-    _tt("torchtitan T1 ... + compile", "llama3-8b", 77.0, _T1, modelled=False, note=_COMPILE),
-    _tt(
-        "torchtitan T1 ... + compile + Float8",
-        "llama3-8b",
-        76.8,
-        {**_T1, "precision": "fp8"},
-        modelled=False,
-        note=_COMPILE,
-    ),
-    _tt("torchtitan T3 Llama3.1-8B FSDP128 SAC-op", "llama3-8b", 67.0, _T3),
-    _tt("torchtitan T3 ... + compile", "llama3-8b", 62.0, _T3, modelled=False, note=_COMPILE),
-    _tt(
-        "torchtitan T3 ... + compile + Float8",
-        "llama3-8b",
-        61.8,
-        {**_T3, "precision": "fp8"},
-        modelled=False,
-        note=_COMPILE,
-    ),
-    *[
-        _tt(
-            f"torchtitan T2 Llama3.1-8B FSDP{dp} CP{cp} {s // 1024}k full AC, fp8+compile",
-            "llama3-8b",
-            gib,
-            {
-                "dp": dp,
-                "cp": cp,
-                "micro_batch": 1,
-                "global_batch": dp,
-                "seq_len": s,
-                "sharding": "fsdp-full",
-                "recompute": "full",
-                "precision": "fp8",
-            },
-            note="compiled; full AC leaves little for compile to fuse",
-        )
-        for dp, cp, s, gib in ((8, 1, 32768, 83.9), (4, 2, 65536, 84.2), (2, 4, 131072, 84.0))
-    ],
-    _tt(
-        "torchtitan T4 Llama3.1-70B FSDP32 TP8 full AC, fp8+compile",
-        "llama3-70b",
-        71.9,
-        _T4,
-        note="compiled; full AC",
-    ),
-    _tt("torchtitan T4 ... + AsyncTP", "llama3-70b", 67.6, _T4, modelled=False, note="async TP not modelled"),
-    _tt(
-        "torchtitan T5 Llama3.1-405B FSDP8 TP8 PP8 1F1B, fp8+compile+AsyncTP",
-        "llama3-405b",
-        82.5,
-        _T5,
-        modelled=False,
-        note="async TP; 2024-12 torch pipelining",
-    ),
-    _tt(
-        "torchtitan T5 ... Interleaved 1F1B (2 stages/rank)",
-        "llama3-405b",
-        72.7,
-        {**_T5, "schedule": "interleaved", "virtual_stages": 2},
-        modelled=False,
-        note="async TP; 2024-12 torch pipelining",
-    ),
-    *[
-        _tt(
-            f"torchtitan T6 Llama3.1-405B FSDP{dp} CP{cp} TP8 PP8 {s // 1024}k, fp8+compile+AsyncTP",
-            "llama3-405b",
-            gib,
-            {**_T5, "dp": dp, "cp": cp, "seq_len": s, "global_batch": 8 * dp},
-            modelled=False,
-            note="async TP",
-        )
-        for dp, cp, s, gib in ((8, 1, 32768, 75.3), (4, 2, 65536, 75.9), (2, 4, 131072, 77.1))
-    ],
     Row(
         name="Megatron-Bridge Llama-3-70B fp8 TP4 PP8 VP5 DP2 (issue 21 table)",
         model="llama3-70b",
@@ -301,31 +172,50 @@ def modern_rows(path: Path = MODERN) -> tuple[list[Row], dict[str, str]]:
 
 
 def _modern_row(entry: dict[str, Any], measured: float) -> Row:
+    """One data-branch entry as a plan. Each filled field follows the framework's default, cited:
+    torchtitan applies sequence parallelism whenever TP > 1 (torchtitan/models/llama3/infra/parallelize.py
+    ``apply_tp``); under PP its default ``fsdp_reshard_after_forward`` keeps parameters gathered
+    (``apply_fsdp``: ``reshard_after_forward = not pp_enabled``), i.e. fsdp-grad-op; its 2024-12 pipeline
+    split the local batch into PP-degree micro-batches (``pipeline_parallel_microbatches`` default) and
+    interleaved schedules ran 2 stages per rank (torchtitan/distributed/pipeline_parallel.py)."""
     fw = str(entry.get("framework", "megatron")).lower()
-    framework = "fsdp" if fw in ("torchtitan", "fsdp", "fsdp2") else fw
-    plan = {
-        "framework": framework,
-        "tp": int(entry.get("tp") or 1),
-        "pp": int(entry.get("pp") or 1),
-        "dp": int(entry["dp"]),
-        "cp": int(entry.get("cp") or 1),
-        "micro_batch": int(entry["micro_batch"]),
+    torchtitan = fw in ("torchtitan", "fsdp", "fsdp2")
+    tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
+    if torchtitan and dp == 1 and cp > 1:
+        raise ValueError("FSDP over the CP ranks only (DP 1): a plan shards over DP > 1")
+    micro = entry.get("micro_batch") or int(entry["global_batch"]) // dp // pp
+    plan: dict[str, Any] = {
+        "framework": "fsdp" if torchtitan else fw,
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "cp": cp,
+        "micro_batch": int(micro),
         "global_batch": int(entry["global_batch"]),
         "seq_len": int(entry["seq_len"]),
+        "precision": "fp8" if "fp8" in str(entry.get("precision")) else "bf16",
+        "recompute": {"op-sac": "selective"}.get(entry["recompute"], entry["recompute"]),
+        "sharding": entry["sharding"],
+        "sequence_parallel": tp > 1,
     }
-    for key in ("sharding", "recompute", "precision", "schedule"):
-        if entry.get(key):
-            plan[key] = str(entry[key]).lower()
-    if entry.get("vp"):
-        plan.update(schedule="interleaved", virtual_stages=int(entry["vp"]))
+    if torchtitan and pp > 1:
+        plan["sharding"] = "fsdp-grad-op"
+        if "interleaved" in str(entry["id"]):
+            plan.update(schedule="interleaved", virtual_stages=int(entry.get("vp") or 2))
+    knobs = entry.get("knobs") or {}
+    gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
+    unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp"))
+    kind = (entry.get("measured") or {}).get("memory_kind", "?")
     return Row(
         name=str(entry["id"]),
-        source=str(entry.get("source", "")),
+        source=str(entry.get("source", "")).split(" (")[0],
         model=str(entry["model"]),
-        gpu=str(entry["gpu"]),
+        gpu=gpu,
         plan=plan,
         published_gib=measured,
-        includes=str((entry.get("measured") or {}).get("memory_kind", "as published")),
+        includes=f"max {kind}",
+        modelled=not unmodelled,
+        note=_COMPILE if unmodelled else "",
     )
 
 
