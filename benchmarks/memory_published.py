@@ -9,7 +9,8 @@ are checked for one thing: the model must not call them out of memory.
 
 Rows: every entry of benchmarks/data/modern_runs.yaml that has ``measured.peak_memory_gib`` (its source
 and the fields it fills are in ``_modern_row``; rows it cannot turn into a plan are listed with the
-reason), plus ``ROWS`` below: layouts of the issue 21 table that ran without a published figure. Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
+reason), plus ``ROWS`` below: layouts of the issue 21 table that ran without a published figure.
+Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
 
 Usage:  python benchmarks/memory_published.py [--out benchmarks/results]
 """
