@@ -19,6 +19,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.stagesplit import split_error
 
 __all__ = [
     "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "ParallelPlan",
@@ -295,9 +296,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}")
     if model.ffn_hidden_size % plan.tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
-    chunks = plan.pp * plan.virtual_stages
-    if model.num_layers % chunks:
-        errors.append(f"PP x virtual stages = {chunks} does not divide layers {model.num_layers}")
+    split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
+    if split:
+        errors.append(split)
     if not cluster.gpu.supports(str(plan.precision)):
         errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
     return errors

@@ -29,6 +29,7 @@ from autotune.backends.base import Backend, TrialRequest
 from autotune.cli._args import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_excess_bytes, headroom_reason
 from autotune.plan import Framework, ParallelPlan
 from autotune.render import plan_summary
 from autotune.resume import INTERRUPTED, ask_first, first_trials, interrupted, repair, trial_dir_of
@@ -92,10 +93,12 @@ def rank_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, estimat
                 tally.count(rule_of(str(e)), len(ladder.micro_batches) - i)
                 break
             est = estimator(ctx.model, ctx.cluster, plan)
-            if est.feasible:
+            above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
+            if est.feasible and above is None:
                 feasible.append(est)
                 continue
-            tally.count(rule_of(est.reasons[0]), len(ladder.micro_batches) - i)  # larger ones cannot fit
+            reason = above or est.reasons[0]
+            tally.count(rule_of(reason), len(ladder.micro_batches) - i)  # larger ones cannot fit
             if closest is None or _overcommit(est, ctx) < _overcommit(closest, ctx):
                 closest = est
             break
@@ -115,14 +118,17 @@ def _overcommit(est: Estimate, ctx: PlanContext) -> float:
 def plan_search(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, *, pins: Mapping[str, Any],
                 global_batch: int | None, seq_len: int, estimator: Estimator = estimate,
                 frameworks: Collection[Framework] | None = None,
-                cluster_at: ClusterAt | None = None) -> Ranking:
+                cluster_at: ClusterAt | None = None,
+                memory_headroom: float = DEFAULT_MEMORY_HEADROOM) -> Ranking:
     """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
 
-    ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size.
+    ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
+    a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended.
     """
     if frameworks is not None:
         space = _only_frameworks(space, model, cluster, pins, frameworks)
     choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
+    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom)
     ranking = rank_plans(choices, ctx, estimator)
     if ranking.feasible:
         return ranking
@@ -172,7 +178,9 @@ def _fits_nowhere(ranking: Ranking, space: SearchSpace, pins: Mapping[str, Any],
                   estimator: Estimator, cluster_at: ClusterAt | None) -> str:
     ctx, closest = ranking.ctx, ranking.closest
     cluster = ctx.cluster
-    need = f" (the closest: {closest.reasons[0]})" if closest else ""
+    first = (closest.reasons[0] if closest.reasons else headroom_reason(closest, ctx.memory_headroom)) \
+        if closest else None
+    need = f" (the closest: {first})" if first else ""
     head = (f"{ctx.model.name} fits nowhere on {cluster.num_gpus} {cluster.gpu.key}: "
             f"every legal plan is infeasible{need}")
     if cluster_at is None:
@@ -310,24 +318,27 @@ def _gate(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan | None, r
 
     Every proposal gets the same constraints, so the sampler learns where the boundary is:
     ``plan_rule_violations`` (an illegal combination, or a reason the cost model gives beyond memory),
-    ``memory_excess_bytes`` and ``host_memory_excess_bytes`` (predicted need minus capacity; <= 0 fits).
+    ``memory_excess_bytes`` (predicted need minus the headroom budget, ``autotune/headroom.py``) and
+    ``host_memory_excess_bytes`` (minus host capacity); <= 0 fits.
     An illegal or infeasible proposal is recorded with its reason and told PRUNED: it never launches.
     """
     est = estimator(ctx.model, ctx.cluster, plan) if plan is not None else None
     memory = host = 0.0
     other = 1.0 if plan is None else 0.0
+    above = None
     if est is not None:
-        memory = est.memory_bytes_per_gpu - est.memory_capacity_bytes
+        memory = headroom_excess_bytes(est, ctx.memory_headroom)
         host = est.memory.host_bytes_per_node - ctx.cluster.host_memory_bytes_per_node
         other = float(sum(not r.startswith(("out of memory", "out of host memory")) for r in est.reasons))
+        above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
         trial.set_user_attr("plan", est.plan.to_dict())
         trial.set_user_attr("predicted", _predicted(est))
     for name, value in zip(_CONSTRAINTS, (other, memory, host), strict=True):
         trial.set_constraint(name, value)
-    if est is not None and est.feasible:
+    if est is not None and est.feasible and above is None:
         return est
     trial.set_user_attr("status", str(TrialStatus.INFEASIBLE))
-    trial.set_user_attr("reason", reason or est.reasons[0])  # type: ignore[union-attr]
+    trial.set_user_attr("reason", reason or above or est.reasons[0])  # type: ignore[union-attr]
     study.tell(trial, state=TrialState.PRUNED)
     return None
 

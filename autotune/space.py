@@ -31,8 +31,10 @@ import yaml
 
 from autotune import plan as _plan
 from autotune.errors import ConfigError
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.stagesplit import pipeline_degree_ok, split_error
 from autotune.userfile import read_text
 
 __all__ = [
@@ -81,6 +83,8 @@ class PlanContext:
     seq_len: int
     dp: int | None = None
     """A pinned DP degree (``--dp``), else None."""
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM
+    """Share of device memory a recommended plan leaves free (``autotune/headroom.py``)."""
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -168,7 +172,10 @@ def _rule_values(rule: Rule, model: ModelSpec, cluster: ClusterSpec) -> tuple[in
         values = [1 << i for i in range(21)]
     else:
         n = cluster.gpus_per_node if rule.name == "divisors_of_gpus_per_node" else model.num_layers
-        values = [d for d in range(1, n + 1) if n % d == 0]
+        if rule.name == "divisors_of_layers":  # also the uneven splits the frameworks make (stagesplit.py)
+            values = [d for d in range(1, n + 3) if pipeline_degree_ok(n, d)]
+        else:
+            values = [d for d in range(1, n + 1) if n % d == 0]
     return tuple(v for v in values if rule.min <= v <= top)
 
 
@@ -195,8 +202,8 @@ def _layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
         return "TP does not divide the KV heads"
     if model.ffn_hidden_size % tp:
         return "TP does not divide the MLP width"
-    if model.num_layers % pp:
-        return "PP does not divide the layers"
+    if pp > model.num_layers:
+        return "PP exceeds the layers"
     if ctx.cluster.num_gpus % (tp * pp * cp):
         return "TP x PP x CP does not divide the GPU count"
     if cp > 1 and ctx.seq_len % (2 * cp):
@@ -217,11 +224,10 @@ def _variant_rule(ctx: PlanContext, v: _Variant, tp: int, pp: int, cp: int, dp: 
         return "offload needs a sharded optimizer"
     if fw is Framework.DEEPSPEED and (reason := _deepspeed_rule(v, tp, pp, cp)):
         return reason
-    if v.schedule is Schedule.INTERLEAVED:
-        if v.virtual_stages < 2:
-            return "the interleaved schedule needs virtual stages >= 2"
-        if ctx.model.num_layers % (pp * v.virtual_stages):
-            return "PP x virtual stages does not divide the layers"
+    if v.schedule is Schedule.INTERLEAVED and v.virtual_stages < 2:
+        return "the interleaved schedule needs virtual stages >= 2"
+    if pp > 1 and split_error(ctx.model.num_layers, pp, v.virtual_stages, str(fw)):
+        return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
     return None

@@ -13,6 +13,7 @@ from autotune.costmodel.estimate import Estimate
 from autotune.costmodel.memory import MemoryBreakdown
 from autotune.costmodel.steptime import TimeBreakdown
 from autotune.errors import ConfigError
+from autotune.headroom import headroom_reason
 from autotune.plan import Framework, Recompute
 from autotune.search import (
     StudyOptions,
@@ -106,7 +107,8 @@ def test_micro_batch_cutoff_loses_no_feasible_plan():
     assert ranking.feasible and ranking.pruned.get("out of memory", 0) > 0
     brute = _brute_force_feasible(ranking)
     assert [e.plan for e in ranking.feasible] == [e.plan for e in brute] == [e.plan for e in every]
-    assert ranking.num_legal == len(brute) + ranking.pruned["out of memory"]
+    above = ranking.pruned.get("above the memory headroom", 0)
+    assert ranking.num_legal == len(brute) + ranking.pruned["out of memory"] + above
 
 
 def _brute_force_feasible(ranking):
@@ -114,7 +116,8 @@ def _brute_force_feasible(ranking):
     choices = resolve_choices(load_space(), ranking.ctx.model, ranking.ctx.cluster)
     ests = [fake_estimate(ranking.ctx.model, ranking.ctx.cluster, ladder.plan(m))
             for ladder in enumerate_plans(choices, ranking.ctx) for m in ladder.micro_batches]
-    return sorted((e for e in ests if e.feasible), key=lambda e: e.tokens_per_s, reverse=True)
+    fits = (e for e in ests if e.feasible and headroom_reason(e, ranking.ctx.memory_headroom) is None)
+    return sorted(fits, key=lambda e: e.tokens_per_s, reverse=True)
 
 
 def test_the_search_never_launches_an_infeasible_plan(tmp_path):

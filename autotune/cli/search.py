@@ -31,6 +31,7 @@ from autotune.cli._args import (
 from autotune.cli._notes import batch_notes
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM, room_left
 from autotune.plan import ParallelPlan
 from autotune.preflight import check_trials_can_run, check_writable
 from autotune.progress import SearchProgress, wants_progress
@@ -50,6 +51,17 @@ def _count(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more, got {text!r}")
+    return value
+
+
+def _headroom(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= MAX_MEMORY_HEADROOM:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction from 0 to {MAX_MEMORY_HEADROOM:g}, got {text!r}")
     return value
 
 
@@ -94,6 +106,9 @@ class SearchCommand:
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
         g.add_argument("--quiet", action="store_true", help="print only the best plan (no progress bars)")
+        g.add_argument("--memory-headroom", type=_headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
+                       help="share of GPU memory the recommended plan leaves free "
+                            f"(default {DEFAULT_MEMORY_HEADROOM:g}; docs/memory_headroom.md)")
 
     def run(self, args: argparse.Namespace) -> int:
         import optuna  # here, so that `autotune estimate` never imports it
@@ -215,7 +230,8 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     ranking = plan_search(space, model, cluster, pins=pins,
                           global_batch=global_batch, seq_len=args.seq_len or default_seq_len(model),
                           frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster),
-                          estimator=estimator)
+                          estimator=estimator,
+                          memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM))
     return choice, ranking
 
 
@@ -282,6 +298,8 @@ def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any,
         "pruned_by_reason": ranking.pruned,
         "emitted": emitted if emitted is not None else [],
         "emit_available": emitted is not None,
+        "memory_headroom": ranking.ctx.memory_headroom,
+        "memory_room_left": room_left(best),
         "top": [_row(t) for t in top],
     }
 
@@ -313,7 +331,8 @@ def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking
               "never launched", ""]
     lines += _table(out["top"], measured=out["value_source"] == "measured")
     best = ParallelPlan.from_dict(out["plan"])
-    lines += ["", f"best      {plan_summary(best)}"]
+    lines += ["", f"best      {plan_summary(best)}",
+              f"memory    {out['memory_room_left']} (headroom asked: {out['memory_headroom']:.0%})"]
     if out["emit_available"]:
         lines += [f"emitted   {path}" for path in out["emitted"]]
     else:

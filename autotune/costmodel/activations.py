@@ -20,18 +20,26 @@ output-projection input 2sbh, GeLU input and output 16sbh (the 24 split by TP), 
 - Norms: fused RMSNorm/LayerNorm kernels (Apex, TE, torch.compile) store the input and per-token fp32
   statistics; eager PyTorch's decomposed RMSNorm also stores ``x * rstd`` (seen in the CPU cross-check).
 - No dropout by default (``DROPOUT``): Llama 1-3, Mistral, OLMo pretrain without it.
+
+What each framework's recompute and fp8 keep (``kernels_for``): Megatron's selective recompute drops the
+attention core only (``--recompute-granularity selective``, megatron/core/transformer/attention.py
+``_checkpointed_attention_forward``), which under flash attention is the log-sum-exp; torchtitan's
+selective recompute (what framework ``fsdp`` emits, ``selective_ac_option = "op"``) is per-op SAC
+(``op_sac_bytes``); Transformer Engine under fp8 saves the inputs of its GEMMs in fp8
+(``fp8_gemm_inputs``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.plan import Framework, ParallelPlan, Recompute, Schedule
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule
 from autotune.specs import ModelSpec
 
 __all__ = [
     "FLASH_ATTENTION", "DROPOUT", "Kernels", "kernels_for", "LayerShape", "norm_side_bytes", "tp_split_bytes",
-    "attention_core_bytes", "layer_activation_bytes", "backward_working_bytes", "head_activation_bytes",
+    "attention_core_bytes", "op_sac_bytes", "layer_activation_bytes", "backward_working_bytes",
+    "head_activation_bytes",
     "loss_stored_bytes", "loss_transient_bytes", "in_flight_microbatches", "microbatches_at_loss",
 ]
 
@@ -56,13 +64,31 @@ class Kernels:
     dropout: bool = DROPOUT
     mask_bytes: int = 1
     """Dropout masks are stored as 1-byte tensors (Korthikanti Sec. 4.1)."""
+    op_sac: bool = False
+    """Selective recompute is torchtitan's per-op SAC (``op_sac_bytes``), not Megatron's attention-core
+    recompute."""
+    loss_parallel: bool = False
+    """torch's vocab-parallel loss (``torch.distributed.tensor.parallel.loss_parallel``, what torchtitan
+    runs with TP): its backward holds four fp32 logit-sized buffers (``loss_transient_bytes``)."""
+    fp8_gemm_inputs: bool = False
+    """Transformer Engine fp8: the inputs its GEMMs save for backward are fp8 (1 B) copies
+    (transformer_engine/pytorch/module/layernorm_linear.py and linear.py save the quantized ``ln_out`` /
+    ``inputmat`` when ``fp8``), so the QKV, projection, FC1 and FC2 inputs take 1 B; the attention core
+    keeps its bf16 Q, K, V and output (the projection's fp8 input is a second copy of that output)."""
 
 
 def kernels_for(plan: ParallelPlan) -> Kernels:
-    """The kernels each framework runs: Megatron fuses SwiGLU and the cross-entropy; PyTorch (FSDP2 trials)
-    and DeepSpeed run the model's eager MLP and ``F.cross_entropy``."""
+    """The kernels each framework runs: Megatron fuses SwiGLU and the cross-entropy and, under fp8, saves
+    fp8 GEMM inputs (Transformer Engine); PyTorch (FSDP2 trials, torchtitan) and DeepSpeed run the model's
+    eager MLP and ``F.cross_entropy``. Framework fsdp's selective recompute is torchtitan's op SAC. Its fp8
+    (torchao float8 linears) is priced at bf16 activation bytes: torchtitan's own tables measure the same
+    peak with and without Float8 under op SAC + compile (docs/performance.md, Llama 3.1 8B: 76.8 vs 77.0 GiB
+    on 8 H100s, 61.8 vs 62.0 GiB on 128)."""
     megatron = plan.framework is Framework.MEGATRON
-    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron)
+    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron,
+                   op_sac=plan.framework is Framework.FSDP,
+                   loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
+                   fp8_gemm_inputs=megatron and plan.precision is Precision.FP8)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,7 +117,8 @@ def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     Korthikanti Sec. 4.1 / Eq. 2: 10sbh (4 + 4 + 2) for LayerNorm with dropout, e = 2."""
     tensors = 2 * (2 + (0 if k.fused_norm else 1))
     masks = 2 * k.mask_bytes if k.dropout else 0
-    return x.s * x.b * x.h * (tensors * e + masks)
+    fp8_saving = 2 * (e - 1) if k.fp8_gemm_inputs else 0  # the two norm outputs are GEMM inputs
+    return x.s * x.b * x.h * (tensors * e + masks - fp8_saving)
 
 
 def tp_split_bytes(x: LayerShape, e: int, k: Kernels) -> float:
@@ -101,6 +128,8 @@ def tp_split_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     sb = x.s * x.b
     attention = sb * (2 * x.h + 2 * x.kv) * e
     mlp_tensors = (3 if k.fused_swiglu else 4) if x.gated else 2
+    if k.fp8_gemm_inputs:  # + the projection's fp8 input; the FC2 input (last MLP tensor) in fp8
+        return attention + sb * x.h + sb * x.ffn * ((mlp_tensors - 1) * e + 1)
     return attention + sb * x.ffn * mlp_tensors * e
 
 
@@ -123,10 +152,30 @@ def layer_activation_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recom
     side_div = tp if sp else 1
     if recompute is Recompute.FULL:
         return x.s * x.b * x.h * e / side_div
+    if recompute is Recompute.SELECTIVE and k.op_sac:
+        return op_sac_bytes(x, tp=tp, sp=sp, e=e, k=k)
     stored = norm_side_bytes(x, e, k) / side_div + tp_split_bytes(x, e, k) / tp
     if recompute is Recompute.NONE:
         stored += attention_core_bytes(x, e, k) / tp
     return stored
+
+
+def op_sac_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels) -> float:
+    """One layer under torchtitan's per-op selective AC (torchtitan/distributed/activation_checkpoint.py
+    ``_apply_op_sac``, save list ``_op_sac_save_list`` in torchtitan/models/llama3/infra/parallelize.py):
+    outputs of ``aten.mm`` are saved except every second one of the block, SDPA's outputs and TP's
+    reduce-scatters are saved, everything else is recomputed. A Llama block calls its matmuls in the order
+    q, k, v, o, gate, up, down (GeLU MLP: up, down), so q, v, gate and down are kept (GeLU: q, v, up);
+    column-parallel outputs are ``1/t`` wide, row-parallel ones (o, down) the full ``h`` of partial sums.
+    Plus the block input the checkpoint keeps (``/t`` with SP), SDPA's output and fp32 log-sum-exp, and with
+    SP the two reduce-scattered outputs (``h/t`` each)."""
+    side_div = tp if sp else 1
+    mlp = [x.ffn / tp, x.ffn / tp, x.h] if x.gated else [x.ffn / tp, x.h]
+    widths = [x.h / tp, x.kv / tp, x.kv / tp, x.h] + mlp
+    kept = sum(widths[0::2])  # the 1st, 3rd, 5th, ... matmul of the block
+    scattered = 2 * x.h / tp if sp else 0.0
+    elements = x.h / side_div + kept + x.h / tp + scattered
+    return x.s * x.b * elements * e + attention_core_bytes(x, e, k) / tp
 
 
 def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
@@ -172,8 +221,13 @@ def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float
     gradients of the log-softmax output and of its input at once in backward (8 B per logit; the CPU
     cross-check's peak), more than the forward's ``e``-byte logits + fp32 copy. Megatron's fused
     vocab-parallel cross-entropy writes its gradient in place: only the logits (``e``) while the fp32
-    buffer is made."""
-    per_logit = e if k.fused_cross_entropy else max(8.0, e + 4.0)
+    buffer is made. torch's ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py
+    ``_nll_loss_and_log_softmax_backward``) holds, beside the saved log-softmax, ``zeros_like(x)``,
+    ``exp(x)`` and their sum, then the product with the incoming gradient: 12 B per logit."""
+    if k.fused_cross_entropy:
+        per_logit = float(e)
+    else:
+        per_logit = 12.0 if k.loss_parallel else max(8.0, e + 4.0)
     return x.s * x.b * x.vocab / tp * per_logit
 
 

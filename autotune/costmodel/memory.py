@@ -53,6 +53,7 @@ from autotune.costmodel.states import (
 )
 from autotune.plan import ParallelPlan, Schedule, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.stagesplit import split_layers
 
 __all__ = [
     "MemoryBreakdown", "memory_breakdown", "stage_memory", "reserve_bytes", "pipeline_p2p_bytes",
@@ -153,7 +154,8 @@ class KeptBytes:
 
 
 def deferred_reduce_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *,
-                          first: bool, last: bool, sharded_grad_bytes: float) -> KeptBytes:
+                          first: bool, last: bool, sharded_grad_bytes: float,
+                          layers: float | None = None) -> KeptBytes:
     """What torch 2.13's pipelining keeps unsharded on a sharded FSDP2 stage (``states.defers_grad_reduce``).
 
     torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` turns off gradient sync and
@@ -167,7 +169,7 @@ def deferred_reduce_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numeri
     reshards it (``reshard_after_forward=True``: fsdp-full, hsdp) or until the reduction (fsdp-grad-op)."""
     if not defers_grad_reduce(plan) or plan.sharding is Sharding.NONE:
         return KeptBytes()
-    stage = stage_params_per_gpu(model, plan, first=first, last=last)
+    stage = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
     unit = max(layer_params_per_gpu(model, plan), root_params_per_gpu(model, plan, first=first, last=last))
     params = 0.0 if plan.sharding is Sharding.FSDP_GRAD_OP else stage * numerics.compute_bytes
     return KeptBytes(params_bytes=params, grads_bytes=max(0.0, 4.0 * stage - sharded_grad_bytes),
@@ -181,13 +183,13 @@ class _Moment(NamedTuple):
     step_temp: float
 
 
-def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, numerics: Numerics, k: Kernels,
-             step_bytes: float, kept: KeptBytes) -> list[_Moment]:
+def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, numerics: Numerics,
+             k: Kernels, step_bytes: float, kept: KeptBytes) -> list[_Moment]:
     """The candidate peaks of one stage (module docstring); bytes beyond the model states."""
     first, last = rank == 0, rank == plan.pp - 1
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
     x = LayerShape.of(model, plan)
-    per_stage = model.num_layers / plan.pp * layer_activation_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
+    per_stage = layers * layer_activation_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
     head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0
@@ -233,15 +235,17 @@ def _backward_before_loss(plan: ParallelPlan) -> bool:
 
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, rank: int,
                  numerics: Numerics = MIXED_BF16, kernels: Kernels | None = None) -> MemoryBreakdown:
-    """Peak memory of pipeline rank ``rank`` (0 or ``pp - 1``): model states plus the largest of its
-    loss, backward and optimizer-step moments (module docstring)."""
+    """Peak memory of pipeline rank ``rank``: model states plus the largest of its loss, backward and
+    optimizer-step moments (module docstring); its blocks as ``autotune/stagesplit.py`` splits them."""
     k = kernels if kernels is not None else kernels_for(plan)
-    params = stage_params_per_gpu(model, plan, first=rank == 0, last=rank == plan.pp - 1)
+    first, last = rank == 0, rank == plan.pp - 1
+    layers = _rank_layers(model, plan)[rank]
+    params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
     states = model_state_bytes(params, plan, numerics)
-    kept = deferred_reduce_bytes(model, plan, numerics, first=rank == 0, last=rank == plan.pp - 1,
-                                 sharded_grad_bytes=states.gradients_bytes)
-    moments = _moments(model, plan, rank=rank, numerics=numerics, k=k, step_bytes=states.step_bytes,
-                       kept=kept)
+    kept = deferred_reduce_bytes(model, plan, numerics, first=first, last=last,
+                                 sharded_grad_bytes=states.gradients_bytes, layers=layers)
+    moments = _moments(model, plan, rank=rank, layers=layers, numerics=numerics, k=k,
+                       step_bytes=states.step_bytes, kept=kept)
     peak = max(moments, key=sum)
     comm = comm_bucket_bytes(plan, params, numerics) + pipeline_p2p_bytes(model, plan, numerics)
     transient = peak.activations + peak.logits + peak.prefetch + peak.step_temp + comm
@@ -255,10 +259,33 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, 
 
 def memory_breakdown(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
                      numerics: Numerics = MIXED_BF16, kernels: Kernels | None = None) -> MemoryBreakdown:
-    """Memory of the worst GPU: the larger of the first and the last pipeline stage (module docstring).
-    ``host_bytes_per_node`` is the larger stage's offloaded bytes per GPU x GPUs per node."""
+    """Memory of the worst GPU: the largest of the first, the last and (uneven splits) the most loaded
+    middle pipeline stage (module docstring). ``host_bytes_per_node`` is the larger stage's offloaded
+    bytes per GPU x GPUs per node."""
     stages = [stage_memory(model, cluster, plan, rank=r, numerics=numerics, kernels=kernels)
-              for r in sorted({0, plan.pp - 1})]
+              for r in _ranks_to_check(model, plan)]
     worst = max(stages, key=lambda m: m.total_bytes)
     host = max(m.host_bytes_per_node for m in stages)
     return MemoryBreakdown(**{**worst.as_dict(), "host_bytes_per_node": host})
+
+
+def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> list[float]:
+    """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
+    (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
+    try:
+        split = split_layers(model.num_layers, plan)
+    except ValueError:
+        return [model.num_layers / plan.pp] * plan.pp
+    return [float(split.rank_layers(r)) for r in range(plan.pp)]
+
+
+def _ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> list[int]:
+    """The first and last rank, and with unequal middle ranks the one with the most blocks and the one
+    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches)."""
+    ranks = {0, plan.pp - 1}
+    layers = _rank_layers(model, plan)
+    middle = range(1, plan.pp - 1)
+    if middle and len(set(layers)) > 1:
+        ranks.add(max(middle, key=lambda r: (layers[r], -r)))
+        ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_microbatches(plan, rank=r), -r)))
+    return sorted(ranks)

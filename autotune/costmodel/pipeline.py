@@ -11,8 +11,9 @@ from autotune.costmodel import comm
 from autotune.costmodel.tpcomm import act_bytes
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.stagesplit import split_layers
 
-__all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split", "sends_s"]
+__all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split", "rank_blocks", "sends_s"]
 
 
 def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
@@ -65,6 +66,20 @@ def stage_split(num_layers: int, pp: int, head_layers: float) -> tuple[int, int]
         if load < best[0]:
             best = (load, k, rest)
     return best[1], best[2]
+
+
+def rank_blocks(num_layers: int, plan: ParallelPlan, head_layers: float) -> tuple[int, int]:
+    """(blocks on the last rank, most blocks on any other rank). Where PP x virtual stages divides the
+    layers, ``stage_split``'s head-balanced split (as before); otherwise the framework's own uneven split
+    (``autotune/stagesplit.py``), whose chunk sizes the emitters write: a rank's ``v`` chunks together."""
+    if plan.pp <= 1 or num_layers % (plan.pp * plan.virtual_stages) == 0:
+        return stage_split(num_layers, plan.pp, head_layers)
+    try:
+        split = split_layers(num_layers, plan)
+    except ValueError:  # illegal plan: check_plan says why; price the balanced split
+        return stage_split(num_layers, plan.pp, head_layers)
+    others = max(split.rank_layers(r) for r in range(plan.pp - 1))
+    return split.last_rank_layers, others
 
 
 def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:

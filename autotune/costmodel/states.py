@@ -13,7 +13,8 @@ framework stores something else, ``state_bytes_per_param`` says so with its sour
   counts it: ``estimate_zero2_model_states_mem_needs`` "18 = 2_grads_16bit + 4_grads_32bit +
   4_params_32bit + 8_optimizer_states_32bit". We count it too (conservative: it lives during the step).
 - Megatron keeps fp32 ``main_grad`` buffers (4 B), unsharded even with the distributed optimizer
-  (megatron/training/theoretical_memory_usage.py: 18 B/param, or 6 + 12/d with the distributed optimizer).
+  (megatron/training/theoretical_memory_usage.py: 18 B/param, or 6 + 12/d with the distributed optimizer);
+  bf16 ones under fp8 (``megatron_grad_bytes``).
 - FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (autotune/trials/parallelize.py,
   torchtitan): the sharded parameter IS the fp32 master (4 B), sharded gradients are fp32 (4 B), Adam adds
   8 B; bf16 copies exist only unsharded (per unit in flight, or the whole stage for fsdp-grad-op, whose
@@ -36,12 +37,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.plan import Framework, ParallelPlan, Sharding
+from autotune.plan import Framework, ParallelPlan, Precision, Sharding
 from autotune.specs import ModelSpec
 
 __all__ = [
     "Numerics", "MIXED_BF16", "FP32", "StateBytesPerParam", "ModelStates", "state_bytes_per_param",
-    "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "layer_params_per_gpu",
+    "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "megatron_grad_bytes",
+    "layer_params_per_gpu",
     "root_params_per_gpu", "stage_params_per_gpu", "vocab_split", "largest_module_params_per_gpu",
     "gathered_bytes",
     "comm_bucket_bytes", "defers_grad_reduce", "host_grad_accumulation_bytes",
@@ -119,9 +121,19 @@ def state_bytes_per_param(plan: ParallelPlan, numerics: Numerics) -> StateBytesP
         return StateBytesPerParam(weight=4.0, unsharded_copy=held, grad=4.0, grad_fp32_partition=0.0,
                                   optimizer=8.0)
     if plan.framework is Framework.MEGATRON:
-        return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=4.0, grad_fp32_partition=0.0,
-                                  optimizer=12.0)
+        return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=megatron_grad_bytes(plan),
+                                  grad_fp32_partition=0.0, optimizer=12.0)
     return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=c, grad_fp32_partition=4.0, optimizer=12.0)
+
+
+def megatron_grad_bytes(plan: ParallelPlan) -> float:
+    """Megatron's ``main_grad`` buffer element: fp32 for bf16/fp16 (megatron/training/arguments.py turns
+    on ``accumulate_allreduce_grads_in_fp32`` under ``--bf16``; DDP's ``grad_reduce_in_fp32`` sizes the
+    buffer in megatron/core/distributed/param_and_grad_buffer.py); bf16 for fp8 plans, as NeMo's and
+    Megatron-Bridge's fp8 performance recipes set ``grad_reduce_in_fp32 = False`` (NeMo
+    scripts/performance helpers: ``bf16_with_fp8_mixed()`` then ``grad_reduce_in_fp32 = False``) and the
+    emitter writes ``--grad-reduce-in-bf16`` (autotune/emit/megatron.py)."""
+    return 2.0 if plan.precision is Precision.FP8 else 4.0
 
 
 def state_shard_degree(plan: ParallelPlan) -> int:
@@ -249,9 +261,11 @@ def root_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, la
     return params
 
 
-def stage_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> float:
-    """Parameters one GPU of a stage holds before sharding: its ``L/pp`` blocks and its ends."""
-    blocks = model.num_layers / plan.pp * layer_params_per_gpu(model, plan)
+def stage_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool,
+                         layers: float | None = None) -> float:
+    """Parameters one GPU of a stage holds before sharding: its blocks (``layers``, by default ``L/pp``;
+    ``autotune/stagesplit.py`` for uneven splits) and its ends."""
+    blocks = (model.num_layers / plan.pp if layers is None else layers) * layer_params_per_gpu(model, plan)
     return blocks + root_params_per_gpu(model, plan, first=first, last=last)
 
 

@@ -342,7 +342,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     # the last pipeline rank runs the head (and with PP=1 the embedding too); the first runs the embedding
     last_tp_s = bt.head_tp_s + (bt.embed_tp_s if plan.pp == 1 else 0.0)
     last_extra_s = bt.head_s + last_tp_s + bt.edge_host_s
-    k_last, k_other = pipeline.stage_split(model.num_layers, plan.pp, last_extra_s / block_s)
+    k_last, k_other = pipeline.rank_blocks(model.num_layers, plan, last_extra_s / block_s)
     last_busier = k_last + last_extra_s / block_s >= k_other
     blocks = k_last if last_busier else k_other
     head_s = bt.head_s if last_busier else 0.0

@@ -4,7 +4,8 @@ Flag names are Megatron-LM's (``megatron/training/arguments.py`` and the ``Trans
 ``ModelParallelConfig`` fields it turns into flags). The file holds one flag (with its value) per line and
 nothing that needs quoting, so ``pretrain_gpt.py $(cat megatron_args.txt) <data/tokenizer flags>`` works.
 
-Megatron's own rules, checked here before emitting: layers divisible by PP x virtual stages, global batch
+Megatron's own rules, checked here before emitting: the layers split into PP x virtual stages (evenly, or
+with the account-for-embedding/loss or first/last-stage flags of ``autotune/stagesplit.py``), global batch
 divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs PP > 1.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ModelSpec
+from autotune.stagesplit import ACCOUNT_BOTH, ACCOUNT_LOSS, FIRST_LAST, split_error, split_layers
 
 __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text"]
 
@@ -50,9 +52,7 @@ def _model_args(model: ModelSpec, seq_len: int) -> list[list[str]]:
 def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     args = [["--tensor-model-parallel-size", str(plan.tp)], ["--pipeline-model-parallel-size", str(plan.pp)],
             ["--context-parallel-size", str(plan.cp)]]
-    if plan.schedule is Schedule.INTERLEAVED:
-        per_chunk = model.num_layers // (plan.pp * plan.virtual_stages)
-        args.append(["--num-layers-per-virtual-pipeline-stage", str(per_chunk)])
+    args += _split_args(plan, model)
     if plan.sequence_parallel:
         args.append(["--sequence-parallel"])
     if plan.sharding is Sharding.ZERO1:
@@ -60,6 +60,27 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path
         args += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"],
                  ["--optimizer-offload-fraction", "1.0"]]
+    return args
+
+
+def _split_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
+    """Interleaving and the uneven split (megatron/training/arguments.py; ``autotune/stagesplit.py``)."""
+    if plan.pp == 1:
+        return []
+    split = split_layers(model.num_layers, plan)
+    if split.uniform:
+        if plan.schedule is not Schedule.INTERLEAVED:
+            return []
+        return [["--num-layers-per-virtual-pipeline-stage", str(split.chunk_layers[0])]]
+    args = [["--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages)]] \
+        if plan.schedule is Schedule.INTERLEAVED else []
+    if split.method in (ACCOUNT_BOTH, ACCOUNT_LOSS):
+        args.append(["--account-for-loss-in-pipeline-split"])
+    if split.method == ACCOUNT_BOTH:
+        args.append(["--account-for-embedding-in-pipeline-split"])
+    if split.method == FIRST_LAST:
+        args += [["--decoder-first-pipeline-num-layers", str(split.first_rank_layers)],
+                 ["--decoder-last-pipeline-num-layers", str(split.last_rank_layers)]]
     return args
 
 
@@ -74,17 +95,16 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
         args.append(["--fp16"])
     else:  # fp8 runs its GEMMs in fp8 (Transformer Engine) on top of bf16 everything else
         args.append(["--bf16"])
-    if plan.precision is Precision.FP8:
+    if plan.precision is Precision.FP8:  # bf16 gradient reduction as NeMo's fp8 recipes (states.py)
         args += [["--fp8-format", "hybrid"], ["--fp8-amax-history-len", "1024"],
-                 ["--fp8-amax-compute-algo", "max"]]
+                 ["--fp8-amax-compute-algo", "max"], ["--grad-reduce-in-bf16"]]
     return args
 
 
 def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:
-    chunks = plan.pp * plan.virtual_stages
-    if model.num_layers % chunks:
-        raise ConfigError(f"Megatron: --num-layers {model.num_layers} is not divisible by "
-                          f"PP x virtual stages = {chunks}")
+    reason = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
+    if reason:
+        raise ConfigError(f"Megatron: {reason}")
     if plan.global_batch % (plan.micro_batch * plan.dp):
         raise ConfigError(f"Megatron: --global-batch-size {plan.global_batch} is not divisible by "
                           f"--micro-batch-size x DP = {plan.micro_batch} x {plan.dp}")

@@ -53,6 +53,10 @@ def _estimate_lines(est: dict[str, Any] | None) -> list[str]:
         cap = est.get("memory_capacity_bytes")
         of = f" of {cap / _GIB:.1f} GiB" if cap else ""
         lines.append(f"- memory per GPU: {est['memory_bytes_per_gpu'] / _GIB:.1f} GiB{of}")
+        if cap:
+            free = cap - est["memory_bytes_per_gpu"]
+            lines.append(f"- memory left free: {free / _GIB:.1f} GiB ({free / cap:.0%} of the GPU; "
+                         "the search keeps at least its --memory-headroom, default 10 %)")
     if "step_time_s" in est:
         lines.append(f"- step time: {est['step_time_s']:.3f} s, {est.get('tokens_per_s', 0):,.0f} tokens/s, "
                      f"MFU {100 * est.get('mfu', 0):.1f}%, bound by {est.get('bottleneck', '?')}")

@@ -14,7 +14,10 @@ Mapping notes:
   without it gets it anyway: activations only shrink, the communication volume is the same.
 * PP: ``pipeline_parallel_layers_per_stage`` = layers / (PP x virtual stages) with the first/last-stage
   discounts set to 0, so torchtitan cuts exactly PP x virtual stages equal chunks (embedding on the first,
-  norm and output on the last), as the cost model assumes.
+  norm and output on the last), as the cost model assumes. Where PP x virtual stages does not divide the
+  layers, ``module_fqns_per_model_part`` names each chunk's modules as torchtitan's own
+  ``generate_llm_fqn_per_model_part`` (embedding and output weighing one layer) would, which
+  ``autotune/stagesplit.py`` reproduces for the cost model.
 * ``selective`` recompute maps to per-op SAC (``selective_ac_option = "op"``): matmul and attention outputs
   are kept, cheap element-wise ops recomputed.
 """
@@ -27,6 +30,7 @@ from autotune.emit.deepspeed import GRADIENT_CLIPPING
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ModelSpec
+from autotune.stagesplit import split_layers
 
 __all__ = ["torchtitan_unsupported", "to_torchtitan_config", "dumps_toml"]
 
@@ -69,11 +73,26 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
     }
     if plan.pp > 1:
         out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
-        out["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.virtual_stages)
-        out["pipeline_parallel_first_stage_less_layers"] = 0
-        out["pipeline_parallel_last_stage_less_layers"] = 0
+        split = split_layers(model.num_layers, plan)
+        if split.uniform:
+            out["pipeline_parallel_layers_per_stage"] = split.chunk_layers[0]
+            out["pipeline_parallel_first_stage_less_layers"] = 0
+            out["pipeline_parallel_last_stage_less_layers"] = 0
+        else:
+            out["module_fqns_per_model_part"] = _module_fqns(split.chunk_layers)
         out["pipeline_parallel_microbatch_size"] = plan.micro_batch
     return out
+
+
+def _module_fqns(chunk_layers: tuple[int, ...]) -> list[list[str]]:
+    """torchtitan Llama module names per model chunk: ``tok_embeddings`` first, ``norm``/``output`` last."""
+    parts, start = [], 0
+    for layers in chunk_layers:
+        parts.append([f"layers.{i}" for i in range(start, start + layers)])
+        start += layers
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
 
 
 def _training(plan: ParallelPlan) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
 
 from autotune.errors import TrialError
 from autotune.plan import ParallelPlan, Recompute, Schedule, Sharding
+from autotune.stagesplit import split_layers
 from autotune.trials.model import Transformer
 
 __all__ = ["MESH_DIMS", "build_mesh", "dp_degrees", "parallelize", "apply_tp", "apply_ac", "apply_dp",
@@ -186,12 +187,13 @@ def split_stages(model: Transformer, *, plan: ParallelPlan, pp_rank: int) -> lis
     if model.spec.tie_embeddings:
         raise TrialError("tied embeddings cannot be split over pipeline stages in trials; use PP=1")
     num_stages = plan.pp * plan.virtual_stages
-    per_stage = model.spec.num_layers // num_stages
+    sizes = split_layers(model.spec.num_layers, plan).chunk_layers  # uneven as torchtitan cuts it
+    starts = [sum(sizes[:i]) for i in range(num_stages)]
     stage_ids = [pp_rank + v * plan.pp for v in range(plan.virtual_stages)]
     chunks = []
     for i, stage in enumerate(stage_ids):
         chunk = model if i == len(stage_ids) - 1 else copy.deepcopy(model)
-        keep = {str(n) for n in range(stage * per_stage, (stage + 1) * per_stage)}
+        keep = {str(n) for n in range(starts[stage], starts[stage] + sizes[stage])}
         for key in [k for k in chunk.layers if k not in keep]:
             del chunk.layers[key]
         if stage != 0:

@@ -14,6 +14,7 @@ import pytest
 from emit_cases import CASES
 
 from autotune.emit import megatron_args, megatron_unsupported
+from autotune.emit.megatron import megatron_args_text
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
@@ -121,6 +122,9 @@ def test_plans_megatron_cannot_run_get_no_args(changes, reason):
 
 
 def test_megatron_rules_are_checked_before_emitting():
-    plan = ParallelPlan(pp=3, dp=2, global_batch=12, seq_len=2048, framework="megatron")
-    with pytest.raises(ConfigError, match="not divisible by PP x virtual stages = 3"):
+    plan = ParallelPlan(pp=2, dp=2, global_batch=12, seq_len=2048, framework="megatron",
+                        schedule="interleaved", virtual_stages=3)
+    with pytest.raises(ConfigError, match="Megatron cannot split 32 layers into PP x virtual stages = 2 x 3"):
         megatron_args(plan, CASES["zero0"].build()[1])  # 32 layers
+    uneven = plan.replace(schedule="1f1b", virtual_stages=1, pp=3, global_batch=12)
+    assert "--account-for-loss-in-pipeline-split" in megatron_args_text(uneven, CASES["zero0"].build()[1])

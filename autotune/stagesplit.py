@@ -1,0 +1,158 @@
+"""How many transformer blocks each pipeline model chunk holds, as each framework cuts the model.
+
+A plan has ``pp x v`` model chunks (``v`` virtual stages); chunk ``c`` runs on pipeline rank ``c % pp``
+(looped placement). When ``pp x v`` divides the layer count every framework cuts equal chunks (the first
+also holds the embedding, the last the final norm, the output layer and the loss). When it does not, each
+framework has its own rule, and this module reproduces it so that the cost model prices, and the emitters
+write, the same split:
+
+- Megatron-LM (megatron/core/transformer/transformer_layer.py ``get_transformer_layer_offset``, checked in
+  ``TransformerConfig.__post_init__``): ``--account-for-embedding-in-pipeline-split`` /
+  ``--account-for-loss-in-pipeline-split`` count the embedding / the loss as one layer each, so
+  ``L + 2`` (or ``L + 1``) must divide into ``pp x v`` chunks and the first / last chunk holds one block
+  fewer (what Megatron-Bridge's Llama-3.1-405B recipe uses: 126 + 2 = 128 = 8 x 8 x 2); or
+  ``--decoder-first-pipeline-num-layers F`` / ``--decoder-last-pipeline-num-layers K``: the other
+  ``pp - 2`` ranks share ``L - F - K`` equally, each of ``F``, ``K`` and the middle ranks' share divisible
+  by ``v``. The two mechanisms are exclusive.
+- torchtitan (torchtitan/distributed/pipeline_parallel.py ``generate_llm_fqn_per_model_part``): the
+  embedding and the output each weigh one layer (``pipeline_parallel_first/last_stage_less_layers`` = 1),
+  ``L + 2`` effective layers go to ``pp x v`` stages, the first ``(L + 2) mod (pp v)`` stages one more;
+  any degree up to ``L + 2`` stages is accepted. The emitter writes the module names per chunk.
+- DeepSpeed (deepspeed/runtime/utils.py ``partition_uniform``): blocks split in order, the first
+  ``L mod pp`` stages one more; the embedding on the first and the head on the last.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # plan.py imports this module for its legality check
+    from autotune.plan import ParallelPlan
+
+__all__ = [
+    "StageSplit", "split_layers", "split_error", "pipeline_degree_ok",
+    "UNIFORM", "ACCOUNT_BOTH", "ACCOUNT_LOSS", "FIRST_LAST", "TORCHTITAN", "DEEPSPEED",
+]
+
+UNIFORM = "uniform"
+ACCOUNT_BOTH = "account-embedding-and-loss"
+ACCOUNT_LOSS = "account-loss"
+FIRST_LAST = "first-last"
+TORCHTITAN = "torchtitan-weighted"
+DEEPSPEED = "deepspeed-uniform"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageSplit:
+    """Blocks per model chunk, in stage order (chunk ``c`` on pipeline rank ``c % pp``)."""
+
+    pp: int
+    chunk_layers: tuple[int, ...]
+    method: str
+    """Which framework rule made it (module constants); ``uniform`` when ``pp x v`` divides the layers."""
+
+    def rank_layers(self, rank: int) -> int:
+        """Blocks pipeline rank ``rank`` holds over its ``v`` chunks."""
+        return sum(self.chunk_layers[rank::self.pp])
+
+    @property
+    def first_rank_layers(self) -> int:
+        return self.rank_layers(0)
+
+    @property
+    def last_rank_layers(self) -> int:
+        return self.rank_layers(self.pp - 1)
+
+    @property
+    def max_middle_layers(self) -> int:
+        """Most blocks on a rank that holds neither end (0 when ``pp <= 2``)."""
+        return max((self.rank_layers(r) for r in range(1, self.pp - 1)), default=0)
+
+    @property
+    def uniform(self) -> bool:
+        return self.method == UNIFORM
+
+
+def split_layers(num_layers: int, plan: ParallelPlan) -> StageSplit:
+    """The split ``plan.framework`` makes (module docstring); ``ValueError`` when it cannot split."""
+    split = _split(num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
+    if isinstance(split, str):
+        raise ValueError(split)
+    return split
+
+
+def split_error(num_layers: int, pp: int, virtual_stages: int, framework: str) -> str | None:
+    """Why ``framework`` cannot cut ``num_layers`` blocks into ``pp x virtual_stages`` chunks; None when
+    it can."""
+    split = _split(num_layers, pp, virtual_stages, str(framework))
+    return split if isinstance(split, str) else None
+
+
+def pipeline_degree_ok(num_layers: int, pp: int) -> bool:
+    """PP degrees worth offering by rule ``divisors_of_layers``: those that divide the layers, or the
+    layers plus the embedding and the loss (Megatron's account-for split; torchtitan's weighted split)."""
+    return num_layers % pp == 0 or (num_layers + 2) % pp == 0
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(num_layers: int, pp: int, v: int, framework: str) -> StageSplit | str:
+    chunks = pp * v
+    if num_layers % chunks == 0:
+        return StageSplit(pp=pp, chunk_layers=(num_layers // chunks,) * chunks, method=UNIFORM)
+    if framework == "megatron":
+        return _megatron(num_layers, pp, v)
+    if framework == "fsdp":
+        return _torchtitan(num_layers, pp, v)
+    return _deepspeed(num_layers, pp, v)
+
+
+def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
+    """Account-for split if ``L + 2`` / ``L + 1`` divides, else the first/last-layers split whose busiest
+    rank holds the fewest blocks (ties: the smaller last stage, which also runs the head)."""
+    chunks = pp * v
+    for extra, method in ((2, ACCOUNT_BOTH), (1, ACCOUNT_LOSS)):
+        if (num_layers + extra) % chunks == 0 and (num_layers + extra) // chunks >= 2:
+            per = [(num_layers + extra) // chunks] * chunks
+            per[-1] -= 1
+            if extra == 2:
+                per[0] -= 1
+            return StageSplit(pp=pp, chunk_layers=tuple(per), method=method)
+    best: tuple[tuple[int, int], StageSplit] | None = None
+    for first in range(v, num_layers + 1, v):
+        for last in range(v, num_layers - first + 1, v):
+            middle = num_layers - first - last
+            if (pp == 2 and middle) or (pp > 2 and (middle == 0 or middle % ((pp - 2) * v))):
+                continue
+            mid = middle // ((pp - 2) * v) if pp > 2 else 0
+            per = [first // v] + [mid] * (pp - 2) + [last // v]
+            split = StageSplit(pp=pp, chunk_layers=tuple(per) * v, method=FIRST_LAST)
+            key = (max(first, last, mid * v), last)
+            if best is None or key < best[0]:
+                best = (key, split)
+    if best is None:
+        return (f"Megatron cannot split {num_layers} layers into PP x virtual stages = {pp} x {v}: neither "
+                f"layers + 2 nor layers + 1 divisible by {chunks}, nor a "
+                f"--decoder-first/last-pipeline-num-layers split (each a multiple of {v}, the rest shared "
+                "equally by the middle ranks)")
+    return best[1]
+
+
+def _torchtitan(num_layers: int, pp: int, v: int) -> StageSplit | str:
+    chunks = pp * v
+    effective = num_layers + 2
+    per, extra = divmod(effective, chunks)
+    if per < 1:
+        return f"torchtitan cannot cut {num_layers} layers + embedding + output into {chunks} stages"
+    layers = [per + (i < extra) for i in range(chunks)]
+    layers[0] -= 1
+    layers[-1] -= 1
+    return StageSplit(pp=pp, chunk_layers=tuple(layers), method=TORCHTITAN)
+
+
+def _deepspeed(num_layers: int, pp: int, v: int) -> StageSplit | str:
+    if v != 1 or num_layers < pp:
+        return f"DeepSpeed cannot split {num_layers} layers into {pp} x {v} pipeline stages"
+    per, extra = divmod(num_layers, pp)
+    return StageSplit(pp=pp, chunk_layers=tuple(per + (i < extra) for i in range(pp)), method=DEEPSPEED)

@@ -1,0 +1,271 @@
+"""Published peak memory per GPU on H100/H200/B200 against ``autotune estimate`` (the memory model).
+
+Rule for what a published figure includes: torchtitan prints ``max_reserved`` of the CUDA caching allocator
+(torchtitan/components/metrics.py ``DeviceMemoryMonitor.get_peak_stats``: ``max_reserved_gib``), so its
+figures are RESERVED memory and are compared with the full prediction, allocator reserve included
+(CUDA context and NCCL are outside the allocator and not in the figure: they are subtracted from the
+prediction for the comparison). Rows that only say a layout ran on a GPU ("ran on 80 GB", no figure)
+are checked for one thing: the model must not call them out of memory.
+
+Rows: every entry of benchmarks/data/modern_runs.yaml that has ``measured.peak_memory_gib`` (its source
+and the fields it fills are in ``_modern_row``; rows it cannot turn into a plan are listed with the
+reason), plus ``ROWS`` below: layouts of the issue 21 table that ran without a published figure.
+Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
+
+Usage:  python benchmarks/memory_published.py [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.catalog import load_model, make_cluster
+from autotune.costmodel.estimate import estimate
+from autotune.costmodel.memory import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
+from autotune.plan import ParallelPlan, Sharding
+
+ROOT = Path(__file__).resolve().parent
+MODERN = ROOT / "data" / "modern_runs.yaml"
+_GIB = 1024**3
+TARGET = 0.10
+
+_COMPILE = "torch.compile / async TP not modelled"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Row:
+    name: str
+    source: str
+    model: str
+    gpu: str
+    plan: dict[str, Any]
+    published_gib: float | None
+    """None: the source only says it ran on this GPU."""
+    includes: str
+    note: str = ""
+    modelled: bool = True
+    """False: the run used something the plan cannot express (torch.compile, async TP); shown, not scored."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+ROWS: list[Row] = [
+    Row(
+        name="Megatron-Bridge Llama-3-70B fp8 TP4 PP8 VP5 DP2 (issue 21 table)",
+        model="llama3-70b",
+        gpu="h100-sxm",
+        source="issue 21 table (Megatron-Bridge llama3_70b H100 fp8 performance recipe)",
+        plan={
+            "framework": "megatron",
+            "tp": 4,
+            "pp": 8,
+            "dp": 2,
+            "schedule": "interleaved",
+            "virtual_stages": 5,
+            "micro_batch": 1,
+            "global_batch": 128,
+            "seq_len": 8192,
+            "sharding": "zero1",
+            "sequence_parallel": True,
+            "precision": "fp8",
+        },
+        published_gib=None,
+        includes="ran on 80 GB",
+    ),
+    Row(
+        name="Megatron-Bridge Llama-3-8B fp8 DP8 (issue 21 table), recompute none",
+        model="llama3-8b",
+        gpu="h100-sxm",
+        source="issue 21 table; Megatron-Bridge scripts/performance configs "
+        "LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_V1 sets recompute_num_layers=5, which a plan cannot express",
+        plan={
+            "framework": "megatron",
+            "dp": 8,
+            "micro_batch": 1,
+            "global_batch": 128,
+            "seq_len": 8192,
+            "sharding": "zero1",
+            "precision": "fp8",
+        },
+        published_gib=None,
+        includes="ran on 80 GB",
+        modelled=False,
+        note="the recipe recomputes 5 of 32 layers (--recompute-num-layers 5); priced without",
+    ),
+    Row(
+        name="NeMo Llama-2-70B SFT fp8 TP4 PP4 DP1 (issue 21 table)",
+        model="70b",
+        gpu="h100-sxm",
+        source="issue 21 table (NeMo performance summary); sequence length, packing and optimizer options "
+        "not stated there",
+        plan={
+            "framework": "megatron",
+            "tp": 4,
+            "pp": 4,
+            "dp": 1,
+            "micro_batch": 1,
+            "global_batch": 32,
+            "seq_len": 4096,
+            "sequence_parallel": True,
+            "precision": "fp8",
+        },
+        published_gib=None,
+        includes="ran on 80 GB",
+        modelled=False,
+        note="recipe details (seq len, packing, optimizer) not stated; priced with 4096 tokens, no recompute",
+    ),
+]
+
+
+def _outside_allocator_bytes(plan: ParallelPlan) -> float:
+    """CUDA context + NCCL: in the prediction's reserve, not in the allocator's reserved figure."""
+    axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp)) + (plan.sharding is Sharding.HSDP)
+    return CUDA_CONTEXT_BYTES + ((NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0)
+
+
+def predict(row: Row) -> dict[str, Any]:
+    model = load_model(row.model)
+    plan = ParallelPlan(**row.plan)
+    cluster = make_cluster(gpu=row.gpu, num_gpus=plan.world_size)
+    est = estimate(model, cluster, plan)
+    total = est.memory_bytes_per_gpu
+    comparable = total - _outside_allocator_bytes(plan) if row.published_gib is not None else total
+    out_of_memory = any(r.startswith("out of memory") for r in est.reasons)
+    error = comparable / (row.published_gib * _GIB) - 1 if row.published_gib else None
+    return {
+        "name": row.name,
+        "source": row.source,
+        "model": row.model,
+        "gpu": row.gpu,
+        "plan": row.plan,
+        "includes": row.includes,
+        "published_gib": row.published_gib,
+        "predicted_gib": total / _GIB,
+        "compared_gib": comparable / _GIB,
+        "error": error,
+        "called_oom": out_of_memory,
+        "capacity_gib": est.memory_capacity_bytes / _GIB,
+        "modelled": row.modelled,
+        "note": row.note,
+        "breakdown_gib": {k: v / _GIB for k, v in est.memory.as_dict().items()},
+    }
+
+
+def modern_rows(path: Path = MODERN) -> tuple[list[Row], dict[str, str]]:
+    """Rows of the data branch's file that carry a measured peak; the others' reasons."""
+    if not path.exists():
+        return [], {}
+    rows, skipped = [], {}
+    for entry in yaml.safe_load(path.read_text()) or []:
+        measured = (entry.get("measured") or {}).get("peak_memory_gib")
+        if measured is None:
+            continue
+        try:
+            rows.append(_modern_row(entry, float(measured)))
+        except (KeyError, ValueError, TypeError) as e:
+            skipped[str(entry.get("id"))] = f"cannot build a plan: {e}"
+    return rows, skipped
+
+
+def _modern_row(entry: dict[str, Any], measured: float) -> Row:
+    """One data-branch entry as a plan. Each filled field follows the framework's default, cited:
+    torchtitan applies sequence parallelism whenever TP > 1 (torchtitan/models/llama3/infra/parallelize.py
+    ``apply_tp``); under PP its default ``fsdp_reshard_after_forward`` keeps parameters gathered
+    (``apply_fsdp``: ``reshard_after_forward = not pp_enabled``), i.e. fsdp-grad-op; its 2024-12 pipeline
+    split the local batch into PP-degree micro-batches (``pipeline_parallel_microbatches`` default) and
+    interleaved schedules ran 2 stages per rank (torchtitan/distributed/pipeline_parallel.py)."""
+    fw = str(entry.get("framework", "megatron")).lower()
+    torchtitan = fw in ("torchtitan", "fsdp", "fsdp2")
+    tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
+    if torchtitan and dp == 1 and cp > 1:
+        raise ValueError("FSDP over the CP ranks only (DP 1): a plan shards over DP > 1")
+    micro = entry.get("micro_batch") or int(entry["global_batch"]) // dp // pp
+    plan: dict[str, Any] = {
+        "framework": "fsdp" if torchtitan else fw,
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "cp": cp,
+        "micro_batch": int(micro),
+        "global_batch": int(entry["global_batch"]),
+        "seq_len": int(entry["seq_len"]),
+        "precision": "fp8" if "fp8" in str(entry.get("precision")) else "bf16",
+        "recompute": {"op-sac": "selective"}.get(entry["recompute"], entry["recompute"]),
+        "sharding": entry["sharding"],
+        "sequence_parallel": tp > 1,
+    }
+    if torchtitan and pp > 1:
+        plan["sharding"] = "fsdp-grad-op"
+        if "interleaved" in str(entry["id"]):
+            plan.update(schedule="interleaved", virtual_stages=int(entry.get("vp") or 2))
+    knobs = entry.get("knobs") or {}
+    gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
+    unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp"))
+    kind = (entry.get("measured") or {}).get("memory_kind", "?")
+    return Row(
+        name=str(entry["id"]),
+        source=str(entry.get("source", "")).split(" (")[0],
+        model=str(entry["model"]),
+        gpu=gpu,
+        plan=plan,
+        published_gib=measured,
+        includes=f"max {kind}",
+        modelled=not unmodelled,
+        note=_COMPILE if unmodelled else "",
+    )
+
+
+def _markdown(results: list[dict[str, Any]], skipped: dict[str, str]) -> str:
+    scored = [r for r in results if r["modelled"] and r["error"] is not None]
+    within = sum(abs(r["error"]) <= TARGET for r in scored)
+    oom = [r["name"] for r in results if r["called_oom"]]
+    lines = [
+        "# Published peak memory vs `autotune estimate`",
+        "",
+        "Generated by `python benchmarks/memory_published.py`. *compared* = prediction minus CUDA context "
+        "and NCCL (outside the caching allocator) when the figure is the allocator's reserved peak; "
+        "*error* = compared / published - 1. Rows marked *not scored* ran with something a plan cannot "
+        "express (see note) and are shown, not counted.",
+        "",
+        f"Scored rows within {TARGET:.0%}: {within} of {len(scored)}. Rows that ran but are called out "
+        f"of memory: {len(oom)}{': ' + '; '.join(oom) if oom else ''}.",
+        "",
+        "| row | GPU | published | predicted | compared | error | OOM? | figure is | note |",
+        "|---|---|---:|---:|---:|---:|---|---|---|",
+    ]
+    for r in results:
+        pub = f"{r['published_gib']:.1f}" if r["published_gib"] else "ran"
+        err = f"{r['error']:+.1%}" if r["error"] is not None else "-"
+        note = r["note"] + ("" if r["modelled"] else " (not scored)")
+        lines.append(
+            f"| {r['name']} | {r['gpu']} | {pub} | {r['predicted_gib']:.1f} | {r['compared_gib']:.1f} "
+            f"| {err} | {'yes' if r['called_oom'] else 'no'} | {r['includes']} | {note} |"
+        )
+    lines += ["", "Sources:"] + sorted({f"- {r['source']}" for r in results})
+    if skipped:
+        lines += ["", "Not set up:"] + [f"- {k}: {v}" for k, v in skipped.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "results"))
+    args = parser.parse_args(argv)
+    extra, skipped = modern_rows()
+    results = [predict(r) for r in ROWS + extra]
+    out = Path(args.out)
+    (out / "memory_published.json").write_text(
+        json.dumps({"rows": results, "skipped": skipped}, indent=1) + "\n"
+    )
+    (out / "memory_published.md").write_text(_markdown(results, skipped))
+    print(_markdown(results, skipped))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Uneven pipeline splits as Megatron, torchtitan and DeepSpeed make them (autotune/stagesplit.py)."""
+
+import pytest
+
+from autotune.catalog import load_model, make_cluster
+from autotune.costmodel.estimate import estimate
+from autotune.emit.megatron import megatron_args_text
+from autotune.emit.torchtitan import to_torchtitan_config
+from autotune.plan import ParallelPlan, check_plan
+from autotune.stagesplit import split_layers
+
+
+def _plan(**kw):
+    base = {"global_batch": 2048, "seq_len": 8192, "tp": 8, "sharding": "zero1", "framework": "megatron"}
+    return ParallelPlan(**{**base, **kw})
+
+
+def test_megatron_405b_splits_as_its_recipes_do():
+    """126 layers + embedding + loss = 128 = 16 x 8 = 8 x 8 x 2 (Megatron-Bridge's 405B recipe flags)."""
+    pp16 = split_layers(126, _plan(pp=16, dp=8))
+    assert (pp16.method, pp16.first_rank_layers, pp16.max_middle_layers, pp16.last_rank_layers) == \
+        ("account-embedding-and-loss", 7, 8, 7)
+    vp8 = split_layers(126, _plan(pp=8, dp=16, schedule="interleaved", virtual_stages=8))
+    assert len(vp8.chunk_layers) == 64 and sum(vp8.chunk_layers) == 126
+    ends = (vp8.chunk_layers[0], vp8.chunk_layers[-1], vp8.rank_layers(0), vp8.rank_layers(3))
+    assert ends == (1, 1, 15, 16)
+
+
+def test_megatron_first_last_split_and_its_flags():
+    split = split_layers(32, _plan(pp=5, dp=1, tp=1, sharding="none"))
+    assert split.method == "first-last" and sum(split.chunk_layers) == 32
+    assert all(split.rank_layers(r) == split.chunk_layers[1] for r in range(1, 4))
+    text = megatron_args_text(_plan(pp=5, dp=1, tp=1, sharding="none"), load_model("llama3-8b"))
+    assert f"--decoder-first-pipeline-num-layers {split.first_rank_layers}\n" in text
+    assert f"--decoder-last-pipeline-num-layers {split.last_rank_layers}\n" in text
+
+
+def test_torchtitan_and_deepspeed_splits_follow_their_source():
+    titan = split_layers(126, _plan(pp=16, dp=8, framework="fsdp", sharding="fsdp-full"))
+    assert titan.chunk_layers == (7,) + (8,) * 14 + (7,)  # generate_llm_fqn_per_model_part, weights 1 and 1
+    cfg = to_torchtitan_config(_plan(pp=16, dp=8, framework="fsdp", sharding="fsdp-full"),
+                               load_model("llama3-405b"))["parallelism"]
+    fqns = cfg["module_fqns_per_model_part"]
+    assert fqns[0][:2] == ["tok_embeddings", "layers.0"] and fqns[-1][-2:] == ["norm", "output"]
+    assert sum(len(p) for p in fqns) == 126 + 3
+    ds = split_layers(126, _plan(pp=16, dp=8, tp=1, framework="deepspeed", sharding="zero1"))
+    assert ds.chunk_layers == (8,) * 14 + (7, 7)  # partition_uniform: the first stages one more
+
+
+@pytest.mark.parametrize("extra", [{"pp": 16, "dp": 128}, {"pp": 8, "dp": 256, "schedule": "interleaved",
+                                                           "virtual_stages": 8}])
+def test_405b_expert_layouts_are_legal_and_estimated(extra):
+    model, cluster = load_model("llama3-405b"), make_cluster(num_gpus=16384)
+    plan = _plan(**extra)
+    assert check_plan(plan, model, cluster) == []
+    est = estimate(model, cluster, plan)
+    assert est.step_time_s > 0 and est.memory_bytes_per_gpu > 0
+
+
+def test_memory_takes_the_worst_stage_of_an_uneven_split():
+    """PP16 x 126 layers: rank 1 holds 8 blocks and 15 micro-batches, more than rank 0's 7 x 16."""
+    model, cluster = load_model("llama3-405b"), make_cluster(num_gpus=16384)
+    from autotune.costmodel.memory import memory_breakdown, stage_memory
+    plan = _plan(pp=16, dp=128, recompute="full", sequence_parallel=True)
+    ranks = [stage_memory(model, cluster, plan, rank=r) for r in range(16)]
+    assert memory_breakdown(model, cluster, plan).total_bytes == max(m.total_bytes for m in ranks)
