@@ -26,7 +26,7 @@ import yaml
 
 from autotune.catalog import load_gpu, load_model, make_cluster, model_from_dict
 from autotune.costmodel import flops
-from autotune.costmodel.steptime import step_time
+from autotune.costmodel.steptime import block_times, step_time
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.usergpu import gpu_from_mapping
@@ -64,6 +64,7 @@ def _cluster(row: dict[str, Any]) -> ClusterSpec:
     return make_cluster(num_gpus=n, gpu=spec, gpus_per_node=min(n, int(row.get("gpus_per_node", 8))))
 
 
+_RECOMPUTE = {"op-sac": "none"}  # torchtitan per-op SAC: priced on top of none (``_op_sac_extra_s``)
 _KNOB_FIELDS = ("compile", "async_tp", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
 
 
@@ -85,7 +86,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["fp8_recipe"] = row.get("fp8_recipe", "tensorwise")
     return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(row.get("mbs", 1)),
                         global_batch=int(row["gbs"]), seq_len=int(row["seq"]), sharding=sharding,
-                        recompute=row.get("recompute", "none"), sequence_parallel=tp > 1,
+                        recompute=_RECOMPUTE.get(str(row.get("recompute", "none")), row.get("recompute")),
+                        sequence_parallel=tp > 1,
                         schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
                         precision=row.get("precision", "bf16"), framework=fw, **extra)
 
@@ -94,22 +96,40 @@ def _measured(row: dict[str, Any], model: ModelSpec) -> float:
     if "measured_tokens_per_s_per_gpu" in row:
         return float(row["measured_tokens_per_s_per_gpu"])
     # model TFLOP/s in NeMo's convention (full attention, no recompute): our model_flops_per_token
-    return float(row["measured_model_tflops_per_gpu"]) * 1e12 / flops.model_flops_per_token(model, int(row["seq"]))
+    per_token = flops.model_flops_per_token(model, int(row["seq"]))
+    return float(row["measured_model_tflops_per_gpu"]) * 1e12 / per_token
+
+
+def _op_sac_extra_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, kernel: str | None) -> float:
+    """torchtitan's per-op selective AC: it saves matmul outputs "except every second mm" and SDPA's, so a
+    Llama block recomputes wk, wo, w3 and every elementwise op (torchtitan parallelize_llama.py; the same
+    pricing as benchmarks/published_runs.py ``_torchtitan_sac_s``)."""
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    share = (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
+    bt = block_times(model, cluster, plan, attention_kernel=kernel)
+    return plan.num_microbatches * model.num_layers * (share * bt.gemm_s + bt.ew_s)
 
 
 def predict_row(row: dict[str, Any]) -> Outcome:
     model, cluster = _model(row), _cluster(row)
     plan = _plan(row, model)
-    t = step_time(model, cluster, plan)
-    predicted = plan.tokens_per_step / t.step_time_s / plan.world_size
+    kernel = row.get("attention_kernel")
+    t = step_time(model, cluster, plan, attention_kernel=kernel)
+    step_s = t.step_time_s
+    if row.get("recompute") == "op-sac":
+        step_s += _op_sac_extra_s(model, cluster, plan, kernel)
+    predicted = plan.tokens_per_step / step_s / plan.world_size
     gpu = cluster.gpu.key
-    setup = (f"{gpu} x{plan.world_size} TP{plan.tp} PP{plan.pp}{'v%d' % plan.virtual_stages if plan.virtual_stages > 1 else ''}"
-             f" CP{plan.cp} DP{plan.dp} mbs{plan.micro_batch} seq{plan.seq_len} {plan.precision}"
-             f"{'/' + row.get('fp8_recipe', '') if plan.precision == 'fp8' else ''} ac:{plan.recompute}"
-             f" {plan.framework} {','.join(k for k, v in (row.get('knobs') or {}).items() if v)}")
+    vp = f"v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
+    recipe = f"/{row.get('fp8_recipe', '')}" if plan.precision == "fp8" else ""
+    knobs = ",".join(k for k, v in (row.get("knobs") or {}).items() if v)
+    setup = (f"{cluster.gpu.name} x{plan.world_size} TP{plan.tp} PP{plan.pp}{vp} CP{plan.cp} DP{plan.dp} "
+             f"mbs{plan.micro_batch} seq{plan.seq_len} {plan.precision}{recipe} "
+             f"ac:{row.get('recompute', 'none')} {plan.framework} {knobs} {row.get('attention_kernel', '')}")
     group = f"{row.get('model') or row['id']}|{gpu}|x{plan.world_size}|{plan.framework}"
-    return Outcome(row["id"], group, setup, _measured(row, model), predicted, str(row.get("reason", "")),
-                   {k: round(v, 4) for k, v in t.as_dict().items() if isinstance(v, float) and v and k.endswith("_s")})
+    parts = {k: round(v, 4) for k, v in t.as_dict().items() if v and k.endswith("_s")}
+    reason = str(row.get("reason", ""))
+    return Outcome(row["id"], group, setup, _measured(row, model), predicted, reason, parts)
 
 
 def load_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -153,13 +173,15 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
 
 def _markdown(outcomes: list[Outcome], moe: list[dict[str, Any]], stats: dict[str, Any]) -> str:
     lines = ["# Step-time model vs published H100/H200/B200 runs", "",
-             "Generated by `python benchmarks/modern_runs.py` from benchmarks/data/modern_runs*.yaml (sources "
-             "per row there). Error = predicted tokens/s per GPU / measured - 1.", "",
+             "Generated by `python benchmarks/modern_runs.py` from benchmarks/data/modern_runs*.yaml "
+             "(sources per row there). Error = predicted tokens/s per GPU / measured - 1.", "",
              f"**Rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%; beyond 30%: "
-             f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named reason).**",
+             f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named "
+             "reason).**",
              "", "Kendall tau within groups sharing model and cluster:", ""]
     lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]
-    lines += ["", "| row | setup | measured tok/s/GPU | predicted | error | reason |", "|---|---|---|---|---|---|"]
+    lines += ["", "| row | setup | measured tok/s/GPU | predicted | error | reason |",
+              "|---|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.id} | {o.setup} | {o.measured:,.0f} | {o.predicted:,.0f} | {100 * o.error:+.1f}% "
                      f"| {o.reason} |")

@@ -11,16 +11,13 @@ torchtitan's float8 converter skips ``output`` by ``filter_fqns``).
 from __future__ import annotations
 
 from autotune.costmodel import flops, kernels
+from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["HBM_EFFICIENCY", "hbm_rate", "block_gemm_s", "attention_s", "head_gemm_s",
            "default_attention_kernel"]
 
-HBM_EFFICIENCY = 0.8
-"""Fraction of the HBM peak a streaming kernel reaches: a device-to-device copy moved 4.14 of 4.8 TB/s on an
-H200 (0.86, measured with torch); STREAM-like kernels reach ~0.8 on A100
-(`autotune probe --device cuda` measures it)."""
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
 """How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
 ``FLASH_BWD_SLOWDOWN_DEFAULT``), where the GPU has no measured attention curves
@@ -41,11 +38,30 @@ def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
     shapes = flops.layer_gemm_shapes(model, plan.tp, fused=plan.framework is Framework.MEGATRON)
     s = sum(kernels.gemm_s(gpu, precision, tokens, n, k) for n, k in shapes)
     if precision == "fp8" and gpu.fp8_flops is not None:
-        cast = sum(kernels.fp8_cast_bytes(str(plan.fp8_recipe), tokens, n, k,
-                                          compiled=plan.compile or plan.framework is not Framework.FSDP)
-                   for n, k in shapes)
+        cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), fp8_operand_elements(model, plan, tokens),
+                                      compiled=plan.compile or plan.framework is not Framework.FSDP)
         s += cast / hbm_rate(cluster) / 3
     return s
+
+
+def fp8_tp_gather(plan: ParallelPlan) -> bool:
+    """Whether the column-parallel inputs are cast to fp8 before the sequence-parallel all-gather, so it moves
+    1-byte values: tensor-scaled recipes only (torchtitan ``enable_float8_tensorwise_tp``, not for rowwise:
+    torchtitan/models/llama3/infra/parallelize.py; Transformer Engine's fp8 all-gather of the LayerNormLinear
+    input)."""
+    return (str(plan.precision) == "fp8" and plan.sequence_parallel
+            and str(plan.fp8_recipe) in ("tensorwise", "delayed"))
+
+
+def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:
+    """Entries one block casts to fp8 per micro-batch: its four distinct GEMM inputs (attention and MLP
+    inputs are shared by Q/K/V and gate/up, cast once; cast on the sequence shard before an fp8 all-gather,
+    ``fp8_tp_gather``), every weight, and every GEMM's output gradient."""
+    h, f, tp = model.hidden_size, model.ffn_hidden_size, plan.tp
+    shapes = flops.layer_gemm_shapes(model, tp, fused=plan.framework is Framework.MEGATRON)
+    col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
+    inputs = col_rows * 2 * h + tokens * (h + f) / tp
+    return inputs + sum(n * k + tokens * n for n, k in shapes)
 
 
 def head_gemm_s(model: ModelSpec, cluster: ClusterSpec, vocab_split: int, tokens: float) -> float:

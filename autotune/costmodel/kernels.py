@@ -14,9 +14,13 @@ import math
 
 from autotune.specs import GPUSpec
 
-__all__ = ["intensity", "gemm_efficiency", "gemm_s", "fp8_cast_bytes", "attention_rates", "clock_factor",
-           "FP8_CAST_BYTES", "ATTENTION_KERNELS", "POWER_CLOCK_EXPONENT"]
+__all__ = ["HBM_EFFICIENCY", "intensity", "gemm_efficiency", "gemm_s", "fp8_cast_bytes", "attention_rates",
+           "clock_factor", "FP8_CAST_BYTES", "ATTENTION_KERNELS", "POWER_CLOCK_EXPONENT"]
 
+HBM_EFFICIENCY = 0.8
+"""Fraction of the HBM peak a streaming kernel reaches: a device-to-device copy moved 4.14 of 4.8 TB/s on an
+H200 (0.86, measured with torch); STREAM-like kernels reach ~0.8 on A100
+(`autotune probe --device cuda` measures it)."""
 POWER_CLOCK_EXPONENT = 1 / 3
 """How the sustained clock follows a board power limit below the TDP: dynamic power is ``C V^2 f`` and in
 the DVFS range the voltage scales with the clock, so power goes as ``f^3`` and the clock as
@@ -54,8 +58,7 @@ def intensity(m: float, n: float, k: float) -> float:
 
 def _interp_log(points: tuple[tuple[float, float], ...], x: float, *, below_proportional: bool) -> float:
     """Piecewise-linear in ``log x`` through ``points``; flat past the last point; below the first either flat
-    or (``below_proportional``, GEMMs) proportional to ``x``: a GEMM too small to fill the GPU takes about as
-    long as one that just does."""
+    or proportional to ``x`` (``below_proportional``)."""
     if x <= points[0][0]:
         return points[0][1] * (x / points[0][0] if below_proportional else 1.0)
     for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
@@ -78,23 +81,28 @@ def gemm_efficiency(gpu: GPUSpec, precision: str, m: float, n: float, k: float) 
     eff = gpu.gemm_efficiency * clock_factor(gpu)
     fp8 = precision == "fp8" and gpu.fp8_flops is not None
     if gpu.gemm_shape_curve:
-        eff *= _interp_log(gpu.gemm_shape_curve, intensity(m, n, k) / (2 if fp8 else 1), below_proportional=True)
+        ai = intensity(m, n, k) / (2 if fp8 else 1)
+        eff *= _interp_log(gpu.gemm_shape_curve, ai, below_proportional=False)
     return eff * (gpu.fp8_gemm_scale if fp8 else 1.0)
 
 
 def gemm_s(gpu: GPUSpec, precision: str, m: float, n: float, k: float) -> float:
-    """Seconds of one ``m x k`` by ``k x n`` GEMM; a GPU without the dtype runs it at its 16-bit peak."""
+    """Seconds of one ``m x k`` by ``k x n`` GEMM: its FLOPs at ``gemm_efficiency``, or, for a skinny GEMM
+    below the GPU's ridge, the time to stream its operands (1 B fp8 / 2 B inputs, 16-bit output) at
+    ``HBM_EFFICIENCY`` (the roofline, Williams et al. 2009). A GPU without the dtype runs it at its 16-bit
+    peak."""
     half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
     peak = gpu.peak_flops(precision) or half
     dtype = precision if gpu.peak_flops(precision) else "bf16"
-    return 2.0 * m * n * k / (peak * gemm_efficiency(gpu, dtype, m, n, k))
+    in_bytes = 1 if dtype == "fp8" else 2
+    stream_s = (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY)
+    return max(2.0 * m * n * k / (peak * gemm_efficiency(gpu, dtype, m, n, k)), stream_s)
 
 
-def fp8_cast_bytes(recipe: str, m: float, n: float, k: float, *, compiled: bool = True) -> float:
-    """HBM bytes to scale and cast the three operands of one fp8 linear (``m x k`` input, ``k x n`` weight,
-    ``m x n`` output gradient) for its forward and backward GEMMs (``FP8_CAST_BYTES``)."""
-    per = FP8_CAST_BYTES[recipe] * (1.0 if compiled or recipe == "delayed" else EAGER_CAST_FACTOR)
-    return per * (m * k + k * n + m * n)
+def fp8_cast_bytes(recipe: str, elements: float, *, compiled: bool = True) -> float:
+    """HBM bytes to scale and cast ``elements`` fp8 GEMM operand entries for their forward and backward GEMMs
+    (``FP8_CAST_BYTES``)."""
+    return FP8_CAST_BYTES[recipe] * (1.0 if compiled or recipe == "delayed" else EAGER_CAST_FACTOR) * elements
 
 
 def attention_rates(gpu: GPUSpec, kernel: str, seq_kv: float) -> tuple[float, float] | None:
