@@ -21,7 +21,8 @@ from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
-    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "ParallelPlan",
+    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "CpComm",
+    "ParallelPlan",
     "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan",
 ]
 
@@ -86,6 +87,14 @@ class Fp8Recipe(_StrEnum):
     MX = "mx"                        # MXFP8, 32-element blocks (Blackwell)
 
 
+class CpComm(_StrEnum):
+    """How context parallelism exchanges keys and values (``costmodel.cpcomm`` prices each)."""
+
+    P2P = "p2p"                      # ring, overlapped step by step (Megatron p2p, torchtitan alltoall)
+    ALLGATHER = "allgather"          # all K/V gathered at once (Megatron allgather, torchtitan allgather)
+    A2A = "a2a"                      # DeepSpeed-Ulysses head/sequence all-to-all (Megatron a2a)
+
+
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
     Framework.FSDP: frozenset({Sharding.NONE, Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP}),
     Framework.DEEPSPEED: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3}),
@@ -139,6 +148,8 @@ class ParallelPlan:
     always do)."""
     overlap_param_gather: bool = True
     """ZeRO-1 parameter all-gather overlaps the next forward (Megatron ``--overlap-param-gather``)."""
+    cp_comm: CpComm = CpComm.P2P
+    """Context-parallel K/V exchange (read only with ``cp > 1``)."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -208,7 +219,7 @@ class ParallelPlan:
 
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "sharding": Sharding, "recompute": Recompute, "schedule": Schedule, "precision": Precision,
-    "framework": Framework, "fp8_recipe": Fp8Recipe,
+    "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm,
 }
 _BOOL_FIELDS = {"sequence_parallel", "offload", "compile", "async_tp", "tp_comm_overlap",
                 "overlap_grad_reduce", "overlap_param_gather"}
@@ -334,6 +345,9 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
         errors.append("async TP needs --framework fsdp (torchtitan), --compile and TP > 1")
     if plan.tp_comm_overlap and (fw is not Framework.MEGATRON or not plan.sequence_parallel):
         errors.append("tp-comm-overlap is Megatron/TE's and needs --sequence-parallel (TP > 1)")
+    if plan.cp > 1 and plan.cp_comm is CpComm.A2A and fw is not Framework.MEGATRON:
+        errors.append("cp-comm a2a (Ulysses) needs --framework megatron; torchtitan rotates K/V by p2p or "
+                      "allgather")
     if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):
         errors.append(f"framework {fw} always overlaps its DP collectives; only megatron can turn "
                       "overlap-grad-reduce / overlap-param-gather off")
@@ -350,6 +364,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
     if model.num_kv_heads % plan.tp:
         errors.append(f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}")
+    if plan.cp > 1 and plan.cp_comm.value == "a2a" and model.num_heads % (plan.tp * plan.cp):
+        errors.append(f"cp-comm a2a splits heads over TP x CP = {plan.tp * plan.cp}, which does not divide "
+                      f"{model.num_heads} heads; use --cp-comm p2p")
     if model.ffn_hidden_size % plan.tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
     chunks = plan.pp * plan.virtual_stages

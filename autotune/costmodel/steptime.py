@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, flops, pipeline, tpcomm
+from autotune.costmodel import comm, compute, cpcomm, flops, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -156,22 +156,6 @@ class BlockTimes(NamedTuple):
         return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s
 
 
-def _cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
-                  attn_fwd_s: float) -> float:
-    """Ring attention (Liu et al. 2023; Megatron-Core CP): each of ``cp-1`` steps passes this rank's K and V
-    chunk (``2 x tokens x kv_hidden/tp``) to the next CP rank; backward passes K, V and their gradients (2x).
-    Each transfer overlaps the attention of the chunk already held, so only what exceeds the attention time
-    of the pass is exposed; on a device without asynchronous collectives all of it is."""
-    if plan.cp <= 1:
-        return 0.0
-    link = comm.group_link(cluster, plan.cp, plan.tp)
-    step_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * act_bytes(cluster)
-    fwd = (plan.cp - 1) * comm.p2p_s(step_bytes, link)
-    if not cluster.gpu.async_collectives:  # the transfers block the attention (GPUSpec.async_collectives)
-        return 3 * fwd
-    return max(0.0, fwd - attn_fwd_s) + max(0.0, 2 * fwd - 2 * attn_fwd_s)
-
-
 def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: float, overlap: bool,
                   overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
     """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
@@ -226,7 +210,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
         tp_s = _tp_exposed_s(one, model, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = (3 * compute.head_gemm_s(model, cluster, vocab_split(plan), tokens)
               + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan))
-    cp_s = _cp_exposed_s(model, cluster, plan, tokens, attn_s)
+    cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
     return BlockTimes(gemm_s, attn_s, attn_bwd_s, ew_s, recompute_s, tp_s, cp_s, head_s,
                       head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
