@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -27,13 +28,18 @@ import yaml
 from autotune.catalog import load_gpu, load_model, make_cluster, model_from_dict
 from autotune.costmodel import flops
 from autotune.costmodel.steptime import block_times, step_time
+from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
-from autotune.specs import ClusterSpec, ModelSpec
+from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 from autotune.usergpu import gpu_from_mapping
 
 ROOT = Path(__file__).resolve().parent
 DATA = [ROOT / "data" / "modern_runs.yaml", ROOT / "data" / "modern_runs_speed.yaml"]
 OUTLIER = 0.30
+BASELINE = ROOT / "results" / "modern_runs_baseline_704b6b1.json"
+"""Errors of the same rows under the model before issue 22 (commit 704b6b1: one GEMM efficiency for every GPU
+and dtype, no fp8 casts, no attention kernels, no speed knobs; torchtitan op-SAC as Megatron's selective),
+computed once by running that commit's ``step_time`` on each row's plan."""
 
 
 @dataclass
@@ -51,48 +57,107 @@ class Outcome:
         return self.predicted / self.measured - 1
 
 
+_GPU_NOTE = re.compile(r"(?P<mem>\d+) GB HBM2e \((?P<bw>[\d.]+) TB/s\), default (?P<w>\d+) W")
+_RECIPES = {"current": "tensorwise", "mxfp8": "mx", None: "delayed"}
+"""Data-file recipe names -> plan recipes; an fp8 row without a recipe ran Transformer Engine's default of its
+time, delayed scaling."""
+_ACTS = {"relu2": "relu"}
+"""Squared ReLU (Nemotron) has the shape of a two-matrix ReLU MLP."""
+
+
 def _model(row: dict[str, Any]) -> ModelSpec:
-    if "model_config" in row:
-        return model_from_dict(dict(row["model_config"]), name=row["id"])
+    shape = row.get("shape") or row.get("model_config")
+    if shape:
+        cfg = dict(shape)
+        cfg["hidden_act"] = _ACTS.get(cfg.get("hidden_act"), cfg.get("hidden_act"))
+        return model_from_dict({k: v for k, v in cfg.items() if v is not None}, name=row["id"])
     return load_model(str(row["model"]))
+
+
+def _gpu(row: dict[str, Any]) -> GPUSpec:
+    """The catalog GPU, or the card its ``gpu_note`` describes (Meta's Grand Teton H100s: 96 GB HBM2e at
+    2.4 TB/s, 500 W) as a described GPU (``autotune.usergpu``)."""
+    gpu = row["gpu"]
+    if isinstance(gpu, dict):
+        return gpu_from_mapping(gpu, where=row["id"])
+    note = _GPU_NOTE.search(str(row.get("gpu_note") or ""))
+    if note:
+        return gpu_from_mapping({"base": gpu, "memory_gib": int(note["mem"]),
+                                 "memory_bandwidth_gb_s": float(note["bw"]) * 1000,
+                                 "power_limit_w": int(note["w"])}, where=row["id"])
+    return load_gpu(gpu)
 
 
 def _cluster(row: dict[str, Any]) -> ClusterSpec:
     n = int(row["num_gpus"])
-    gpu = row["gpu"]
-    spec = gpu_from_mapping(gpu, where=row["id"]) if isinstance(gpu, dict) else load_gpu(gpu)
-    return make_cluster(num_gpus=n, gpu=spec, gpus_per_node=min(n, int(row.get("gpus_per_node", 8))))
+    return make_cluster(num_gpus=n, gpu=_gpu(row), gpus_per_node=min(n, int(row.get("gpus_per_node") or 8)))
 
 
-_RECOMPUTE = {"op-sac": "none"}  # torchtitan per-op SAC: priced on top of none (``_op_sac_extra_s``)
+def _attention_kernel(row: dict[str, Any]) -> str:
+    """The attention kernel the row's software ran (an assumption per software, not per row): Transformer
+    Engine before 1.8 (NeMo 24.03) preferred flash-attn 2 on Hopper, later TE cuDNN fused attention; torch
+    SDPA (torchtitan, torch 2.5.1-2.8) dispatches to its FlashAttention-2 backend on Hopper by default."""
+    text = f"{row.get('source', '')} {row.get('notes', '')}"
+    if row.get("attention_kernel"):
+        return str(row["attention_kernel"])
+    if row["framework"] in ("torchtitan", "fsdp") or "24.03" in text:
+        return "fa2"
+    return "cudnn"
+
+
+_RECOMPUTE = {"op-sac": "none", "None": "none"}
+"""torchtitan per-op SAC is priced on top of none (``_op_sac_extra_s``); unstated recompute (NeMo performance
+recipes) is none."""
 _KNOB_FIELDS = ("compile", "async_tp", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+_SHARDING = {"megatron-fsdp": "zero1"}
+"""Megatron-FSDP shards parameters too; its gathers overlap like the distributed optimizer's, so for speed it
+is the ZeRO-1 plan (memory: issue 21)."""
 
 
 def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
-    tp, pp, cp = int(row.get("tp", 1)), int(row.get("pp", 1)), int(row.get("cp", 1))
+    tp, pp, cp = int(row.get("tp") or 1), int(row.get("pp") or 1), int(row.get("cp") or 1)
     dp = int(row["num_gpus"]) // (tp * pp * cp)
     vp = int(row.get("vp") or 1)
-    fw = row.get("framework", "megatron")
-    sharding = row.get("sharding") or ("zero1" if fw == "megatron" and dp > 1 else "none")
-    fields = {f.name for f in dataclasses.fields(ParallelPlan)}
-    extra: dict[str, Any] = {}
-    knobs = dict(row.get("knobs") or {})
-    for k in _KNOB_FIELDS:
-        if k in fields and k in knobs:
-            extra[k] = bool(knobs[k])
-    if tp == 1:  # the recipes' TP-comm overlap has nothing to overlap without TP
+    fw = {"torchtitan": "fsdp"}.get(row.get("framework", "megatron"), row.get("framework", "megatron"))
+    sharding = _SHARDING.get(row.get("sharding"), row.get("sharding")) or (
+        "zero1" if fw == "megatron" and dp > 1 else "none")
+    if sharding == "zero1" and dp == 1:
+        sharding = "none"
+    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if v is not None}
+    extra: dict[str, Any] = {k: bool(knobs[k]) for k in _KNOB_FIELDS if k in knobs}
+    if fw != "megatron":
         extra.pop("tp_comm_overlap", None)
-    if "fp8_recipe" in fields and row.get("precision") == "fp8":
-        extra["fp8_recipe"] = row.get("fp8_recipe", "tensorwise")
-    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=int(row.get("mbs", 1)),
-                        global_batch=int(row["gbs"]), seq_len=int(row["seq"]), sharding=sharding,
-                        recompute=_RECOMPUTE.get(str(row.get("recompute", "none")), row.get("recompute")),
-                        sequence_parallel=tp > 1,
-                        schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-                        precision=row.get("precision", "bf16"), framework=fw, **extra)
+        extra.pop("overlap_grad_reduce", None)
+        extra.pop("overlap_param_gather", None)
+    if fw == "megatron":
+        extra.pop("compile", None)
+        extra.pop("async_tp", None)
+    if tp == 1:
+        extra.pop("tp_comm_overlap", None)
+        extra.pop("async_tp", None)
+    if extra.get("async_tp"):
+        extra["compile"] = True
+    precision = row.get("precision", "bf16")
+    if precision == "fp8":
+        extra["fp8_recipe"] = _RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))
+    mbs = int(row.get("micro_batch") or row.get("mbs") or 1)
+    if fw == "fsdp" and pp > 1 and not row.get("micro_batch"):
+        # torchtitan's pipeline_parallel_microbatches defaults to the number of stages (the data's note)
+        mbs = max(1, int(row.get("global_batch") or row["gbs"]) // (dp * pp))
+        if "interleaved" in str(row["id"]):
+            vp = 2  # an assumption: two stages per rank
+    vp_schedule = "interleaved" if vp > 1 else "1f1b"
+    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs,
+                        global_batch=int(row.get("global_batch") or row["gbs"]),
+                        seq_len=int(row.get("seq_len") or row["seq"]), sharding=sharding,
+                        recompute=_RECOMPUTE.get(str(row.get("recompute")), row.get("recompute")),
+                        sequence_parallel=tp > 1, schedule=vp_schedule,
+                        virtual_stages=vp, precision=precision, framework=fw, **extra)
 
 
 def _measured(row: dict[str, Any], model: ModelSpec) -> float:
+    if isinstance(row.get("measured"), dict):
+        return float(row["measured"]["tokens_per_s_per_gpu"])
     if "measured_tokens_per_s_per_gpu" in row:
         return float(row["measured_tokens_per_s_per_gpu"])
     # model TFLOP/s in NeMo's convention (full attention, no recompute): our model_flops_per_token
@@ -110,42 +175,68 @@ def _op_sac_extra_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, 
     return plan.num_microbatches * model.num_layers * (share * bt.gemm_s + bt.ew_s)
 
 
+def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
+    """A cause the source itself states for a row the model cannot price: an unstated power limit, or
+    torchtitan's own note on its vanilla-TP float8 rowwise baseline."""
+    note = str(row.get("gpu_note") or "")
+    if ("power limit" in note and "not stated" in note) or "'power limited'" in note:
+        return f"the source's cards run at an unstated power limit ({note})"
+    if plan.fp8_recipe.value == "rowwise" and plan.tp > 1 and str(plan.precision) == "fp8":
+        return ("torchtitan#1207: vanilla-TP float8 rowwise runs below its bf16 baseline (the benchmark's "
+                "own note)")
+    return ""
+
+
 def predict_row(row: dict[str, Any]) -> Outcome:
     model, cluster = _model(row), _cluster(row)
     plan = _plan(row, model)
-    kernel = row.get("attention_kernel")
+    kernel = _attention_kernel(row)
     t = step_time(model, cluster, plan, attention_kernel=kernel)
     step_s = t.step_time_s
     if row.get("recompute") == "op-sac":
         step_s += _op_sac_extra_s(model, cluster, plan, kernel)
     predicted = plan.tokens_per_step / step_s / plan.world_size
-    gpu = cluster.gpu.key
     vp = f"v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
     recipe = f"/{row.get('fp8_recipe', '')}" if plan.precision == "fp8" else ""
     knobs = ",".join(k for k, v in (row.get("knobs") or {}).items() if v)
     setup = (f"{cluster.gpu.name} x{plan.world_size} TP{plan.tp} PP{plan.pp}{vp} CP{plan.cp} DP{plan.dp} "
              f"mbs{plan.micro_batch} seq{plan.seq_len} {plan.precision}{recipe} "
-             f"ac:{row.get('recompute', 'none')} {plan.framework} {knobs} {row.get('attention_kernel', '')}")
-    group = f"{row.get('model') or row['id']}|{gpu}|x{plan.world_size}|{plan.framework}"
+             f"ac:{row.get('recompute', 'none')} {plan.framework} {knobs} attn:{kernel}")
+    table = re.split(r"[,(]", str(row.get("source", "")))[0].strip()
+    group = f"{row.get('model') or row['id']} | {cluster.gpu.name} x{plan.world_size} | {table}"
     parts = {k: round(v, 4) for k, v in t.as_dict().items() if v and k.endswith("_s")}
-    reason = str(row.get("reason", ""))
+    reason = str(row.get("reason", "")) or _published_caveat(row, plan)
     return Outcome(row["id"], group, setup, _measured(row, model), predicted, reason, parts)
 
 
-def load_rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rows: dict[str, dict[str, Any]] = {}
-    moe: list[dict[str, Any]] = []
-    for path in DATA:
-        if not path.exists():
-            continue
-        data = yaml.safe_load(path.read_text())
-        for row in data.get("runs", []):
-            if row.get("moe") or row.get("num_experts"):
-                moe.append(row)
-            else:
-                rows.setdefault(str(row["id"]), row)
-        moe += data.get("moe_runs", [])
-    return list(rows.values()), moe
+def load_rows() -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Rows to predict and ``(id, why not)`` for the rest: ``modern_runs.yaml`` (branch ``data``) when
+    present, else the seed set ``modern_runs_speed.yaml``."""
+    data, seed = DATA
+    if data.exists():
+        rows = yaml.safe_load(data.read_text())
+    else:
+        rows = yaml.safe_load(seed.read_text())["runs"]
+    use, skip = [], []
+    for row in rows:
+        why = _skip_reason(row)
+        (skip.append((str(row["id"]), why)) if why else use.append(row))
+    return use, skip
+
+
+def _skip_reason(row: dict[str, Any]) -> str:
+    from autotune.catalog import gpu_names
+
+    if row.get("moe"):
+        return "MoE (priced by issue 23)"
+    if not isinstance(row["gpu"], dict) and row["gpu"] not in gpu_names():
+        return f"GPU {row['gpu']} not in the catalog"
+    if row.get("framework") not in ("megatron", "torchtitan", "fsdp", None):
+        return f"framework {row.get('framework')} not modelled"
+    measured = row.get("measured")
+    if isinstance(measured, dict) and not measured.get("tokens_per_s_per_gpu"):
+        return "no tokens/s published"
+    return ""
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
@@ -171,7 +262,7 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
             "kendall_tau": taus}
 
 
-def _markdown(outcomes: list[Outcome], moe: list[dict[str, Any]], stats: dict[str, Any]) -> str:
+def _markdown(outcomes: list[Outcome], skipped: list[tuple[str, str]], stats: dict[str, Any]) -> str:
     lines = ["# Step-time model vs published H100/H200/B200 runs", "",
              "Generated by `python benchmarks/modern_runs.py` from benchmarks/data/modern_runs*.yaml "
              "(sources per row there). Error = predicted tokens/s per GPU / measured - 1.", "",
@@ -180,13 +271,21 @@ def _markdown(outcomes: list[Outcome], moe: list[dict[str, Any]], stats: dict[st
              "reason).**",
              "", "Kendall tau within groups sharing model and cluster:", ""]
     lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]
-    lines += ["", "| row | setup | measured tok/s/GPU | predicted | error | reason |",
-              "|---|---|---|---|---|---|"]
+    before = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    if before:
+        errs = [abs(v) for k, v in before.items() if k in {o.id for o in outcomes}]
+        lines += ["", f"Before issue 22 (commit 704b6b1, same rows): median |error| "
+                  f"{100 * statistics.median(errs):.1f}%, beyond 30%: {sum(e > OUTLIER for e in errs)} of "
+                  f"{len(errs)}."]
+    lines += ["", "| row | setup | measured tok/s/GPU | predicted | error | before | reason |",
+              "|---|---|---|---|---|---|---|"]
     for o in outcomes:
+        was = f"{100 * before[o.id]:+.0f}%" if o.id in before else ""
         lines.append(f"| {o.id} | {o.setup} | {o.measured:,.0f} | {o.predicted:,.0f} | {100 * o.error:+.1f}% "
-                     f"| {o.reason} |")
-    if moe:
-        lines += ["", "Not predicted (MoE; issue 23): " + ", ".join(str(r["id"]) for r in moe)]
+                     f"| {was} | {o.reason} |")
+    if skipped:
+        lines += ["", f"Not predicted ({len(skipped)} rows):", ""]
+        lines += [f"- {rid}: {why}" for rid, why in skipped]
     return "\n".join(lines) + "\n"
 
 
@@ -194,15 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     args = ap.parse_args(argv)
-    rows, moe = load_rows()
-    outcomes = [predict_row(r) for r in rows]
+    rows, skipped = load_rows()
+    outcomes = []
+    for row in rows:
+        try:
+            outcomes.append(predict_row(row))
+        except ConfigError as e:  # a layout the plan cannot express: listed, not hidden
+            skipped.append((str(row["id"]), f"not expressible as a plan: {e}"))
     stats = summarize(outcomes)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "modern_runs.md").write_text(_markdown(outcomes, moe, stats))
+    (args.out / "modern_runs.md").write_text(_markdown(outcomes, skipped, stats))
     (args.out / "modern_runs.json").write_text(json.dumps(
         {"summary": stats, "rows": [dataclasses.asdict(o) | {"error": o.error} for o in outcomes],
-         "not_predicted_moe": [r["id"] for r in moe]}, indent=1) + "\n")
-    print(_markdown(outcomes, moe, stats))
+         "not_predicted": dict(skipped)}, indent=1) + "\n")
+    print(_markdown(outcomes, skipped, stats))
     return 0
 
 
