@@ -73,6 +73,9 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
+read_mapping = _read_mapping
+
+
 def _int_field(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None:
@@ -212,7 +215,18 @@ def load_gpu(name: str) -> GPUSpec:
         fsdp_host_bytes_per_s=float(g.get("fsdp_host_gb_s", 0.0)) * 1e9,
         zero3_host_module_s=float(g.get("zero3_host_module_us", 0.0)) * 1e-6,
         zero3_host_bytes_per_s=float(g.get("zero3_host_gb_s", 0.0)) * 1e9,
+        gemm_shape_curve=_points(g.get("gemm_shape_curve")),
+        fp8_gemm_scale=float(g.get("fp8_gemm_scale", 1.0)),
+        attention_curves=tuple((kernel, _points(c["fwd"]), _points(c["bwd"]))
+                               for kernel, c in (g.get("attention") or {}).items()),
+        tdp_w=g.get("tdp_w"),
+        power_limit_w=g.get("power_limit_w"),
     )
+
+
+def _points(value: Any) -> tuple[tuple[float, float], ...]:
+    """A curve from hardware.yaml: ``[[x, y], ...]`` sorted by x."""
+    return tuple(sorted((float(x), float(y)) for x, y in (value or ())))
 
 
 def load_link(name: str, *, flag: str = "--inter-node") -> LinkSpec:
@@ -242,15 +256,16 @@ _MAX_HOST_MEMORY_GIB = 1 << 20
 def make_cluster(
     *,
     num_gpus: int,
-    gpu: str = "h100-sxm",
+    gpu: str | GPUSpec = "h100-sxm",
     gpus_per_node: int | None = None,
     intra_node: str | None = None,
     inter_node: str | None = None,
     nics_per_node: int | None = None,
     host_memory_gib: float | None = None,
 ) -> ClusterSpec:
-    """A homogeneous cluster from the CLI flags ``--gpus N --gpu T [--gpus-per-node K]``."""
-    spec = load_gpu(gpu)
+    """A homogeneous cluster from the CLI flags ``--gpus N --gpu T [--gpus-per-node K]``; ``gpu`` may be a
+    described GPU (``usergpu``)."""
+    spec = gpu if isinstance(gpu, GPUSpec) else load_gpu(gpu)
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
         raise ConfigError(f"--gpus: must be a positive integer, got {num_gpus!r}")
     per_node = gpus_per_node if gpus_per_node is not None else min(num_gpus, spec.default_gpus_per_node)
@@ -273,7 +288,7 @@ def make_cluster(
         raise ConfigError(f"--host-memory-gib: host RAM per node must be in (0, {_MAX_HOST_MEMORY_GIB}] GiB, "
                           f"got {host_memory_gib!r}")
     return ClusterSpec(
-        name=f"{num_gpus // per_node}x{per_node} {gpu}",
+        name=f"{num_gpus // per_node}x{per_node} {spec.key}",
         gpu=spec,
         num_nodes=num_gpus // per_node,
         gpus_per_node=per_node,
@@ -303,8 +318,14 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     unknown = sorted(set(cfg) - _CLUSTER_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key '{unknown[0]}'; allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
-    if not isinstance(cfg.get("gpu"), str):
-        raise ConfigError(f"{where}: missing key 'gpu' (one of {', '.join(gpu_names())})")
+    gpu = cfg.get("gpu")
+    if isinstance(gpu, dict):  # a GPU described inline (usergpu)
+        from autotune.usergpu import gpu_from_mapping
+
+        gpu = gpu_from_mapping(gpu, where=where)
+    elif not isinstance(gpu, str):
+        raise ConfigError(f"{where}: missing key 'gpu' (one of {', '.join(gpu_names())}, or a mapping of "
+                          "GPU keys)")
     nodes = _int_field(cfg, "num_nodes", where)
     per_node = _int_field(cfg, "gpus_per_node", where)
     host = cfg.get("host_memory_gib")
@@ -320,7 +341,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         nics = _int_field(cfg, "nics_per_node", where)
     return make_cluster(
         num_gpus=nodes * per_node,
-        gpu=cfg["gpu"],
+        gpu=gpu,
         gpus_per_node=per_node,
         intra_node=cfg.get("intra_node_link"),
         inter_node=cfg.get("inter_node_link"),

@@ -22,7 +22,8 @@ from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_error
 
 __all__ = [
-    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "ParallelPlan",
+    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "CpComm",
+    "ParallelPlan",
     "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan",
 ]
 
@@ -77,6 +78,24 @@ class Framework(_StrEnum):
     MEGATRON = "megatron"
 
 
+class Fp8Recipe(_StrEnum):
+    """How fp8 GEMM operands are scaled (``costmodel.kernels.FP8_CAST_BYTES`` prices each)."""
+
+    TENSORWISE = "tensorwise"        # one scale per tensor from its current amax (TE current scaling)
+    DELAYED = "delayed"              # one scale per tensor from an amax history (TE DelayedScaling)
+    ROWWISE = "rowwise"              # one scale per row (torchao rowwise)
+    BLOCKWISE = "blockwise"          # 1x128 / 128x128 tiles (TE Float8BlockScaling, DeepSeek-V3)
+    MX = "mx"                        # MXFP8, 32-element blocks (Blackwell)
+
+
+class CpComm(_StrEnum):
+    """How context parallelism exchanges keys and values (``costmodel.cpcomm`` prices each)."""
+
+    P2P = "p2p"                      # ring, overlapped step by step (Megatron p2p, torchtitan alltoall)
+    ALLGATHER = "allgather"          # all K/V gathered at once (Megatron allgather, torchtitan allgather)
+    A2A = "a2a"                      # DeepSpeed-Ulysses head/sequence all-to-all (Megatron a2a)
+
+
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
     Framework.FSDP: frozenset({Sharding.NONE, Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP}),
     Framework.DEEPSPEED: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3}),
@@ -115,6 +134,23 @@ class ParallelPlan:
     """Optimizer states (and the fp32 master copy) live in host memory; the step runs on the CPU."""
     precision: Precision = Precision.BF16
     framework: Framework = Framework.FSDP
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    """fp8 scaling recipe (read only with ``precision=fp8``)."""
+    compile: bool = False
+    """torch.compile the model (torch frameworks): fuses fp8 scaling/cast kernels; needed by async TP."""
+    async_tp: bool = False
+    """torch async tensor parallelism (micro-pipelined all-gather/reduce-scatter matmuls; torchtitan
+    ``enable_async_tensor_parallel``): TP collectives hide behind the GEMMs they feed (fsdp framework)."""
+    tp_comm_overlap: bool = False
+    """Megatron/TE ``--tp-comm-overlap`` (userbuffers): TP all-gathers/reduce-scatters overlap the GEMMs in
+    forward and backward (needs sequence parallelism)."""
+    overlap_grad_reduce: bool = True
+    """DP gradient reduction overlaps the backward (Megatron ``--overlap-grad-reduce``; FSDP2 and DeepSpeed
+    always do)."""
+    overlap_param_gather: bool = True
+    """ZeRO-1 parameter all-gather overlaps the next forward (Megatron ``--overlap-param-gather``)."""
+    cp_comm: CpComm = CpComm.P2P
+    """Context-parallel K/V exchange (read only with ``cp > 1``)."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -184,9 +220,10 @@ class ParallelPlan:
 
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "sharding": Sharding, "recompute": Recompute, "schedule": Schedule, "precision": Precision,
-    "framework": Framework,
+    "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm,
 }
-_BOOL_FIELDS = {"sequence_parallel", "offload"}
+_BOOL_FIELDS = {"sequence_parallel", "offload", "compile", "async_tp", "tp_comm_overlap",
+                "overlap_grad_reduce", "overlap_param_gather"}
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
@@ -267,6 +304,7 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     if plan.sharding not in FRAMEWORK_SHARDING[fw]:
         allowed = ", ".join(sorted(s.value for s in FRAMEWORK_SHARDING[fw]))
         errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
+    errors += _knob_errors(plan)
     if fw is Framework.DEEPSPEED:
         if plan.pp > 1 and plan.zero_stage > 1:
             errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")
@@ -284,6 +322,39 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     return errors
 
 
+_FP8_RECIPES: dict[Framework, frozenset[Fp8Recipe]] = {
+    Framework.MEGATRON: frozenset({Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.BLOCKWISE,
+                                   Fp8Recipe.MX}),
+    Framework.FSDP: frozenset({Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE, Fp8Recipe.MX}),
+    Framework.DEEPSPEED: frozenset(),
+}
+"""fp8 recipes each framework runs: Megatron ``--fp8-recipe {tensorwise,delayed,blockwise,mxfp8}``
+(megatron/training/arguments.py); torchtitan ``[quantize.linear.float8] recipe_name`` tensorwise / rowwise
+and ``[quantize.linear.mx]`` (torchao); DeepSpeed none."""
+
+
+def _knob_errors(plan: ParallelPlan) -> list[str]:
+    """Speed knobs a framework does not have, or that need another setting."""
+    fw, errors = plan.framework, []
+    fp8 = plan.precision is Precision.FP8
+    if fp8 and _FP8_RECIPES[fw] and plan.fp8_recipe not in _FP8_RECIPES[fw]:
+        allowed = ", ".join(sorted(r.value for r in _FP8_RECIPES[fw]))
+        errors.append(f"framework {fw} has no fp8 recipe {plan.fp8_recipe} (it offers: {allowed})")
+    if plan.compile and fw is not Framework.FSDP:
+        errors.append(f"compile is a torch framework knob; framework {fw} does not torch.compile the model")
+    if plan.async_tp and (fw is not Framework.FSDP or not plan.compile or plan.tp == 1):
+        errors.append("async TP needs --framework fsdp (torchtitan), --compile and TP > 1")
+    if plan.tp_comm_overlap and (fw is not Framework.MEGATRON or not plan.sequence_parallel):
+        errors.append("tp-comm-overlap is Megatron/TE's and needs --sequence-parallel (TP > 1)")
+    if plan.cp > 1 and plan.cp_comm is CpComm.A2A and fw is not Framework.MEGATRON:
+        errors.append("cp-comm a2a (Ulysses) needs --framework megatron; torchtitan rotates K/V by p2p or "
+                      "allgather")
+    if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):
+        errors.append(f"framework {fw} always overlaps its DP collectives; only megatron can turn "
+                      "overlap-grad-reduce / overlap-param-gather off")
+    return errors
+
+
 def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
     """Rules that need the model and the cluster; [] when the plan is legal."""
     errors: list[str] = []
@@ -294,6 +365,9 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
     if model.num_kv_heads % plan.tp:
         errors.append(f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}")
+    if plan.cp > 1 and plan.cp_comm.value == "a2a" and model.num_heads % (plan.tp * plan.cp):
+        errors.append(f"cp-comm a2a splits heads over TP x CP = {plan.tp * plan.cp}, which does not divide "
+                      f"{model.num_heads} heads; use --cp-comm p2p")
     if model.ffn_hidden_size % plan.tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
     split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))

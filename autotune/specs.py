@@ -147,6 +147,22 @@ class GPUSpec:
     """Bytes a 16-bit (bf16/fp16) tensor of a plan takes on this device: 4 on the CPU trial device, which runs
     bf16 plans in fp32 (trials/train.py ``compute_dtype``), so its activations, gathered weights and 16-bit
     gradients move twice the bytes through its collectives."""
+    gemm_shape_curve: tuple[tuple[float, float], ...] = ()
+    """GEMM efficiency by shape, as multiples of ``gemm_efficiency``: points ``(arithmetic intensity,
+    factor)`` with intensity ``m n k / (m k + k n + m n)`` (FLOPs per 16-bit operand byte), interpolated in
+    log intensity (``costmodel.kernels.gemm_efficiency``). Empty: every shape runs at ``gemm_efficiency``."""
+    fp8_gemm_scale: float = 1.0
+    """fp8 GEMM efficiency (of the fp8 peak) as a multiple of the 16-bit one at half the intensity: an fp8
+    tile does twice the FLOPs per fixed cost, so it needs twice the problem to fill the GPU as well."""
+    attention_curves: tuple[tuple[str, tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]],
+                            ...] = ()
+    """Per attention kernel (``cudnn``, ``fa2``, ``fa3``): forward and backward fraction of the 16-bit peak
+    by key length, points ``(seq, fraction)`` at head dim 128 (``costmodel.kernels.attention_rates``).
+    Empty: the attention core runs at ``gemm_efficiency`` with ``compute.FLASH_BWD_SLOWDOWN``."""
+    tdp_w: float | None = None
+    """Board power the peaks and efficiencies above hold at (None: not stated)."""
+    power_limit_w: float | None = None
+    """Board power limit the cards run at, if below ``tdp_w``: compute slows by ``kernels.clock_factor``."""
 
     def pipeline_action_s(self, schedule: str) -> float | None:
         """Measured host seconds per action of a torch pipeline ``schedule``; None where not measured."""

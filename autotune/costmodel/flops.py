@@ -29,7 +29,7 @@ from autotune.specs import ModelSpec
 __all__ = [
     "CAUSAL_ATTENTION_FRACTION", "layer_gemm_flops_per_token", "attention_flops_per_token",
     "lm_head_flops_per_token", "model_flops_per_token", "recompute_flops_per_token",
-    "elementwise_bytes_per_token", "score_bytes_per_token", "LOGITS_BYTES_PER_VOCAB",
+    "elementwise_bytes_per_token", "score_bytes_per_token", "LOGITS_BYTES_PER_VOCAB", "layer_gemm_shapes",
 ]
 
 CAUSAL_ATTENTION_FRACTION = 0.5
@@ -43,6 +43,21 @@ def layer_gemm_flops_per_token(model: ModelSpec) -> float:
     GEMMs."""
     h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
     return 2.0 * (2 * h * h + 2 * h * kv + model.num_mlp_matrices * h * f)
+
+
+def layer_gemm_shapes(model: ModelSpec, tp: int = 1, *, fused: bool = True) -> list[tuple[int, int]]:
+    """The ``(n, k)`` weight shapes of one block's forward GEMMs on one TP rank (each multiplies the tokens'
+    ``m x k`` activations); their ``2 n k`` sum to ``layer_gemm_flops_per_token / tp``. ``fused``: Megatron /
+    Transformer Engine run Q, K, V as one column-parallel GEMM and the gate and up projections as one
+    (``megatron/core/transformer/attention.py`` ``linear_qkv``, ``mlp.py`` ``linear_fc1``); torch models
+    (torchtitan's Llama, Hugging Face) call ``wq``, ``wk``, ``wv``, ``w1``, ``w3`` separately."""
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    up = model.num_mlp_matrices - 1
+    if fused:
+        front = [((h + 2 * kv) // tp, h), (up * f // tp, h)]
+    else:
+        front = [(h // tp, h), (kv // tp, h), (kv // tp, h)] + [(f // tp, h)] * up
+    return front + [(h, h // tp), (h, f // tp)]
 
 
 def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal_fraction: float = 1.0) -> float:

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, flops, pipeline, tpcomm
+from autotune.costmodel import comm, compute, cpcomm, flops, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
+from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.costmodel.states import vocab_split
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
@@ -37,17 +38,6 @@ master, m, v (12 B) and the 16-bit weight (2 B), plus the grad-norm pass over th
 ELEMENTWISE_BWD_FACTOR = 1.5
 """Backward/forward HBM traffic of elementwise kernels: the backward of ``y = f(x)`` reads ``x`` (or ``y``)
 and ``dy`` and writes ``dx`` (3 tensors) where the forward read 1 and wrote 1."""
-FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
-"""How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
-``FLASH_BWD_SLOWDOWN_DEFAULT``). Measured on an H200 through torch SDPA (causal, head dim 128, 4k-8k tokens):
-forward 555-601 TFLOP/s, backward 333-391, i.e. 1.5-1.7x. FA2 paper (Dao 2023, Sec. 4.1) on A100: forward up
-to 73% of peak, backward up to 63%, i.e. ~1.2x. Pre-FlashAttention kernels (batched GEMMs) have no
-slowdown."""
-FLASH_BWD_SLOWDOWN_DEFAULT = 1.2
-HBM_EFFICIENCY = 0.8
-"""Fraction of the HBM peak a streaming kernel reaches: a device-to-device copy moved 4.14 of 4.8 TB/s on an
-H200 (0.86, measured with torch); STREAM-like kernels reach ~0.8 on A100
-(`autotune probe --device cuda` measures it)."""
 HOST_OPTIMIZER_BYTES_PER_S = 100e9
 """Host DRAM bandwidth PER NODE that host-side work streams at (the CPU Adam step, FSDP2's CPU gradient
 accumulation); the GPUs of a node share it, so host work is timed over all their shards. A 2-socket server
@@ -166,61 +156,44 @@ class BlockTimes(NamedTuple):
         return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s
 
 
-def _rates(cluster: ClusterSpec, precision: str) -> tuple[float, float, float]:
-    """(GEMM FLOP/s, attention FLOP/s, HBM bytes/s) actually reached: peak x ``gemm_efficiency`` and HBM peak
-    x ``HBM_EFFICIENCY``. fp8 recipes run the attention core in bf16 (Transformer Engine); a GPU without the
-    format falls back to its 16-bit peak (``check_plan`` reports the plan as illegal)."""
-    gpu = cluster.gpu
-    half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
-    gemm = gpu.peak_flops(precision) or half
-    attn = half if precision == "fp8" else gemm
-    eff = gpu.gemm_efficiency
-    return gemm * eff, attn * eff, gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
-
-
-def _cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
-                  attn_fwd_s: float) -> float:
-    """Ring attention (Liu et al. 2023; Megatron-Core CP): each of ``cp-1`` steps passes this rank's K and V
-    chunk (``2 x tokens x kv_hidden/tp``) to the next CP rank; backward passes K, V and their gradients (2x).
-    Each transfer overlaps the attention of the chunk already held, so only what exceeds the attention time
-    of the pass is exposed; on a device without asynchronous collectives all of it is."""
-    if plan.cp <= 1:
-        return 0.0
-    link = comm.group_link(cluster, plan.cp, plan.tp)
-    step_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * act_bytes(cluster)
-    fwd = (plan.cp - 1) * comm.p2p_s(step_bytes, link)
-    if not cluster.gpu.async_collectives:  # the transfers block the attention (GPUSpec.async_collectives)
-        return 3 * fwd
-    return max(0.0, fwd - attn_fwd_s) + max(0.0, 2 * fwd - 2 * attn_fwd_s)
-
-
 def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: float, overlap: bool,
                   overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
     """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
     and reduce-scatter pair (``tpcomm.reduction_s``); how many per framework: ``tpcomm.block_collectives``.
     Forward ones sit between dependent GEMMs and are exposed. With ``overlap`` the backward ones run under
     the weight-gradient GEMMs (Megatron-LM's async TP all-reduce, since commit 16c90445e7, 2021-09), up to
-    ``DP_OVERLAP_FRACTION`` of them."""
+    ``DP_OVERLAP_FRACTION`` of them. ``plan.tp_comm_overlap`` (Transformer Engine userbuffers:
+    ``ub_overlap_ag``, ``ub_overlap_rs``, ``ub_overlap_rs_dgrad``, ``ub_bulk_wgrad``) splits each collective
+    and pipelines it with the GEMM it feeds, forward and backward. ``plan.async_tp`` (torch micro-pipelined
+    TP: inductor's ``micro_pipeline_tp`` pass fuses the forward graph's all-gather -> matmul and matmul ->
+    reduce-scatter into ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``) is priced as hiding
+    the forward ones only, the backward keeping plain collectives: an assumption, not a measurement
+    (torchtitan's async-TP benchmark gains 1.04-1.16x on H100, not the ~1.3x that hiding all would give)."""
     fwd_n, bwd_n = block_collectives(model, plan)
+    fwd_hidden = max(0.0, fwd_n * one_s - overlap_fraction * wgrad_s * fwd_n / 2)  # recompute: 2 forwards
+    if plan.tp_comm_overlap:
+        return fwd_hidden + max(0.0, bwd_n * one_s - overlap_fraction * 2 * wgrad_s)
+    if plan.async_tp:
+        return fwd_hidden + bwd_n * one_s
     if overlap:
         return fwd_n * one_s + max(0.0, bwd_n * one_s - overlap_fraction * wgrad_s)
     return (fwd_n + bwd_n) * one_s
 
 
 def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
-                tp_backward_overlap: bool | None = None) -> BlockTimes:
+                tp_backward_overlap: bool | None = None, attention_kernel: str | None = None) -> BlockTimes:
     """Per-block, per-micro-batch times on one GPU: ``FLOPs / (peak x gemm_efficiency)`` for GEMMs and
     attention, ``bytes / (HBM x HBM_EFFICIENCY)`` for the elementwise kernels (``flops`` module); the sequence
     is split over CP, weights over TP. Software switches (defaults: today's frameworks):
     ``flash_attention=False`` models pre-2022 kernels that materialise the ``s x s`` scores (no causal
     skipping, ``flops.SCORE_BYTES`` of traffic per score); ``tp_backward_overlap`` (default: Megatron only)
     hides backward TP collectives under GEMMs."""
-    gemm_rate, attn_rate, hbm_rate = _rates(cluster, str(plan.precision))
+    hbm_rate = compute.hbm_rate(cluster)
     tp, s = plan.tp, plan.seq_len
     tokens = plan.micro_batch * s / plan.cp
-    causal = flops.CAUSAL_ATTENTION_FRACTION if flash_attention else 1.0
-    gemm_s = tokens * flops.layer_gemm_flops_per_token(model) / tp / gemm_rate
-    attn_s = tokens * flops.attention_flops_per_token(model, s, causal_fraction=causal) / tp / attn_rate
+    gemm_s = compute.block_gemm_s(model, cluster, plan, tokens)
+    attn_s, attn_bwd_s = compute.attention_s(model, cluster, plan, tokens, flash=flash_attention,
+                                             kernel=attention_kernel)
     ew_bytes = flops.elementwise_bytes_per_token(model, tp=tp, sequence_parallel=plan.sequence_parallel)
     score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
     ew_s = tokens * ew_bytes / hbm_rate + score_s
@@ -230,15 +203,16 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     tp_s = 0.0
     if tp > 1:
         hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)
-        one = reduction_s(hidden_bytes, plan, comm.group_link(cluster, tp, 1))
+        # an fp8 all-gather moves half the bytes of its bf16 reduce-scatter partner (compute.fp8_tp_gather)
+        one = reduction_s(hidden_bytes * (0.75 if compute.fp8_tp_gather(plan) else 1.0), plan,
+                          comm.group_link(cluster, tp, 1))
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
         tp_s = _tp_exposed_s(one, model, plan, gemm_s, overlap, _overlap_fraction(cluster))
-    head_s = tokens * (3 * flops.lm_head_flops_per_token(model) / gemm_rate
-                       + flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate) / vocab_split(plan)
-    cp_s = _cp_exposed_s(model, cluster, plan, tokens, attn_s)
-    slowdown = FLASH_BWD_SLOWDOWN.get(cluster.gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash_attention else 1.0
+    head_s = (3 * compute.head_gemm_s(model, cluster, vocab_split(plan), tokens)
+              + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan))
+    cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
-    return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s,
+    return BlockTimes(gemm_s, attn_s, attn_bwd_s, ew_s, recompute_s, tp_s, cp_s, head_s,
                       head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
                       edge_host_s(model, cluster, plan))
 
@@ -333,11 +307,11 @@ def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) 
 
 
 def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
-              tp_backward_overlap: bool | None = None) -> TimeBreakdown:
+              tp_backward_overlap: bool | None = None, attention_kernel: str | None = None) -> TimeBreakdown:
     """Critical-path seconds of one optimizer step, by cause (see the module docstring for conventions; the
     keyword switches describe older software, see ``block_times``)."""
     bt = block_times(model, cluster, plan, flash_attention=flash_attention,
-                     tp_backward_overlap=tp_backward_overlap)
+                     tp_backward_overlap=tp_backward_overlap, attention_kernel=attention_kernel)
     block_s = bt.total_s
     # the last pipeline rank runs the head (and with PP=1 the embedding too); the first runs the embedding
     last_tp_s = bt.head_tp_s + (bt.embed_tp_s if plan.pp == 1 else 0.0)

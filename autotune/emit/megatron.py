@@ -57,6 +57,7 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         args.append(["--sequence-parallel"])
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
+    args += _overlap_args(plan)
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path
         args += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"],
                  ["--optimizer-offload-fraction", "1.0"]]
@@ -84,6 +85,28 @@ def _split_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     return args
 
 
+_CP_COMM = {"p2p": "p2p", "allgather": "allgather", "a2a": "a2a"}
+_FP8_RECIPE = {"tensorwise": "tensorwise", "delayed": "delayed", "blockwise": "blockwise", "mx": "mxfp8"}
+"""ParallelPlan.fp8_recipe -> Megatron ``--fp8-recipe`` (megatron/training/arguments.py: tensorwise, delayed,
+mxfp8, blockwise)."""
+
+
+def _overlap_args(plan: ParallelPlan) -> list[list[str]]:
+    """The overlaps the cost model assumes, turned on (megatron/training/arguments.py): ``--tp-comm-overlap``
+    (TE userbuffers), ``--overlap-grad-reduce`` (DP > 1), ``--overlap-param-gather`` (needs the distributed
+    optimizer), and the CP exchange ``--cp-comm-type``."""
+    args: list[list[str]] = []
+    if plan.tp_comm_overlap:
+        args.append(["--tp-comm-overlap"])
+    if plan.overlap_grad_reduce and plan.dp > 1:
+        args.append(["--overlap-grad-reduce"])
+    if plan.overlap_param_gather and plan.sharding is Sharding.ZERO1:
+        args.append(["--overlap-param-gather"])
+    if plan.cp > 1:
+        args.append(["--cp-comm-type", _CP_COMM[str(plan.cp_comm)]])
+    return args
+
+
 def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
     args: list[list[str]] = []
     if plan.recompute is Recompute.SELECTIVE:
@@ -95,9 +118,12 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
         args.append(["--fp16"])
     else:  # fp8 runs its GEMMs in fp8 (Transformer Engine) on top of bf16 everything else
         args.append(["--bf16"])
-    if plan.precision is Precision.FP8:  # bf16 gradient reduction as NeMo's fp8 recipes (states.py)
-        args += [["--fp8-format", "hybrid"], ["--fp8-amax-history-len", "1024"],
-                 ["--fp8-amax-compute-algo", "max"], ["--grad-reduce-in-bf16"]]
+    if plan.precision is Precision.FP8:
+        recipe = _FP8_RECIPE[str(plan.fp8_recipe)]
+        # bf16 gradient reduction as NeMo's fp8 recipes (states.py)
+        args += [["--fp8-format", "hybrid"], ["--fp8-recipe", recipe], ["--grad-reduce-in-bf16"]]
+        if recipe == "delayed":  # amax history: delayed scaling only
+            args += [["--fp8-amax-history-len", "1024"], ["--fp8-amax-compute-algo", "max"]]
     return args
 
 

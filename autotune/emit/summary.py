@@ -40,8 +40,24 @@ def _plan_table(plan: ParallelPlan) -> list[str]:
             ("global batch (sequences)", plan.global_batch), ("sequence length", plan.seq_len),
             ("recompute", plan.recompute), ("sequence parallel", plan.sequence_parallel),
             ("pipeline schedule", schedule), ("optimizer offload", plan.offload),
-            ("precision", plan.precision), ("framework", plan.framework)]
+            ("precision", plan.precision), ("framework", plan.framework), *_speed_rows(plan)]
     return ["| knob | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _speed_rows(plan: ParallelPlan) -> list[tuple[str, object]]:
+    """The speed knobs that apply to the plan (ParallelPlan's last fields)."""
+    rows: list[tuple[str, object]] = []
+    if str(plan.precision) == "fp8":
+        rows.append(("fp8 recipe", plan.fp8_recipe))
+    if str(plan.framework) == "fsdp":
+        rows += [("torch.compile", plan.compile), ("async TP", plan.async_tp)]
+    if str(plan.framework) == "megatron":
+        rows += [("TP-comm overlap", plan.tp_comm_overlap),
+                 ("DP grad-reduce overlap", plan.overlap_grad_reduce),
+                 ("DP param-gather overlap", plan.overlap_param_gather)]
+    if plan.cp > 1:
+        rows.append(("CP exchange", plan.cp_comm))
+    return rows
 
 
 def _estimate_lines(est: dict[str, Any] | None) -> list[str]:
@@ -95,6 +111,11 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
     if "torchtitan.toml" in written and plan.tp > 1 and not plan.sequence_parallel:
         notes.append("- torchtitan always uses sequence parallelism with TP: activations shrink, the "
                      "communication volume stays the same.")
+    if "torchtitan.toml" in written:
+        notes.append("- Not priced, so left at the framework's default: torch.compile's fusion of "
+                     "elementwise kernels (the estimate already times them as fused; compile is priced "
+                     "through fp8 casts only) and fused/chunked cross-entropy (priced as an fp32 loss over "
+                     "the full logits).")
     if "megatron_args.txt" in written:
         notes.append("- Megatron-LM: torchrun ... pretrain_gpt.py $(cat megatron_args.txt) plus your data, "
                      f"tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags.")

@@ -67,10 +67,13 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
         "data_parallel_shard_degree": shard,
         "fsdp_reshard_after_forward": _RESHARD.get(plan.sharding, "always"),
         "tensor_parallel_degree": plan.tp,
-        "enable_async_tensor_parallel": False,
+        "enable_async_tensor_parallel": plan.async_tp,
         "pipeline_parallel_degree": plan.pp,
         "context_parallel_degree": plan.cp,
     }
+    if plan.cp > 1:  # p2p: K/V rotated shard by shard; allgather: gathered at once
+        rotate = "allgather" if str(plan.cp_comm) == "allgather" else "alltoall"
+        out["context_parallel_rotate_method"] = rotate
     if plan.pp > 1:
         out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
         split = split_layers(model.num_layers, plan)
@@ -117,13 +120,24 @@ def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict
         ac["selective_ac_option"] = "op"
     cfg: dict[str, dict[str, Any]] = {"training": _training(plan), "parallelism": _parallelism(plan, model),
                                       "activation_checkpoint": ac}
-    if plan.precision is Precision.FP8:  # torchao float8 linears; tensorwise scaling suits fp8 all-gathers
-        cfg["model"] = {"converters": ["quantize.linear.float8"]}
-        sharded = _dp_degrees(plan)[1] > 1
-        cfg["quantize.linear.float8"] = {"recipe_name": "tensorwise",
-                                         "enable_fsdp_float8_all_gather": sharded,
-                                         "precompute_float8_dynamic_scale_for_fsdp": sharded}
+    if plan.compile:
+        cfg["compile"] = {"enable": True, "components": ["model", "loss"]}
+    if plan.precision is Precision.FP8:
+        cfg.update(_float8(plan))
     return cfg
+
+
+def _float8(plan: ParallelPlan) -> dict[str, dict[str, Any]]:
+    """torchao float8 linears (``[quantize.linear.float8] recipe_name``) or MXFP8 (``[quantize.linear.mx]``);
+    only tensorwise scaling all-gathers fp8 weights under FSDP (torchtitan config/job_config.py)."""
+    if str(plan.fp8_recipe) == "mx":
+        return {"model": {"converters": ["quantize.linear.mx"]},
+                "quantize.linear.mx": {"recipe_name": "mxfp8_cublas"}}
+    sharded = _dp_degrees(plan)[1] > 1 and str(plan.fp8_recipe) == "tensorwise"
+    return {"model": {"converters": ["quantize.linear.float8"]},
+            "quantize.linear.float8": {"recipe_name": str(plan.fp8_recipe),
+                                       "enable_fsdp_float8_all_gather": sharded,
+                                       "precompute_float8_dynamic_scale_for_fsdp": sharded}}
 
 
 def _toml_value(value: Any) -> str:

@@ -30,7 +30,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{flag}", type=int)
     for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
                  "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
-                 "untie-embeddings-and-output-weights", "bf16", "fp16"):
+                 "untie-embeddings-and-output-weights", "bf16", "fp16", "tp-comm-overlap",
+                 "overlap-grad-reduce", "overlap-param-gather"):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float)
     positions = ["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
@@ -40,6 +41,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
     p.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"])
+    p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+    p.add_argument("--cp-comm-type", nargs="+", choices=["p2p", "a2a", "allgather", "a2a+p2p"])
     return p
 
 
@@ -64,6 +67,10 @@ def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
     assert not (a.bf16 and a.fp16)
     if a.fp8_format:
         assert a.bf16
+    if a.overlap_param_gather:  # megatron/training/arguments.py: needs the distributed optimizer
+        assert a.use_distributed_optimizer
+    if a.tp_comm_overlap:  # TE userbuffers overlap the sequence-parallel all-gather / reduce-scatter
+        assert a.sequence_parallel
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -108,6 +115,21 @@ def test_fp8_runs_on_bf16():
     plan = ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, precision="fp8", framework="megatron")
     flags = [f for group in megatron_args(plan, CASES["autotp"].build()[1]) for f in group]
     assert "--bf16" in flags and flags[flags.index("--fp8-format") + 1] == "hybrid"
+
+
+def test_speed_knobs_turn_on_the_overlaps_the_model_assumes():
+    model = CASES["autotp"].build()[1]
+    plan = ParallelPlan(tp=2, dp=2, cp=2, global_batch=64, seq_len=4096, precision="fp8",
+                        framework="megatron",
+                        sharding="zero1", sequence_parallel=True, tp_comm_overlap=True, fp8_recipe="mx",
+                        cp_comm="a2a")
+    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
+    _check_megatron_rules(a, plan.world_size)
+    assert a.tp_comm_overlap and a.overlap_grad_reduce and a.overlap_param_gather
+    assert a.fp8_recipe == "mxfp8" and a.fp8_amax_history_len is None and a.cp_comm_type == ["a2a"]
+    off = plan.replace(overlap_grad_reduce=False, overlap_param_gather=False, tp_comm_overlap=False)
+    b = _megatron_parser().parse_args(shlex.split(megatron_args_text(off, model)))
+    assert not (b.tp_comm_overlap or b.overlap_grad_reduce or b.overlap_param_gather)
 
 
 @pytest.mark.parametrize(("changes", "reason"), [

@@ -18,6 +18,7 @@ from emit_cases import CASES
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
 from autotune.emit import to_torchtitan_config, torchtitan_unsupported
+from autotune.emit.torchtitan import dumps_toml
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
@@ -44,6 +45,8 @@ V0_2_2_FIELDS = {
                               "preserve_rng_state", "determinism_check", "debug"},
     "quantize.linear.float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
                                "recipe_name", "filter_fqns", "emulate"},
+    "quantize.linear.mx": {"mxfp8_dim1_cast_kernel_choice", "recipe_name", "filter_fqns"},
+    "compile": {"enable", "components", "backend"},
 }
 V0_2_2_LITERALS = {
     ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
@@ -51,6 +54,7 @@ V0_2_2_LITERALS = {
     ("training", "mixed_precision_reduce"): {"float32"},
     ("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
     ("quantize.linear.float8", "recipe_name"): {"tensorwise", "rowwise", "rowwise_with_gw_hp"},
+    ("parallelism", "context_parallel_rotate_method"): {"allgather", "alltoall"},
 }
 CONVERTERS = {"quantize.linear.float8", "quantize.grouped_mm.float8", "quantize.linear.mx",
               "quantize.grouped_mm.mx"}
@@ -150,3 +154,24 @@ def test_torchtitan_itself_parses_it_when_installed(name, emitted):
     ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                  cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                  ep=1, etp=1, world_size=plan.world_size)
+
+
+def test_speed_knobs_are_written_as_torchtitan_keys():
+    """compile, async TP, the float8 recipe and the CP rotation reach the TOML (v0.2.2 keys and literals);
+    rowwise scaling gets no fp8 FSDP all-gather (torchtitan supports it for tensorwise only)."""
+    model = CASES["fsdp_full"].build()[1]
+    plan = ParallelPlan(tp=2, dp=2, cp=2, global_batch=8, seq_len=1024, sharding="fsdp-full", compile=True,
+                        async_tp=True, sequence_parallel=True, precision="fp8", fp8_recipe="rowwise",
+                        cp_comm="allgather")
+    cfg = to_torchtitan_config(plan, model)
+    sections = _flatten(tomllib.loads(dumps_toml(cfg)))
+    for section, keys in sections.items():
+        assert set(keys) <= V0_2_2_FIELDS[section], section
+        for key, value in keys.items():
+            if (section, key) in V0_2_2_LITERALS:
+                assert value in V0_2_2_LITERALS[(section, key)]
+    assert cfg["compile"] == {"enable": True, "components": ["model", "loss"]}
+    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True
+    assert cfg["parallelism"]["context_parallel_rotate_method"] == "allgather"
+    assert cfg["quantize.linear.float8"]["recipe_name"] == "rowwise"
+    assert cfg["quantize.linear.float8"]["enable_fsdp_float8_all_gather"] is False

@@ -1,0 +1,96 @@
+"""Kernel time of one transformer block's GEMMs and attention core, and of the LM head, for one micro-batch on
+one GPU, from the shapes the plan gives each kernel (``kernels`` prices a kernel; ``flops`` counts work).
+
+Convention: forward times; a GEMM's backward is its two gradient GEMMs of the same intensity (2x the forward,
+``steptime.BlockTimes.bwd_s``). fp8 plans run the block's linears in fp8 and pay their scaling casts
+(``kernels.fp8_cast_bytes``, a third with the forward GEMMs, two thirds with the backward ones); the attention
+core and the LM head stay 16-bit (Transformer Engine's fp8 autocast covers the layers' linears;
+torchtitan's float8 converter skips ``output`` by ``filter_fqns``).
+"""
+
+from __future__ import annotations
+
+from autotune.costmodel import flops, kernels
+from autotune.costmodel.kernels import HBM_EFFICIENCY
+from autotune.plan import Framework, ParallelPlan
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["HBM_EFFICIENCY", "hbm_rate", "block_gemm_s", "attention_s", "head_gemm_s",
+           "default_attention_kernel"]
+
+FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
+"""How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
+``FLASH_BWD_SLOWDOWN_DEFAULT``), where the GPU has no measured attention curves
+(``GPUSpec.attention_curves``). H200 through torch SDPA (causal, head dim 128, 4k-8k tokens): forward 555-601
+TFLOP/s, backward 333-391, i.e. 1.5-1.7x. FA2 paper (Dao 2023, Sec. 4.1) on A100: forward up to 73% of
+peak, backward up to 63%, i.e. ~1.2x. Pre-FlashAttention kernels (batched GEMMs) have no slowdown."""
+FLASH_BWD_SLOWDOWN_DEFAULT = 1.2
+
+
+def hbm_rate(cluster: ClusterSpec) -> float:
+    return cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
+
+
+def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float) -> float:
+    """Forward seconds of one block's linears on ``tokens`` rows (``flops.layer_gemm_shapes`` after TP, fused
+    as the framework fuses them), each at its own shape's efficiency; fp8 plans add a third of their casts."""
+    gpu, precision = cluster.gpu, str(plan.precision)
+    shapes = flops.layer_gemm_shapes(model, plan.tp, fused=plan.framework is Framework.MEGATRON)
+    s = sum(kernels.gemm_s(gpu, precision, tokens, n, k) for n, k in shapes)
+    if precision == "fp8" and gpu.fp8_flops is not None:
+        cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), fp8_operand_elements(model, plan, tokens),
+                                      compiled=plan.compile or plan.framework is not Framework.FSDP)
+        s += cast / hbm_rate(cluster) / 3
+    return s
+
+
+def fp8_tp_gather(plan: ParallelPlan) -> bool:
+    """Whether the column-parallel inputs are cast to fp8 before the sequence-parallel all-gather, so it moves
+    1-byte values: tensor-scaled recipes only (torchtitan ``enable_float8_tensorwise_tp``, not for rowwise:
+    torchtitan/models/llama3/infra/parallelize.py; Transformer Engine's fp8 all-gather of the LayerNormLinear
+    input)."""
+    return (str(plan.precision) == "fp8" and plan.sequence_parallel
+            and str(plan.fp8_recipe) in ("tensorwise", "delayed"))
+
+
+def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:
+    """Entries one block casts to fp8 per micro-batch: its four distinct GEMM inputs (attention and MLP
+    inputs are shared by Q/K/V and gate/up, cast once; cast on the sequence shard before an fp8 all-gather,
+    ``fp8_tp_gather``), every weight, and every GEMM's output gradient."""
+    h, f, tp = model.hidden_size, model.ffn_hidden_size, plan.tp
+    shapes = flops.layer_gemm_shapes(model, tp, fused=plan.framework is Framework.MEGATRON)
+    col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
+    inputs = col_rows * 2 * h + tokens * (h + f) / tp
+    return inputs + sum(n * k + tokens * n for n, k in shapes)
+
+
+def head_gemm_s(model: ModelSpec, cluster: ClusterSpec, vocab_split: int, tokens: float) -> float:
+    """Forward seconds of the LM head GEMM (``tokens x h`` by ``h x V/split``), 16-bit."""
+    return kernels.gemm_s(cluster.gpu, "bf16", tokens, model.vocab_size / vocab_split, model.hidden_size)
+
+
+def default_attention_kernel(cluster: ClusterSpec) -> str:
+    """``cudnn`` where the GPU has measured curves: Transformer Engine's fused attention (Megatron) and torch
+    SDPA on Hopper run cuDNN-class kernels, which is what the H200 curve measured through torch SDPA."""
+    return "cudnn"
+
+
+def attention_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float, *,
+                flash: bool = True, kernel: str | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's attention core for ``tokens`` queries of this rank over
+    ``plan.seq_len`` keys; a FlashAttention-class kernel (``flash``) skips the causal mask's upper tiles
+    (``flops.CAUSAL_ATTENTION_FRACTION``). On a GPU with measured
+    curves each kernel runs at its rate for the key length one kernel call sees: the whole sequence, or with
+    context parallelism one ring step's chunk, ``s / cp`` (Megatron/TE ``AttnFuncWithCPAndKVP2P``, torch
+    ``context_parallel``: one call per step). Elsewhere: ``gemm_efficiency`` and ``FLASH_BWD_SLOWDOWN``."""
+    gpu = cluster.gpu
+    causal = flops.CAUSAL_ATTENTION_FRACTION if flash else 1.0
+    work = tokens * flops.attention_flops_per_token(model, plan.seq_len, causal_fraction=causal) / plan.tp
+    rates = kernels.attention_rates(gpu, kernel or default_attention_kernel(cluster), plan.seq_len / plan.cp)
+    if rates is not None and flash:
+        return work / rates[0], 2 * work / rates[1]
+    half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
+    peak = half if str(plan.precision) == "fp8" else (gpu.peak_flops(str(plan.precision)) or half)
+    fwd = work / (peak * gpu.gemm_efficiency * kernels.clock_factor(gpu))
+    slowdown = FLASH_BWD_SLOWDOWN.get(gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash else 1.0
+    return fwd, 2 * slowdown * fwd

@@ -1,0 +1,314 @@
+"""Predict published H100/H200/B200 training runs with the step-time model: tokens/s per GPU, predicted vs
+measured, over ``benchmarks/data/modern_runs.yaml`` (branch ``data``) and ``modern_runs_speed.yaml``.
+
+Each row becomes (ModelSpec, ClusterSpec, ParallelPlan) from its own fields only; what a source leaves out is
+filled by the row's ``assumed`` text (the framework's published recipe), never by a fitted factor. Rows with a
+``reason`` are predicted and shown; the reason names the published cause when one is beyond 30 %. MoE rows are
+listed as not predicted (issue 23). Statistics: median |error|, rows beyond 30 %, and Kendall tau between
+predicted and measured inside each group of rows sharing model and cluster.
+
+Usage:  python benchmarks/modern_runs.py [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autotune.catalog import load_gpu, load_model, make_cluster, model_from_dict
+from autotune.costmodel import flops
+from autotune.costmodel.steptime import block_times, step_time
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
+from autotune.usergpu import gpu_from_mapping
+
+ROOT = Path(__file__).resolve().parent
+DATA = [ROOT / "data" / "modern_runs.yaml", ROOT / "data" / "modern_runs_speed.yaml"]
+OUTLIER = 0.30
+BASELINE = ROOT / "results" / "modern_runs_baseline_704b6b1.json"
+"""Errors of the same rows under the model before issue 22 (commit 704b6b1: one GEMM efficiency for every GPU
+and dtype, no fp8 casts, no attention kernels, no speed knobs; torchtitan op-SAC as Megatron's selective),
+computed once by running that commit's ``step_time`` on each row's plan."""
+
+
+@dataclass
+class Outcome:
+    id: str
+    group: str
+    setup: str
+    measured: float
+    predicted: float
+    reason: str = ""
+    breakdown: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+
+_GPU_NOTE = re.compile(r"(?P<mem>\d+) GB HBM2e \((?P<bw>[\d.]+) TB/s\), default (?P<w>\d+) W")
+_RECIPES = {"current": "tensorwise", "mxfp8": "mx", None: "delayed"}
+"""Data-file recipe names -> plan recipes; an fp8 row without a recipe ran Transformer Engine's default of its
+time, delayed scaling."""
+_ACTS = {"relu2": "relu"}
+"""Squared ReLU (Nemotron) has the shape of a two-matrix ReLU MLP."""
+
+
+def _model(row: dict[str, Any]) -> ModelSpec:
+    shape = row.get("shape") or row.get("model_config")
+    if shape:
+        cfg = dict(shape)
+        cfg["hidden_act"] = _ACTS.get(cfg.get("hidden_act"), cfg.get("hidden_act"))
+        return model_from_dict({k: v for k, v in cfg.items() if v is not None}, name=row["id"])
+    return load_model(str(row["model"]))
+
+
+def _gpu(row: dict[str, Any]) -> GPUSpec:
+    """The catalog GPU, or the card its ``gpu_note`` describes (Meta's Grand Teton H100s: 96 GB HBM2e at
+    2.4 TB/s, 500 W) as a described GPU (``autotune.usergpu``)."""
+    gpu = row["gpu"]
+    if isinstance(gpu, dict):
+        return gpu_from_mapping(gpu, where=row["id"])
+    note = _GPU_NOTE.search(str(row.get("gpu_note") or ""))
+    if note:
+        return gpu_from_mapping({"base": gpu, "memory_gib": int(note["mem"]),
+                                 "memory_bandwidth_gb_s": float(note["bw"]) * 1000,
+                                 "power_limit_w": int(note["w"])}, where=row["id"])
+    return load_gpu(gpu)
+
+
+def _cluster(row: dict[str, Any]) -> ClusterSpec:
+    n = int(row["num_gpus"])
+    return make_cluster(num_gpus=n, gpu=_gpu(row), gpus_per_node=min(n, int(row.get("gpus_per_node") or 8)))
+
+
+def _attention_kernel(row: dict[str, Any]) -> str:
+    """The attention kernel the row's software ran (an assumption per software, not per row): Transformer
+    Engine before 1.8 (NeMo 24.03) preferred flash-attn 2 on Hopper, later TE cuDNN fused attention; torch
+    SDPA (torchtitan, torch 2.5.1-2.8) dispatches to its FlashAttention-2 backend on Hopper by default."""
+    text = f"{row.get('source', '')} {row.get('notes', '')}"
+    if row.get("attention_kernel"):
+        return str(row["attention_kernel"])
+    if row["framework"] in ("torchtitan", "fsdp") or "24.03" in text:
+        return "fa2"
+    return "cudnn"
+
+
+_RECOMPUTE = {"op-sac": "none", "None": "none"}
+"""torchtitan per-op SAC is priced on top of none (``_op_sac_extra_s``); unstated recompute (NeMo performance
+recipes) is none."""
+_KNOB_FIELDS = ("compile", "async_tp", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+_SHARDING = {"megatron-fsdp": "zero1"}
+"""Megatron-FSDP shards parameters too; its gathers overlap like the distributed optimizer's, so for speed it
+is the ZeRO-1 plan (memory: issue 21)."""
+
+
+def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
+    tp, pp, cp = int(row.get("tp") or 1), int(row.get("pp") or 1), int(row.get("cp") or 1)
+    dp = int(row["num_gpus"]) // (tp * pp * cp)
+    vp = int(row.get("vp") or 1)
+    fw = {"torchtitan": "fsdp"}.get(row.get("framework", "megatron"), row.get("framework", "megatron"))
+    sharding = _SHARDING.get(row.get("sharding"), row.get("sharding")) or (
+        "zero1" if fw == "megatron" and dp > 1 else "none")
+    if sharding == "zero1" and dp == 1:
+        sharding = "none"
+    knobs = {k: v for k, v in (row.get("knobs") or {}).items() if v is not None}
+    extra: dict[str, Any] = {k: bool(knobs[k]) for k in _KNOB_FIELDS if k in knobs}
+    if fw != "megatron":
+        extra.pop("tp_comm_overlap", None)
+        extra.pop("overlap_grad_reduce", None)
+        extra.pop("overlap_param_gather", None)
+    if fw == "megatron":
+        extra.pop("compile", None)
+        extra.pop("async_tp", None)
+    if tp == 1:
+        extra.pop("tp_comm_overlap", None)
+        extra.pop("async_tp", None)
+    if extra.get("async_tp"):
+        extra["compile"] = True
+    precision = row.get("precision", "bf16")
+    if precision == "fp8":
+        extra["fp8_recipe"] = _RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))
+    mbs = int(row.get("micro_batch") or row.get("mbs") or 1)
+    if fw == "fsdp" and pp > 1 and not row.get("micro_batch"):
+        # torchtitan's pipeline_parallel_microbatches defaults to the number of stages (the data's note)
+        mbs = max(1, int(row.get("global_batch") or row["gbs"]) // (dp * pp))
+        if "interleaved" in str(row["id"]):
+            vp = 2  # an assumption: two stages per rank
+    vp_schedule = "interleaved" if vp > 1 else "1f1b"
+    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs,
+                        global_batch=int(row.get("global_batch") or row["gbs"]),
+                        seq_len=int(row.get("seq_len") or row["seq"]), sharding=sharding,
+                        recompute=_RECOMPUTE.get(str(row.get("recompute")), row.get("recompute")),
+                        sequence_parallel=tp > 1, schedule=vp_schedule,
+                        virtual_stages=vp, precision=precision, framework=fw, **extra)
+
+
+def _measured(row: dict[str, Any], model: ModelSpec) -> float:
+    if isinstance(row.get("measured"), dict):
+        return float(row["measured"]["tokens_per_s_per_gpu"])
+    if "measured_tokens_per_s_per_gpu" in row:
+        return float(row["measured_tokens_per_s_per_gpu"])
+    # model TFLOP/s in NeMo's convention (full attention, no recompute): our model_flops_per_token
+    per_token = flops.model_flops_per_token(model, int(row["seq"]))
+    return float(row["measured_model_tflops_per_gpu"]) * 1e12 / per_token
+
+
+def _op_sac_extra_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, kernel: str | None) -> float:
+    """torchtitan's per-op selective AC: it saves matmul outputs "except every second mm" and SDPA's, so a
+    Llama block recomputes wk, wo, w3 and every elementwise op (torchtitan parallelize_llama.py; the same
+    pricing as benchmarks/published_runs.py ``_torchtitan_sac_s``)."""
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    share = (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
+    bt = block_times(model, cluster, plan, attention_kernel=kernel)
+    return plan.num_microbatches * model.num_layers * (share * bt.gemm_s + bt.ew_s)
+
+
+def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
+    """A cause the source itself states for a row the model cannot price: an unstated power limit, or
+    torchtitan's own note on its vanilla-TP float8 rowwise baseline."""
+    note = str(row.get("gpu_note") or "")
+    if ("power limit" in note and "not stated" in note) or "'power limited'" in note:
+        return f"the source's cards run at an unstated power limit ({note})"
+    if plan.fp8_recipe.value == "rowwise" and plan.tp > 1 and str(plan.precision) == "fp8":
+        return ("torchtitan#1207: vanilla-TP float8 rowwise runs below its bf16 baseline (the benchmark's "
+                "own note)")
+    return ""
+
+
+def predict_row(row: dict[str, Any]) -> Outcome:
+    model, cluster = _model(row), _cluster(row)
+    plan = _plan(row, model)
+    kernel = _attention_kernel(row)
+    t = step_time(model, cluster, plan, attention_kernel=kernel)
+    step_s = t.step_time_s
+    if row.get("recompute") == "op-sac":
+        step_s += _op_sac_extra_s(model, cluster, plan, kernel)
+    predicted = plan.tokens_per_step / step_s / plan.world_size
+    vp = f"v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
+    recipe = f"/{row.get('fp8_recipe', '')}" if plan.precision == "fp8" else ""
+    knobs = ",".join(k for k, v in (row.get("knobs") or {}).items() if v)
+    setup = (f"{cluster.gpu.name} x{plan.world_size} TP{plan.tp} PP{plan.pp}{vp} CP{plan.cp} DP{plan.dp} "
+             f"mbs{plan.micro_batch} seq{plan.seq_len} {plan.precision}{recipe} "
+             f"ac:{row.get('recompute', 'none')} {plan.framework} {knobs} attn:{kernel}")
+    table = re.split(r"[,(]", str(row.get("source", "")))[0].strip()
+    group = f"{row.get('model') or row['id']} | {cluster.gpu.name} x{plan.world_size} | {table}"
+    parts = {k: round(v, 4) for k, v in t.as_dict().items() if v and k.endswith("_s")}
+    reason = str(row.get("reason", "")) or _published_caveat(row, plan)
+    return Outcome(row["id"], group, setup, _measured(row, model), predicted, reason, parts)
+
+
+def load_rows() -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """Rows to predict and ``(id, why not)`` for the rest: ``modern_runs.yaml`` (branch ``data``) when
+    present, else the seed set ``modern_runs_speed.yaml``."""
+    data, seed = DATA
+    if data.exists():
+        rows = yaml.safe_load(data.read_text())
+    else:
+        rows = yaml.safe_load(seed.read_text())["runs"]
+    use, skip = [], []
+    for row in rows:
+        why = _skip_reason(row)
+        (skip.append((str(row["id"]), why)) if why else use.append(row))
+    return use, skip
+
+
+def _skip_reason(row: dict[str, Any]) -> str:
+    from autotune.catalog import gpu_names
+
+    if row.get("moe"):
+        return "MoE (priced by issue 23)"
+    if not isinstance(row["gpu"], dict) and row["gpu"] not in gpu_names():
+        return f"GPU {row['gpu']} not in the catalog"
+    if row.get("framework") not in ("megatron", "torchtitan", "fsdp", None):
+        return f"framework {row.get('framework')} not modelled"
+    measured = row.get("measured")
+    if isinstance(measured, dict) and not measured.get("tokens_per_s_per_gpu"):
+        return "no tokens/s published"
+    return ""
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-a over all pairs (ties count 0)."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    if not pairs:
+        return float("nan")
+    s = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0
+             else 0) for i, j in pairs)
+    return s / len(pairs)
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    errs = [abs(o.error) for o in outcomes]
+    groups: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        groups.setdefault(o.group, []).append(o)
+    taus = {g: kendall_tau([o.predicted for o in os], [o.measured for o in os])
+            for g, os in groups.items() if len(os) >= 2}
+    return {"rows": len(outcomes), "median_abs_error": statistics.median(errs) if errs else float("nan"),
+            "beyond_30pct": [o.id for o in outcomes if abs(o.error) > OUTLIER],
+            "beyond_30pct_unexplained": [o.id for o in outcomes if abs(o.error) > OUTLIER and not o.reason],
+            "kendall_tau": taus}
+
+
+def _markdown(outcomes: list[Outcome], skipped: list[tuple[str, str]], stats: dict[str, Any]) -> str:
+    lines = ["# Step-time model vs published H100/H200/B200 runs", "",
+             "Generated by `python benchmarks/modern_runs.py` from benchmarks/data/modern_runs*.yaml "
+             "(sources per row there). Error = predicted tokens/s per GPU / measured - 1.", "",
+             f"**Rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%; beyond 30%: "
+             f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named "
+             "reason).**",
+             "", "Kendall tau within groups sharing model and cluster:", ""]
+    lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]
+    before = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
+    if before:
+        errs = [abs(v) for k, v in before.items() if k in {o.id for o in outcomes}]
+        lines += ["", f"Before issue 22 (commit 704b6b1, same rows): median |error| "
+                  f"{100 * statistics.median(errs):.1f}%, beyond 30%: {sum(e > OUTLIER for e in errs)} of "
+                  f"{len(errs)}."]
+    lines += ["", "| row | setup | measured tok/s/GPU | predicted | error | before | reason |",
+              "|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        was = f"{100 * before[o.id]:+.0f}%" if o.id in before else ""
+        lines.append(f"| {o.id} | {o.setup} | {o.measured:,.0f} | {o.predicted:,.0f} | {100 * o.error:+.1f}% "
+                     f"| {was} | {o.reason} |")
+    if skipped:
+        lines += ["", f"Not predicted ({len(skipped)} rows):", ""]
+        lines += [f"- {rid}: {why}" for rid, why in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    args = ap.parse_args(argv)
+    rows, skipped = load_rows()
+    outcomes = []
+    for row in rows:
+        try:
+            outcomes.append(predict_row(row))
+        except ConfigError as e:  # a layout the plan cannot express: listed, not hidden
+            skipped.append((str(row["id"]), f"not expressible as a plan: {e}"))
+    stats = summarize(outcomes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "modern_runs.md").write_text(_markdown(outcomes, skipped, stats))
+    (args.out / "modern_runs.json").write_text(json.dumps(
+        {"summary": stats, "rows": [dataclasses.asdict(o) | {"error": o.error} for o in outcomes],
+         "not_predicted": dict(skipped)}, indent=1) + "\n")
+    print(_markdown(outcomes, skipped, stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
