@@ -10,8 +10,10 @@ torchtitan's float8 converter skips ``output`` by ``filter_fqns``).
 
 from __future__ import annotations
 
-from autotune.costmodel import flops, kernels
+from autotune import modelshape
+from autotune.costmodel import flops, gemms, kernels
 from autotune.costmodel.kernels import HBM_EFFICIENCY
+from autotune.modelshape import qk_v_head_dims
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -32,11 +34,12 @@ def hbm_rate(cluster: ClusterSpec) -> float:
 
 
 def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float) -> float:
-    """Forward seconds of one block's linears on ``tokens`` rows (``flops.layer_gemm_shapes`` after TP, fused
-    as the framework fuses them), each at its own shape's efficiency; fp8 plans add a third of their casts."""
+    """Forward seconds of one block's linears on ``tokens`` rows (``gemms.block_gemms``: after TP, EP and ETP,
+    fused as the framework fuses them), each at its own shape's efficiency; fp8 plans add a third of their
+    casts."""
     gpu, precision = cluster.gpu, str(plan.precision)
-    shapes = flops.layer_gemm_shapes(model, plan.tp, fused=plan.framework is Framework.MEGATRON)
-    s = sum(kernels.gemm_s(gpu, precision, tokens, n, k) for n, k in shapes)
+    shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
+    s = sum(g.count * kernels.gemm_s(gpu, precision, g.m, g.n, g.k) for g in shapes)
     if precision == "fp8" and gpu.fp8_flops is not None:
         cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), fp8_operand_elements(model, plan, tokens),
                                       compiled=plan.compile or plan.framework is not Framework.FSDP)
@@ -56,12 +59,17 @@ def fp8_tp_gather(plan: ParallelPlan) -> bool:
 def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:
     """Entries one block casts to fp8 per micro-batch: its four distinct GEMM inputs (attention and MLP
     inputs are shared by Q/K/V and gate/up, cast once; cast on the sequence shard before an fp8 all-gather,
-    ``fp8_tp_gather``), every weight, and every GEMM's output gradient."""
-    h, f, tp = model.hidden_size, model.ffn_hidden_size, plan.tp
-    shapes = flops.layer_gemm_shapes(model, tp, fused=plan.framework is Framework.MEGATRON)
+    ``fp8_tp_gather``), every weight, and every GEMM's output gradient. MoE blocks also cast the routed
+    copies each expert multiplies (``gemms.block_gemms``)."""
+    h, tp = model.hidden_size, plan.tp
+    shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
-    inputs = col_rows * 2 * h + tokens * (h + f) / tp
-    return inputs + sum(n * k + tokens * n for n, k in shapes)
+    q_width = model.num_heads * qk_v_head_dims(model)[1]
+    dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_width_per_layer(model) / h * (
+        model.expert_ffn_hidden_size if model.is_moe else 0)
+    inputs = col_rows * 2 * h + tokens * (q_width + dense_ffn) / tp
+    routed = sum(g.m * g.k * g.count for g in shapes[-2:]) if model.is_moe else 0.0
+    return inputs + routed + sum(g.count * (g.n * g.k + g.m * g.n) for g in shapes)
 
 
 def head_gemm_s(model: ModelSpec, cluster: ClusterSpec, vocab_split: int, tokens: float) -> float:

@@ -18,6 +18,8 @@ Mapping notes:
   layers, ``module_fqns_per_model_part`` names each chunk's modules as torchtitan's own
   ``generate_llm_fqn_per_model_part`` (embedding and output weighing one layer) would, which
   ``autotune/stagesplit.py`` reproduces for the cost model.
+* EP / ETP: ``expert_parallel_degree`` / ``expert_tensor_parallel_degree`` (0.2.2 ``Parallelism``); EP
+  borrows its ranks from ``dp_shard x cp`` (and TP when ETP is 1), as ``plan.py`` checks.
 * ``selective`` recompute maps to per-op SAC (``selective_ac_option = "op"``): matmul and attention outputs
   are kept, cheap element-wise ops recomputed.
 """
@@ -28,7 +30,7 @@ from typing import Any
 
 from autotune.emit.deepspeed import GRADIENT_CLIPPING
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
 from autotune.specs import ModelSpec
 from autotune.stagesplit import split_layers
 
@@ -40,7 +42,7 @@ _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
 
 def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     """Why torchtitan cannot run ``plan`` as priced; [] when it can."""
-    reasons: list[str] = []
+    reasons: list[str] = expert_errors(plan, Framework.FSDP)
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:
@@ -74,6 +76,9 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
     if plan.cp > 1:  # p2p: K/V rotated shard by shard; allgather: gathered at once
         rotate = "allgather" if str(plan.cp_comm) == "allgather" else "alltoall"
         out["context_parallel_rotate_method"] = rotate
+    if plan.ep > 1 or plan.etp > 1:
+        out["expert_parallel_degree"] = plan.ep
+        out["expert_tensor_parallel_degree"] = plan.etp
     if plan.pp > 1:
         out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
         split = split_layers(model.num_layers, plan)

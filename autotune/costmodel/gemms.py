@@ -1,0 +1,87 @@
+"""The GEMMs one transformer block runs per micro-batch on one GPU, as ``(m, n, k, count)`` shapes after
+TP, EP and ETP: what ``compute.block_gemm_s`` prices one by one at each shape's efficiency.
+
+Convention: the mean block of the model (an MoE model whose first ``k`` layers are dense runs ``(L - k) / L``
+of an MoE MLP and ``k / L`` of a dense one per block: ``count`` carries that share), forward only (a linear
+layer's two backward GEMMs have the same intensity). ``m`` is rows (tokens), ``n x k`` the weight.
+
+- Attention: GQA ``Q, K, V`` column-parallel and ``O`` row-parallel over TP (Megatron-Core
+  ``attention.py`` ``linear_qkv`` fused; torch models call ``wq``, ``wk``, ``wv`` apart). MLA (DeepSeek-V2
+  Sec. 2.1.2; Megatron-Core ``multi_latent_attention.py``): the down projections ``linear_q_down_proj`` /
+  ``linear_kv_down_proj`` are duplicated on every TP rank, the up projections column-parallel, ``O``
+  row-parallel.
+- Dense MLP: ``gate/up`` column-parallel (fused in Megatron/TE ``linear_fc1``), ``down`` row-parallel.
+- MoE MLP (Megatron-Core ``moe_layer.py``, ``experts.py`` ``GroupedMLP``/``TEGroupedMLP``; torchtitan
+  ``moe.py`` grouped experts): the router ``h x E`` on the rank's sequence shard, shared experts split over
+  TP as a dense MLP, and ``E / ep`` local experts, each a GEMM over the rows routed to it
+  (``moe.tokens_per_expert``), its matrices split over ETP. A grouped GEMM computes whole row tiles per
+  expert (``moe.GEMM_TILE_ROWS``: tile quantization), so expert rows are rounded up to a tile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from autotune.costmodel import moe
+from autotune.costmodel.moe import LOAD_IMBALANCE
+from autotune.modelshape import qk_v_head_dims
+from autotune.plan import ParallelPlan
+from autotune.specs import ModelSpec
+
+__all__ = ["Gemm", "block_gemms"]
+
+
+class Gemm(NamedTuple):
+    m: float
+    n: float
+    k: float
+    count: float = 1.0
+    """How many of it the mean block runs (a share of the layers x the local experts)."""
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+def _attention(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Gemm]:
+    h, heads = model.hidden_size, model.num_heads
+    if model.uses_mla:
+        qk, v = qk_v_head_dims(model)
+        r_q, r_kv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+        q = ([Gemm(tokens, r_q, h), Gemm(tokens, heads * qk / tp, r_q)] if r_q
+             else [Gemm(tokens, heads * qk / tp, h)])
+        kv_up = heads * (model.qk_nope_head_dim + v) / tp
+        return q + [Gemm(tokens, r_kv + rope, h), Gemm(tokens, kv_up, r_kv), Gemm(tokens, h, heads * v / tp)]
+    q, kv = heads * model.head_dim, model.kv_hidden_size
+    front = ([Gemm(tokens, (q + 2 * kv) / tp, h)] if fused
+             else [Gemm(tokens, q / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)])
+    return front + [Gemm(tokens, h, q / tp)]
+
+
+def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:
+    if f <= 0 or share <= 0:
+        return []
+    front = ([Gemm(tokens, up * f / tp, h, share)] if fused or up == 1
+             else [Gemm(tokens, f / tp, h, share)] * up)
+    return front + [Gemm(tokens, h, f / tp, share)]
+
+
+def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: bool) -> list[Gemm]:
+    """The forward GEMMs of the mean block on one rank for ``tokens`` tokens of a micro-batch (module
+    docstring); their FLOPs sum to ``flops.layer_gemm_flops_per_token x tokens / tp`` up to the duplicated
+    MLA down projections and the expert tile rounding."""
+    h, tp, up = model.hidden_size, plan.tp, model.num_mlp_matrices - 1
+    gemms = _attention(model, tp, tokens, fused)
+    num_moe = len(model.moe_layers) if model.is_moe else 0
+    moe_share = num_moe / model.num_layers
+    gemms += _mlp(h, model.ffn_hidden_size, up, tp, tokens, fused, 1.0 - moe_share)
+    if not num_moe:
+        return gemms
+    gemms.append(Gemm(tokens / tp, model.num_experts, h, moe_share))  # router, on the sequence shard
+    gemms += _mlp(h, model.shared_ffn_hidden_size, up, tp, tokens, fused, moe_share)
+    rows = moe.tokens_per_expert(model, plan, tokens) * LOAD_IMBALANCE
+    rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
+    local = model.num_experts / plan.ep * moe_share
+    f_e = model.expert_ffn_hidden_size / plan.etp
+    return gemms + [Gemm(rows, up * f_e, h, local), Gemm(rows, h, f_e, local)]
