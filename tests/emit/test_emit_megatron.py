@@ -34,7 +34,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
                  "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
                  "untie-embeddings-and-output-weights", "bf16", "fp16", "tp-comm-overlap",
-                 "overlap-grad-reduce", "overlap-param-gather", "moe-grouped-gemm",
+                 "overlap-grad-reduce", "overlap-param-gather", "grad-reduce-in-bf16", "moe-grouped-gemm",
                  "multi-latent-attention"):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float)
