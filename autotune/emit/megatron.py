@@ -6,6 +6,10 @@ nothing that needs quoting, so ``pretrain_gpt.py $(cat megatron_args.txt) <data/
 
 Megatron's own rules, checked here before emitting: layers divisible by PP x virtual stages, global batch
 divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs PP > 1.
+
+Beyond the layout, ``priced_args`` / ``megatron_env`` emit what the cost model assumes and Megatron does not
+do by default: DP communication overlapped with the backward, no dropout, and (TP or CP > 1)
+``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts before Blackwell.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ModelSpec
 
-__all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text"]
+__all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text", "megatron_env", "priced_args"]
 
 
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
@@ -80,6 +84,27 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
     return args
 
 
+def priced_args(plan: ParallelPlan) -> list[list[str]]:
+    """Flags for what the step-time model assumes (``costmodel/steptime.py``): DP gradient reduction (and,
+    with the distributed optimizer, the parameter all-gather) overlapped with compute (``_exposed_s``; both
+    off by default in ``megatron/training/arguments.py``, where ``--overlap-param-gather`` requires the
+    distributed optimizer and ``--overlap-grad-reduce``), and no dropout (Megatron defaults to 0.1)."""
+    args = [["--attention-dropout", "0"], ["--hidden-dropout", "0"]]
+    if plan.dp > 1:
+        args.append(["--overlap-grad-reduce"])
+        if plan.sharding is Sharding.ZERO1:
+            args.append(["--overlap-param-gather"])
+    return args
+
+
+def megatron_env(plan: ParallelPlan) -> dict[str, str]:
+    """Environment Megatron needs at start-up: ``validate_args`` (core_v0.16.1,
+    ``megatron/training/arguments.py``) asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP > 1 or CP > 1 on
+    GPUs before Blackwell (compute capability < 10), so the TP/CP collectives are queued before the GEMMs
+    they overlap with; on Blackwell the requirement is gone and the setting is harmless."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+
+
 def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:
     chunks = plan.pp * plan.virtual_stages
     if model.num_layers % chunks:
@@ -98,7 +123,7 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     _check_rules(plan, model)
     batch = [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
     return (_parallel_args(plan, model) + batch + _model_args(model, plan.seq_len)
-            + _recompute_and_precision_args(plan))
+            + _recompute_and_precision_args(plan) + priced_args(plan))
 
 
 def megatron_args_text(plan: ParallelPlan, model: ModelSpec) -> str:

@@ -27,9 +27,12 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "max-position-embeddings", "num-query-groups", "recompute-num-layers",
                  "fp8-amax-history-len"):
         p.add_argument(f"--{flag}", type=int)
+    for flag in ("attention-dropout", "hidden-dropout"):
+        p.add_argument(f"--{flag}", type=float)
     for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
                  "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
-                 "untie-embeddings-and-output-weights", "bf16", "fp16"):
+                 "untie-embeddings-and-output-weights", "bf16", "fp16", "overlap-grad-reduce",
+                 "overlap-param-gather"):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float)
     positions = ["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
