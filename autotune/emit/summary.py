@@ -93,7 +93,8 @@ def _deepspeed_notes(plan: ParallelPlan) -> list[str]:
                      f"{plan.pp}, partition_method='uniform') and train with engine.train_batch() (the stage "
                      "count and partition are PipelineModule arguments; ds_config cannot set them).")
     if plan.tp > 1:
-        notes.append(f"- DeepSpeed AutoTP: call deepspeed.utils.groups._init_tp_mesh_device("
+        notes.append(f"- DeepSpeed AutoTP: after deepspeed.init_distributed() call deepspeed.utils.groups."
+                     "_init_tp_mesh_device("
                      f"tensor_model_parallel_size={plan.tp}) and pass mpu=deepspeed.utils.groups to "
                      "deepspeed.initialize; without an mpu DeepSpeed counts the TP ranks as data parallel, "
                      "rejects train_batch_size and (left out) reports TP times the global batch.")
