@@ -61,6 +61,8 @@ class EmitCommand:
                        help="plan.json (from search/emit, or a bare plan mapping)")
         p.add_argument("--out", required=True, metavar="DIR", help="output directory")
         p.add_argument("--force", action="store_true", help="overwrite autotune files already in --out")
+        p.add_argument("--image", help="container image of pytorchjob.yaml (default: autotune:latest); "
+                       "it must hold torch, autotune and your training script")
         g = p.add_argument_group("model and cluster (default: what plan.json records)")
         g.add_argument("--model", help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path")
         g.add_argument("--gpus", type=_positive_int, help="total GPUs (with --gpu and --gpus-per-node)")
@@ -75,7 +77,8 @@ class EmitCommand:
         estimate = _estimate(model, cluster, doc.plan, None if overridden else doc.estimate)
         writable_dir(args.out, "--out")
         _warn_infeasible(estimate)
-        for path in emit_all(doc.plan, model, cluster, estimate, args.out, force=args.force):
+        for path in emit_all(doc.plan, model, cluster, estimate, args.out, force=args.force,
+                             image=args.image):
             print(path)
         return 0
 

@@ -64,8 +64,8 @@ def _pipeline_unsupported(plan: ParallelPlan) -> list[str]:
 
 def _zero_section(plan: ParallelPlan) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": plan.zero_stage}
-    if plan.zero_stage > 0:
-        zero.update(overlap_comm=True, contiguous_gradients=True)
+    if plan.zero_stage > 0:  # under PP DeepSpeed's engine switches overlap_comm off (runtime/engine.py)
+        zero.update(overlap_comm=plan.pp == 1, contiguous_gradients=True)
     if plan.offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     return zero
@@ -79,10 +79,9 @@ def _precision_section(plan: ParallelPlan) -> dict[str, Any]:
 
 def _parallel_sections(plan: ParallelPlan) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if plan.pp > 1:
+    if plan.pp > 1:  # PipelineEngine reads the checkpoint interval; stages and partition are PipelineModule's
         interval = 1 if plan.recompute is not Recompute.NONE else 0
-        out["pipeline"] = {"stages": plan.pp, "partition": "uniform",
-                           "activation_checkpoint_interval": interval}
+        out["pipeline"] = {"activation_checkpoint_interval": interval}
     if plan.tp > 1:
         out["tensor_parallel"] = {"autotp_size": plan.tp}
     if plan.recompute is not Recompute.NONE:
@@ -95,16 +94,17 @@ def to_ds_config(plan: ParallelPlan, model: ModelSpec | None = None) -> dict[str
     """The DeepSpeed config for ``plan``; ``ConfigError`` if DeepSpeed cannot express it.
 
     ``model`` is accepted for symmetry with the other emitters; a DeepSpeed config does not describe the
-    model. With AutoTP (TP > 1) ``train_batch_size`` is omitted: DeepSpeed derives it from micro-batch x
-    accumulation x its own DP size (world / TP), and a given value would be checked against the wrong size.
+    model. ``train_batch_size`` is always the plan's global batch. With AutoTP (TP > 1) DeepSpeed 0.19 checks
+    it against micro x accumulation x the mpu's DP size, or without an mpu x the world size (TP ranks
+    counted): then it rejects the value, and left out it derives TP times the plan's batch for its sample
+    counters. The script passes ``mpu=deepspeed.utils.groups`` (``summary.md`` says how).
     """
     del model
     reasons = deepspeed_unsupported(plan)
     if reasons:
         raise ConfigError(f"DeepSpeed cannot express this plan: {reasons[0]}")
     cfg: dict[str, Any] = {}
-    if plan.tp == 1:
-        cfg["train_batch_size"] = plan.global_batch
+    cfg["train_batch_size"] = plan.global_batch
     cfg["train_micro_batch_size_per_gpu"] = plan.micro_batch
     cfg["gradient_accumulation_steps"] = plan.grad_accum
     cfg["gradient_clipping"] = GRADIENT_CLIPPING

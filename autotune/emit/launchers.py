@@ -17,20 +17,25 @@ from typing import Any
 import yaml
 
 from autotune import __version__
-from autotune.emit.torchrun import TRIAL_DIR, WORKER_MODULE, rdzv_id
-from autotune.plan import ParallelPlan
+from autotune.contract import ENV
+from autotune.emit.megatron import megatron_env
+from autotune.emit.torchrun import rdzv_id
+from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec
 from autotune.trials.command import ShellRef, shell_join, torchrun_command, worker_entry
 
-__all__ = ["render", "plan_line", "torchrun_script", "deepspeed_script", "slurm_script",
-           "pytorchjob_manifest", "pytorchjob_yaml", "K8S_CONFIG_DIR", "K8S_TRIAL_DIR", "K8S_IMAGE"]
+__all__ = ["render", "plan_line", "contract_env", "torchrun_script", "deepspeed_script", "slurm_script",
+           "pytorchjob_manifest", "pytorchjob_yaml", "CONTRACT_ENV_FILE", "K8S_CONFIG_DIR", "K8S_RUN_DIR",
+           "K8S_IMAGE"]
 
+CONTRACT_ENV_FILE = "autotune_env.sh"
+"""The one file every launcher sources: the contract's variables for the user's script."""
 K8S_CONFIG_DIR = "/workspace/config"
-"""Where each pod mounts the ConfigMap made from the emitted ``trial/`` folder (read-only)."""
-K8S_TRIAL_DIR = "/workspace/trial"
-"""The worker's writable trial directory in each pod (an emptyDir the files are copied into)."""
+"""Where each pod mounts the ConfigMap, laid out as the emitted folder (read-only)."""
+K8S_RUN_DIR = "/workspace/run"
+"""Each pod's writable RUN_DIR (an emptyDir the ConfigMap's files are copied into)."""
 K8S_IMAGE = "autotune:latest"
-"""Placeholder image; the manifest's header says to replace it."""
+"""Default image (``autotune emit --image`` sets another); it must hold torch, autotune and the script."""
 
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
@@ -52,8 +57,24 @@ def plan_line(plan: ParallelPlan) -> str:
             f"recompute={p.recompute} precision={p.precision} framework={p.framework}")
 
 
-def _common(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, str]:
-    return {"plan_line": plan_line(plan), "version": __version__, "num_nodes": str(cluster.num_nodes)}
+def _common(plan: ParallelPlan, cluster: ClusterSpec | None) -> dict[str, str]:
+    nodes = {"num_nodes": str(cluster.num_nodes)} if cluster else {}
+    return {"plan_line": plan_line(plan), "version": __version__, **nodes}
+
+
+def contract_env(plan: ParallelPlan, configs: dict[str, str]) -> str:
+    """``autotune_env.sh``: ``configs`` maps a contract field (``ds_config``, ...) to its emitted file;
+    plans priced for Megatron also get ``megatron_env``, overridable from the caller's environment."""
+    config_lines = "".join(f'export {ENV[key]}="$RUN_DIR/{name}"\n' for key, name in configs.items())
+    extra = megatron_env(plan) if plan.framework is Framework.MEGATRON else {}
+    env_lines = "".join(f'export {k}="${{{k}:-{shlex.quote(v)}}}"  # Megatron validate_args (TP/CP > 1)\n'
+                        for k, v in extra.items())
+    return render("autotune_env.sh.tmpl", {**_common(plan, None), "config_lines": config_lines,
+                                           "env_lines": env_lines}).rstrip("\n") + "\n"
+
+
+_WORKER_ENTRY = shell_join(worker_entry(ShellRef(f"${ENV['trial_dir']}")))
+"""Without a user script, autotune's trainer on the contract's trial directory."""
 
 
 def _torchrun_line(cluster: ClusterSpec, rdzv: str, entry: list[str]) -> str:
@@ -68,18 +89,21 @@ def torchrun_script(plan: ParallelPlan, cluster: ClusterSpec) -> str:
         **_common(plan, cluster),
         "default_master_addr": "localhost" if cluster.num_nodes == 1 else "",
         "rdzv_id": shlex.quote(rdzv_id(plan, cluster)),
-        "worker_entry": shell_join(worker_entry(ShellRef(f"$HERE/{TRIAL_DIR}"))),
+        "worker_entry": _WORKER_ENTRY,
         "torchrun_command": _torchrun_line(cluster, "$RDZV_ID", [ShellRef("${ENTRY[@]}")]),
     })
 
 
 _HOSTFILE_NOTE = """
-# Multi-node: HOSTFILE (default: ./hostfile beside this script) lists each node as 'hostname slots=GPUS';
+# Multi-node: HOSTFILE (default: RUN_DIR/hostfile) lists each node as 'hostname slots=GPUS';
 # the deepspeed launcher reaches the nodes over passwordless ssh (pdsh)."""
-_HOSTFILE_LINES = """HOSTFILE="${HOSTFILE:-$HERE/hostfile}"
+_HOSTFILE_LINES = """HOSTFILE="${HOSTFILE:-$RUN_DIR/hostfile}"
 [ -f "$HOSTFILE" ] || { echo "missing $HOSTFILE: one 'hostname slots=GPUS' line per node" >&2; exit 2; }
 MASTER_ADDR="${MASTER_ADDR:-$(awk 'NF && $1 !~ /^#/ {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
+# pdsh passes the remote ranks only the variables listed in DS_ENV_FILE: the contract's among them
+export DS_ENV_FILE="${DS_ENV_FILE:-$(mktemp "${TMPDIR:-/tmp}/autotune_ds_env.XXXXXX")}"
+env | grep -E '^(AUTOTUNE_|CUDA_DEVICE_MAX_CONNECTIONS=)' > "$DS_ENV_FILE"
 """
 
 
@@ -96,47 +120,57 @@ def deepspeed_script(plan: ParallelPlan, cluster: ClusterSpec) -> str:
     })
 
 
-def slurm_script(plan: ParallelPlan, cluster: ClusterSpec, run_dir: Path) -> str:
-    """``run_dir`` is absolute: sbatch runs a spooled copy of the script, so it cannot find its own folder."""
+def slurm_script(plan: ParallelPlan, cluster: ClusterSpec) -> str:
+    """No path of the planning machine: the job finds its folder through ``scontrol`` (or ``RUN_DIR``)."""
     return render("slurm.sbatch.tmpl", {
         **_common(plan, cluster),
         "job_name": rdzv_id(plan, cluster),
         "gpus_per_node": str(cluster.gpus_per_node),
-        "run_dir": shlex.quote(str(run_dir)),
-        "torchrun_command": _torchrun_line(cluster, "$SLURM_JOB_ID",
-                                           worker_entry(ShellRef(f"$RUN_DIR/{TRIAL_DIR}"))),
+        "worker_entry": _WORKER_ENTRY,
+        "torchrun_command": _torchrun_line(cluster, "$SLURM_JOB_ID", [ShellRef("${ENTRY[@]}")]),
     })
 
 
-def _pod_command() -> list[str]:
-    """Copy the read-only ConfigMap files into the writable trial dir, then start torchrun, which takes
-    nodes, processes per node, node rank and master address from the operator's PET_* variables."""
-    torchrun = shlex.join(["torchrun", "-m", WORKER_MODULE, "--trial-dir", K8S_TRIAL_DIR])
-    return ["/bin/sh", "-c", f"cp {K8S_CONFIG_DIR}/*.json {K8S_TRIAL_DIR}/ && exec {torchrun}"]
+_POD_SCRIPT = "; ".join([
+    "set -e", f'CONFIG_DIR="${{AUTOTUNE_CONFIG_DIR:-{K8S_CONFIG_DIR}}}"',
+    f'export RUN_DIR="${{RUN_DIR:-{K8S_RUN_DIR}}}"', 'cp -RL "$CONFIG_DIR"/* "$RUN_DIR"/',
+    f'. "$RUN_DIR/{CONTRACT_ENV_FILE}"', f'if [ "$#" -eq 0 ]; then set -- {_WORKER_ENTRY}; fi',
+    'exec torchrun "$@"'])
+"""The pod's shell: copy the read-only ConfigMap into the writable RUN_DIR, source the contract, then start
+torchrun (nodes, processes per node, node rank and master address from the operator's PET_* variables) on
+the container's ``args`` (autotune's trainer when empty)."""
 
 
-def _pod_template(cluster: ClusterSpec, configmap: str) -> dict[str, Any]:
+def configmap_items(files: list[str]) -> list[dict[str, str]]:
+    """ConfigMap key (a file's name) -> its path under the mount, so the pod sees the emitted layout."""
+    return [{"key": Path(f).name, "path": f} for f in files]
+
+
+def _pod_template(cluster: ClusterSpec, configmap: str, image: str, files: list[str]) -> dict[str, Any]:
     container = {
         "name": "pytorch",  # the operator requires one container of this name
-        "image": K8S_IMAGE,
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": _pod_command(),
+        "command": ["/bin/sh", "-c", _POD_SCRIPT, "autotune"],  # "autotune" is $0; args follow as $@
+        "args": [],
         "resources": {"limits": {"nvidia.com/gpu": cluster.gpus_per_node}},
         "volumeMounts": [{"name": "config", "mountPath": K8S_CONFIG_DIR, "readOnly": True},
-                         {"name": "trial", "mountPath": K8S_TRIAL_DIR},
+                         {"name": "run", "mountPath": K8S_RUN_DIR},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    volumes = [{"name": "config", "configMap": {"name": configmap}},
-               {"name": "trial", "emptyDir": {}},
+    volumes = [{"name": "config", "configMap": {"name": configmap, "items": configmap_items(files)}},
+               {"name": "run", "emptyDir": {}},
                {"name": "dshm", "emptyDir": {"medium": "Memory"}}]  # NCCL and dataloaders need a big /dev/shm
     return {"metadata": {"labels": {"app.kubernetes.io/created-by": "autotune"}},
             "spec": {"containers": [container], "volumes": volumes}}
 
 
-def pytorchjob_manifest(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, Any]:
-    """A Kubeflow ``kubeflow.org/v1`` PyTorchJob: one Master pod plus ``num_nodes - 1`` Worker pods."""
+def pytorchjob_manifest(plan: ParallelPlan, cluster: ClusterSpec, *, image: str = K8S_IMAGE,
+                        files: list[str]) -> dict[str, Any]:
+    """A Kubeflow ``kubeflow.org/v1`` PyTorchJob: one Master pod plus ``num_nodes - 1`` Worker pods;
+    ``files``: the emitted files the pods need (paths relative to the emitted folder, distinct names)."""
     name = rdzv_id(plan, cluster)
-    template = _pod_template(cluster, f"{name}-trial")
+    template = _pod_template(cluster, f"{name}-config", image, files)
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}
     if cluster.num_nodes > 1:
         replicas["Worker"] = {"replicas": cluster.num_nodes - 1, "restartPolicy": "OnFailure",
@@ -149,13 +183,17 @@ def pytorchjob_manifest(plan: ParallelPlan, cluster: ClusterSpec) -> dict[str, A
     }
 
 
-def pytorchjob_yaml(plan: ParallelPlan, cluster: ClusterSpec) -> str:
-    manifest = pytorchjob_manifest(plan, cluster)
+def pytorchjob_yaml(plan: ParallelPlan, cluster: ClusterSpec, *, image: str = K8S_IMAGE,
+                    files: list[str]) -> str:
+    manifest = pytorchjob_manifest(plan, cluster, image=image, files=files)
     return render("pytorchjob.yaml.tmpl", {
         **_common(plan, cluster),
-        "configmap": f"{manifest['metadata']['name']}-trial",
-        "trial_dir": TRIAL_DIR,
-        "pod_trial_dir": K8S_TRIAL_DIR,
+        "configmap": f"{manifest['metadata']['name']}-config",
+        "configmap_files": " ".join(f"--from-file={shlex.quote(f)}" for f in files),
+        "image": image,
+        "config_dir": K8S_CONFIG_DIR,
+        "run_dir": K8S_RUN_DIR,
         "num_workers": str(cluster.num_nodes - 1),
-        "manifest": yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False).rstrip("\n"),
+        "manifest": yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False,
+                                   width=1000).rstrip("\n"),
     })

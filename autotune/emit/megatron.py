@@ -13,6 +13,9 @@ shared experts, ``--moe-layer-freq`` as a Python list expression for dense first
 all-to-all dispatcher the cost model prices) and EP/ETP degrees; MLA models ``--multi-latent-attention`` with
 their ranks (``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE part). Not emitted:
 sliding-window / chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
+Beyond the layout, ``_overlap_args`` / ``priced_args`` / ``megatron_env`` emit what the cost model assumes and
+Megatron does not do by default: the DP/TP overlaps of the plan, no dropout, and (TP or CP > 1)
+``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts before Blackwell.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedul
 from autotune.specs import ModelSpec
 from autotune.stagesplit import ACCOUNT_BOTH, ACCOUNT_LOSS, FIRST_LAST, split_error, split_layers
 
-__all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text"]
+__all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text", "megatron_env", "priced_args"]
 
 
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
@@ -177,6 +180,22 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
     return args
 
 
+def priced_args(plan: ParallelPlan) -> list[list[str]]:
+    """Flags for what the cost model assumes and Megatron does not default to: no dropout (Megatron defaults
+    to 0.1; ``costmodel/activations.py`` stores no dropout masks). The DP/TP overlaps the step-time model
+    assumes are plan fields, emitted by ``_overlap_args``."""
+    del plan  # the same for every plan today
+    return [["--attention-dropout", "0"], ["--hidden-dropout", "0"]]
+
+
+def megatron_env(plan: ParallelPlan) -> dict[str, str]:
+    """Environment Megatron needs at start-up: ``validate_args`` (core_v0.16.1,
+    ``megatron/training/arguments.py``) asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP > 1 or CP > 1 on
+    GPUs before Blackwell (compute capability < 10), so the TP/CP collectives are queued before the GEMMs
+    they overlap with; on Blackwell the requirement is gone and the setting is harmless."""
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+
+
 def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:
     reason = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
     if reason:
@@ -194,7 +213,7 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     _check_rules(plan, model)
     batch = [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
     return (_parallel_args(plan, model) + batch + _model_args(model, plan.seq_len)
-            + _recompute_and_precision_args(plan))
+            + _recompute_and_precision_args(plan) + priced_args(plan))
 
 
 def megatron_args_text(plan: ParallelPlan, model: ModelSpec) -> str:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.contract import ENV
 from autotune.emit.fsdp import transformer_layer_cls
+from autotune.emit.torchtitan import torchtitan_flavor
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trials.script import SCRIPT_CONFIGS
 
 __all__ = ["render_summary"]
 
@@ -19,6 +22,23 @@ _PRIMARY = {
     Framework.MEGATRON: ("megatron_args.txt", "megatron_args.txt"),
 }
 """Per framework the plan was priced for: the file that must exist, and what to start with."""
+_CONTRACT = {"plan": "`trial/plan.json`, the plan (tp, pp, dp, sharding, micro_batch, global_batch, ...)",
+             "ds_config": "`ds_config.json` for deepspeed.initialize",
+             "accelerate_config": "`accelerate_fsdp.yaml`",
+             "trial_dir": "where results go (default `trial/`)",
+             "result": "`result.json`, written by contract.report()",
+             "progress": "`progress.jsonl`, appended by contract.step()"}
+SCRIPT_CONFIG_KEYS = frozenset(SCRIPT_CONFIGS)
+_LAUNCHERS = {
+    "launch_torchrun.sh": "on each node `MASTER_ADDR=<first node> bash launch_torchrun.sh train.py [flags]` "
+                          "(no script: autotune's own trainer).",
+    "launch_deepspeed.sh": "`bash launch_deepspeed.sh train.py [flags]` on the first node (others from "
+                           "`hostfile`); the script also gets `--deepspeed_config`.",
+    "launch_slurm.sbatch": "`sbatch path/to/launch_slurm.sbatch train.py [flags]` from any directory (a "
+                           "relative script path starts there); the job finds this folder through scontrol.",
+    "pytorchjob.yaml": "create the ConfigMap its header names, put the script in each replica's `args`, "
+                       "`autotune emit --image` for your image, then `kubectl apply -f pytorchjob.yaml`.",
+}
 
 
 def _priced_for(plan: ParallelPlan, written: set[str]) -> str:
@@ -90,7 +110,14 @@ def _deepspeed_notes(plan: ParallelPlan) -> list[str]:
                      "(DeepSpeed insists by default; the step-time estimate assumes its speed).")
     if plan.pp > 1:
         notes.append(f"- DeepSpeed pipeline: build the model as deepspeed.pipe.PipelineModule(num_stages="
-                     f"{plan.pp}, partition_method='uniform') and train with engine.train_batch().")
+                     f"{plan.pp}, partition_method='uniform') and train with engine.train_batch() (the stage "
+                     "count and partition are PipelineModule arguments; ds_config cannot set them).")
+    if plan.tp > 1:
+        notes.append(f"- DeepSpeed AutoTP: after deepspeed.init_distributed() call deepspeed.utils.groups."
+                     "_init_tp_mesh_device("
+                     f"tensor_model_parallel_size={plan.tp}) and pass mpu=deepspeed.utils.groups to "
+                     "deepspeed.initialize; without an mpu DeepSpeed counts the TP ranks as data parallel, "
+                     "rejects train_batch_size and (left out) reports TP times the global batch.")
     return notes
 
 
@@ -117,17 +144,58 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
                      "through fp8 casts only) and fused/chunked cross-entropy (priced as an fp32 loss over "
                      "the full logits).")
     if "megatron_args.txt" in written:
-        notes.append("- Megatron-LM: torchrun ... pretrain_gpt.py $(cat megatron_args.txt) plus your data, "
-                     f"tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags.")
+        notes.append("- Megatron-LM: bash launch_torchrun.sh pretrain_gpt.py $(cat megatron_args.txt) plus "
+                     f"your data, tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags.")
+        if plan.tp > 1 or plan.cp > 1:
+            where = ("autotune_env.sh sets it" if plan.framework is Framework.MEGATRON
+                     else "set it yourself: autotune_env.sh does only for plans priced for Megatron")
+            notes.append("- Megatron-LM with TP/CP > 1 needs CUDA_DEVICE_MAX_CONNECTIONS=1 before Blackwell "
+                         f"(validate_args asserts it); {where}.")
+    if "torchtitan.toml" in written and torchtitan_flavor(model) is None:
+        notes.append(f"- torchtitan: no llama3 flavor has this model's shape; register one named "
+                     f"'{model.name}' (torchtitan/models/llama3/__init__.py llama3_args) or set [model] "
+                     "flavor.")
     return notes
 
 
-def _skipped_lines(skipped: list[tuple[str, list[str]]]) -> list[str]:
+def _launch_lines(written: set[str]) -> list[str]:
+    """The one contract every launcher hands the user's script, then one line per launcher."""
+    lines = ["## Launch", "",
+             "Every launcher takes your training script and its flags and sources `autotune_env.sh`, which "
+             "exports the plan and its configs for it (autotune.contract reads them; "
+             "examples/train_script/train.py shows a script that does):", "",
+             *(f"- `{ENV[key]}`: {what}" for key, what in _CONTRACT.items()
+               if key not in SCRIPT_CONFIG_KEYS or SCRIPT_CONFIGS[key] in written), "",
+             "Copy this folder anywhere: nothing in it names the machine that planned. `RUN_DIR` (default: "
+             "the launcher's own folder) is where the plan and configs are read; `MASTER_ADDR` / "
+             "`MASTER_PORT` override the rendezvous.", ""]
+    for name, how in _LAUNCHERS.items():
+        if name in written:
+            lines.append(f"- `{name}`: {how}")
+    return lines
+
+
+def _unexpressed(plan: ParallelPlan, written: set[str]) -> list[str]:
+    """What the estimate assumes that an emitted file cannot switch on."""
+    out: list[str] = []
+    if "ds_config.json" in written and plan.pp > 1 and plan.zero_stage > 0 and plan.dp > 1:
+        out.append("`ds_config.json`: DeepSpeed's pipeline engine switches ZeRO's overlap_comm off, so the "
+                   "data-parallel gradient reduction the estimate hides behind the backward runs exposed.")
+    return out
+
+
+def _skipped_lines(skipped: list[tuple[str, list[str]]], unexpressed: list[str]) -> list[str]:
     grouped: dict[tuple[str, ...], list[str]] = {}
     for name, reasons in skipped:  # ds_config.json and launch_deepspeed.sh share their reasons
         grouped.setdefault(tuple(reasons), []).append(f"`{name}`")
-    return ["", "## Not emitted", "", "These frameworks cannot run this plan as it was priced:", "",
-            *(f"- {', '.join(names)}: {'; '.join(reasons)}." for reasons, names in grouped.items())]
+    lines = ["", "## Not emitted", ""]
+    if grouped:
+        lines += ["These frameworks cannot run this plan as it was priced:", "",
+                  *(f"- {', '.join(names)}: {'; '.join(reasons)}." for reasons, names in grouped.items())]
+    if unexpressed:
+        lines += [*([""] if grouped else []), "Assumed by the estimate, not expressible in the file:", "",
+                  *(f"- {line}" for line in unexpressed)]
+    return lines
 
 
 def _measured_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -166,7 +234,9 @@ def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec
              *([*_measured_lines(measured), ""] if measured else []),
              "## Files", "", _priced_for(plan, {name for name, _ in written}), "",
              *(f"- `{name}`: {what}" for name, what in written)]
-    if skipped:
-        lines += _skipped_lines(skipped)
+    lines += ["", *_launch_lines({name for name, _ in written})]
+    unexpressed = _unexpressed(plan, {name for name, _ in written})
+    if skipped or unexpressed:
+        lines += _skipped_lines(skipped, unexpressed)
     lines += ["", "## Notes", "", *_notes(plan, model, {name for name, _ in written})]
     return "\n".join(lines) + "\n"

@@ -3,8 +3,8 @@
 Keys are those of torchtitan's TOML ``JobConfig`` as of v0.2.2, its last TOML release
 (``torchtitan/config/job_config.py``; later versions configure jobs in Python): sections ``[training]``,
 ``[parallelism]``, ``[activation_checkpoint]`` and, for fp8, ``[model] converters`` with
-``[quantize.linear.float8]``. torchtitan rejects unknown keys. The file is a fragment to merge into a job
-config that names the model (``[model] name/flavor``) and the data.
+``[quantize.linear.float8]``. torchtitan rejects unknown keys. ``[model]`` names the llama3 flavor of the
+model's shape (``torchtitan_flavor``); the data and tokenizer come from the job config it is merged into.
 
 Mapping notes:
 * Batch: torchtitan accumulates ``global_batch_size / (local_batch_size x DP)`` micro-steps. Without PP,
@@ -34,7 +34,12 @@ from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedul
 from autotune.specs import ModelSpec
 from autotune.stagesplit import split_layers
 
-__all__ = ["torchtitan_unsupported", "to_torchtitan_config", "dumps_toml"]
+__all__ = ["torchtitan_unsupported", "to_torchtitan_config", "dumps_toml", "torchtitan_flavor"]
+
+LLAMA3_FLAVORS = {"8B": (4096, 32, 32, 8, 14336, 128256), "70B": (8192, 80, 64, 8, 28672, 128256),
+                  "405B": (16384, 126, 128, 8, 53248, 128256)}
+"""torchtitan 0.2.2 ``torchtitan/models/llama3/__init__.py::llama3_args``: flavor -> (dim, layers, heads,
+KV heads, FFN width as its ``FeedForward`` rounds it, vocabulary); a test builds each and compares."""
 
 _SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B"}
 _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
@@ -115,6 +120,14 @@ def _training(plan: ParallelPlan) -> dict[str, Any]:
     }
 
 
+def torchtitan_flavor(model: ModelSpec) -> str | None:
+    """The llama3 flavor of ``model``'s shape, or None: the fragment then gives the model's name as flavor and
+    torchtitan stops on an unknown flavor until one is registered, instead of training its debug model."""
+    shape = (model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads, model.ffn_hidden_size,
+             model.vocab_size)
+    return next((name for name, dims in LLAMA3_FLAVORS.items() if dims == shape), None)
+
+
 def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict[str, Any]]:
     """``{section: {key: value}}`` for ``plan``; ``ConfigError`` if torchtitan cannot express it."""
     reasons = torchtitan_unsupported(plan)
@@ -123,12 +136,16 @@ def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict
     ac: dict[str, Any] = {"mode": str(plan.recompute)}
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"
-    cfg: dict[str, dict[str, Any]] = {"training": _training(plan), "parallelism": _parallelism(plan, model),
+    flavor = torchtitan_flavor(model) or model.name
+    cfg: dict[str, dict[str, Any]] = {"model": {"name": "llama3", "flavor": flavor},
+                                      "training": _training(plan), "parallelism": _parallelism(plan, model),
                                       "activation_checkpoint": ac}
     if plan.compile:
         cfg["compile"] = {"enable": True, "components": ["model", "loss"]}
     if plan.precision is Precision.FP8:
-        cfg.update(_float8(plan))
+        float8 = _float8(plan)
+        cfg["model"].update(float8.pop("model"))
+        cfg.update(float8)
     return cfg
 
 

@@ -30,6 +30,7 @@ from autotune.emit.torchtitan import dumps_toml, to_torchtitan_config, torchtita
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trials.script import SCRIPT_CONFIGS
 
 __all__ = ["emit_all", "ARTEFACT_FILES"]
 
@@ -42,6 +43,7 @@ class _Context:
     estimate: dict[str, Any] | None
     out_dir: Path
     measured: list[dict[str, Any]] | None = None
+    image: str = launchers.K8S_IMAGE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +62,19 @@ def _json(data: dict[str, Any]) -> str:
 def _yaml(header: str, data: dict[str, Any]) -> str:
     text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     return f"# {header}\n{text}"
+
+
+def _contract_configs(plan: ParallelPlan) -> dict[str, str]:
+    """Contract field -> emitted config, for the configs this plan gets (the names trials use too)."""
+    emitted = {"ds_config": not deepspeed_unsupported(plan),
+               "accelerate_config": not accelerate_unsupported(plan)}
+    return {key: name for key, name in SCRIPT_CONFIGS.items() if emitted[key]}
+
+
+def _pod_files(plan: ParallelPlan) -> list[str]:
+    """What the PyTorchJob's ConfigMap holds: the contract, the worker's plan and model, the configs."""
+    return ["trial/plan.json", "trial/trial.json", launchers.CONTRACT_ENV_FILE,
+            *_contract_configs(plan).values()]
 
 
 _ARTEFACTS = (
@@ -85,15 +100,20 @@ _ARTEFACTS = (
               unsupported=torchtitan_unsupported),
     _Artefact(name="megatron_args.txt", what="Megatron-LM `pretrain_gpt.py` flags, one per line",
               render=lambda c: megatron_args_text(c.plan, c.model), unsupported=megatron_unsupported),
-    _Artefact(name="launch_torchrun.sh", what="torchrun launcher: run on every node with MASTER_ADDR set",
-              render=lambda c: launchers.torchrun_script(c.plan, c.cluster), executable=True),
+    _Artefact(name=launchers.CONTRACT_ENV_FILE, what="the plan and its configs for your script (AUTOTUNE_* "
+              "variables, see Launch); every launcher here sources it",
+              render=lambda c: launchers.contract_env(c.plan, _contract_configs(c.plan))),
+    _Artefact(name="launch_torchrun.sh", what="torchrun launcher: `bash launch_torchrun.sh train.py` on "
+              "every node, MASTER_ADDR set", render=lambda c: launchers.torchrun_script(c.plan, c.cluster),
+              executable=True),
     _Artefact(name="launch_deepspeed.sh", what="deepspeed launcher: `bash launch_deepspeed.sh train.py`",
               render=lambda c: launchers.deepspeed_script(c.plan, c.cluster),
               unsupported=deepspeed_unsupported, executable=True),
-    _Artefact(name="launch_slurm.sbatch", what="Slurm batch script: `sbatch launch_slurm.sbatch`",
-              render=lambda c: launchers.slurm_script(c.plan, c.cluster, c.out_dir), executable=True),
+    _Artefact(name="launch_slurm.sbatch", what="Slurm batch script: `sbatch launch_slurm.sbatch train.py`",
+              render=lambda c: launchers.slurm_script(c.plan, c.cluster), executable=True),
     _Artefact(name="pytorchjob.yaml", what="Kubeflow PyTorchJob (see its header for the ConfigMap and image)",
-              render=lambda c: launchers.pytorchjob_yaml(c.plan, c.cluster)),
+              render=lambda c: launchers.pytorchjob_yaml(c.plan, c.cluster, image=c.image,
+                                                         files=_pod_files(c.plan))),
 )
 SUMMARY = "summary.md"
 ARTEFACT_FILES: tuple[str, ...] = (*(a.name for a in _ARTEFACTS), SUMMARY)
@@ -152,12 +172,14 @@ def _prepare_dir(out_dir: Path, *, force: bool) -> None:
 
 
 def emit_all(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimate: Any, out_dir: str | Path,
-             *, force: bool = False, measured: list[dict[str, Any]] | None = None) -> list[Path]:
+             *, force: bool = False, measured: list[dict[str, Any]] | None = None,
+             image: str | None = None) -> list[Path]:
     """Write every artefact that can express ``plan`` (and ``summary.md``) into ``out_dir``.
 
     ``estimate`` is an ``Estimate``, its ``to_dict()`` mapping, or None. Returns the written paths in
     artefact order. ``measured``: the search's best trials (``autotune search`` rows: plan, measured and
-    predicted tokens/s and memory), shown beside the estimate in ``summary.md``. Raises ``ConfigError``
+    predicted tokens/s and memory), shown beside the estimate in ``summary.md``. ``image``: the PyTorchJob's
+    container image (default ``launchers.K8S_IMAGE``). Raises ``ConfigError``
     for a plan illegal on this model/cluster or an existing file
     without ``force``.
     """
@@ -166,7 +188,7 @@ def emit_all(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimat
         raise ConfigError(illegal[0])
     out = Path(out_dir).resolve()
     ctx = _Context(plan=plan, model=model, cluster=cluster, estimate=_estimate_dict(estimate), out_dir=out,
-                   measured=measured)
+                   measured=measured, image=image or launchers.K8S_IMAGE)
     contents, skipped = _render_all(ctx)
     _prepare_dir(out, force=force)
     paths: list[Path] = []

@@ -1,15 +1,16 @@
 """Your own training script, measured by ``autotune search --script examples/train_script/train.py``.
 
-A plain PyTorch script (DDP-style replication or FSDP2, optional activation checkpointing) that reads the
-plan autotune wants measured and reports its throughput through ``autotune.contract``. It implements data
-parallelism only, so pin the rest::
+A plain PyTorch script (DDP-style replication or FSDP2, optional activation checkpointing; DeepSpeed ZeRO
+from ``AUTOTUNE_DS_CONFIG`` for plans priced for DeepSpeed) that reads the plan autotune wants measured and
+reports its throughput through ``autotune.contract``. It implements data parallelism only, so pin the rest::
 
     autotune search --model tiny --gpus 2 --gpu cpu --device cpu --backend torchrun \\
         --script examples/train_script/train.py --tp 1 --pp 1 --trials 3 --global-batch 8 --seq-len 64
 
 The contract in four calls: ``contract.plan()`` (what to run), ``contract.warmup_steps()`` /
 ``contract.measure_steps()`` (how long), ``contract.step(seconds)`` after each measured step, and
-``contract.report(...)`` once at the end (rank 0 writes; other ranks' calls are no-ops).
+``contract.report(...)`` once at the end (rank 0 writes; other ranks' calls are no-ops). The launch files of
+``autotune emit`` (``best/``) set the same variables: ``bash best/launch_torchrun.sh train.py`` runs it too.
 """
 
 from __future__ import annotations
@@ -78,28 +79,45 @@ def parallelize(model: LM, plan: dict, device: torch.device) -> None:
     wrap(model, **kwargs)
 
 
+def deepspeed_engine(model: LM) -> nn.Module:
+    """ZeRO (stage, precision, batch, clipping) as ``ds_config.json`` says; the engine accumulates itself."""
+    import deepspeed
+
+    config = os.environ[contract.ENV["ds_config"]]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine
+
+
 def main() -> None:
     plan = contract.plan()
-    if (plan["tp"], plan["pp"], plan["cp"], plan["framework"]) != (1, 1, 1, "fsdp"):
-        raise ValueError("this example runs data parallelism with FSDP2 only: pin --tp 1 --pp 1 --cp 1 and "
-                         "search with --backend torchrun")
+    if (plan["tp"], plan["pp"], plan["cp"]) != (1, 1, 1) or plan["framework"] not in ("fsdp", "deepspeed"):
+        raise ValueError("this example runs data parallelism with FSDP2 or DeepSpeed ZeRO only: pin --tp 1 "
+                         "--pp 1 --cp 1")
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
     torch.manual_seed(0)
     model = LM(plan["seq_len"]).to(device)
-    parallelize(model, plan, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine = deepspeed_engine(model) if plan["framework"] == "deepspeed" else None
+    if engine is None:
+        parallelize(model, plan, device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     rows, accum = plan["micro_batch"], plan["grad_accum"]
     for step in range(contract.warmup_steps() + contract.measure_steps()):
         start = time.perf_counter()
         for _ in range(accum):
             tokens = torch.randint(VOCAB, (rows, plan["seq_len"] + 1), device=device)
-            logits = model(tokens[:, :-1])
+            logits = (engine or model)(tokens[:, :-1])
             loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
-            (loss / accum).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            if engine is not None:  # DeepSpeed scales by the accumulation and steps at its boundary
+                engine.backward(loss)
+                engine.step()
+            else:
+                (loss / accum).backward()
+        if engine is None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         if use_cuda:
             torch.cuda.synchronize(device)
         if step >= contract.warmup_steps():

@@ -64,8 +64,9 @@ def test_ds_config_passes_deepspeed(name, emitted):
     offload = ds.zero_config.offload_optimizer
     assert (offload is not None and str(offload.device).endswith("cpu")) == plan.offload
     assert ds.tensor_parallel_config.autotp_size == (plan.tp if plan.tp > 1 else 0)
-    if plan.pp > 1:
-        assert ds.pipeline["stages"] == plan.pp
+    if plan.pp > 1:  # stages/partition are PipelineModule arguments; the engine reads only these
+        assert set(cfg["pipeline"]) == {"activation_checkpoint_interval"}
+        assert cfg["zero_optimization"]["overlap_comm"] is False  # the pipeline engine turns it off
     assert ("activation_checkpointing" in cfg) == (str(plan.recompute) != "none")
 
 
@@ -76,10 +77,11 @@ def test_harness_catches_a_wrong_batch():
         _deepspeed_config(to_ds_config(plan, model), dp=4, world=4)
 
 
-def test_autotp_omits_train_batch_size():
+def test_autotp_states_the_global_batch():
+    """DeepSpeed needs an mpu to count DP as world / TP (tests/trials/test_ds_autotp_batch.py runs it)."""
     plan, model, _ = CASES["autotp"].build()
     cfg = to_ds_config(plan, model)
-    assert "train_batch_size" not in cfg and cfg["tensor_parallel"] == {"autotp_size": 2}
+    assert cfg["train_batch_size"] == plan.global_batch and cfg["tensor_parallel"] == {"autotp_size": 2}
 
 
 def _deepspeed_string_constants(*modules) -> set[str]:

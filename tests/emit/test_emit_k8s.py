@@ -60,7 +60,10 @@ def test_pytorchjob_satisfies_the_operator_webhook(name, emitted):
         (container,) = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "pytorch"]
         assert container["image"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == cluster.gpus_per_node
-        assert "--trial-dir /workspace/trial" in container["command"][-1]
-    configmap = replicas["Master"]["template"]["spec"]["volumes"][0]["configMap"]["name"]
-    assert _DNS_1035.match(configmap) and f"create configmap {configmap}" in (
+        assert container["command"][:2] == ["/bin/sh", "-c"] and container["args"] == []
+        assert '. "$RUN_DIR/autotune_env.sh"' in container["command"][2]
+    volume = replicas["Master"]["template"]["spec"]["volumes"][0]["configMap"]
+    assert _DNS_1035.match(volume["name"]) and f"create configmap {volume['name']}" in (
         emitted(name) / "pytorchjob.yaml").read_text()
+    for item in volume["items"]:  # every file the pods need, at its place in the emitted folder
+        assert (emitted(name) / item["path"]).is_file() and item["key"] == item["path"].rsplit("/")[-1]

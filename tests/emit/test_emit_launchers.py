@@ -36,7 +36,9 @@ def stubs(tmp_path):
     for name in ("torchrun", "deepspeed", "srun"):
         (bin_dir / name).write_text(recorder)
         (bin_dir / name).chmod(0o755)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'node-a\\nnode-b\\n'\n")
+    (bin_dir / "scontrol").write_text(  # `show job` names the submitted script, as Slurm does
+        '#!/bin/sh\nif [ "$2" = job ]; then echo "   Command=$STUB_COMMAND"\n'
+        "else printf 'node-a\\nnode-b\\n'; fi\n")
     (bin_dir / "scontrol").chmod(0o755)
 
     def run(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -109,15 +111,18 @@ def test_slurm_script_one_agent_per_node(emitted, stubs):
     sbatch = (out / "launch_slurm.sbatch").read_text()
     for header in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8"):
         assert header in sbatch
-    done = stubs(out / "launch_slurm.sbatch", env={"SLURM_JOB_NODELIST": "node-[a-d]", "SLURM_JOB_ID": "42"})
+    env = {"SLURM_JOB_NODELIST": "node-[a-d]", "SLURM_JOB_ID": "42",
+           "STUB_COMMAND": str(out / "launch_slurm.sbatch")}
+    done = stubs(out / "launch_slurm.sbatch", env=env)
     assert done.returncode == 0, done.stderr
     (argv,) = done.argvs
     assert argv[:4] == ["srun", "--nodes=4", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert argv[4] == "torchrun"
     args, config, _ = _torchrun(argv[5:])
     assert config.rdzv_endpoint == "node-a:29500" and args.rdzv_id == "42" and config.min_nodes == 4
-    # absolute: sbatch runs a spooled copy of the script
+    # the folder comes from Slurm's record of the submitted script: sbatch runs a spooled copy
     assert args.training_script_args == ["--trial-dir", str(out / "trial")]
+    assert str(out) not in sbatch  # nothing names the folder it was emitted into
 
 
 def _deepspeed_runner_args(argv: list[str]):

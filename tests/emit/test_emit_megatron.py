@@ -31,6 +31,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "expert-tensor-parallel-size", "kv-lora-rank", "q-lora-rank", "qk-head-dim",
                  "qk-pos-emb-head-dim", "v-head-dim"):
         p.add_argument(f"--{flag}", type=int)
+    for flag in ("attention-dropout", "hidden-dropout"):
+        p.add_argument(f"--{flag}", type=float)
     for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
                  "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
                  "untie-embeddings-and-output-weights", "bf16", "fp16", "tp-comm-overlap",

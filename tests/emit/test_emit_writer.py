@@ -17,7 +17,8 @@ from autotune.emit import ARTEFACT_FILES, emit_all, read_plan_document
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
-ALWAYS = {"plan.json", "trial/plan.json", "trial/trial.json", "torchrun_args.txt", "launch_torchrun.sh",
+ALWAYS = {"plan.json", "trial/plan.json", "trial/trial.json", "torchrun_args.txt", "autotune_env.sh",
+          "launch_torchrun.sh",
           "launch_slurm.sbatch", "pytorchjob.yaml", "summary.md"}
 DS = {"ds_config.json", "launch_deepspeed.sh"}
 EXPECTED = {  # the frameworks that can run each plan as priced
@@ -90,7 +91,8 @@ def test_writes_are_atomic_and_modes_are_set(tmp_path):
     assert {str(p.relative_to(tmp_path)) for p in paths} == _files(tmp_path)  # no temporary files left
     for path in paths:
         mode = stat.S_IMODE(path.stat().st_mode)
-        assert mode == (0o755 if path.suffix in (".sh", ".sbatch") else 0o644), path
+        launcher = path.suffix in (".sh", ".sbatch") and path.name != "autotune_env.sh"  # that one is sourced
+        assert mode == (0o755 if launcher else 0o644), path
 
 
 def test_illegal_plan_writes_nothing(tmp_path):
@@ -141,7 +143,7 @@ def test_templates_ship_as_package_data():
     globs = setuptools["package-data"]["autotune"]
     templates = resources.files("autotune.emit").joinpath("templates")
     names = [t.name for t in templates.iterdir() if t.name.endswith(".tmpl")]
-    assert len(names) == 4
+    assert len(names) == 5
     for name in names:
         assert any(fnmatch.fnmatch(f"emit/templates/{name}", g) for g in globs), name
 
