@@ -21,3 +21,9 @@ def test_deepseek_v3_on_eight_a100_fits_nowhere(tmp_path, capsys):
                  "simulate", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "fits nowhere" in err and "out of memory" in err
+
+
+def test_real_trials_refuse_a_model_the_trial_workload_cannot_build(tmp_path, capsys):
+    assert main(["search", "--model", "mixtral-8x7b", "--gpus", "2", "--gpu", "cpu", "--device", "cpu",
+                 "--backend", "torchrun", "--trials", "1", "--out", str(tmp_path)]) == 2
+    assert "built-in trial model has no MoE layers" in capsys.readouterr().err
