@@ -32,6 +32,7 @@ from autotune.cli._notes import batch_notes
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM, room_left
+from autotune.modelshape import trial_model_gap
 from autotune.plan import ParallelPlan
 from autotune.preflight import check_trials_can_run, check_writable
 from autotune.progress import SearchProgress, wants_progress
@@ -224,6 +225,10 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     if choice.backend.measures and runnable:  # before anything is written: no CUDA, no launcher -> one line
         check_trials_can_run(backend=args.backend, device=args.device, executor=args.executor,
                              cluster=cluster, frameworks=choice.frameworks)
+    gap = trial_model_gap(model)
+    if getattr(choice.backend, "measures", False) and not options and gap:
+        raise ConfigError(f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
+                          "simulate, or run your own model with --workload / --script")
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
