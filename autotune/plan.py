@@ -115,6 +115,9 @@ class ParallelPlan:
     """Optimizer states (and the fp32 master copy) live in host memory; the step runs on the CPU."""
     precision: Precision = Precision.BF16
     framework: Framework = Framework.FSDP
+    recompute_layers: int | None = None
+    """With ``recompute=full`` on Megatron: blocks of each model chunk recomputed (the first ones,
+    ``--recompute-method block --recompute-num-layers``); the rest keep their activations. None: all."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -201,7 +204,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
         return value
-    if key == "hsdp_shard_size" and value is None:
+    if key in ("hsdp_shard_size", "recompute_layers") and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
@@ -215,6 +218,8 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return [f"{name.replace('_', '-')} must be a positive integer, got {value!r}"]
     errors: list[str] = []
+    if plan.recompute_layers is not None:
+        errors += _recompute_layers_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
         errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
@@ -226,6 +231,16 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         errors.append(f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
                       "(load-balanced ring attention splits each sequence into 2*CP chunks)")
     return errors
+
+
+def _recompute_layers_errors(plan: ParallelPlan) -> list[str]:
+    n = plan.recompute_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return [f"recompute-layers must be a positive integer, got {n!r}"]
+    if plan.recompute is not Recompute.FULL or plan.framework is not Framework.MEGATRON:
+        return ["recompute-layers needs --recompute full and --framework megatron "
+                "(Megatron's --recompute-num-layers with --recompute-method block)"]
+    return []
 
 
 def _sharding_errors(plan: ParallelPlan) -> list[str]:

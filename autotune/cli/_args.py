@@ -131,6 +131,10 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     )
     g.add_argument("--precision", choices=[x.value for x in Precision], default=d.get("precision"))
     g.add_argument("--framework", choices=[f.value for f in Framework], default=d.get("framework"))
+    if not pinning:
+        g.add_argument("--recompute-layers", type=_positive_int, metavar="N",
+                       help="with --recompute full (megatron): recompute only the first N blocks of each "
+                            "model chunk (--recompute-method block)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -174,4 +178,5 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         offload=args.offload,
         precision=args.precision,
         framework=args.framework,
+        recompute_layers=getattr(args, "recompute_layers", None),
     )

@@ -35,10 +35,10 @@ from autotune.costmodel.activations import (
     head_activation_bytes,
     in_flight_microbatches,
     kernels_for,
-    layer_activation_bytes,
     loss_stored_bytes,
     loss_transient_bytes,
     microbatches_at_loss,
+    stage_activation_bytes,
 )
 from autotune.costmodel.states import (
     MIXED_BF16,
@@ -189,7 +189,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, 
     first, last = rank == 0, rank == plan.pp - 1
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
     x = LayerShape.of(model, plan)
-    per_stage = layers * layer_activation_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
+    per_stage = stage_activation_bytes(x, plan, layers=layers, e=e, k=k)
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
     head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0
