@@ -80,8 +80,11 @@ class Framework(_StrEnum):
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
     Framework.FSDP: frozenset({Sharding.NONE, Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP}),
     Framework.DEEPSPEED: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3}),
-    Framework.MEGATRON: frozenset({Sharding.NONE, Sharding.ZERO1}),
+    Framework.MEGATRON: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.FSDP_FULL}),
 }
+"""Megatron's fsdp-full is Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy
+optim_grads_params``, megatron/core/distributed/fsdp/), which Megatron-Bridge's recent performance recipes
+run for Llama 3 8B/70B/405B (scripts/performance/configs/llama: ``use_megatron_fsdp``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -282,6 +285,9 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     if plan.sharding not in FRAMEWORK_SHARDING[fw]:
         allowed = ", ".join(sorted(s.value for s in FRAMEWORK_SHARDING[fw]))
         errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
+    if fw is Framework.MEGATRON and plan.sharding is Sharding.FSDP_FULL and plan.pp > 1:
+        errors.append("Megatron-FSDP is priced without pipelining (as Megatron-Bridge's recipes run it); "
+                      "use --pp 1 or --sharding zero1")
     if fw is Framework.DEEPSPEED:
         if plan.pp > 1 and plan.zero_stage > 1:
             errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")

@@ -164,8 +164,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     fw = str(entry.get("framework")).lower()
     if fw not in ("torchtitan", "megatron"):
         raise ValueError(f"framework {fw} not priced here")
-    if entry.get("sharding") not in ("zero1", "fsdp-full"):
-        raise ValueError(f"sharding {entry.get('sharding')} not offered (Megatron-FSDP: not modelled)")
+    if entry.get("sharding") not in ("zero1", "fsdp-full", "megatron-fsdp"):
+        raise ValueError(f"sharding {entry.get('sharding')} not offered")
     torchtitan = fw == "torchtitan"
     tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
     if torchtitan and dp == 1 and cp > 1:
@@ -183,7 +183,9 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         "seq_len": int(entry["seq_len"]),
         "precision": "fp8" if "fp8" in str(entry.get("precision")) else "bf16",
         "recompute": recompute,
-        "sharding": "none" if dp * cp == 1 else entry["sharding"],
+        "sharding": "none"
+        if dp * cp == 1
+        else {"megatron-fsdp": "fsdp-full"}.get(entry["sharding"], entry["sharding"]),
         "sequence_parallel": tp > 1,
     }
     layers = re.search(r"recompute_num_layers=(\d+)", str(entry.get("recompute_detail")))
@@ -197,7 +199,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
             plan.update(schedule="interleaved", virtual_stages=int(entry.get("vp") or 2))
     knobs = entry.get("knobs") or {}
     gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
-    unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp"))
+    offload = "activation offloading" in str(entry.get("notes"))  # cpu_offloading_num_layers in the recipe
+    unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp")) or offload
     kind = (entry.get("measured") or {}).get("memory_kind", "?")
     return Row(
         name=str(entry["id"]),
@@ -208,7 +211,7 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         published_gib=measured,
         includes=f"max {kind}" if measured is not None else f"ran on {gpu}",
         modelled=not unmodelled,
-        note=(_COMPILE if unmodelled else "")
+        note=("activation offload to host not modelled" if offload else _COMPILE if unmodelled else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),
     )
 
@@ -217,7 +220,8 @@ def _markdown(results: list[dict[str, Any]], skipped: dict[str, str]) -> str:
     scored = [r for r in results if r["modelled"] and r["error"] is not None]
     within = sum(abs(r["error"]) <= TARGET for r in scored)
     peaks = [r for r in results if r["error"] is not None]
-    oom = [r["name"] for r in results if r["called_oom"]]
+    oom = [r["name"] for r in results if r["called_oom"] and r["modelled"]]
+    oom_unmodelled = [r["name"] for r in results if r["called_oom"] and not r["modelled"]]
     lines = [
         "# Published peak memory vs `autotune estimate`",
         "",
@@ -229,7 +233,8 @@ def _markdown(results: list[dict[str, Any]], skipped: dict[str, str]) -> str:
         f"Scored rows within {TARGET:.0%}: {within} of {len(scored)}; all rows with a published peak: "
         f"{sum(abs(r['error']) <= TARGET for r in peaks)} of {len(peaks)} within {TARGET:.0%}. "
         f"Rows that ran ({len(results)}) but are called out of memory: {len(oom)}"
-        f"{': ' + '; '.join(oom) if oom else ''}.",
+        f"{': ' + '; '.join(oom) if oom else ''}; and {len(oom_unmodelled)} more that used something a plan "
+        f"cannot express (their note){': ' + '; '.join(oom_unmodelled) if oom_unmodelled else ''}.",
         "",
         "| row | GPU | published | predicted | compared | error | OOM? | figure is | note |",
         "|---|---|---:|---:|---:|---:|---|---|---|",

@@ -12,7 +12,7 @@ divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs 
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
 from autotune.specs import ModelSpec
 from autotune.stagesplit import ACCOUNT_BOTH, ACCOUNT_LOSS, FIRST_LAST, split_error, split_layers
 
@@ -22,8 +22,12 @@ __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text"]
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     """Why Megatron-LM cannot run ``plan`` as priced; [] when it can."""
     reasons: list[str] = []
-    if plan.sharding not in (Sharding.NONE, Sharding.ZERO1):
-        reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding}")
+    megatron_fsdp = plan.sharding is Sharding.FSDP_FULL and plan.framework is Framework.MEGATRON
+    if plan.sharding not in (Sharding.NONE, Sharding.ZERO1) and not megatron_fsdp:
+        reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding} "
+                       "(fsdp-full is Megatron-FSDP for --framework megatron plans)")
+    if plan.sharding is Sharding.FSDP_FULL and plan.pp > 1:
+        reasons.append("Megatron-FSDP is emitted without pipelining")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
         reasons.append("Megatron schedules pipelines with 1F1B or interleaved 1F1B, not GPipe")
     return reasons
@@ -57,6 +61,9 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         args.append(["--sequence-parallel"])
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
+    if plan.sharding is Sharding.FSDP_FULL:  # Megatron-FSDP, ZeRO-3 style (megatron/training/arguments.py)
+        args += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", "optim_grads_params"],
+                 ["--use-distributed-optimizer"]]
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path
         args += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"],
                  ["--optimizer-offload-fraction", "1.0"]]
