@@ -285,9 +285,9 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     if plan.sharding not in FRAMEWORK_SHARDING[fw]:
         allowed = ", ".join(sorted(s.value for s in FRAMEWORK_SHARDING[fw]))
         errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
-    if fw is Framework.MEGATRON and plan.sharding is Sharding.FSDP_FULL and plan.pp > 1:
-        errors.append("Megatron-FSDP is priced without pipelining (as Megatron-Bridge's recipes run it); "
-                      "use --pp 1 or --sharding zero1")
+    if fw is Framework.MEGATRON and plan.sharding is Sharding.FSDP_FULL and (plan.pp > 1 or plan.offload):
+        errors.append("Megatron-FSDP is priced without pipelining or optimizer offload (as Megatron-Bridge's "
+                      "recipes run it); use --pp 1 without --offload, or --sharding zero1")
     if fw is Framework.DEEPSPEED:
         if plan.pp > 1 and plan.zero_stage > 1:
             errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")

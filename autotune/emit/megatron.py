@@ -26,8 +26,8 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     if plan.sharding not in (Sharding.NONE, Sharding.ZERO1) and not megatron_fsdp:
         reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding} "
                        "(fsdp-full is Megatron-FSDP for --framework megatron plans)")
-    if plan.sharding is Sharding.FSDP_FULL and plan.pp > 1:
-        reasons.append("Megatron-FSDP is emitted without pipelining")
+    if megatron_fsdp and (plan.pp > 1 or plan.offload):
+        reasons.append("Megatron-FSDP is emitted without pipelining or optimizer offload")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
         reasons.append("Megatron schedules pipelines with 1F1B or interleaved 1F1B, not GPipe")
     return reasons
