@@ -45,7 +45,9 @@ def test_torchtitan_and_deepspeed_splits_follow_their_source():
     assert fqns[0][:2] == ["tok_embeddings", "layers.0"] and fqns[-1][-2:] == ["norm", "output"]
     assert sum(len(p) for p in fqns) == 126 + 3
     ds = split_layers(126, _plan(pp=16, dp=8, tp=1, framework="deepspeed", sharding="zero1"))
-    assert ds.chunk_layers == (8,) * 14 + (7, 7)  # partition_uniform: the first stages one more
+    assert ds.chunk_layers == (7,) + (8,) * 14 + (7,)  # partition_uniform over embedding, blocks, head
+    ds5 = split_layers(32, _plan(pp=5, dp=1, tp=1, framework="deepspeed", sharding="none"))
+    assert ds5.chunk_layers == (6, 7, 7, 7, 5)  # 34 items: 7, 7, 7, 7, 6, less the embedding and the head
 
 
 @pytest.mark.parametrize("extra", [{"pp": 16, "dp": 128}, {"pp": 8, "dp": 256, "schedule": "interleaved",
