@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import ConfigError
+from autotune.modelconfig import arch_fields, check_keys, is_gemma
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 
 __all__ = [
@@ -92,6 +93,8 @@ def _bool_field(cfg: dict[str, Any], key: str, where: str, default: bool) -> boo
 def _is_gated(cfg: dict[str, Any], where: str) -> bool:
     act = cfg.get("hidden_act", cfg.get("activation_function"))
     model_type = str(cfg.get("model_type", ""))
+    if is_gemma(cfg):
+        return True
     if act is None:
         return model_type not in {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "gpt_bigcode"}
     if not isinstance(act, str) or act not in _GELU_ACTS | _GATED_ACTS:
@@ -103,6 +106,7 @@ def _is_gated(cfg: dict[str, Any], where: str) -> bool:
 
 def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
     """Build a ModelSpec from Hugging Face config keys (GPT-2's ``n_embd``/``n_layer``/``n_head`` too)."""
+    check_keys(cfg, name)
     cfg = dict(cfg)
     for hf, gpt2 in (
         ("hidden_size", "n_embd"),
@@ -119,7 +123,7 @@ def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
         )
     h = _int_field(cfg, "hidden_size", name)
     heads = _int_field(cfg, "num_attention_heads", name)
-    if h % heads:
+    if h % heads and not cfg.get("head_dim"):
         raise ConfigError(f"{name}: 'hidden_size' {h} is not divisible by 'num_attention_heads' {heads}")
     kv = _int_field(cfg, "num_key_value_heads", name, default=heads)
     if heads % kv:
@@ -128,21 +132,24 @@ def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
         )
     gated = _is_gated(cfg, name)
     ffn_default = 4 * h if not gated else None
-    ffn = _int_field(cfg, "intermediate_size", name, default=cfg.get("n_inner") or ffn_default)
+    ffn_key = "intermediate_size_mlp" if "intermediate_size_mlp" in cfg else "intermediate_size"
+    ffn = _int_field(cfg, ffn_key, name, default=cfg.get("n_inner") or ffn_default)
     gpt_like = str(cfg.get("model_type", "")) in {"gpt2", "gpt_bigcode", "opt"}
+    layers = _int_field(cfg, "num_hidden_layers", name)
     return ModelSpec(
         name=name,
         hidden_size=h,
-        num_layers=_int_field(cfg, "num_hidden_layers", name),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv,
         ffn_hidden_size=ffn,
         vocab_size=_int_field(cfg, "vocab_size", name),
         max_seq_len=_int_field(cfg, "max_position_embeddings", name, default=4096),
-        tie_embeddings=_bool_field(cfg, "tie_word_embeddings", name, default=gpt_like),
+        tie_embeddings=_bool_field(cfg, "tie_word_embeddings", name, default=gpt_like or is_gemma(cfg)),
         gated_mlp=gated,
         learned_positions=gpt_like,
         bias=gpt_like,
+        **arch_fields(cfg, name, layers),
     )
 
 

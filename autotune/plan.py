@@ -114,6 +114,13 @@ class ParallelPlan:
     """Optimizer states (and the fp32 master copy) live in host memory; the step runs on the CPU."""
     precision: Precision = Precision.BF16
     framework: Framework = Framework.FSDP
+    ep: int = 1
+    """Expert-parallel degree: the routed experts of each MoE layer are split over ``ep`` ranks that exchange
+    tokens all-to-all. It folds into the dense layout (``tp x dp x cp`` ranks of a stage), not a new axis:
+    Megatron-Core's MoE parallel folding, torchtitan's ``ep`` borrowed from ``dp_shard x cp (x tp)``."""
+    etp: int = 1
+    """Expert tensor-parallel degree: each expert's matrices split over ``etp`` ranks (Megatron
+    ``--expert-tensor-parallel-size``, torchtitan ``expert_tensor_parallel_degree``)."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -127,6 +134,12 @@ class ParallelPlan:
     @property
     def world_size(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks that hold the same experts of a stage (Megatron's expert-data-parallel group,
+        ``megatron/core/parallel_state.py`` ``initialize_model_parallel``: world / (pp x etp x ep))."""
+        return max(1, self.tp * self.dp * self.cp // (self.ep * self.etp))
 
     @property
     def num_microbatches(self) -> int:
@@ -209,7 +222,8 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 def plan_errors(plan: ParallelPlan) -> list[str]:
     """Rules that need only the plan. Each message names the flag and what would satisfy it."""
-    for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len", "virtual_stages"):
+    for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len", "virtual_stages", "ep",
+                 "etp"):
         value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return [f"{name.replace('_', '-')} must be a positive integer, got {value!r}"]
@@ -218,7 +232,7 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
     if plan.global_batch % per_step:
         errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
                       f"{plan.dp} x {plan.micro_batch} = {per_step}")
-    errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan)
+    errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan) + _expert_errors(plan)
     if plan.sequence_parallel and plan.tp == 1:
         errors.append("sequence parallel needs TP > 1 (it splits norms/dropout over the TP group)")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
@@ -283,6 +297,50 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     return errors
 
 
+def _expert_errors(plan: ParallelPlan) -> list[str]:
+    """Where each framework places EP and ETP inside a stage's ``tp x dp x cp`` ranks."""
+    ep, etp, fw = plan.ep, plan.etp, plan.framework
+    if ep == 1 and etp == 1:
+        return []
+    if fw is Framework.MEGATRON and (plan.tp * plan.dp * plan.cp) % (ep * etp):
+        # megatron/core/parallel_state.py: the expert grid etp x ep x expert-dp must tile tp x cp x dp
+        return [f"Megatron needs EP x ETP = {ep} x {etp} to divide TP x DP x CP = "
+                f"{plan.tp * plan.dp * plan.cp} (expert parallelism folds into the dense ranks)"]
+    if fw is Framework.FSDP:
+        shard = plan.shard_degree if plan.sharding is not Sharding.NONE else 1
+        if etp not in (1, plan.tp):  # torchtitan/distributed/parallel_dims.py _validate
+            return [f"torchtitan supports ETP = 1 or ETP = TP ({plan.tp}), got {etp}"]
+        borrow = shard * plan.cp * (plan.tp // etp)
+        if borrow % ep:  # parallel_dims.py: efsdp = dp_shard x cp x tp / (etp x ep)
+            return [f"torchtitan borrows EP from dp_shard x CP{' x TP' if etp == 1 else ''} = {borrow}; "
+                    f"EP {ep} does not divide it"]
+    if fw is Framework.DEEPSPEED:
+        if etp > 1 or plan.tp > 1:
+            return ["DeepSpeed-MoE is priced with TP = ETP = 1 here (its expert-slicing is not modelled)"]
+        if plan.dp % ep:  # deepspeed/utils/groups.py _create_expert_and_data_parallel: EP divides DP
+            return [f"DeepSpeed-MoE needs EP {ep} to divide DP {plan.dp}"]
+        if plan.zero_stage == 3:  # deepspeed/runtime/engine.py: "MoE not supported with Stage 3"
+            return ["DeepSpeed-MoE does not run with ZeRO-3; use zero1/zero2"]
+    return []
+
+
+def _expert_model_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
+    if not model.is_moe:
+        if plan.ep > 1 or plan.etp > 1:
+            return [f"EP {plan.ep} / ETP {plan.etp} on {model.name}, a dense model: expert parallelism needs "
+                    "routed experts; use --ep 1"]
+        return []
+    errors = []
+    if model.num_experts % plan.ep:
+        errors.append(f"EP {plan.ep} does not divide the {model.num_experts} routed experts")
+    if model.expert_ffn_hidden_size % plan.etp:
+        errors.append(f"ETP {plan.etp} does not divide the expert width {model.expert_ffn_hidden_size}")
+    if plan.framework is Framework.MEGATRON and plan.tp > 1 and not plan.sequence_parallel:
+        # megatron/training/arguments.py: MoE with tensor parallelism requires sequence parallelism
+        errors.append("Megatron MoE with TP > 1 needs --sequence-parallel")
+    return errors
+
+
 def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> list[str]:
     """Rules that need the model and the cluster; [] when the plan is legal."""
     errors: list[str] = []
@@ -300,4 +358,4 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(f"PP x virtual stages = {chunks} does not divide layers {model.num_layers}")
     if not cluster.gpu.supports(str(plan.precision)):
         errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
-    return errors
+    return errors + _expert_model_errors(plan, model)

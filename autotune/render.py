@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from autotune.costmodel import Estimate
 from autotune.plan import ParallelPlan
+from autotune.specs import ModelSpec
 
-__all__ = ["plan_summary", "format_estimate", "gib"]
+__all__ = ["plan_summary", "format_estimate", "gib", "model_info", "params_line"]
 
 _GIB = 1024**3
 
@@ -30,6 +33,7 @@ _TIME_ROWS = (
     ("optimizer_s", "optimizer step"),
     ("offload_s", "offload traffic"),
     ("overhead_s", "host overhead"),
+    ("ep_comm_s", "EP all-to-all"),
 )
 
 
@@ -37,9 +41,37 @@ def gib(num_bytes: float) -> str:
     return f"{num_bytes / _GIB:.1f} GiB"
 
 
+def model_info(model: ModelSpec) -> dict[str, Any]:
+    """What autotune read from a model file, for ``estimate --json`` (``model``) and the text header."""
+    info: dict[str, Any] = {
+        "name": model.name, "total_params": model.total_params, "active_params": model.active_params,
+        "num_layers": model.num_layers, "hidden_size": model.hidden_size, "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim, "vocab_size": model.vocab_size,
+        "attention": "mla" if model.uses_mla else "gqa" if model.num_kv_heads < model.num_heads else "mha",
+        "mlp": "gated" if model.gated_mlp else "gelu", "tie_embeddings": model.tie_embeddings,
+    }
+    if model.num_local_layers:
+        info.update(local_attention_layers=model.num_local_layers, attention_window=model.attention_window,
+                    chunked_attention=model.chunked_attention)
+    if model.is_moe:
+        info.update(num_experts=model.num_experts, experts_per_token=model.experts_per_token,
+                    expert_ffn_hidden_size=model.expert_ffn_hidden_size,
+                    shared_ffn_hidden_size=model.shared_ffn_hidden_size, moe_layers=len(model.moe_layers),
+                    dense_layers=model.num_layers - len(model.moe_layers))
+    return info
+
+
+def params_line(model: ModelSpec) -> str:
+    """``46.7B total, 12.9B active`` for MoE models, ``8.03B parameters`` for dense ones."""
+    if model.is_moe:
+        return f"{model.total_params / 1e9:.1f}B total, {model.active_params / 1e9:.1f}B active"
+    return f"{model.num_params / 1e9:.2f}B parameters"
+
+
 def plan_summary(plan: ParallelPlan) -> str:
     """One line: the degrees and the knobs that are not at their defaults."""
     parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp}"] + ([f"CP{plan.cp}"] if plan.cp > 1 else [])
+    parts += ([f"EP{plan.ep}"] if plan.ep > 1 else []) + ([f"ETP{plan.etp}"] if plan.etp > 1 else [])
     parts.append(f"mbs{plan.micro_batch}x{plan.num_microbatches}")
     shard = str(plan.sharding) + (f"/{plan.hsdp_shard_size}" if plan.hsdp_shard_size else "")
     parts += [shard, f"ac:{plan.recompute}"]

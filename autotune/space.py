@@ -40,12 +40,12 @@ __all__ = [
 ]
 
 KNOBS = ("tp", "pp", "cp", "micro_batch", "framework", "sharding", "hsdp_shard_size", "offload", "schedule",
-         "virtual_stages", "recompute", "sequence_parallel", "precision")
+         "virtual_stages", "recompute", "sequence_parallel", "precision", "ep", "etp")
 _ENUMS: dict[str, type[Enum]] = {"framework": Framework, "sharding": Sharding, "schedule": Schedule,
                                  "recompute": Recompute, "precision": Precision}
 _BOOLS = frozenset({"offload", "sequence_parallel"})
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelPlan) if f.name in KNOBS}
-_RULES = ("divisors_of_gpus_per_node", "divisors_of_layers", "powers_of_two")
+_RULES = ("divisors_of_gpus_per_node", "divisors_of_layers", "powers_of_two", "divisors_of_experts")
 _NOT_KNOBS = {"dp": "DP is derived: GPUs / (tp x pp x cp); pin it with --dp",
               "global_batch": "the global batch is yours, never tuned: pass --global-batch",
               "seq_len": "the sequence length is yours, never tuned: pass --seq-len"}
@@ -157,6 +157,8 @@ def resolve_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         else:
             values = spec or (_DEFAULTS[knob],)
             out[knob] = tuple(_parse_value(knob, v, space.source) if v is not None else v for v in values)
+        if knob in ("ep", "etp") and not model.is_moe and knob not in pins:
+            out[knob] = (1,)  # expert parallelism is only offered for MoE models
         if not out[knob]:
             raise ConfigError(f"{space.source}: knob '{knob}' has no candidates for {model.name} "
                               f"on {cluster.name}")
@@ -167,6 +169,9 @@ def _rule_values(rule: Rule, model: ModelSpec, cluster: ClusterSpec) -> tuple[in
     top = rule.max if rule.max is not None else 1 << 20
     if rule.name == "powers_of_two":
         values = [1 << i for i in range(21)]
+    elif rule.name == "divisors_of_experts":
+        n = model.num_experts
+        values = [d for d in range(1, n + 1) if n % d == 0] if n else [1]
     else:
         n = cluster.gpus_per_node if rule.name == "divisors_of_gpus_per_node" else model.num_layers
         values = [d for d in range(1, n + 1) if n % d == 0]
@@ -186,6 +191,8 @@ class _Variant(NamedTuple):
     recompute: Recompute
     sequence_parallel: bool
     precision: Precision
+    ep: int = 1
+    etp: int = 1
 
 
 def _layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
@@ -225,6 +232,34 @@ def _variant_rule(ctx: PlanContext, v: _Variant, tp: int, pp: int, cp: int, dp: 
             return "PP x virtual stages does not divide the layers"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
+    return _expert_rule(ctx.model, v, tp, cp, dp)
+
+
+def _expert_rule(model: ModelSpec, v: _Variant, tp: int, cp: int, dp: int) -> str | None:
+    """``plan._expert_errors`` and ``plan._expert_model_errors``, as rules."""
+    ep, etp, fw = v.ep, v.etp, v.framework
+    if not model.is_moe:
+        return "EP/ETP > 1 on a dense model" if ep > 1 or etp > 1 else None
+    if model.num_experts % ep:
+        return "EP does not divide the routed experts"
+    if model.expert_ffn_hidden_size % etp:
+        return "ETP does not divide the expert width"
+    if fw is Framework.MEGATRON:
+        if tp > 1 and not v.sequence_parallel:
+            return "Megatron MoE with TP > 1 needs sequence parallelism"
+        if (tp * dp * cp) % (ep * etp):
+            return "Megatron: EP x ETP does not divide TP x DP x CP"
+    if fw is Framework.FSDP and (ep > 1 or etp > 1):
+        shard = 1 if v.sharding is Sharding.NONE else (v.hsdp_shard_size or dp)
+        if etp not in (1, tp) or (shard * cp * (tp // etp)) % ep:
+            return "torchtitan: EP must divide dp_shard x CP (x TP with ETP 1), ETP in {1, TP}"
+    if fw is Framework.DEEPSPEED and (ep > 1 or etp > 1):
+        if etp > 1 or tp > 1:
+            return "DeepSpeed-MoE is priced with TP = ETP = 1"
+        if dp % ep:
+            return "DeepSpeed-MoE: EP does not divide DP"
+        if v.sharding is Sharding.ZERO3:
+            return "DeepSpeed-MoE does not run with ZeRO-3"
     return None
 
 
@@ -343,9 +378,10 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp_gt1: bool, pp_gt1: bool
     out = []
     for fw, sharding in product(choices["framework"], choices["sharding"]):
         for hsdp in (choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,)):
-            rest = product(choices["offload"], schedules, choices["recompute"], sps, choices["precision"])
-            for offload, (sched, vs), rc, sp, prec in rest:
-                out.append(_Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec))
+            rest = product(choices["offload"], schedules, choices["recompute"], sps, choices["precision"],
+                           choices["ep"], choices["etp"])
+            for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
+                out.append(_Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp))
     return out
 
 

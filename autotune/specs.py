@@ -16,7 +16,10 @@ GIB = 1024**3
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A dense decoder-only transformer (Llama or GPT family)."""
+    """A decoder-only transformer: dense (Llama, GPT, Gemma, Mistral) or Mixture-of-Experts (Mixtral,
+    Qwen3-MoE, DeepSeek-V3, Llama 4, gpt-oss), with GQA or multi-head latent attention (MLA). The fields
+    after ``bias`` default to a dense GQA model, so a dense spec reads as before; the per-part parameter
+    arithmetic is ``autotune.modelshape``'s."""
 
     name: str
     """Preset name or the path it was read from."""
@@ -26,19 +29,60 @@ class ModelSpec:
     num_kv_heads: int
     """Key/value heads: equal to ``num_heads`` for MHA, fewer for GQA, 1 for MQA."""
     ffn_hidden_size: int
+    """MLP width of a dense layer (of the dense layers of an MoE model)."""
     vocab_size: int
     max_seq_len: int
     tie_embeddings: bool = False
     gated_mlp: bool = True
-    """SwiGLU/GeGLU MLP with three matrices (Llama); False for a plain two-matrix GELU MLP (GPT)."""
+    """SwiGLU/GeGLU MLP with three matrices (Llama, Gemma); False for a plain two-matrix GELU MLP (GPT)."""
     learned_positions: bool = False
     """GPT-style learned position embeddings (``max_seq_len x hidden`` extra parameters)."""
     bias: bool = False
     """Linear layers carry biases (GPT-2/3); Llama has none."""
+    attention_head_dim: int | None = None
+    """Width of one attention head when it is not ``hidden / heads`` (HF ``head_dim``: Gemma, Qwen3)."""
+    attention_bias: bool = False
+    """Q/K/V projections carry biases (Qwen2, gpt-oss); counted as parameters only."""
+    num_layer_norms: int = 2
+    """Norms per block (4 in Gemma 2: pre/post attention and MLP)."""
+    attention_window: int | None = None
+    """Keys a local-attention layer sees: its sliding window (Mistral, Gemma 2, gpt-oss) or chunk
+    (Llama 4)."""
+    num_local_layers: int = 0
+    """Layers that attend within ``attention_window``; the others attend to the whole sequence."""
+    chunked_attention: bool = False
+    """Local layers attend within fixed chunks (Llama 4 ``attention_chunk_size``), not a sliding
+    window."""
+    num_experts: int = 0
+    """Routed experts per MoE layer; 0: a dense model."""
+    experts_per_token: int = 0
+    """Routed experts each token visits (top-k)."""
+    expert_ffn_hidden_size: int = 0
+    """MLP width of one routed expert."""
+    shared_ffn_hidden_size: int = 0
+    """Total MLP width of the shared experts every token visits in an MoE layer (0: none)."""
+    moe_layers: tuple[int, ...] = ()
+    """Indices of the MoE layers (the others are dense); the catalog lists them for every MoE model."""
+    expert_bias: bool = False
+    """Experts and router carry biases (gpt-oss)."""
+    q_lora_rank: int = 0
+    """MLA: rank of the query down-projection (0: queries projected directly)."""
+    kv_lora_rank: int = 0
+    """MLA: rank of the joint key/value latent (0: no MLA, plain GQA)."""
+    qk_rope_head_dim: int = 0
+    """MLA: per-head query/key width carrying RoPE (its key part is shared by all heads)."""
+    qk_nope_head_dim: int = 0
+    """MLA: per-head query/key width without RoPE."""
+    v_head_dim: int = 0
+    """MLA: per-head value width."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.moe_layers, tuple):  # JSON round trips (scaleout, trials) give lists
+            object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_dim or self.hidden_size // self.num_heads
 
     @property
     def kv_hidden_size(self) -> int:
@@ -49,17 +93,31 @@ class ModelSpec:
     def num_mlp_matrices(self) -> int:
         return 3 if self.gated_mlp else 2
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def uses_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
     @cached_property
-    def params_per_layer(self) -> int:
-        """Parameters of one transformer block (Narayanan et al. 2021 Sec. 5.1: 12h^2 + 13h for GPT;
-        here generalised to GQA and gated MLPs): Q and O are h x h, K and V are h x kv, the MLP has
-        ``num_mlp_matrices`` h x ffn matrices, and two norms of h (RMSNorm weight / LayerNorm weight+bias)."""
-        h, kv, f = self.hidden_size, self.kv_hidden_size, self.ffn_hidden_size
-        attn = 2 * h * h + 2 * h * kv
-        mlp = self.num_mlp_matrices * h * f
-        norms = 2 * h * (2 if self.bias else 1)
-        biases = (h + 2 * kv + h + (self.num_mlp_matrices - 1) * f + h) if self.bias else 0
-        return attn + mlp + norms + biases
+    def params_per_layer(self) -> float:
+        """Parameters of one transformer block, the mean over the blocks of an MoE model (Narayanan et al.
+        2021 Sec. 5.1: 12h^2 + 13h for GPT; generalised to GQA, MLA, gated MLPs and experts in
+        ``modelshape.block_params``)."""
+        from autotune.modelshape import block_params_sum
+
+        q, r = divmod(block_params_sum(self), self.num_layers)
+        return q if not r else block_params_sum(self) / self.num_layers
+
+    @cached_property
+    def expert_params_per_layer(self) -> float:
+        """Routed-expert parameters of a block, the mean over blocks (0 for dense models): the part expert
+        parallelism splits instead of TP."""
+        from autotune.modelshape import routed_expert_params
+
+        return routed_expert_params(self) * len(self.moe_layers) / self.num_layers
 
     @cached_property
     def embedding_params(self) -> int:
@@ -72,8 +130,24 @@ class ModelSpec:
     @cached_property
     def num_params(self) -> int:
         """Total parameters, final norm included."""
+        from autotune.modelshape import block_params_sum
+
         final_norm = self.hidden_size * (2 if self.bias else 1)
-        return self.num_layers * self.params_per_layer + self.embedding_params + final_norm
+        return block_params_sum(self) + self.embedding_params + final_norm
+
+    @property
+    def total_params(self) -> int:
+        return self.num_params
+
+    @cached_property
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the routed experts it does not visit (Mixtral's
+        "12.9B active"; DeepSeek-V3's "37B activated")."""
+        from autotune.modelshape import routed_expert_params
+
+        idle = self.num_experts - self.experts_per_token
+        each = routed_expert_params(self) // max(1, self.num_experts)
+        return self.num_params - len(self.moe_layers) * idle * each
 
     @cached_property
     def num_non_embedding_params(self) -> int:

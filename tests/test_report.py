@@ -87,7 +87,8 @@ def test_the_report_has_measured_and_predicted_rows_and_the_model_error(report):
     assert report["pareto"] and report["importances"]
     top = report["top"][0]
     assert set(top["time_breakdown_s"]) == {"compute", "recompute", "TP comm", "CP comm", "PP bubble + p2p",
-                                            "exposed DP comm", "optimizer", "offload", "host overhead"}
+                                            "exposed DP comm", "optimizer", "offload", "host overhead",
+                                            "EP all-to-all"}
 
 
 def test_the_html_is_self_contained_and_every_figure_is_a_valid_png(runs, report):

@@ -99,6 +99,8 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "virtual_stages": 1,
             "precision": "bf16",
             "framework": "fsdp",
+            "ep": 1,
+            "etp": 1,
         }
     )
     g = p.add_argument_group("plan" + (" (pin a knob; the rest stay free)" if pinning else ""))
@@ -131,6 +133,10 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     )
     g.add_argument("--precision", choices=[x.value for x in Precision], default=d.get("precision"))
     g.add_argument("--framework", choices=[f.value for f in Framework], default=d.get("framework"))
+    g.add_argument("--ep", type=_positive_int, default=d.get("ep"),
+                   help="expert-parallel degree (MoE models; folds into TP x DP x CP)")
+    g.add_argument("--etp", type=_positive_int, default=d.get("etp"),
+                   help="expert tensor-parallel degree (MoE models)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -174,4 +180,6 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         offload=args.offload,
         precision=args.precision,
         framework=args.framework,
+        ep=args.ep,
+        etp=args.etp,
     )

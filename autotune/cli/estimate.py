@@ -9,7 +9,7 @@ from autotune.cli._args import add_model_cluster_args, add_plan_args, plan_from_
 from autotune.costmodel import estimate
 from autotune.errors import ConfigError
 from autotune.plan import check_plan
-from autotune.render import format_estimate
+from autotune.render import format_estimate, model_info, params_line
 
 __all__ = ["EstimateCommand"]
 
@@ -32,11 +32,11 @@ class EstimateCommand:
         est = estimate(model, cluster, plan)
         if args.json:
             out = est.to_dict()
-            out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus,
+            out.update(model=model_info(model), cluster=cluster.name, num_gpus=cluster.num_gpus,
                        profile=cluster.profile)
             print(json.dumps(out, indent=2))
         else:
-            print(f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters)")
+            print(f"model     {model.name} ({params_line(model)})")
             print(f"cluster   {cluster.name} ({cluster.intra_link.key} inside nodes, "
                   f"{cluster.nics_per_node}x {cluster.inter_link.key} per node)")
             if cluster.profile:

@@ -26,7 +26,7 @@ from autotune.cli._args import (
 from autotune.errors import ConfigError
 from autotune.explain import Explanation, explain
 from autotune.plan import ParallelPlan
-from autotune.render import format_estimate, gib, plan_summary
+from autotune.render import format_estimate, gib, params_line, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["ExplainCommand"]
@@ -96,7 +96,7 @@ def _inputs(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, ParallelP
 def _text(result: Explanation, model: ModelSpec, cluster: ClusterSpec) -> str:
     est = result.estimate
     lines = [
-        f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters)",
+        f"model     {model.name} ({params_line(model)})",
         f"cluster   {cluster.name} ({cluster.intra_link.key} inside nodes, "
         f"{cluster.nics_per_node}x {cluster.inter_link.key} per node)",
         format_estimate(est),

@@ -31,13 +31,14 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 from autotune.progress import SearchProgress, wants_progress
-from autotune.render import gib, plan_summary
+from autotune.render import gib, params_line, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["SearchCommand"]
 
 _PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size", "recompute",
-             "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework")
+             "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework", "ep",
+             "etp")
 _DEFAULT_MEASURED_TRIALS = 16
 _CPU_SEQUENCES_PER_PROCESS = 4
 _FAILED = ("oom", "timeout", "error", "rendezvous_error")
@@ -256,7 +257,7 @@ def _row(trial: Any) -> dict[str, Any]:
 
 def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking: Any) -> str:
     ctx = ranking.ctx
-    lines = [f"model     {model.name} ({model.num_params / 1e9:.2f}B parameters) on {cluster.name}",
+    lines = [f"model     {model.name} ({params_line(model)}) on {cluster.name}",
              f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
              f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; "
              "combinations pruned, by reason:"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune import modelshape
 from autotune.plan import Framework, ParallelPlan, Recompute, Schedule
 from autotune.specs import ModelSpec
 
@@ -73,16 +74,25 @@ class LayerShape:
     b: int
     h: int
     kv: int
-    ffn: int
+    ffn: float
     heads: int
     vocab: int
     gated: bool
+    attn_width: float = 0.0
+    """Q, K, V and the output projection's input per token (0: ``2h + 2kv``); MLA's latents too
+    (``modelshape.attention_activation_width``)."""
+    routed: float = 0.0
+    """MoE: ``h``-wide top-k token copies per token, the mean over blocks (0 for dense models)."""
 
     @classmethod
     def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
+        """``ffn`` is the MLP width a token passes through (MoE: top-k experts + shared, the mean over
+        blocks: ``modelshape.active_ffn_per_layer``)."""
         return cls(s=plan.seq_len / plan.cp, b=plan.micro_batch, h=model.hidden_size,
-                   kv=model.kv_hidden_size, ffn=model.ffn_hidden_size, heads=model.num_heads,
-                   vocab=model.vocab_size, gated=model.gated_mlp)
+                   kv=model.kv_hidden_size, ffn=modelshape.active_ffn_per_layer(model),
+                   heads=model.num_heads, vocab=model.vocab_size, gated=model.gated_mlp,
+                   attn_width=modelshape.attention_activation_width(model),
+                   routed=modelshape.routed_width_per_layer(model))
 
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
@@ -97,11 +107,14 @@ def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
 def tp_split_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     """Tensors split by TP (before dividing by ``t``): Q, K, V (K and V ``kv`` wide), the
     output-projection input, and the MLP intermediates (gated: 4 eager / 3 fused ffn-wide; GeLU: 2).
-    Korthikanti Eq. 2: 24sbh for kv = h, ffn = 4h, e = 2 (Q,K 4 + V 2 + projection input 2 + GeLU 16)."""
+    Korthikanti Eq. 2: 24sbh for kv = h, ffn = 4h, e = 2 (Q,K 4 + V 2 + projection input 2 + GeLU 16).
+    MoE blocks also keep two ``h``-wide tensors per routed token copy: the permuted expert input (for the
+    weight gradient of the first expert GEMM) and the expert output the combine weights by the router's
+    probability (Megatron-Core ``experts.py`` GroupedMLP, ``moe_utils.py`` ``unpermute``)."""
     sb = x.s * x.b
-    attention = sb * (2 * x.h + 2 * x.kv) * e
+    attention = sb * (x.attn_width or 2 * x.h + 2 * x.kv) * e
     mlp_tensors = (3 if k.fused_swiglu else 4) if x.gated else 2
-    return attention + sb * x.ffn * mlp_tensors * e
+    return attention + sb * x.ffn * mlp_tensors * e + sb * 2 * x.routed * e
 
 
 def attention_core_bytes(x: LayerShape, e: int, k: Kernels) -> float:

@@ -28,6 +28,7 @@ _TIME_LABELS = {
     "optimizer_s": "optimizer step",
     "offload_s": "offload traffic",
     "overhead_s": "host overhead",
+    "ep_comm_s": "EP all-to-all",
 }
 
 

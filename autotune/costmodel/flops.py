@@ -24,6 +24,7 @@ Conventions:
 
 from __future__ import annotations
 
+from autotune import modelshape
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -40,15 +41,19 @@ the diagonal tiles add ``block/s``, under 5% of the halved work at s >= 2048 wit
 def layer_gemm_flops_per_token(model: ModelSpec) -> float:
     """Forward GEMM FLOPs of one block per token: ``2 x`` its weight-matrix entries
     (Q, O: ``h x h``; K, V: ``h x kv``; MLP: ``num_mlp_matrices x h x ffn``). Biases and norms are not
-    GEMMs."""
-    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-    return 2.0 * (2 * h * h + 2 * h * kv + model.num_mlp_matrices * h * f)
+    GEMMs. MLA, MoE (router, top-k routed and shared experts) and explicit head widths: the weights a token
+    passes through, the mean over blocks (``modelshape.gemm_params_per_layer``)."""
+    return 2.0 * modelshape.gemm_params_per_layer(model)
 
 
 def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal_fraction: float = 1.0) -> float:
     """Forward ``QK^T`` and ``PV`` FLOPs of one layer per query token: ``2 x 2 x s x h`` (Narayanan Eq. 3
-    counts ``4 B s^2 h`` per layer), times the fraction of key tiles a causal kernel visits."""
-    return 4.0 * seq_len * model.hidden_size * causal_fraction
+    counts ``4 B s^2 h`` per layer), times the fraction of key tiles a causal kernel visits. Generally
+    ``2 s H (d_qk + d_v)`` (explicit head widths, MLA's 192-wide ``QK^T``), the mean over layers of the keys
+    each visits (sliding-window and chunked layers: ``modelshape.attention_span_fraction``)."""
+    qk, v = modelshape.qk_v_head_dims(model)
+    span = modelshape.attention_span_fraction(model, seq_len, causal_fraction)
+    return 2.0 * seq_len * model.num_heads * (qk + v) * span
 
 
 def lm_head_flops_per_token(model: ModelSpec) -> float:
@@ -98,7 +103,10 @@ def elementwise_bytes_per_token(model: ModelSpec, *, tp: int = 1, sequence_paral
     SwiGLU: read two, write one)."""
     h_passes = NORM_RESIDUAL_PASSES / (tp if sequence_parallel else 1)
     act_passes = 3 if model.gated_mlp else 2
-    return 2.0 * (h_passes * model.hidden_size + act_passes * model.ffn_hidden_size / tp)
+    ffn = modelshape.active_ffn_per_layer(model)
+    # MoE: permute and unpermute read and write the top-k token copies (Megatron moe_utils.py permute)
+    permute = 4 * modelshape.routed_width_per_layer(model) / tp
+    return 2.0 * (h_passes * model.hidden_size + act_passes * ffn / tp + permute)
 
 
 def score_bytes_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1) -> float:

@@ -25,7 +25,7 @@ measures.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple
 
 from autotune.costmodel.activations import (
@@ -40,8 +40,10 @@ from autotune.costmodel.activations import (
     loss_transient_bytes,
     microbatches_at_loss,
 )
+from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.states import (
     MIXED_BF16,
+    ModelStates,
     Numerics,
     comm_bucket_bytes,
     defers_grad_reduce,
@@ -237,7 +239,7 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, 
     loss, backward and optimizer-step moments (module docstring)."""
     k = kernels if kernels is not None else kernels_for(plan)
     params = stage_params_per_gpu(model, plan, first=rank == 0, last=rank == plan.pp - 1)
-    states = model_state_bytes(params, plan, numerics)
+    states = _states(model, plan, params, numerics)
     kept = deferred_reduce_bytes(model, plan, numerics, first=rank == 0, last=rank == plan.pp - 1,
                                  sharded_grad_bytes=states.gradients_bytes)
     moments = _moments(model, plan, rank=rank, numerics=numerics, k=k, step_bytes=states.step_bytes,
@@ -251,6 +253,18 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, 
         logits_bytes=peak.logits, prefetch_bytes=peak.prefetch, comm_buffer_bytes=comm,
         reserve_bytes=reserve_bytes(cluster, plan, transient),
         host_bytes_per_node=states.host_bytes * cluster.gpus_per_node)
+
+
+def _states(model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics) -> ModelStates:
+    """Model states of a stage: routed experts sharded over the expert-data-parallel group
+    (``costmodel.moe``), the rest over DP x CP."""
+    experts = expert_params_per_gpu(model, plan, model.num_layers / plan.pp)
+    dense = model_state_bytes(params - experts, plan, numerics)
+    if not experts:
+        return dense
+    ex = model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_dp)
+    names = [f.name for f in fields(ModelStates)]
+    return ModelStates(**{n: getattr(dense, n) + getattr(ex, n) for n in names})
 
 
 def memory_breakdown(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,

@@ -141,14 +141,17 @@ class ModelStates:
     """Offloaded bytes of this GPU (in host memory)."""
 
 
-def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16) -> ModelStates:
+def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *,
+                      shard_degree: int | None = None) -> ModelStates:
     """Weights, gradients and optimizer states of ``num_params`` parameters on one GPU.
 
     ZeRO Sec. 3.1/5: stage ``z`` divides the optimizer (z>=1), gradients (z>=2) and parameters (z=3) by
-    the shard degree ``N_d``. Offload: optimizer (+ fp32 gradient partition, + sharded gradients for
-    DeepSpeed/FSDP2, + sharded parameters for FSDP2) go to the host."""
+    the shard degree ``N_d`` (``state_shard_degree``, or ``shard_degree``: the expert-data-parallel group
+    for routed experts, ``costmodel.moe``). Offload: optimizer (+ fp32 gradient partition, + sharded
+    gradients for DeepSpeed/FSDP2, + sharded parameters for FSDP2) go to the host."""
     b = state_bytes_per_param(plan, numerics)
-    n = state_shard_degree(plan) if plan.sharding is not Sharding.NONE else 1
+    degree = shard_degree if shard_degree is not None else state_shard_degree(plan)
+    n = degree if plan.sharding is not Sharding.NONE else 1
     z = plan.zero_stage
     weight_sharded = z >= 3 or plan.sharding is Sharding.FSDP_GRAD_OP  # FSDP2 always shards the storage
     weight = num_params * b.weight / (n if weight_sharded else 1)
@@ -221,8 +224,10 @@ def optimizer_step_temp_bytes(opt_params: float, plan: ParallelPlan,
 
 
 def layer_params_per_gpu(model: ModelSpec, plan: ParallelPlan) -> float:
-    """Parameters of one transformer block on one TP rank (Megatron splits every matrix by ``t``)."""
-    return model.params_per_layer / plan.tp
+    """Parameters of one transformer block on one TP rank (Megatron splits every matrix by ``t``); routed
+    experts are split over ``ep x etp`` instead (``costmodel.moe``; the mean block of an MoE model)."""
+    experts = model.expert_params_per_layer
+    return (model.params_per_layer - experts) / plan.tp + experts / (plan.ep * plan.etp)
 
 
 def vocab_split(plan: ParallelPlan) -> int:

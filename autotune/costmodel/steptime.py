@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, flops, pipeline, tpcomm
+from autotune.costmodel import comm, flops, moe, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -107,6 +107,8 @@ class TimeBreakdown:
     """FLOPs actually executed per step over all GPUs (with recompute): the HFU numerator."""
     dp_comm_total_s: float = 0.0
     """DP communication including the part hidden behind backward (for reports)."""
+    ep_comm_s: float = 0.0
+    """Exposed expert-parallel all-to-all token dispatch and combine (``costmodel.moe``)."""
     overhead_s: float = 0.0
     """Fixed per-step and per-micro-batch overhead (``ClusterSpec.step_overhead_s`` + micro-batches x
     ``microbatch_overhead_s``; 0 unless calibrated from trials) and, where the device does not hide it, the
@@ -115,7 +117,8 @@ class TimeBreakdown:
     @property
     def step_time_s(self) -> float:
         return (self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s + self.pp_p2p_s
-                + self.pp_bubble_s + self.dp_comm_s + self.optimizer_s + self.offload_s + self.overhead_s)
+                + self.pp_bubble_s + self.dp_comm_s + self.optimizer_s + self.offload_s + self.overhead_s
+                + self.ep_comm_s)
 
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
@@ -150,6 +153,8 @@ class BlockTimes(NamedTuple):
     """Host time of the block's eager operators where the device does not hide it (``hostops``; 0 on GPUs)."""
     edge_host_s: float = 0.0
     """The same for the embedding, head and loss (charged to the last pipeline rank)."""
+    ep_s: float = 0.0
+    """Exposed expert-parallel all-to-all of the block (``moe.dispatch_s``)."""
 
     @property
     def fwd_s(self) -> float:
@@ -163,7 +168,7 @@ class BlockTimes(NamedTuple):
 
     @property
     def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s + self.ep_s
 
 
 def _rates(cluster: ClusterSpec, precision: str) -> tuple[float, float, float]:
@@ -219,7 +224,8 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     tp, s = plan.tp, plan.seq_len
     tokens = plan.micro_batch * s / plan.cp
     causal = flops.CAUSAL_ATTENTION_FRACTION if flash_attention else 1.0
-    gemm_s = tokens * flops.layer_gemm_flops_per_token(model) / tp / gemm_rate
+    gemm_s = (tokens * flops.layer_gemm_flops_per_token(model) / tp / gemm_rate
+              + moe.expert_gemm_extra_s(model, plan, tokens, gemm_rate))
     attn_s = tokens * flops.attention_flops_per_token(model, s, causal_fraction=causal) / tp / attn_rate
     ew_bytes = flops.elementwise_bytes_per_token(model, tp=tp, sequence_parallel=plan.sequence_parallel)
     score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
@@ -240,7 +246,8 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
     return BlockTimes(gemm_s, attn_s, 2 * slowdown * attn_s, ew_s, recompute_s, tp_s, cp_s, head_s,
                       head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
-                      edge_host_s(model, cluster, plan))
+                      edge_host_s(model, cluster, plan),
+                      ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)))
 
 
 def _overlap_fraction(cluster: ClusterSpec) -> float:
@@ -264,7 +271,8 @@ def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
     ends = model.embedding_params if plan.pp == 1 else model.vocab_size * model.hidden_size
     body = model.num_params - model.embedding_params if plan.pp == 1 else blocks * model.params_per_layer
-    return body / plan.tp + ends / vocab_split(plan)
+    experts = (model.num_layers if plan.pp == 1 else blocks) * model.expert_params_per_layer
+    return (body - experts) / plan.tp + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
 
 
 def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
@@ -384,5 +392,6 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
             pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages), cluster.gpus_per_node,
             cluster.cores_per_node),
         dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
+        ep_comm_s=m * blocks * bt.ep_s,
         model_flops=model_flops, hardware_flops=model_flops + extra,
         dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s)

@@ -41,7 +41,7 @@ class PlanDocument:
 def model_to_config(model: ModelSpec) -> dict[str, Any]:
     """The Hugging Face ``config.json`` keys that rebuild ``model`` with ``catalog.model_from_dict``."""
     gpt_like = model.learned_positions or model.bias
-    return {
+    cfg = {
         "model_type": "gpt2" if gpt_like else "llama",
         "hidden_size": model.hidden_size,
         "num_hidden_layers": model.num_layers,
@@ -53,6 +53,39 @@ def model_to_config(model: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": model.tie_embeddings,
         "hidden_act": "silu" if model.gated_mlp else "gelu",
     }
+    return {**cfg, **_arch_config(model)}
+
+
+def _arch_config(model: ModelSpec) -> dict[str, Any]:
+    """Keys of the fields beyond the dense core (``autotune.modelconfig`` reads them back); the model type
+    carries what only a family implies (Gemma 2's four norms, gpt-oss's expert biases, Llama 4's chunks)."""
+    cfg: dict[str, Any] = {}
+    if model.num_layer_norms == 4:
+        cfg["model_type"] = "gemma2"
+    if model.expert_bias:
+        cfg["model_type"] = "gpt_oss"
+    if model.attention_head_dim:
+        cfg["head_dim"] = model.attention_head_dim
+    if model.attention_bias:
+        cfg["attention_bias"] = True
+    if model.is_moe:
+        cfg.update(num_experts=model.num_experts, num_experts_per_tok=model.experts_per_token,
+                   moe_intermediate_size=model.expert_ffn_hidden_size,
+                   shared_expert_intermediate_size=model.shared_ffn_hidden_size,
+                   moe_layers=list(model.moe_layers))
+    if model.uses_mla:
+        cfg.update(q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank,
+                   qk_rope_head_dim=model.qk_rope_head_dim, qk_nope_head_dim=model.qk_nope_head_dim,
+                   v_head_dim=model.v_head_dim)
+    local = model.num_local_layers
+    if model.chunked_attention:
+        cfg.update(model_type="llama4_text", attention_chunk_size=model.attention_window,
+                   no_rope_layers=[1] * local + [0] * (model.num_layers - local))
+    elif local and model.attention_window:
+        full = model.num_layers - local
+        cfg.update(sliding_window=model.attention_window,
+                   layer_types=["sliding_attention"] * local + ["full_attention"] * full)
+    return cfg
 
 
 def _cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:

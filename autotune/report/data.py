@@ -56,6 +56,7 @@ TIME_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer", ("optimizer_s",)),
     ("offload", ("offload_s",)),
     ("host overhead", ("overhead_s",)),
+    ("EP all-to-all", ("ep_comm_s",)),
 )
 """Step-time terms as the report stacks them (label -> ``TimeBreakdown`` fields); together they are the
 whole step time (``host overhead``: eager and DTensor operators and ZeRO-3 hooks where the device does not

@@ -1,0 +1,115 @@
+"""Mixture-of-Experts terms: where the routed experts live, what the token exchange costs, and how the grouped
+expert GEMMs run.
+
+Convention: per MoE block and micro-batch on ONE rank, averaged over the blocks of the model (``modelshape``
+gives the per-block means: a model whose first ``k`` layers are dense pays ``(L - k) / L`` of an MoE block
+per block). Dense models get 0 from every function here.
+
+Layout (Megatron-Core MoE parallel folding, ``megatron/core/parallel_state.py`` ``initialize_model_parallel``
+expert grid ``tp-ep-dp-pp`` with ``expert_tensor_parallel_size``; torchtitan ``parallel_dims.py`` sparse mesh
+``pp, dp_replicate, efsdp, ep, etp``): a stage's ``tp x dp x cp`` ranks are re-tiled as ``etp x ep x
+expert_dp`` for the experts, EP ranks ``etp`` apart. Routed-expert weights are split over ``ep x etp`` (not
+TP); their gradients and optimizer states are sharded over the expert-data-parallel group (Megatron builds a
+separate distributed optimizer over ``expt_dp``, ``megatron/core/optimizer/__init__.py``).
+
+Token dispatch is the all-to-all of Megatron's ``MoEAlltoAllTokenDispatcher`` (``token_dispatcher.py``) and
+torchtitan's ``ExpertParallel`` (``all_to_all_single``): each rank sends its ``top-k`` token copies
+(``h`` wide, 16-bit) to the experts' ranks and gets them back (dispatch + combine), in forward and again in
+backward. What is modelled and what is fixed:
+
+- dropless routing (Megatron's default ``--moe-expert-capacity-factor`` None; torchtitan), so no tokens are
+  dropped or padded; a capacity factor ``c`` (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021 Sec.
+  2.2) would scale the exchanged and computed tokens by ``c`` and is not offered;
+- balanced load: every expert gets ``tokens x top-k / E`` rows (``LOAD_IMBALANCE`` = 1); the auxiliary loss
+  (Switch Sec. 2.2) or DeepSeek-V3's bias-based balancing (report Sec. 2.1.2) keep it near there, and the
+  framework performance tables are measured that way;
+- the exchange is exposed: neither framework overlaps it with compute by default (Megatron's
+  ``--overlap-moe-expert-parallel-comm`` and DeepEP, or DeepSeek's DualPipe, would hide it).
+"""
+
+from __future__ import annotations
+
+import math
+
+from autotune.modelshape import routed_width_per_layer
+from autotune.plan import ParallelPlan, Recompute
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["LOAD_IMBALANCE", "GEMM_TILE_ROWS", "expert_params_per_gpu", "tokens_per_expert",
+           "gemm_time_s", "expert_gemm_extra_s", "all_to_all_s", "dispatch_s"]
+
+LOAD_IMBALANCE = 1.0
+"""Tokens of the busiest expert rank over the mean (module docstring: balanced)."""
+GEMM_TILE_ROWS = 128
+"""Rows of one output tile of a tensor-core GEMM (CUTLASS / cuBLAS 128 x 128 and 128 x 256 tiles on
+A100/H100): a GEMM of ``M`` rows computes ``ceil(M / 128)`` tiles of rows (NVIDIA Deep Learning Performance
+Guide, "Matrix Multiplication Background", tile quantization). Grouped expert GEMMs pay it per expert."""
+
+
+def expert_params_per_gpu(model: ModelSpec, plan: ParallelPlan, num_blocks: float) -> float:
+    """Routed-expert parameters of ``num_blocks`` blocks on one GPU: split over ``ep x etp``."""
+    return num_blocks * model.expert_params_per_layer / (plan.ep * plan.etp)
+
+
+def tokens_per_expert(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:
+    """Rows of one expert's GEMM on one rank when each rank of the stage holds ``tokens / tp`` tokens
+    (sequence parallel): the EP group's ``top-k`` copies spread over the ``E`` experts, gathered over ETP."""
+    return plan.ep * plan.etp * tokens / plan.tp * model.experts_per_token / model.num_experts
+
+
+def gemm_time_s(flops: float, rows: float, rate_flops_per_s: float) -> float:
+    """Seconds of a GEMM of ``flops`` whose output has ``rows`` rows at ``rate`` (peak x efficiency), with
+    the row tiles quantised (``GEMM_TILE_ROWS``). The one function GEMM time goes through for experts, so a
+    shape-dependent efficiency can replace it."""
+    if rows <= 0:
+        return 0.0
+    padded = math.ceil(rows / GEMM_TILE_ROWS) * GEMM_TILE_ROWS
+    return flops * padded / rows / rate_flops_per_s
+
+
+def expert_gemm_extra_s(model: ModelSpec, plan: ParallelPlan, tokens: float,
+                        rate_flops_per_s: float) -> float:
+    """Forward seconds the routed-expert GEMMs of one (mean) block take beyond the same FLOPs at full tiles
+    and balanced load: tile quantization of small per-expert GEMMs and ``LOAD_IMBALANCE``."""
+    if not model.is_moe:
+        return 0.0
+    m = model.num_mlp_matrices * model.hidden_size * model.expert_ffn_hidden_size
+    share = len(model.moe_layers) / model.num_layers
+    flops = 2.0 * tokens / plan.tp * model.experts_per_token * m * share
+    ideal = flops / rate_flops_per_s
+    rows = tokens_per_expert(model, plan, tokens) * LOAD_IMBALANCE
+    return gemm_time_s(flops * LOAD_IMBALANCE, rows, rate_flops_per_s) - ideal
+
+
+def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int) -> float:
+    """One all-to-all in which each of ``size`` ranks (``stride`` apart) sends ``nbytes`` spread evenly over
+    the group (``(n-1)/n`` of it leaves the rank). Peers in the same node get theirs over NVLink, the others
+    over the node's NICs, shared by the node's GPUs (all exchange at once); the two run concurrently
+    (NCCL ``ncclSend``/``ncclRecv`` to every peer in one group call), so the slower one sets the time, plus
+    one latency of the slowest hop. DeepSeek-V3 report Sec. 3.2.2 prices its dispatch the same way: bound by
+    the IB share (50 GB/s) while NVLink (160 GB/s) carries the rest."""
+    if size <= 1:
+        return 0.0
+    per_node = cluster.gpus_per_node
+    k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
+    eff = cluster.collective_efficiency
+    intra_s = nbytes * (k - 1) / size / (cluster.intra_link.bw_bytes_per_s * eff)
+    if k >= size:
+        return intra_s + cluster.intra_link.latency_s
+    nic = cluster.nics_per_node * cluster.inter_link.bw_bytes_per_s / per_node * eff
+    inter_s = nbytes * (size - k) / size / nic
+    return max(intra_s, inter_s) + max(cluster.intra_link.latency_s, cluster.inter_link.latency_s)
+
+
+def dispatch_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
+               act_bytes: int) -> float:
+    """Exposed all-to-all seconds of one (mean) block per micro-batch: dispatch and combine in forward and
+    in backward (4), 2 more when full recompute reruns the forward; each moves this rank's ``tokens / tp``
+    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``)."""
+    if not model.is_moe or plan.ep == 1:
+        return 0.0
+    nbytes = tokens / plan.tp * routed_width_per_layer(model) * act_bytes
+    calls = 4 + (2 if plan.recompute is Recompute.FULL else 0)
+    share = len(model.moe_layers) / model.num_layers
+    one = all_to_all_s(nbytes / share, cluster, plan.ep, plan.etp)  # bytes of one MoE block
+    return calls * share * one

@@ -1,0 +1,153 @@
+"""Shape arithmetic of a ``ModelSpec``: parameters by part, the active (per-token) share of an MoE block, and
+how much of the sequence each layer's attention visits.
+
+Counts follow the modules as Hugging Face and Megatron-Core build them:
+
+- GQA attention: Q ``h x H d``, K and V ``h x kv``, O ``H d x h`` (``d`` the head width, ``kv = H_kv d``).
+- MLA (DeepSeek-V2 paper, arXiv:2405.04434, Sec. 2.1.2; transformers ``modeling_deepseek_v3.py``
+  ``DeepseekV3Attention``): ``q_a_proj`` ``h x r_q`` + ``q_a_layernorm`` + ``q_b_proj`` ``r_q x H(d_nope +
+  d_rope)`` (or ``q_proj`` ``h x H(d_nope + d_rope)`` without ``q_lora_rank``); ``kv_a_proj_with_mqa``
+  ``h x (r_kv + d_rope)`` + ``kv_a_layernorm`` + ``kv_b_proj`` ``r_kv x H(d_nope + d_v)``; ``o_proj``
+  ``H d_v x h``.
+- MoE block (Shazeer et al. 2017; Fedus et al. 2021 Switch; Megatron-Core ``moe_layer.py``): a router
+  ``h x E`` (+ E biases for gpt-oss), ``E`` routed experts of ``num_mlp_matrices x h x f_e`` (gpt-oss adds
+  biases ``(m-1) f_e + h`` each), and shared experts of total width ``f_s`` that every token visits.
+- Each token runs its top-k routed experts and the shared ones: the active GEMM weights of a block.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.specs import ModelSpec
+
+__all__ = [
+    "attention_weight_params", "attention_activation_width", "dense_mlp_params", "routed_expert_params",
+    "moe_mlp_params", "block_params_sum", "gemm_params_per_layer", "active_ffn_per_layer",
+    "routed_width_per_layer", "attention_span_fraction", "qk_v_head_dims",
+]
+
+
+def qk_v_head_dims(model: ModelSpec) -> tuple[int, int]:
+    """Per-head widths of the ``QK^T`` contraction and of ``PV``: ``d`` and ``d`` for GQA; MLA's
+    ``d_nope + d_rope`` and ``d_v`` (Megatron-Core ``multi_latent_attention.py`` runs the core unabsorbed)."""
+    if model.uses_mla:
+        return model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    return model.head_dim, model.head_dim
+
+
+def attention_weight_params(model: ModelSpec) -> int:
+    """Weight-matrix entries of one attention block (module docstring), biases and norms excluded."""
+    h, heads = model.hidden_size, model.num_heads
+    if model.uses_mla:
+        qk, v = qk_v_head_dims(model)
+        r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
+        q = h * r_q + r_q * heads * qk if r_q else h * heads * qk
+        kv = h * (r_kv + model.qk_rope_head_dim) + r_kv * heads * (model.qk_nope_head_dim + v)
+        return q + kv + heads * v * h
+    q = heads * model.head_dim
+    return 2 * h * q + 2 * h * model.kv_hidden_size
+
+
+def attention_activation_width(model: ModelSpec) -> int:
+    """Elements per token that the attention block saves for backward beyond its input: Q, K, V and the
+    output projection's input (``2h + 2kv`` for MHA/GQA, Korthikanti et al. 2022 Sec. 4.1); MLA also saves
+    its two normed latents (the inputs of ``q_b_proj`` and ``kv_b_proj``)."""
+    heads = model.num_heads
+    if model.uses_mla:
+        qk, v = qk_v_head_dims(model)
+        return model.q_lora_rank + model.kv_lora_rank + heads * (2 * qk + 2 * v)
+    return 2 * heads * model.head_dim + 2 * model.kv_hidden_size
+
+
+def _norm_params(model: ModelSpec) -> int:
+    per_norm = 2 if model.bias else 1
+    mla = model.q_lora_rank + model.kv_lora_rank if model.uses_mla else 0
+    return model.num_layer_norms * model.hidden_size * per_norm + mla
+
+
+def dense_mlp_params(model: ModelSpec) -> int:
+    return model.num_mlp_matrices * model.hidden_size * model.ffn_hidden_size
+
+
+def routed_expert_params(model: ModelSpec) -> int:
+    """All routed experts of one MoE layer (0 for a dense model)."""
+    if not model.is_moe:
+        return 0
+    f, m = model.expert_ffn_hidden_size, model.num_mlp_matrices
+    each = m * model.hidden_size * f + (((m - 1) * f + model.hidden_size) if model.expert_bias else 0)
+    return model.num_experts * each
+
+
+def moe_mlp_params(model: ModelSpec) -> int:
+    """One MoE layer's MLP: routed experts, shared experts and the router."""
+    h, e = model.hidden_size, model.num_experts
+    router = h * e + (e if model.expert_bias else 0)
+    shared = model.num_mlp_matrices * h * model.shared_ffn_hidden_size
+    return routed_expert_params(model) + shared + router
+
+
+def _gpt_biases(model: ModelSpec) -> int:
+    """GPT-2/3 biases of one block (Narayanan Sec. 5.1's 13h with ffn = 4h)."""
+    if not model.bias:
+        return 0
+    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
+    return h + 2 * kv + h + (model.num_mlp_matrices - 1) * f + h
+
+
+def block_params_sum(model: ModelSpec) -> int:
+    """Parameters of all transformer blocks (embeddings and the final norm excluded)."""
+    num_moe = len(model.moe_layers)
+    num_dense = model.num_layers - num_moe
+    attn_bias = 2 * model.kv_hidden_size + model.num_heads * model.head_dim if model.attention_bias else 0
+    per_layer = attention_weight_params(model) + _norm_params(model) + attn_bias
+    return (model.num_layers * per_layer + num_dense * (dense_mlp_params(model) + _gpt_biases(model))
+            + num_moe * moe_mlp_params(model))
+
+
+def gemm_params_per_layer(model: ModelSpec) -> float:
+    """Weight entries one token multiplies through in a block, the mean over blocks: attention, the dense
+    MLP or (MoE layers) the router, top-k routed experts and the shared experts. ``2 x`` this is the
+    block's forward GEMM FLOPs per token."""
+    m, h = model.num_mlp_matrices, model.hidden_size
+    num_moe = len(model.moe_layers)
+    dense = (model.num_layers - num_moe) * dense_mlp_params(model)
+    moe = num_moe * (model.experts_per_token * m * h * model.expert_ffn_hidden_size
+                     + m * h * model.shared_ffn_hidden_size + h * model.num_experts)
+    return attention_weight_params(model) + (dense + moe) / model.num_layers
+
+
+def active_ffn_per_layer(model: ModelSpec) -> float:
+    """MLP intermediate width a token passes through, the mean over blocks (``ffn`` for a dense model;
+    ``top-k x f_e + f_s`` in an MoE layer): what the MLP's activations and elementwise kernels scale with."""
+    num_moe = len(model.moe_layers)
+    moe = num_moe * (model.experts_per_token * model.expert_ffn_hidden_size + model.shared_ffn_hidden_size)
+    return ((model.num_layers - num_moe) * model.ffn_hidden_size + moe) / model.num_layers
+
+
+def routed_width_per_layer(model: ModelSpec) -> float:
+    """``h``-wide token copies an MoE layer makes per token, the mean over blocks: the ``top-k`` permuted
+    copies of the input that go to the experts (Megatron-Core ``moe_utils.py`` ``permute``)."""
+    return len(model.moe_layers) * model.experts_per_token * model.hidden_size / model.num_layers
+
+
+def _local_fraction(window: int, seq_len: int, chunked: bool) -> float:
+    """Mean keys a causal query visits over ``seq_len``: ``w - w^2/2s`` with a sliding window ``w < s``
+    (the first ``w`` queries see fewer), ``c/2`` within chunks of ``c`` (Llama 4's chunked attention)."""
+    w = min(window, seq_len)
+    if chunked:
+        return w / 2 / seq_len
+    return (w - w * w / (2 * seq_len)) / seq_len
+
+
+def attention_span_fraction(model: ModelSpec, seq_len: int, causal_fraction: float) -> float:
+    """Share of the full ``s x s`` score work a layer does, the mean over layers. A global layer does
+    ``causal_fraction`` of it (the caller's convention: 1 for MFU, 0.5 for what a causal kernel executes,
+    ``flops.CAUSAL_ATTENTION_FRACTION``); a local layer its window's share, scaled the same way (so a
+    window as long as the sequence counts as a global layer)."""
+    if not model.num_local_layers or not model.attention_window:
+        return causal_fraction
+    local = _local_fraction(model.attention_window, seq_len, model.chunked_attention) * causal_fraction / 0.5
+    n_local = model.num_local_layers
+    return (n_local * local + (model.num_layers - n_local) * causal_fraction) / model.num_layers

@@ -1,0 +1,115 @@
+"""MoE and MLA in the cost model: expert parallelism legality, expert sharding, dispatch, FLOPs."""
+
+import json
+
+import pytest
+
+from autotune.catalog import load_model, make_cluster
+from autotune.cli import main
+from autotune.costmodel import estimate, flops, moe
+from autotune.costmodel.memory import memory_breakdown
+from autotune.errors import ConfigError
+from autotune.plan import ParallelPlan, check_plan
+
+
+def _plan(**kw):
+    return ParallelPlan(**{"global_batch": 64, "seq_len": 4096, **kw})
+
+
+def test_ep_on_a_dense_model_is_illegal_with_a_reason():
+    plan = _plan(dp=8, ep=8, sharding="fsdp-full")
+    reasons = check_plan(plan, load_model("llama3-8b"), make_cluster(num_gpus=8))
+    assert any("dense model" in r for r in reasons)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"dp": 4, "ep": 8, "framework": "megatron"}, "EP x ETP = 8 x 1 to divide"),
+    ({"dp": 8, "ep": 8, "framework": "fsdp", "sharding": "none"}, "torchtitan borrows EP"),
+    ({"dp": 4, "tp": 2, "ep": 2, "etp": 4, "framework": "fsdp", "sharding": "fsdp-full",
+      "sequence_parallel": True}, "ETP = 1 or ETP = TP"),
+    ({"dp": 8, "ep": 8, "framework": "deepspeed", "sharding": "zero3"}, "ZeRO-3"),
+    ({"dp": 6, "ep": 4, "framework": "deepspeed", "global_batch": 60}, "divide DP"),
+])
+def test_each_framework_places_ep_its_own_way(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        _plan(**kw)
+
+
+def test_model_rules_for_experts():
+    mixtral, cluster = load_model("mixtral-8x7b"), make_cluster(num_gpus=16)
+    assert any("does not divide the 8 routed" in r for r in
+               check_plan(_plan(dp=16, ep=16, sharding="fsdp-full"), mixtral, cluster))
+    assert any("needs --sequence-parallel" in r for r in
+               check_plan(_plan(tp=2, dp=8, ep=8, framework="megatron"), mixtral, cluster))
+    assert not check_plan(_plan(tp=2, dp=8, ep=8, framework="megatron", sequence_parallel=True), mixtral,
+                          cluster)
+
+
+def test_experts_shard_over_ep_and_their_optimizer_over_expert_dp():
+    mixtral, cluster = load_model("mixtral-8x7b"), make_cluster(num_gpus=64)
+    one = memory_breakdown(mixtral, cluster, _plan(dp=64, framework="megatron", sharding="zero1"))
+    eight = memory_breakdown(mixtral, cluster, _plan(dp=64, ep=8, framework="megatron", sharding="zero1"))
+    dense = mixtral.total_params - mixtral.expert_params_per_layer * mixtral.num_layers
+    experts = mixtral.expert_params_per_layer * mixtral.num_layers
+    assert one.weights_bytes == pytest.approx(2 * mixtral.total_params)
+    assert eight.weights_bytes == pytest.approx(2 * (dense + experts / 8))
+    # Megatron's distributed optimizer: 12 B/param over DP (64) for dense, over expert DP (8) for experts
+    assert eight.optimizer_bytes == pytest.approx(12 * (dense / 64 + experts / 8 / 8), rel=1e-3)
+
+
+def test_all_to_all_inside_a_node_beats_across_nodes():
+    cluster = make_cluster(num_gpus=64)
+    inside, across = (moe.all_to_all_s(1e9, cluster, n, 1) for n in (8, 16))
+    assert 0 < inside < across
+    assert moe.all_to_all_s(1e9, cluster, 1, 1) == 0.0
+
+
+def test_dispatch_counts_four_exchanges_and_grows_with_recompute():
+    m, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=8)
+    plan = _plan(dp=8, ep=8, sharding="fsdp-full")
+    one_way = moe.all_to_all_s(4096 * 8 * m.hidden_size * 2, cluster, 8, 1)
+    assert moe.dispatch_s(m, cluster, plan, 4096, 2) == pytest.approx(4 * one_way)
+    full = moe.dispatch_s(m, cluster, plan.replace(recompute="full"), 4096, 2)
+    assert full == pytest.approx(6 * one_way)
+    assert moe.dispatch_s(m, cluster, plan.replace(ep=1), 4096, 2) == 0.0
+
+
+def test_small_expert_gemms_pay_tile_quantization():
+    assert moe.gemm_time_s(1e9, 128, 1e12) == pytest.approx(1e-3)
+    assert moe.gemm_time_s(1e9, 64, 1e12) == pytest.approx(2e-3)
+
+
+def test_moe_flops_follow_active_parameters():
+    m = load_model("mixtral-8x7b")
+    # 6 x active non-embedding params (Kaplan et al. 2020's 6N) + the LM head counted once, no attention
+    six_n = 6 * (m.active_params - 2 * m.vocab_size * m.hidden_size) + 6 * m.hidden_size * m.vocab_size
+    attn = 3 * m.num_layers * flops.attention_flops_per_token(m, 4096)
+    assert flops.model_flops_per_token(m, 4096) - attn == pytest.approx(six_n, rel=2e-3)
+
+
+def test_mla_and_sliding_windows_in_attention_flops():
+    ds = load_model("deepseek-v3")  # QK^T over 192 dims, PV over 128, 128 heads
+    assert flops.attention_flops_per_token(ds, 4096) == 2 * 4096 * 128 * (192 + 128)
+    mistral = load_model("mistral-7b")  # window 4096: a 32k sequence visits far fewer keys
+    full = 4 * 32768 * mistral.hidden_size
+    assert flops.attention_flops_per_token(mistral, 32768) < 0.3 * full
+    assert flops.attention_flops_per_token(mistral, 4096) == 4 * 4096 * mistral.hidden_size
+
+
+def test_deepseek_v3_on_eight_a100_is_infeasible_with_the_reason():
+    est = estimate(load_model("deepseek-v3"), make_cluster(num_gpus=8, gpu="a100-40gb"),
+                   _plan(tp=8, global_batch=8, framework="megatron", sequence_parallel=True, sharding="none"))
+    assert not est.feasible and "out of memory" in est.reasons[0]
+
+
+def test_estimate_json_reports_what_was_read(capsys):
+    assert main(["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--sharding", "fsdp-full",
+                 "--global-batch", "64", "--seq-len", "4096", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["name"] == "mixtral-8x7b"
+    assert out["model"]["total_params"] / 1e9 == pytest.approx(46.7, rel=0.01)
+    assert out["model"]["active_params"] / 1e9 == pytest.approx(12.9, rel=0.01)
+    assert out["plan"]["ep"] == 8 and out["time_breakdown"]["ep_comm_s"] > 0
+    assert main(["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--sharding", "fsdp-full",
+                 "--global-batch", "64", "--seq-len", "4096"]) == 0
+    assert "46.7B total, 12.9B active" in capsys.readouterr().out

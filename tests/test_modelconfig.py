@@ -1,0 +1,114 @@
+"""Models as published: MoE / MLA / GeGLU / head_dim / sliding windows read from config.json, parameter counts
+against the published totals, and every config key priced, known not to matter, or refused."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.catalog import load_model, model_from_dict
+from autotune.errors import ConfigError
+from autotune.modelconfig import NEUTRAL_KEYS, PRICED_KEYS
+
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+PRESETS = yaml.safe_load((Path(__file__).parents[1] / "autotune" / "data" / "models.yaml").read_text())
+
+
+@pytest.mark.parametrize(("name", "total_b", "active_b"), [
+    # published: Mistral AI (Mixtral blog: 46.7B / 12.9B), Qwen3 model cards, DeepSeek-V3 report (671B / 37B,
+    # main model), Gemma 2 report (27.2B), Mistral-7B card (7.24B), Llama 3.1 card (8.03B)
+    ("mixtral-8x7b", 46.7, 12.9), ("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22),
+    ("deepseek-v3", 671, 37), ("gemma2-27b", 27.2, 27.2), ("mistral-7b", 7.24, 7.24),
+    ("llama3.1-8b", 8.03, 8.03),
+])
+def test_presets_match_published_total_and_active(name, total_b, active_b):
+    model = load_model(name)
+    assert model.total_params / 1e9 == pytest.approx(total_b, rel=0.02)
+    assert model.active_params / 1e9 == pytest.approx(active_b, rel=0.02)
+
+
+def test_published_configs_of_other_families():
+    oss = load_model(str(CONFIGS / "gpt-oss-120b.json"))  # model card: 116.8B total, 5.1B active
+    assert oss.total_params / 1e9 == pytest.approx(116.8, rel=0.01)
+    # OpenAI's active count leaves out the input embedding (a lookup, no FLOPs)
+    active = oss.active_params - oss.vocab_size * oss.hidden_size
+    assert active / 1e9 == pytest.approx(5.13, rel=0.02)
+    assert (oss.num_local_layers, oss.attention_window, oss.expert_bias) == (18, 128, True)
+    scout = load_model(str(CONFIGS / "llama4-scout-text.json"))  # 17B active; 109B with the vision tower
+    assert scout.active_params / 1e9 == pytest.approx(17.0, rel=0.02)
+    assert 105 < scout.total_params / 1e9 < 109
+    assert (scout.num_local_layers, scout.chunked_attention, scout.shared_ffn_hidden_size) == (36, True, 8192)
+    qwen2 = load_model(str(CONFIGS / "qwen1.5-moe-a2.7b.json"))  # model card: 14.3B total, 2.7B active
+    assert (qwen2.total_params / 1e9, qwen2.active_params / 1e9) == (pytest.approx(14.3, rel=0.02),
+                                                                    pytest.approx(2.7, rel=0.02))
+    v2 = load_model(str(CONFIGS / "deepseek-v2-lite.json"))  # DeepSeek-V2 paper: V2-Lite 15.7B total
+    assert v2.total_params / 1e9 == pytest.approx(15.7, rel=0.01)
+    assert (v2.q_lora_rank, v2.kv_lora_rank, v2.moe_layers[0], len(v2.moe_layers)) == (0, 512, 1, 26)
+
+
+def test_dense_layers_of_each_rule():
+    ds = load_model("deepseek-v3")
+    assert ds.moe_layers == tuple(range(3, 61))
+    cfg = {**PRESETS["qwen3-30b-a3b"], "decoder_sparse_step": 2, "mlp_only_layers": [1, 3]}
+    assert model_from_dict(cfg, name="q").moe_layers == tuple(i for i in range(5, 48, 2))
+    scout = json.loads((CONFIGS / "llama4-scout-text.json").read_text())
+    maverick = model_from_dict({**scout, "interleave_moe_layer_step": 2, "num_local_experts": 128}, name="m")
+    assert maverick.moe_layers == tuple(range(1, 48, 2))  # Maverick: 400B total, 17B active
+    assert maverick.active_params / 1e9 == pytest.approx(17.2, rel=0.02)
+    assert maverick.total_params / 1e9 == pytest.approx(400, rel=0.02)
+
+
+def test_dense_fixes_change_the_count():
+    gemma = load_model("gemma2-27b")
+    shape = (gemma.gated_mlp, gemma.tie_embeddings, gemma.head_dim, gemma.num_local_layers)
+    assert shape == (True, True, 128, 23)
+    mixtral, mistral = load_model("mixtral-8x7b"), load_model("mistral-7b")
+    assert mixtral.total_params > 6 * mistral.total_params
+
+
+def _published_keys():
+    yield from PRESETS.items()
+    for path in sorted(CONFIGS.glob("*.json")):
+        yield path.stem, json.loads(path.read_text())
+
+
+@pytest.mark.parametrize(("name", "cfg"), list(_published_keys()), ids=[n for n, _ in _published_keys()])
+def test_every_published_key_is_priced_or_known_neutral(name, cfg):
+    unknown = [k for k in cfg if k not in PRICED_KEYS and k not in NEUTRAL_KEYS]
+    assert not unknown
+    model_from_dict(cfg, name=name)  # and reads without a refusal
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
+    ({"attention_dropout": 0.1}, "attention_dropout"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"vision_config": {}}, "vision_config"),
+    ({"sinkhorn_iterations": 3}, "sinkhorn_iterations"),
+    ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
+    ({"first_k_dense_replace": 61}, "no MoE layer"),
+])
+def test_unpriceable_keys_are_refused_in_one_line(change, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        model_from_dict({**PRESETS["deepseek-v3"], **change}, name="ds")
+    assert "\n" not in str(err.value)
+
+
+def test_spec_round_trips_through_asdict():
+    import dataclasses
+
+    from autotune.specs import ModelSpec
+    ds = load_model("deepseek-v3")
+    data = json.loads(json.dumps(dataclasses.asdict(ds)))
+    assert ModelSpec(**data) == ds
+
+
+@pytest.mark.parametrize("name", [*PRESETS, *(str(p) for p in sorted(CONFIGS.glob("*.json")))])
+def test_plan_file_config_rebuilds_the_spec(name):
+    import dataclasses
+
+    from autotune.emit.planfile import model_to_config
+    model = load_model(name)
+    again = model_from_dict(model_to_config(model), name=model.name)
+    assert dataclasses.asdict(again) == dataclasses.asdict(model)
