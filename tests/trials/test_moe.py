@@ -117,50 +117,53 @@ def test_reference_is_sensitive_to_the_update(tiny_moe):
     assert abs(trained[-1] - frozen[-1]) / frozen[-1] > 20 * REL_TOL
 
 
-def _params_after_one_step(rank: int, world: int, plan: ParallelPlan,
-                           model: ModelSpec) -> dict[str, torch.Tensor]:
-    """This rank's view of every parameter after one step: DTensors gathered whole, each expert tensor as its
-    ``E / ep`` local experts keyed by the first one's index."""
+def _grads_of_one_step(rank: int, world: int, plan: ParallelPlan,
+                       model: ModelSpec) -> dict[str, torch.Tensor]:
+    """This rank's gradients of step 0, as the trainer leaves them for the optimizer (reduced over DP):
+    DTensors gathered whole, each expert tensor as its ``E / ep`` local experts keyed by the first one's
+    index."""
     from torch.distributed.tensor import DTensor
 
-    from autotune.trials.train import NativeTrainer
+    from autotune.trials.train import NativeTrainer, dp_rows
 
     config = TrialConfig(model=model, seed=SEED, lr=LR, device="cpu")
     trainer = NativeTrainer(plan=plan, config=config, device=torch.device("cpu"))
-    trainer.step(0)
+    x, y = synthetic_batch(model, batch=plan.global_batch, seq_len=SEQ, step=0, seed=SEED,
+                           rows=dp_rows(plan, trainer.dp_rank))
+    trainer._step(x, y)
     ep_rank = trainer.expert_mesh.get_local_rank("ep")
     out = {}
     for name, p in trainer.modules[0].named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p.detach()
+        grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         if ".experts." in name:
-            name = f"{name}@{ep_rank * full.shape[0]}"
-        out[name.replace("_checkpoint_wrapped_module.", "")] = full.clone()
+            name = f"{name}@{ep_rank * grad.shape[0]}"
+        out[name.replace("_checkpoint_wrapped_module.", "")] = grad.clone()
     return out
 
 
 @pytest.mark.slow
 @pytest.mark.dist(timeout=120)
-def test_parameters_after_one_step_match_single_process(tiny_moe):
-    """EP 2 x expert-DP 2 on 4 ranks: every parameter, experts included, equals one process's after a step."""
+def test_gradients_match_single_process(tiny_moe):
+    """EP 2 x expert-DP 2 on 4 ranks: every gradient, experts included, equals one process's (gradients, not
+    the parameters after AdamW: its first step is ~lr x sign(g), which turns reduction-order noise in the
+    gradients near zero into lr-sized differences)."""
     plan = _plan(LAYOUTS["ep2xdp2"])
-    ranks = run_on_ranks(_params_after_one_step, 4, plan, tiny_moe)
+    ranks = run_on_ranks(_grads_of_one_step, 4, plan, tiny_moe)
 
     net = build_model(tiny_moe, device="cpu", seed=SEED)
-    opt = torch.optim.AdamW(net.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
     x, y = synthetic_batch(tiny_moe, batch=plan.global_batch, seq_len=SEQ, step=0, seed=SEED)
     F.cross_entropy(net(x).flatten(0, 1), y.flatten()).backward()
-    opt.step()
-    before = build_model(tiny_moe, device="cpu", seed=SEED).state_dict()
+    worst = 0.0
     for name, p in net.named_parameters():
         if ".experts." in name:
             got = {k: v for r in ranks for k, v in r.items() if k.startswith(name + "@")}
-            assert len(got) == 2, name
-            pieces = [got[k] for k in sorted(got, key=lambda k: int(k.split("@")[1]))]
-            assert torch.allclose(torch.cat(pieces), p.detach(), rtol=1e-4, atol=1e-6), name
+            assert len(got) == 2, name  # two EP ranks, each with half the experts
+            views = [torch.cat([got[k] for k in sorted(got, key=lambda k: int(k.split("@")[1]))])]
         else:
-            for r in ranks:
-                assert torch.allclose(r[name], p.detach(), rtol=1e-4, atol=1e-6), name
-        assert not torch.equal(p.detach(), before[name]), name  # every parameter moved
+            views = [r[name] for r in ranks]
+        for g in views:
+            worst = max(worst, ((g - p.grad).abs().max() / p.grad.abs().max()).item())
+    assert worst < 1e-5, worst  # observed ~1e-7: reduction order only
 
 
 def test_trials_refuse_tensor_parallel_moe_layers_with_one_line(tiny_moe):
