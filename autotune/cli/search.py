@@ -163,7 +163,7 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     space = load_space(args.space)
     options = trial_options(workload=args.workload, script=args.script)
     choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
-                         executor=args.executor)
+                         executor=args.executor, model=model)
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus

@@ -175,3 +175,31 @@ def test_trials_refuse_tensor_parallel_moe_layers_with_one_line(tiny_moe):
     for fields, word in (({"tp": 2}, "TP=1"), (etp, "ETP=1")):
         with pytest.raises(TrialError, match=word):
             parallelize(net, plan=_plan(fields), mesh=None)
+
+
+@pytest.mark.slow
+@pytest.mark.dist(timeout=300)
+def test_a_cpu_search_over_an_moe_model_measures_an_expert_parallel_plan(tmp_path):
+    """``autotune search`` on tiny-moe with real 2-rank CPU trials: EP is in the space (the bundled
+    ``ep: divisors_of_experts``), TP is pinned to 1 for MoE trials, and an EP 2 plan is measured."""
+    import contextlib
+    import io
+    import json
+
+    import optuna
+
+    from autotune.cli import main
+
+    out = io.StringIO()
+    argv = ["search", "--model", "tiny-moe", "--gpus", "2", "--gpu", "cpu", "--device", "cpu", "--backend",
+            "torchrun", "--trials", "2", "--global-batch", "8", "--seq-len", "64", "--study", "s",
+            "--out", str(tmp_path), "--json"]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 0
+    summary = json.loads(out.getvalue())
+    assert summary["value_source"] == "measured" and summary["trials"]["failed"] == 0
+    study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's' / 'study.db'}")
+    measured = [t for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert len(measured) == 2 and all(t.params["tp"] == 1 for t in measured)
+    assert any(t.params["ep"] == 2 for t in measured)
+    assert all(t.value > 0 for t in measured)
