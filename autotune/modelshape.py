@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "attention_weight_params", "attention_activation_width", "dense_mlp_params", "routed_expert_params",
     "moe_mlp_params", "block_params_sum", "gemm_params_per_layer", "active_ffn_per_layer",
-    "routed_width_per_layer", "attention_span_fraction", "qk_v_head_dims",
+    "routed_width_per_layer", "attention_span_fraction", "qk_v_head_dims", "trial_model_gap",
 ]
 
 
@@ -130,6 +130,18 @@ def routed_width_per_layer(model: ModelSpec) -> float:
     """``h``-wide token copies an MoE layer makes per token, the mean over blocks: the ``top-k`` permuted
     copies of the input that go to the experts (Megatron-Core ``moe_utils.py`` ``permute``)."""
     return len(model.moe_layers) * model.experts_per_token * model.hidden_size / model.num_layers
+
+
+def trial_model_gap(model: ModelSpec) -> str | None:
+    """What the built-in trial workload (``autotune/trials/model.py``: a Llama/GPT block, an MoE layer
+    (``trials/moe.py``) on ``moe_layers``, ``hidden / heads`` heads and global attention) would leave out of
+    ``model``; None when it builds it as priced. Real trials of such a model would measure another model."""
+    gaps = [(model.expert_bias, "expert biases"), (model.uses_mla, "multi-head latent attention"),
+            (bool(model.attention_head_dim), "an explicit head_dim"),
+            (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
+            (model.attention_bias, "attention biases"), (model.num_layer_norms != 2, "Gemma-2's four norms")]
+    missing = [what for present, what in gaps if present]
+    return ", ".join(missing) or None
 
 
 def _local_fraction(window: int, seq_len: int, chunked: bool) -> float:

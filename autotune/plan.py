@@ -22,7 +22,7 @@ from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
     "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "ParallelPlan",
-    "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan",
+    "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan", "expert_errors",
 ]
 
 
@@ -232,7 +232,7 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
     if plan.global_batch % per_step:
         errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
                       f"{plan.dp} x {plan.micro_batch} = {per_step}")
-    errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan) + _expert_errors(plan)
+    errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan) + expert_errors(plan)
     if plan.sequence_parallel and plan.tp == 1:
         errors.append("sequence parallel needs TP > 1 (it splits norms/dropout over the TP group)")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
@@ -297,9 +297,10 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     return errors
 
 
-def _expert_errors(plan: ParallelPlan) -> list[str]:
-    """Where each framework places EP and ETP inside a stage's ``tp x dp x cp`` ranks."""
-    ep, etp, fw = plan.ep, plan.etp, plan.framework
+def expert_errors(plan: ParallelPlan, framework: Framework | None = None) -> list[str]:
+    """Where each framework (the plan's, or ``framework``: what an emitter targets) places EP and ETP inside
+    a stage's ``tp x dp x cp`` ranks."""
+    ep, etp, fw = plan.ep, plan.etp, framework or plan.framework
     if ep == 1 and etp == 1:
         return []
     if fw is Framework.MEGATRON and (plan.tp * plan.dp * plan.cp) % (ep * etp):

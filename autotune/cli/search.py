@@ -29,6 +29,7 @@ from autotune.cli._args import (
 )
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
+from autotune.modelshape import trial_model_gap
 from autotune.plan import ParallelPlan
 from autotune.progress import SearchProgress, wants_progress
 from autotune.render import gib, params_line, plan_summary
@@ -164,6 +165,10 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     options = trial_options(workload=args.workload, script=args.script)
     choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
                          executor=args.executor, model=model)
+    gap = trial_model_gap(model)
+    if getattr(choice.backend, "measures", False) and not options and gap:
+        raise ConfigError(f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
+                          "simulate, or run your own model with --workload / --script")
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus

@@ -35,7 +35,8 @@ from autotune.modelshape import routed_width_per_layer
 from autotune.plan import ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["LOAD_IMBALANCE", "GEMM_TILE_ROWS", "expert_params_per_gpu", "tokens_per_expert",
+__all__ = ["LOAD_IMBALANCE", "GEMM_TILE_ROWS", "expert_params_per_gpu", "optimizer_shard_params",
+           "tokens_per_expert",
            "gemm_time_s", "expert_gemm_extra_s", "all_to_all_s", "dispatch_s"]
 
 LOAD_IMBALANCE = 1.0
@@ -49,6 +50,15 @@ Guide, "Matrix Multiplication Background", tile quantization). Grouped expert GE
 def expert_params_per_gpu(model: ModelSpec, plan: ParallelPlan, num_blocks: float) -> float:
     """Routed-expert parameters of ``num_blocks`` blocks on one GPU: split over ``ep x etp``."""
     return num_blocks * model.expert_params_per_layer / (plan.ep * plan.etp)
+
+
+def optimizer_shard_params(model: ModelSpec, plan: ParallelPlan, params: float, num_blocks: float) -> float:
+    """Parameters of this rank's optimizer shard: with ZeRO >= 1 the dense part over DP x CP, routed experts
+    over the expert-data-parallel group (module docstring); all of ``params`` without sharding."""
+    if plan.zero_stage < 1:
+        return params
+    experts = expert_params_per_gpu(model, plan, model.num_layers if plan.pp == 1 else num_blocks)
+    return (params - experts) / (plan.shard_degree * plan.cp) + experts / plan.expert_dp
 
 
 def tokens_per_expert(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:

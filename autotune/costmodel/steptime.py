@@ -371,7 +371,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov) + dp.tail_s)
-    shard = params / (plan.shard_degree * plan.cp) if plan.zero_stage >= 1 else params
+    shard = moe.optimizer_shard_params(model, plan, params, busiest)
     offload_s = _offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
     norm_s, norm_calls = tpcomm.sp_norm_grads(model, cluster, plan, blocks, plan.pp == 1 or last_busier)
     tokens = plan.tokens_per_step

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
 from autotune.specs import ModelSpec
 
 __all__ = ["DS_TOP_LEVEL_KEYS", "GRADIENT_CLIPPING", "deepspeed_unsupported", "to_ds_config",
@@ -34,7 +34,7 @@ _FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scal
 
 def deepspeed_unsupported(plan: ParallelPlan) -> list[str]:
     """Why DeepSpeed cannot run ``plan`` as the cost model priced it; [] when it can."""
-    reasons: list[str] = []
+    reasons: list[str] = expert_errors(plan, Framework.DEEPSPEED)
     if plan.sharding is Sharding.FSDP_GRAD_OP:
         reasons.append("fsdp-grad-op reshards parameters between steps; ZeRO-2 keeps them whole, "
                        "so its memory differs from the plan")

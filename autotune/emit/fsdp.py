@@ -36,6 +36,8 @@ def transformer_layer_cls(model: ModelSpec) -> str:
 def accelerate_unsupported(plan: ParallelPlan) -> list[str]:
     """Why accelerate + FSDP2 cannot run ``plan`` as priced; [] when it can."""
     reasons: list[str] = []
+    if plan.ep > 1 or plan.etp > 1:
+        reasons.append("accelerate's FSDP plugin has no expert parallelism (torchtitan.toml has it)")
     if plan.sharding not in _FSDP_SHARDINGS:
         what = "no sharding is plain DDP (accelerate launch --multi_gpu)" if plan.sharding is Sharding.NONE \
             else f"FSDP has no {plan.sharding} (optimizer-only or gradient-only) sharding"

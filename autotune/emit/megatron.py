@@ -6,12 +6,18 @@ nothing that needs quoting, so ``pretrain_gpt.py $(cat megatron_args.txt) <data/
 
 Megatron's own rules, checked here before emitting: layers divisible by PP x virtual stages, global batch
 divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs PP > 1.
+
+MoE models get Megatron-Core's MoE flags (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+shared experts, ``--moe-layer-freq`` as a Python list expression for dense first layers, grouped GEMM and the
+all-to-all dispatcher the cost model prices) and EP/ETP degrees; MLA models ``--multi-latent-attention`` with
+their ranks (``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE part). Not emitted:
+sliding-window / chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
 """
 
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
 from autotune.specs import ModelSpec
 
 __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text"]
@@ -19,7 +25,7 @@ __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text"]
 
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     """Why Megatron-LM cannot run ``plan`` as priced; [] when it can."""
-    reasons: list[str] = []
+    reasons: list[str] = expert_errors(plan, Framework.MEGATRON)
     if plan.sharding not in (Sharding.NONE, Sharding.ZERO1):
         reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding}")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
@@ -44,6 +50,47 @@ def _model_args(model: ModelSpec, seq_len: int) -> list[list[str]]:
         args.append(["--disable-bias-linear"])
     if not model.tie_embeddings:
         args.append(["--untie-embeddings-and-output-weights"])
+    if model.attention_head_dim and not model.uses_mla:
+        args.append(["--kv-channels", str(model.attention_head_dim)])
+    return args + _mla_args(model) + _moe_args(model)
+
+
+def _mla_args(model: ModelSpec) -> list[list[str]]:
+    if not model.uses_mla:
+        return []
+    args = [["--multi-latent-attention"], ["--kv-lora-rank", str(model.kv_lora_rank)],
+            ["--qk-head-dim", str(model.qk_nope_head_dim)],
+            ["--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)],
+            ["--v-head-dim", str(model.v_head_dim)]]
+    if model.q_lora_rank:
+        args.append(["--q-lora-rank", str(model.q_lora_rank)])
+    return args
+
+
+def moe_layer_freq(model: ModelSpec) -> str:
+    """``--moe-layer-freq`` as Megatron evaluates it (``megatron/training/arguments.py`` ``moe_freq_type``): 1
+    when every layer is MoE, else a run-length list expression such as ``[0]*3+[1]*58``."""
+    flags = [int(i in set(model.moe_layers)) for i in range(model.num_layers)]
+    if all(flags):
+        return "1"
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "+".join(f"[{f}]*{n}" for f, n in runs)
+
+
+def _moe_args(model: ModelSpec) -> list[list[str]]:
+    if not model.is_moe:
+        return []
+    args = [["--num-experts", str(model.num_experts)], ["--moe-router-topk", str(model.experts_per_token)],
+            ["--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)],
+            ["--moe-layer-freq", moe_layer_freq(model)], ["--moe-grouped-gemm"],
+            ["--moe-token-dispatcher-type", "alltoall"]]
+    if model.shared_ffn_hidden_size:
+        args.append(["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden_size)])
     return args
 
 
@@ -55,6 +102,9 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         args.append(["--num-layers-per-virtual-pipeline-stage", str(per_chunk)])
     if plan.sequence_parallel:
         args.append(["--sequence-parallel"])
+    if model.is_moe:  # Megatron's ETP defaults to TP; the plan's is explicit
+        args += [["--expert-model-parallel-size", str(plan.ep)],
+                 ["--expert-tensor-parallel-size", str(plan.etp)]]
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path

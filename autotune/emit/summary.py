@@ -41,6 +41,8 @@ def _plan_table(plan: ParallelPlan) -> list[str]:
             ("recompute", plan.recompute), ("sequence parallel", plan.sequence_parallel),
             ("pipeline schedule", schedule), ("optimizer offload", plan.offload),
             ("precision", plan.precision), ("framework", plan.framework)]
+    if plan.ep > 1 or plan.etp > 1:
+        rows += [("expert parallel (EP)", plan.ep), ("expert tensor parallel (ETP)", plan.etp)]
     return ["| knob | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
 
 
@@ -79,6 +81,11 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
              f"micro-step, {plan.grad_accum} micro-step(s) per optimizer step ({plan.global_batch} in all)."]
     if "ds_config.json" in written:
         notes += _deepspeed_notes(plan)
+        if model.is_moe:  # deepspeed/moe/layer.py: MoE(..., ep_size, k, capacity_factor, drop_tokens=True)
+            notes.append(f"- DeepSpeed-MoE: expert parallelism is set in the model code, not in ds_config: "
+                         f"deepspeed.moe.layer.MoE(hidden_size={model.hidden_size}, expert=..., "
+                         f"num_experts={model.num_experts}, ep_size={plan.ep}, k={model.experts_per_token}, "
+                         "drop_tokens=False) (the plan was priced dropless; DeepSpeed drops by default).")
     if "accelerate_fsdp.yaml" in written:
         notes.append(f"- accelerate: wraps each {transformer_layer_cls(model)}; pass Accelerator("
                      f"gradient_accumulation_steps={plan.grad_accum}) and a per-device batch of "
@@ -132,9 +139,11 @@ def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec
                    skipped: list[tuple[str, list[str]]], measured: list[dict[str, Any]] | None = None) -> str:
     """``written``: (file, what it is); ``skipped``: (file, why its framework cannot express the plan);
     ``measured``: the search's best trials (``autotune search`` rows), or None when nothing was measured."""
+    from autotune.render import params_line
+
     gpus = f"{cluster.num_nodes} node(s) x {cluster.gpus_per_node} {cluster.gpu.key}"
     lines = [f"# autotune plan: {model.name} on {cluster.name}", "",
-             f"{cluster.num_gpus} GPUs ({gpus}), {model.num_params / 1e9:.2f}B parameters.", "",
+             f"{cluster.num_gpus} GPUs ({gpus}), {params_line(model)}.", "",
              *_plan_table(plan), "", "## Estimate (cost model)", "", *_estimate_lines(estimate), "",
              *([*_measured_lines(measured), ""] if measured else []),
              "## Files", "", _priced_for(plan, {name for name, _ in written}), "",

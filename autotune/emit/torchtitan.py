@@ -15,6 +15,8 @@ Mapping notes:
 * PP: ``pipeline_parallel_layers_per_stage`` = layers / (PP x virtual stages) with the first/last-stage
   discounts set to 0, so torchtitan cuts exactly PP x virtual stages equal chunks (embedding on the first,
   norm and output on the last), as the cost model assumes.
+* EP / ETP: ``expert_parallel_degree`` / ``expert_tensor_parallel_degree`` (0.2.2 ``Parallelism``); EP
+  borrows its ranks from ``dp_shard x cp`` (and TP when ETP is 1), as ``plan.py`` checks.
 * ``selective`` recompute maps to per-op SAC (``selective_ac_option = "op"``): matmul and attention outputs
   are kept, cheap element-wise ops recomputed.
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 from autotune.emit.deepspeed import GRADIENT_CLIPPING
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
 from autotune.specs import ModelSpec
 
 __all__ = ["torchtitan_unsupported", "to_torchtitan_config", "dumps_toml"]
@@ -36,7 +38,7 @@ _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
 
 def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     """Why torchtitan cannot run ``plan`` as priced; [] when it can."""
-    reasons: list[str] = []
+    reasons: list[str] = expert_errors(plan, Framework.FSDP)
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:
@@ -67,6 +69,9 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
         "pipeline_parallel_degree": plan.pp,
         "context_parallel_degree": plan.cp,
     }
+    if plan.ep > 1 or plan.etp > 1:
+        out["expert_parallel_degree"] = plan.ep
+        out["expert_tensor_parallel_degree"] = plan.etp
     if plan.pp > 1:
         out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
         out["pipeline_parallel_layers_per_stage"] = model.num_layers // (plan.pp * plan.virtual_stages)

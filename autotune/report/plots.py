@@ -26,7 +26,7 @@ __all__ = [
 
 _GIB = 1024**3
 _COLORS = ("#4c72b0", "#8c8c8c", "#dd8452", "#937860", "#da8bc3", "#c44e52", "#55a868", "#8172b3",
-           "#ccb974")
+           "#ccb974", "#64b5cd")
 _DPI = 110
 _THOUSANDS = FuncFormatter(lambda x, _: f"{x:,.0f}")
 

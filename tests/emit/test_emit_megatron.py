@@ -25,11 +25,15 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "num-layers-per-virtual-pipeline-stage", "micro-batch-size", "global-batch-size",
                  "num-layers", "hidden-size", "num-attention-heads", "ffn-hidden-size", "seq-length",
                  "max-position-embeddings", "num-query-groups", "recompute-num-layers",
-                 "fp8-amax-history-len"):
+                 "fp8-amax-history-len", "kv-channels", "num-experts", "moe-router-topk",
+                 "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size", "expert-model-parallel-size",
+                 "expert-tensor-parallel-size", "kv-lora-rank", "q-lora-rank", "qk-head-dim",
+                 "qk-pos-emb-head-dim", "v-head-dim"):
         p.add_argument(f"--{flag}", type=int)
     for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
                  "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
-                 "untie-embeddings-and-output-weights", "bf16", "fp16"):
+                 "untie-embeddings-and-output-weights", "bf16", "fp16", "moe-grouped-gemm",
+                 "multi-latent-attention"):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float)
     positions = ["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
@@ -39,7 +43,14 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--fp8-format", choices=["e4m3", "hybrid"])
     p.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"])
+    p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    p.add_argument("--moe-layer-freq", type=_moe_freq_type, default=1)
     return p
+
+
+def _moe_freq_type(x: str):
+    """megatron/training/arguments.py ``moe_freq_type``: an int, or a Python list expression it evaluates."""
+    return eval(x) if x.startswith("[") else int(x)  # noqa: S307 - Megatron's own parsing
 
 
 def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
@@ -63,6 +74,14 @@ def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
     assert not (a.bf16 and a.fp16)
     if a.fp8_format:
         assert a.bf16
+    if a.num_experts is not None:  # validate_args: MoE checks
+        if a.tensor_model_parallel_size > 1:
+            assert a.sequence_parallel
+        assert a.num_experts % a.expert_model_parallel_size == 0
+        freq = a.moe_layer_freq
+        assert freq == 1 or (isinstance(freq, list) and len(freq) == a.num_layers)
+        etp_ep = a.expert_model_parallel_size * a.expert_tensor_parallel_size
+        assert world_size // a.pipeline_model_parallel_size % etp_ep == 0  # parallel_state expert grid
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -87,6 +106,13 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     assert a.sequence_parallel == plan.sequence_parallel
     assert a.use_distributed_optimizer == (str(plan.sharding) == "zero1")
     assert (a.recompute_granularity or "none") == str(plan.recompute)
+    assert (a.num_experts or 0, a.moe_router_topk or 0) == (model.num_experts, model.experts_per_token)
+    assert (a.expert_model_parallel_size or 1, a.expert_tensor_parallel_size or 1) == (plan.ep, plan.etp)
+    assert a.multi_latent_attention == model.uses_mla
+    if model.is_moe:
+        freq = a.moe_layer_freq
+        flags = [1] * model.num_layers if freq == 1 else freq
+        assert tuple(i for i, f in enumerate(flags) if f) == model.moe_layers
 
 
 def test_one_flag_per_line_and_nothing_to_quote(emitted):

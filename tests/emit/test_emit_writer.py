@@ -32,6 +32,9 @@ EXPECTED = {  # the frameworks that can run each plan as priced
     "fsdp_grad_op_cp_fp8": {"accelerate_fsdp.yaml", "torchtitan.toml"},
     "megatron_interleaved": {"megatron_args.txt"},
     "gpt_megatron": {"torchtitan.toml", "megatron_args.txt"},
+    "mixtral_megatron": {"megatron_args.txt"},
+    "deepseek_v3_megatron": {"megatron_args.txt"},
+    "qwen3_moe_fsdp_ep": {"torchtitan.toml"},
 }
 
 
