@@ -155,7 +155,7 @@ class MoE(nn.Module):
         else:
             out = self._expert_parallel(routed, counts)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
-        y = torch.zeros_like(tokens).index_add(0, source, out)
+        y = tokens.new_zeros(tokens.shape, dtype=out.dtype).index_add(0, source, out)  # autocast: out is bf16
         if self.shared_expert is not None:
             y = y + self.shared_expert(tokens)
         if self.aux_loss_coef and self.training and torch.is_grad_enabled():

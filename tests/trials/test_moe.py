@@ -203,3 +203,19 @@ def test_a_cpu_search_over_an_moe_model_measures_an_expert_parallel_plan(tmp_pat
     assert len(measured) == 2 and all(t.params["tp"] == 1 for t in measured)
     assert any(t.params["ep"] == 2 for t in measured)
     assert all(t.value > 0 for t in measured)
+
+
+def test_real_trials_pin_what_moe_trials_cannot_split(tiny_moe):
+    from autotune.backends.registry import apply_pins, get_backend
+    from autotune.catalog import make_cluster
+    from autotune.errors import ConfigError, TrialError
+    from autotune.trials.deepspeed_engine import DeepSpeedTrainer
+
+    cluster = make_cluster(num_gpus=2, gpu="cpu")
+    choice = get_backend("torchrun", cluster=cluster, device="cpu", model=tiny_moe)
+    assert apply_pins({"ep": 2}, choice) == {"ep": 2, "cp": 1, "etp": 1, "tp": 1}
+    with pytest.raises(ConfigError, match="--tp 2: MoE layers are not tensor-parallel in real trials"):
+        apply_pins({"tp": 2}, choice)
+    plan = _plan({"dp": 2, "ep": 2, "sharding": "zero1", "framework": "deepspeed"})
+    with pytest.raises(TrialError, match="DeepSpeed-MoE expert parallelism is not implemented"):
+        DeepSpeedTrainer(plan=plan, config=TrialConfig(model=tiny_moe), device=torch.device("cpu"))
