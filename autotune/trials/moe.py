@@ -64,7 +64,8 @@ class _ScaleGrad(torch.autograd.Function):
 
 class _AuxLossScaler(torch.autograd.Function):
     """Adds ``d aux / d router`` to the backward of ``x`` without changing the model's output or the reported
-    loss (Megatron-Core ``moe_utils.py`` ``MoEAuxLossAutoScaler``): the aux loss's gradient is 1."""
+    loss (Megatron-Core ``moe_utils.py`` ``MoEAuxLossAutoScaler``): the aux loss's gradient is 1 per
+    micro-batch (Megatron scales it by 1 / micro-batches; trials run without it: ``aux_loss_coef`` 0)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
