@@ -163,7 +163,8 @@ def test_gradients_match_single_process(tiny_moe):
             views = [r[name] for r in ranks]
         for g in views:
             worst = max(worst, ((g - p.grad).abs().max() / p.grad.abs().max()).item())
-    assert worst < 1e-5, worst  # observed ~1e-7: reduction order only
+    print(f"worst relative gradient difference {worst:.2e}")
+    assert worst < 1e-5, worst  # observed 6.2e-7: reduction order only
 
 
 def test_trials_refuse_tensor_parallel_moe_layers_with_one_line(tiny_moe):
