@@ -1,10 +1,11 @@
 """Loss parity of the expert-parallel trial layouts with one process, measured as real CPU trials.
 
-Each layout of ``tiny-moe`` (8 experts of 96, top-2, a shared expert, layer 0 dense) runs as a torchrun trial
-on gloo (``TorchrunBackend``, seed 1234, lr 1e-2, 1 warm-up + 2 measured steps, global batch 4 on 2 ranks and
-8 on 4, sequence 32), and its per-step losses are compared with one process that trains the same weights on
-the same batches with AdamW and no torch.distributed. The tests (tests/trials/test_moe.py) assert 1e-4
-relative; this records the differences themselves.
+Each layout of ``tiny-moe`` (8 experts of 96, top-2, a shared expert, layer 0 dense) runs as a real trial
+on gloo (``TorchrunBackend``; ``DeepSpeedBackend`` for the DeepSpeed one, without EP; seed 1234, lr 1e-2,
+1 warm-up + 2 measured steps, global batch 4 on 2 ranks and 8 on 4, sequence 32), and its per-step losses
+are compared with one process that trains the same weights on the same batches with AdamW and no
+torch.distributed. The tests (tests/trials/test_moe.py) assert 1e-4 relative; this records the differences
+themselves.
 
 Usage:  python benchmarks/moe_parity.py [--layouts ep2 ep2xdp2 ...]
 Writes: benchmarks/results/moe_parity.json and moe_parity.md
@@ -26,9 +27,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from autotune.backends.base import TrialRequest  # noqa: E402
+from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
 from autotune.backends.torchrun import TorchrunBackend  # noqa: E402
 from autotune.catalog import load_model, make_cluster  # noqa: E402
-from autotune.plan import ParallelPlan  # noqa: E402
+from autotune.plan import Framework, ParallelPlan  # noqa: E402
 from autotune.specs import ModelSpec  # noqa: E402
 from autotune.trials.model import build_model, synthetic_batch  # noqa: E402
 
@@ -40,6 +42,7 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "ep4": {"dp": 4, "ep": 4, "sharding": "fsdp-grad-op"},
     "ep2xhsdp2x2+full-ac": {"dp": 4, "ep": 2, "sharding": "hsdp", "hsdp_shard_size": 2, "recompute": "full"},
     "pp2xep2": {"pp": 2, "dp": 2, "ep": 2, "sharding": "fsdp-full"},
+    "ds-zero3": {"dp": 2, "sharding": "zero3", "framework": "deepspeed"},
 }
 
 
@@ -63,7 +66,8 @@ def run(name: str, model: ModelSpec, root: Path) -> dict[str, object]:
         plan = plan.replace(global_batch=8)
     request = TrialRequest(model=model, cluster=make_cluster(num_gpus=plan.world_size, gpu="cpu"), plan=plan,
                            trial_dir=root / name, timeout_s=300, warmup_steps=WARMUP, measure_steps=MEASURE)
-    result = TorchrunBackend(device="cpu", seed=SEED, lr=LR).run(request)
+    backend_cls = DeepSpeedBackend if plan.framework is Framework.DEEPSPEED else TorchrunBackend
+    result = backend_cls(device="cpu", seed=SEED, lr=LR).run(request)
     if result.error:
         return {"layout": name, "plan": LAYOUTS[name], "error": result.error}
     got, want = result.extra["losses"], reference(model, plan.global_batch)

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from distributed import run_on_ranks
 from trial_helpers import LR, MEASURE, SEED, WARMUP, make_request, reference_losses
 
+from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.backends.torchrun import TorchrunBackend
 from autotune.catalog import load_model
-from autotune.plan import ParallelPlan
+from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ModelSpec
 from autotune.trials.config import TrialConfig
 from autotune.trials.model import build_model, synthetic_batch
@@ -82,6 +83,7 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "ep2xdp2": {"dp": 4, "ep": 2, "sharding": "fsdp-full"},                      # 4 ranks, edp 2
     "ep2xhsdp2x2+full-ac": {"dp": 4, "ep": 2, "sharding": "hsdp", "hsdp_shard_size": 2, "recompute": "full"},
     "pp2xep2": {"pp": 2, "dp": 2, "ep": 2, "sharding": "fsdp-full"},             # 4 ranks
+    "ds-zero3": {"dp": 2, "sharding": "zero3", "framework": "deepspeed"},        # MoE layers under ZeRO-3
 }
 
 
@@ -100,7 +102,8 @@ def _reference(model: ModelSpec, global_batch: int) -> tuple[float, ...]:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_expert_parallel_layout_matches_single_process(layout, tiny_moe, tmp_path):
     plan = _plan(LAYOUTS[layout])
-    backend = TorchrunBackend(device="cpu", seed=SEED, lr=LR)
+    backend_cls = DeepSpeedBackend if plan.framework is Framework.DEEPSPEED else TorchrunBackend
+    backend = backend_cls(device="cpu", seed=SEED, lr=LR)
     result = backend.run(make_request(tiny_moe, plan, tmp_path / layout))
 
     assert result.status is TrialStatus.OK, result.error
