@@ -157,8 +157,11 @@ def resolve_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
         else:
             values = spec or (_DEFAULTS[knob],)
             out[knob] = tuple(_parse_value(knob, v, space.source) if v is not None else v for v in values)
-        if knob in ("ep", "etp") and not model.is_moe and knob not in pins:
-            out[knob] = (1,)  # expert parallelism is only offered for MoE models
+        if knob in ("ep", "etp") and not model.is_moe:  # expert parallelism is only offered for MoE models
+            if out[knob] != (1,) and knob in pins:
+                raise ConfigError(f"--{knob} {pins[knob]}: {model.name} is a dense model (no routed "
+                                  "experts); expert parallelism needs an MoE model")
+            out[knob] = (1,)
         if not out[knob]:
             raise ConfigError(f"{space.source}: knob '{knob}' has no candidates for {model.name} "
                               f"on {cluster.name}")

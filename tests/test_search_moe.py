@@ -27,3 +27,9 @@ def test_real_trials_refuse_a_model_the_trial_workload_cannot_build(tmp_path, ca
     assert main(["search", "--model", "deepseek-v3", "--gpus", "2", "--gpu", "cpu", "--device", "cpu",
                  "--backend", "torchrun", "--trials", "1", "--out", str(tmp_path)]) == 2
     assert "built-in trial model has no multi-head latent attention" in capsys.readouterr().err
+
+
+def test_pinning_ep_on_a_dense_model_is_one_line(tmp_path, capsys):
+    assert main(["search", "--model", "llama3-8b", "--gpus", "8", "--backend", "simulate", "--ep", "2",
+                 "--out", str(tmp_path)]) == 2
+    assert "--ep 2: llama3-8b is a dense model" in capsys.readouterr().err

@@ -83,6 +83,8 @@ class LayerShape:
     (``modelshape.attention_activation_width``)."""
     routed: float = 0.0
     """MoE: ``h``-wide top-k token copies per token, the mean over blocks (0 for dense models)."""
+    routed_peak: float = 0.0
+    """MoE: the same in one MoE block (``top-k x h``; 0 for dense models)."""
 
     @classmethod
     def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
@@ -92,7 +94,8 @@ class LayerShape:
                    kv=model.kv_hidden_size, ffn=modelshape.active_ffn_per_layer(model),
                    heads=model.num_heads, vocab=model.vocab_size, gated=model.gated_mlp,
                    attn_width=modelshape.attention_activation_width(model),
-                   routed=modelshape.routed_width_per_layer(model))
+                   routed=modelshape.routed_width_per_layer(model),
+                   routed_peak=float(model.experts_per_token * model.hidden_size) if model.is_moe else 0.0)
 
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
@@ -144,7 +147,8 @@ def layer_activation_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recom
 
 def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
                            k: Kernels) -> float:
-    """Transient of one layer's backward on top of what is stored. Inside the MLP, gradients of
+    """Transient of one layer's backward on top of what is stored (MoE: plus the dispatch buffer). Inside
+    the MLP, gradients of
     ``num_mlp_matrices`` ffn-wide tensors are alive at once (dL/d(product), dL/d(silu), dL/d(up)) while the
     product, the down projection's input, is already freed: a net ``num_mlp_matrices - 1`` ffn-wide tensors,
     plus the incoming ``sbh`` gradient (the CPU cross-check's MemTracker "Temp" peak). With recompute, the
@@ -153,6 +157,9 @@ def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recom
     side_div = tp if sp else 1
     net_ffn_tensors = (3 if x.gated else 2) - 1
     grads = x.s * x.b * (x.ffn * net_ffn_tensors / tp + x.h / side_div) * e
+    # MoE dispatch buffer: the all-to-all receive buffer of one block's top-k token copies (Megatron-Core
+    # token_dispatcher.py MoEAlltoAllTokenDispatcher: the dispatched tokens, then their gradients)
+    grads += x.s * x.b * x.routed_peak / tp * e
     if recompute is Recompute.NONE:
         return grads
     full_layer = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)

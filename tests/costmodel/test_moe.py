@@ -1,5 +1,6 @@
 """MoE and MLA in the cost model: expert parallelism legality, expert sharding, dispatch, FLOPs."""
 
+import dataclasses
 import json
 
 import pytest
@@ -113,3 +114,23 @@ def test_estimate_json_reports_what_was_read(capsys):
     assert main(["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--sharding", "fsdp-full",
                  "--global-batch", "64", "--seq-len", "4096"]) == 0
     assert "46.7B total, 12.9B active" in capsys.readouterr().out
+
+
+def test_local_layers_visit_their_window_or_chunk():
+    from autotune.modelshape import attention_span_fraction
+    gemma = load_model("gemma2-27b")  # 23 of 46 layers slide over 4096 keys
+    s = 16384
+    sliding = (4096 - 4096**2 / (2 * s)) / s
+    assert attention_span_fraction(gemma, s, 0.5) == pytest.approx((23 * sliding + 23 * 0.5) / 46)
+    assert attention_span_fraction(gemma, 4096, 0.5) == pytest.approx(0.5)
+    scout = load_model("tests/data/hf_configs/llama4-scout-text.json")  # 36 chunked layers of 8192
+    assert attention_span_fraction(scout, 32768, 0.5) == pytest.approx((36 * 4096 / 32768 + 12 * 0.5) / 48)
+
+
+def test_routed_copies_add_activation_memory():
+    mixtral, cluster = load_model("mixtral-8x7b"), make_cluster(num_gpus=8)
+    plan = _plan(dp=8, ep=8, sharding="fsdp-full", global_batch=8)
+    top2 = memory_breakdown(mixtral, cluster, plan).activations_bytes
+    top4_model = dataclasses.replace(mixtral, experts_per_token=4)
+    top4 = memory_breakdown(top4_model, cluster, plan).activations_bytes
+    assert top4 > top2
