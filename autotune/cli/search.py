@@ -37,7 +37,8 @@ from autotune.specs import ClusterSpec, ModelSpec
 __all__ = ["SearchCommand"]
 
 _PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size", "recompute",
-             "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework")
+             "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework",
+             "fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
 _DEFAULT_MEASURED_TRIALS = 16
 _CPU_SEQUENCES_PER_PROCESS = 4
 _FAILED = ("oom", "timeout", "error", "rendezvous_error")
