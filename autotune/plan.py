@@ -136,7 +136,8 @@ class ParallelPlan:
     fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
     """fp8 scaling recipe (read only with ``precision=fp8``)."""
     compile: bool = False
-    """torch.compile the model (torch frameworks): fuses fp8 scaling/cast kernels; needed by async TP."""
+    """torch.compile the model (fsdp framework): fuses norms, RoPE, SwiGLU and fp8 casts
+    (``costmodel.compute.eager_extra_bytes_per_token``); needed by async TP."""
     async_tp: bool = False
     """torch async tensor parallelism (micro-pipelined all-gather/reduce-scatter matmuls; torchtitan
     ``enable_async_tensor_parallel``): TP collectives hide behind the GEMMs they feed (fsdp framework)."""
