@@ -140,7 +140,8 @@ class ParallelPlan:
     fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
     """fp8 scaling recipe (read only with ``precision=fp8``)."""
     compile: bool = False
-    """torch.compile the model (torch frameworks): fuses fp8 scaling/cast kernels; needed by async TP."""
+    """torch.compile the model (fsdp framework): fuses norms, RoPE, SwiGLU and fp8 casts
+    (``costmodel.compute.eager_extra_bytes_per_token``); needed by async TP."""
     async_tp: bool = False
     """torch async tensor parallelism (micro-pipelined all-gather/reduce-scatter matmuls; torchtitan
     ``enable_async_tensor_parallel``): TP collectives hide behind the GEMMs they feed (fsdp framework)."""
@@ -357,7 +358,7 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
     return errors
 
 
-_FP8_RECIPES: dict[Framework, frozenset[Fp8Recipe]] = {
+FP8_RECIPES: dict[Framework, frozenset[Fp8Recipe]] = {
     Framework.MEGATRON: frozenset({Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.BLOCKWISE,
                                    Fp8Recipe.MX}),
     Framework.FSDP: frozenset({Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE, Fp8Recipe.MX}),
@@ -372,8 +373,8 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
     """Speed knobs a framework does not have, or that need another setting."""
     fw, errors = plan.framework, []
     fp8 = plan.precision is Precision.FP8
-    if fp8 and _FP8_RECIPES[fw] and plan.fp8_recipe not in _FP8_RECIPES[fw]:
-        allowed = ", ".join(sorted(r.value for r in _FP8_RECIPES[fw]))
+    if fp8 and FP8_RECIPES[fw] and plan.fp8_recipe not in FP8_RECIPES[fw]:
+        allowed = ", ".join(sorted(r.value for r in FP8_RECIPES[fw]))
         errors.append(f"framework {fw} has no fp8 recipe {plan.fp8_recipe} (it offers: {allowed})")
     if plan.compile and fw is not Framework.FSDP:
         errors.append(f"compile is a torch framework knob; framework {fw} does not torch.compile the model")

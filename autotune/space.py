@@ -32,7 +32,16 @@ import yaml
 from autotune import plan as _plan
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding
+from autotune.plan import (
+    CpComm,
+    Fp8Recipe,
+    Framework,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    Sharding,
+)
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import pipeline_degree_ok, split_error
 from autotune.userfile import read_text
@@ -43,10 +52,12 @@ __all__ = [
 ]
 
 KNOBS = ("tp", "pp", "cp", "micro_batch", "framework", "sharding", "hsdp_shard_size", "offload", "schedule",
-         "virtual_stages", "recompute", "sequence_parallel", "precision", "ep", "etp")
+         "virtual_stages", "recompute", "sequence_parallel", "precision", "ep", "etp", "fp8_recipe",
+         "compile", "async_tp", "tp_comm_overlap", "cp_comm")
 _ENUMS: dict[str, type[Enum]] = {"framework": Framework, "sharding": Sharding, "schedule": Schedule,
-                                 "recompute": Recompute, "precision": Precision}
-_BOOLS = frozenset({"offload", "sequence_parallel"})
+                                 "recompute": Recompute, "precision": Precision, "fp8_recipe": Fp8Recipe,
+                                 "cp_comm": CpComm}
+_BOOLS = frozenset({"offload", "sequence_parallel", "compile", "async_tp", "tp_comm_overlap"})
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelPlan) if f.name in KNOBS}
 _RULES = ("divisors_of_gpus_per_node", "divisors_of_layers", "powers_of_two", "divisors_of_experts")
 _NOT_KNOBS = {"dp": "DP is derived: GPUs / (tp x pp x cp); pin it with --dp",
@@ -202,6 +213,38 @@ class _Variant(NamedTuple):
     precision: Precision
     ep: int = 1
     etp: int = 1
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    compile: bool = False
+    async_tp: bool = False
+    tp_comm_overlap: bool = False
+    cp_comm: CpComm = CpComm.P2P
+
+
+def _collapse(v: _Variant, tp: int, cp: int) -> _Variant:
+    """Speed knobs that do not matter in this combination, at their defaults (as SP is without TP): the fp8
+    recipe without fp8, compile and async TP outside the torch framework (async TP also without TP or
+    compile), TP-comm overlap outside Megatron or without SP, the CP exchange without CP."""
+    torch_fw, fp8 = v.framework is Framework.FSDP, v.precision is Precision.FP8
+    return v._replace(
+        fp8_recipe=v.fp8_recipe if fp8 else Fp8Recipe.TENSORWISE,
+        compile=v.compile and torch_fw,
+        async_tp=v.async_tp and torch_fw and v.compile and tp > 1,
+        tp_comm_overlap=(v.tp_comm_overlap and v.framework is Framework.MEGATRON and v.sequence_parallel
+                         and tp > 1),
+        cp_comm=v.cp_comm if cp > 1 else CpComm.P2P)
+
+
+def _knob_rule(ctx: PlanContext, v: _Variant, tp: int, cp: int) -> str | None:
+    """Mirror of ``plan._knob_errors`` and the a2a head rule of ``check_plan``."""
+    if v.precision is Precision.FP8 and v.fp8_recipe not in _plan.FP8_RECIPES[v.framework] \
+            and _plan.FP8_RECIPES[v.framework]:
+        return "the framework has no such fp8 recipe"
+    if cp > 1 and v.cp_comm is CpComm.A2A:
+        if v.framework is not Framework.MEGATRON:
+            return "cp-comm a2a runs in Megatron only"
+        if ctx.model.num_heads % (tp * cp):
+            return "cp-comm a2a needs TP x CP to divide the heads"
+    return None
 
 
 def _layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
@@ -242,7 +285,7 @@ def _variant_rule(ctx: PlanContext, v: _Variant, tp: int, pp: int, cp: int, dp: 
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
-    return _expert_rule(ctx.model, v, tp, cp, dp)
+    return _expert_rule(ctx.model, v, tp, cp, dp) or _knob_rule(ctx, v, tp, cp)
 
 
 def _expert_rule(model: ModelSpec, v: _Variant, tp: int, cp: int, dp: int) -> str | None:
@@ -338,12 +381,12 @@ def enumerate_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext,
                     tally: Tally | None = None) -> Iterator[Ladder]:
     """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``."""
     tally = tally if tally is not None else Tally()
-    variants: dict[tuple[bool, bool], list[_Variant]] = {}
+    variants: dict[tuple[int, bool, int], list[_Variant]] = {}
     num_mbs = len(choices["micro_batch"])
     for tp, pp, cp in product(choices["tp"], choices["pp"], choices["cp"]):
         if ctx.dp is not None and tp * pp * cp * ctx.dp != ctx.cluster.num_gpus:
             continue  # --dp pins the layout: other layouts are outside the space, not pruned
-        key = (tp > 1, pp > 1)
+        key = (tp, pp > 1, cp)
         if key not in variants:
             variants[key] = _variants(choices, *key)
         reason = _layout_rule(ctx, tp, pp, cp)
@@ -379,8 +422,9 @@ def _ladders(ctx: PlanContext, variants: list[_Variant], layout: tuple[int, int,
             yield ladder
 
 
-def _variants(choices: Mapping[str, tuple[Any, ...]], tp_gt1: bool, pp_gt1: bool) -> list[_Variant]:
+def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int) -> list[_Variant]:
     """The non-layout combinations, with knobs that do not matter here collapsed to their default."""
+    tp_gt1 = tp > 1
     schedules = [(s, v) for s in choices["schedule"]
                  for v in (choices["virtual_stages"] if s is Schedule.INTERLEAVED else (1,))]
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
@@ -389,10 +433,14 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp_gt1: bool, pp_gt1: bool
     for fw, sharding in product(choices["framework"], choices["sharding"]):
         for hsdp in (choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,)):
             rest = product(choices["offload"], schedules, choices["recompute"], sps, choices["precision"],
-                           choices["ep"], choices["etp"])
-            for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
-                out.append(_Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp))
-    return out
+                           choices["ep"], choices["etp"], *(choices[k] for k in _SPEED))
+            for offload, (sched, vs), rc, sp, prec, ep, etp, *speed in rest:
+                v = _Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp, *speed)
+                out.append(_collapse(v, tp, cp))
+    return list(dict.fromkeys(out))
+
+
+_SPEED = ("fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
 
 
 def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:
@@ -427,10 +475,11 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
         return None, BATCH_RULE
     v = {k: _parse_value(k, params[k], "trial") if params[k] is not None else None for k in _Variant._fields}
     interleaved = pp > 1 and v["schedule"] is Schedule.INTERLEAVED
-    variant = _Variant(**{**v, "schedule": v["schedule"] if pp > 1 else Schedule.ONE_F_ONE_B,
-                          "virtual_stages": v["virtual_stages"] if interleaved else 1,
-                          "hsdp_shard_size": v["hsdp_shard_size"] if v["sharding"] is Sharding.HSDP else None,
-                          "sequence_parallel": v["sequence_parallel"] and tp > 1})
+    variant = _collapse(_Variant(**{
+        **v, "schedule": v["schedule"] if pp > 1 else Schedule.ONE_F_ONE_B,
+        "virtual_stages": v["virtual_stages"] if interleaved else 1,
+        "hsdp_shard_size": v["hsdp_shard_size"] if v["sharding"] is Sharding.HSDP else None,
+        "sequence_parallel": v["sequence_parallel"] and tp > 1}), tp, cp)
     reason = (_variant_rule(ctx, variant, tp, pp, cp, dp)
               or _pipeline_rule(variant.schedule, pp, ctx.global_batch // (dp * mbs)))
     if reason:

@@ -137,6 +137,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra.pop("async_tp", None)
     if extra.get("async_tp"):
         extra["compile"] = True
+    if fw == "fsdp" and cp > 1:  # torchtitan's default context_parallel_rotate_method (config/job_config.py)
+        extra["cp_comm"] = "allgather"
     precision = row.get("precision", "bf16")
     if precision == "fp8":
         extra["fp8_recipe"] = _RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))

@@ -4,8 +4,8 @@ Each layout of ``tiny-moe`` (8 experts of 96, top-2, a shared expert, layer 0 de
 on gloo (``TorchrunBackend``; ``DeepSpeedBackend`` for the DeepSpeed one, without EP; seed 1234, lr 1e-2,
 1 warm-up + 2 measured steps, global batch 4 on 2 ranks and 8 on 4, sequence 32), and its per-step losses
 are compared with one process that trains the same weights on the same batches with AdamW and no
-torch.distributed. The tests (tests/trials/test_moe_trials.py) assert 1e-4 relative; this records the differences
-themselves.
+torch.distributed. The tests (tests/trials/test_moe_trials.py) assert 1e-4 relative; this records the
+differences themselves.
 
 Usage:  python benchmarks/moe_parity.py [--layouts ep2 ep2xdp2 ...]
 Writes: benchmarks/results/moe_parity.json and moe_parity.md

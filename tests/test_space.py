@@ -7,7 +7,16 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Schedule, Sharding, check_plan
+from autotune.plan import (
+    CpComm,
+    Fp8Recipe,
+    Framework,
+    ParallelPlan,
+    Precision,
+    Schedule,
+    Sharding,
+    check_plan,
+)
 from autotune.space import (
     KNOBS,
     PlanContext,
@@ -25,11 +34,12 @@ from autotune.space import (
 # a100 has no fp8, DeepSpeed and Megatron lack some shardings, HSDP sizes that do not divide DP, pipelines
 # with too few micro-batches, interleaving that does not divide the layers.
 _WIDE = {
-    "tp": (1, 2, 4, 8), "pp": (1, 2, 4, 8), "cp": (1, 2), "micro_batch": (1, 2, 4),
+    "tp": (1, 2, 8), "pp": (1, 2, 8), "cp": (1, 2), "micro_batch": (1, 2, 4),
     "framework": ("fsdp", "deepspeed", "megatron"), "sharding": tuple(s.value for s in Sharding),
     "hsdp_shard_size": (2, 4), "offload": (False, True), "schedule": ("1f1b", "interleaved", "gpipe"),
     "virtual_stages": (1, 2, 3), "recompute": ("full",), "sequence_parallel": (False, True),
-    "precision": ("bf16", "fp8"),
+    "precision": ("bf16", "fp8"), "fp8_recipe": ("tensorwise", "rowwise"), "compile": (False, True),
+    "async_tp": (False, True), "tp_comm_overlap": (False, True), "cp_comm": ("p2p", "a2a"),
 }
 
 
@@ -57,6 +67,15 @@ def _normalised(combo):
         p["hsdp_shard_size"] = None
     if p["tp"] == 1:
         p["sequence_parallel"] = False
+    fsdp = p["framework"] is Framework.FSDP
+    if p["precision"] is not Precision.FP8:
+        p["fp8_recipe"] = Fp8Recipe.TENSORWISE
+    p["compile"] = p["compile"] and fsdp
+    p["async_tp"] = p["async_tp"] and p["compile"] and p["tp"] > 1
+    p["tp_comm_overlap"] = (p["tp_comm_overlap"] and p["framework"] is Framework.MEGATRON
+                            and p["sequence_parallel"])
+    if p["cp"] == 1:
+        p["cp_comm"] = CpComm.P2P
     return tuple(p.items())
 
 

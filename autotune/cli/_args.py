@@ -9,6 +9,8 @@ from autotune.catalog import load_cluster, load_model, make_cluster, with_profil
 from autotune.errors import ConfigError
 from autotune.plan import (
     FRAMEWORK_SHARDING,
+    CpComm,
+    Fp8Recipe,
     Framework,
     ParallelPlan,
     Precision,
@@ -17,6 +19,7 @@ from autotune.plan import (
     Sharding,
 )
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.usergpu import load_gpu_spec
 
 __all__ = [
     "add_model_cluster_args",
@@ -64,6 +67,8 @@ def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-memory-gib", type=float, help="host RAM per node for offload (default 1024)")
     g.add_argument("--profile", metavar="FILE", help="hardware profile from `autotune probe` (or a study's "
                    "calibration.yaml): its measured numbers replace the catalog's")
+    g.add_argument("--gpu-spec", metavar="FILE", help="a GPU you describe (YAML: memory_gib, bf16_tflops, "
+                   "memory_bandwidth_gb_s, ... or base: <catalog GPU> plus what differs); replaces --gpu")
 
 
 def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
@@ -71,6 +76,9 @@ def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterS
     if args.cluster:
         if args.gpus is not None or args.gpus_per_node is not None:
             raise ConfigError("--cluster describes the GPUs already; drop --gpus/--gpus-per-node")
+        if getattr(args, "gpu_spec", None):
+            raise ConfigError("--gpu-spec with --cluster: describe the GPU inline under the cluster YAML's "
+                              "'gpu:' key instead")
         cluster = load_cluster(args.cluster)
     else:
         if args.gpus is None:
@@ -83,9 +91,10 @@ def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterS
 
 def cluster_from_flags(args: argparse.Namespace, num_gpus: int) -> ClusterSpec:
     """``num_gpus`` of ``--gpu`` with the node and link flags (``--gpus-per-node``, ``--intra-node``, ...)."""
+    gpu_spec = getattr(args, "gpu_spec", None)
     return make_cluster(
         num_gpus=num_gpus,
-        gpu=args.gpu or DEFAULT_GPU,
+        gpu=load_gpu_spec(gpu_spec) if gpu_spec else (args.gpu or DEFAULT_GPU),
         gpus_per_node=args.gpus_per_node,
         intra_node=args.intra_node,
         inter_node=args.inter_node,
@@ -111,6 +120,8 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "precision": "bf16",
             "ep": 1,
             "etp": 1,
+            "fp8_recipe": "tensorwise",
+            "cp_comm": "p2p",
         }
     )
     g = p.add_argument_group("plan" + (" (pin a knob; the rest stay free)" if pinning else ""))
@@ -151,6 +162,14 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         g.add_argument("--recompute-layers", type=_positive_int, metavar="N",
                        help="with --recompute full (megatron): recompute only the first N blocks of each "
                             "model chunk (--recompute-method block)")
+    g.add_argument("--fp8-recipe", choices=[r.value for r in Fp8Recipe], default=d.get("fp8_recipe"),
+                   help="fp8 scaling (with --precision fp8)")
+    for flag, what in (("--compile", "torch.compile the model (fsdp framework)"),
+                       ("--async-tp", "torch async tensor parallelism (fsdp framework, needs --compile)"),
+                       ("--tp-comm-overlap", "Megatron/TE TP comm overlap (needs --sequence-parallel)")):
+        g.add_argument(flag, action="store_true", default=None if pinning else False, help=what)
+    g.add_argument("--cp-comm", choices=[c.value for c in CpComm], default=d.get("cp_comm"),
+                   help="context-parallel K/V exchange (with --cp > 1)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -197,6 +216,11 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         ep=args.ep,
         etp=args.etp,
         recompute_layers=getattr(args, "recompute_layers", None),
+        fp8_recipe=args.fp8_recipe,
+        compile=args.compile,
+        async_tp=args.async_tp,
+        tp_comm_overlap=args.tp_comm_overlap,
+        cp_comm=args.cp_comm,
     )
 
 

@@ -43,7 +43,7 @@ __all__ = ["SearchCommand"]
 
 _PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size", "recompute",
              "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework", "ep",
-             "etp")
+             "etp", "fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
 _DEFAULT_MEASURED_TRIALS = 16
 _CPU_SEQUENCES_PER_PROCESS = 4
 _FAILED = ("oom", "timeout", "error", "rendezvous_error")

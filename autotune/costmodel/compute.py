@@ -18,7 +18,7 @@ from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["HBM_EFFICIENCY", "hbm_rate", "block_gemm_s", "attention_s", "head_gemm_s",
-           "default_attention_kernel"]
+           "default_attention_kernel", "eager_extra_bytes_per_token"]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
 """How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
@@ -27,6 +27,30 @@ FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
 TFLOP/s, backward 333-391, i.e. 1.5-1.7x. FA2 paper (Dao 2023, Sec. 4.1) on A100: forward up to 73% of
 peak, backward up to 63%, i.e. ~1.2x. Pre-FlashAttention kernels (batched GEMMs) have no slowdown."""
 FLASH_BWD_SLOWDOWN_DEFAULT = 1.2
+
+
+EAGER_NORM_BYTES = 28
+"""Extra HBM bytes per element of an RMSNorm run eagerly instead of fused: torchtitan's ``RMSNorm._norm``
+(``x.float()``, ``pow``, ``mean``, ``* rsqrt``, ``type_as``, ``* weight``; torchtitan/models/llama3/model.py)
+reads and writes 32 B per element in six kernels where a fused one reads and writes 4."""
+EAGER_ROPE_BYTES = 16
+"""Extra bytes per element of q and k for eager rotary embeddings (``float()``, ``view_as_complex``, complex
+multiply, ``view_as_real``, ``type_as``: ~20 B against ~4 fused; torchtitan ``apply_rotary_emb``)."""
+EAGER_SWIGLU_BYTES = 4
+"""Extra bytes per MLP element for ``silu(w1 x) * w3 x`` as two kernels (10 B) instead of one (6 B)."""
+
+
+def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """Forward HBM bytes per token and block that a torch model run without torch.compile moves beyond the
+    fused kernels ``flops.elementwise_bytes_per_token`` assumes (fsdp framework with ``compile`` off). Zero
+    on a device whose eager operators are priced by their measured host time (``GPUSpec.op_overhead_s``, the
+    CPU trial device: ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
+    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.op_overhead_s > 0:
+        return 0.0
+    h, kv, f, tp = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, plan.tp
+    norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
+    gate = EAGER_SWIGLU_BYTES * f / tp if model.gated_mlp else 0.0
+    return norms + EAGER_ROPE_BYTES * (h + kv) / tp + gate
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:

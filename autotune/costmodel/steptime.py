@@ -199,7 +199,8 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     gemm_s = compute.block_gemm_s(model, cluster, plan, tokens)
     attn_s, attn_bwd_s = compute.attention_s(model, cluster, plan, tokens, flash=flash_attention,
                                              kernel=attention_kernel)
-    ew_bytes = flops.elementwise_bytes_per_token(model, tp=tp, sequence_parallel=plan.sequence_parallel)
+    ew_bytes = (flops.elementwise_bytes_per_token(model, tp=tp, sequence_parallel=plan.sequence_parallel)
+                + compute.eager_extra_bytes_per_token(model, cluster, plan))
     score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
     ew_s = tokens * ew_bytes / hbm_rate + score_s
     recompute = plan.recompute

@@ -146,10 +146,8 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
         notes.append("- torchtitan always uses sequence parallelism with TP: activations shrink, the "
                      "communication volume stays the same.")
     if "torchtitan.toml" in written:
-        notes.append("- Not priced, so left at the framework's default: torch.compile's fusion of "
-                     "elementwise kernels (the estimate already times them as fused; compile is priced "
-                     "through fp8 casts only) and fused/chunked cross-entropy (priced as an fp32 loss over "
-                     "the full logits).")
+        notes.append("- Not priced, so left at the framework's default: fused/chunked cross-entropy (the "
+                     "estimate prices an fp32 loss over the full logits).")
     if "megatron_args.txt" in written:
         notes.append("- Megatron-LM: bash launch_torchrun.sh pretrain_gpt.py $(cat megatron_args.txt) plus "
                      f"your data, tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags.")

@@ -1,0 +1,104 @@
+"""Kernel efficiency by shape, dtype, sequence length and power, pinned to the measurements it comes from."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.catalog import load_gpu, load_model, make_cluster
+from autotune.costmodel import compute, cpcomm, kernels
+from autotune.plan import ParallelPlan
+
+H200_JSON = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_block_h200.json"
+
+
+def test_a_gpu_without_curves_runs_every_shape_at_its_calibrated_efficiency():
+    a100 = load_gpu("a100-80gb")
+    for m, n, k in ((8192, 8192, 8192), (4096, 1280, 8192), (2048, 2048, 2048)):
+        assert kernels.gemm_efficiency(a100, "bf16", m, n, k) == pytest.approx(0.70)
+
+
+def test_h200_curve_reproduces_the_measured_llama_gemms():
+    """benchmarks/results/gpu_block_h200.json: 12 bf16 GEMMs of Llama 8B / 70B layers on one H200."""
+    h200, rows = load_gpu("h200"), json.loads(H200_JSON.read_text())["gemm"]
+    for group in rows.values():
+        for r in group["rows"]:
+            m, n, k = r["m"], r["n"], r["k"]
+            predicted = 2 * m * n * k / kernels.gemm_s(h200, "bf16", m, n, k) / 1e12
+            assert predicted == pytest.approx(r["tflops"], rel=0.08), r
+
+
+def test_fp8_linear_speedup_matches_the_torchao_microbenchmark():
+    """torchao/float8/README.md: a compiled tensorwise float8 linear runs 1.39x its bf16 forward+backward at
+    M,K,N = 4096,8192,16384 and 0.80x at 1024,2048,1024 on an H100."""
+    h100 = load_gpu("h100-sxm")
+    hbm = h100.memory_bandwidth_bytes_per_s * kernels.HBM_EFFICIENCY
+
+    def speedup(m, k, n):
+        bf16 = 3 * kernels.gemm_s(h100, "bf16", m, n, k)
+        fp8 = 3 * kernels.gemm_s(h100, "fp8", m, n, k) + kernels.fp8_cast_bytes("tensorwise", m * k + k * n
+                                                                                + m * n) / hbm
+        return bf16 / fp8
+
+    assert speedup(4096, 8192, 16384) == pytest.approx(1.39, abs=0.03)
+    assert speedup(1024, 2048, 1024) == pytest.approx(0.80, abs=0.05)
+
+
+def test_scaling_recipes_cost_what_their_passes_move():
+    e = 1e9
+    costs = [kernels.fp8_cast_bytes(r, e) for r in ("delayed", "tensorwise", "rowwise")]
+    assert costs == sorted(costs) and costs[0] < costs[-1]
+    assert kernels.fp8_cast_bytes("tensorwise", e, compiled=False) > kernels.fp8_cast_bytes("tensorwise", e)
+
+
+def test_no_gemm_beats_streaming_its_operands():
+    a100 = load_gpu("a100-80gb")
+    m, n, k = 98304, 16, 4096  # skinny: a few output columns over many tokens
+    stream = (2 * (m * k + k * n) + 2 * m * n) / (a100.memory_bandwidth_bytes_per_s * kernels.HBM_EFFICIENCY)
+    assert kernels.gemm_s(a100, "bf16", m, n, k) == pytest.approx(stream)
+    assert kernels.gemm_s(load_gpu("h100-sxm"), "bf16", m, n, k) >= stream * 3350 / 2039
+
+
+def test_a_power_capped_card_computes_slower_but_streams_as_fast():
+    h100 = load_gpu("h100-sxm")
+    capped = dataclasses.replace(h100, power_limit_w=500.0)
+    assert kernels.clock_factor(capped) == pytest.approx((500 / 700) ** (1 / 3))
+    assert kernels.clock_factor(dataclasses.replace(h100, tdp_w=None, power_limit_w=500.0)) == 1.0
+    big = (16384, 16384, 16384)
+    assert kernels.gemm_s(capped, "bf16", *big) == pytest.approx(kernels.gemm_s(h100, "bf16", *big)
+                                                                 / kernels.clock_factor(capped))
+
+
+def test_attention_curves_reproduce_the_h200_sdpa_measurement():
+    h200, runs = load_gpu("h200"), json.loads(H200_JSON.read_text())["attention"]
+    for r in runs:
+        fwd, _ = kernels.attention_rates(h200, "cudnn", r["s"])
+        assert fwd / 1e12 == pytest.approx(r["fwd_tflops_causal_half"], rel=0.03)
+    fa2, fa3 = kernels.attention_rates(h200, "fa2", 16384), kernels.attention_rates(h200, "fa3", 16384)
+    assert fa2[0] < fa3[0] and fa2[1] < fa3[1]  # FlashAttention-3 paper: 1.5-2x FA2 on Hopper
+    assert kernels.attention_rates(load_gpu("a100-80gb"), "cudnn", 4096) is None
+
+
+def test_long_context_attention_is_priced_by_the_kernel_each_ring_step_runs():
+    model, cluster = load_model("7b"), make_cluster(num_gpus=16, gpu="h100-sxm")
+    plan = ParallelPlan(tp=4, cp=4, global_batch=4, seq_len=131072, framework="megatron",
+                        sequence_parallel=True)
+    tokens = plan.seq_len / plan.cp
+    fa2 = compute.attention_s(model, cluster, plan, tokens, kernel="fa2")
+    cudnn = compute.attention_s(model, cluster, plan, tokens, kernel="cudnn")
+    assert fa2[0] > cudnn[0] and fa2[1] > cudnn[1]
+
+
+def test_context_parallel_exchange_modes():
+    """p2p hides behind the ring's attention steps; allgather only behind the local chunk; Ulysses a2a
+    hides nothing."""
+    model, cluster = load_model("7b"), make_cluster(num_gpus=16, gpu="h100-sxm")
+    base = ParallelPlan(tp=4, cp=4, global_batch=4, seq_len=131072, framework="megatron",
+                        sequence_parallel=True)
+    tokens = base.seq_len / base.cp
+    fwd, bwd = compute.attention_s(model, cluster, base, tokens)
+    exposed = {mode: cpcomm.cp_exposed_s(model, cluster, base.replace(cp_comm=mode), tokens, fwd, bwd)
+               for mode in ("p2p", "allgather", "a2a")}
+    assert exposed["p2p"] <= exposed["allgather"] and exposed["a2a"] > 0
+    assert cpcomm.cp_exposed_s(model, cluster, base.replace(cp=1, dp=4), tokens, fwd, bwd) == 0.0
