@@ -32,7 +32,7 @@ from autotune.cli._notes import batch_notes
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
-from autotune.preflight import check_trials_can_run, check_writable
+from autotune.preflight import check_writable
 from autotune.progress import SearchProgress, wants_progress
 from autotune.render import gib, param_count, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
@@ -205,9 +205,9 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
                          executor=args.executor)
     runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
-    if choice.backend.measures and runnable:  # before anything is written: no CUDA, no launcher -> one line
-        check_trials_can_run(backend=args.backend, device=args.device, executor=args.executor,
-                             cluster=cluster, frameworks=choice.frameworks)
+    preflight = getattr(choice.backend, "preflight", None)
+    if preflight is not None and runnable:  # before anything is written: no CUDA, no launcher -> one line
+        preflight(cluster)
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
