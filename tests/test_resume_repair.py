@@ -136,3 +136,20 @@ def test_a_result_written_as_the_signal_came_is_kept(tmp_path):
     assert "its result is kept" in stopped.value.resume_hint
     (trial,) = study.trials
     assert trial.state is TrialState.COMPLETE and trial.value == 99.0
+
+
+def test_a_stop_signal_while_trial_processes_start_waits_until_they_are_known():
+    """A SIGTERM inside ``subprocess.Popen`` (after its fork) would leave a torchrun nobody stops: inside
+    ``held`` it is raised when the block ends, once; a second signal while stopping is ignored."""
+    import os
+    import signal
+
+    from autotune.interrupt import Interrupted, held, signals_interrupt
+
+    steps = []
+    with signals_interrupt(), pytest.raises(Interrupted) as stopped:
+        with held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            steps.append("started")
+    assert steps == ["started"] and stopped.value.exit_code == 143

@@ -50,12 +50,18 @@ def _trial_processes(tmp_path: Path) -> list[int]:
     return pids
 
 
-def _running_trial(tmp_path: Path, proc: subprocess.Popen[bytes], timeout: float = 240) -> Path:
-    """Wait until a trial's ranks have started and it has no result yet; its directory."""
+def _trial_dirs(tmp_path: Path) -> set[Path]:
+    return set((tmp_path / "runs" / "s" / "trials").glob("*"))
+
+
+def _running_trial(tmp_path: Path, proc: subprocess.Popen[bytes], timeout: float = 240,
+                   older: set[Path] = frozenset()) -> Path:
+    """Wait until a trial of ``proc`` (not one of the ``older`` trial directories, which an orphan of a killed
+    search may still be running in) has started its ranks and has no result yet; its directory."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, (tmp_path / "search.log").read_text()
-        for trial_dir in sorted((tmp_path / "runs" / "s" / "trials").glob("*"), reverse=True):
+        for trial_dir in sorted(_trial_dirs(tmp_path) - older, reverse=True):
             if list(trial_dir.glob("started.*")) and not (trial_dir / "result.json").exists():
                 return trial_dir
         time.sleep(0.1)
@@ -179,12 +185,12 @@ def test_fuzz_kill_at_random_points_then_resume(tmp_path):
     completed: dict[int, tuple[dict, float]] = {}
     pending: tuple[int, dict] | None = None
     for round_, sig in enumerate([*kills, None]):
-        since = datetime.now()
+        since, older = datetime.now(), _trial_dirs(tmp_path)
         proc = _start(tmp_path, 2, *(["--resume"] if round_ else []), log=f"run{round_}.log")
         if sig is None:
             assert proc.wait(timeout=300) == 0, (tmp_path / f"run{round_}.log").read_text()
         else:
-            _running_trial(tmp_path, proc)
+            _running_trial(tmp_path, proc, older=older)  # a trial of this run (it ended the older orphans)
             time.sleep(rng.uniform(0.0, 4.0))  # early in the trial, mid-measurement, or after it
             _kill(proc, sig)
             if sig is not signal.SIGKILL:
