@@ -16,9 +16,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["Interrupted", "signals_interrupt"]
+__all__ = ["Interrupted", "signals_interrupt", "held"]
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_held: list[int] | None = None
+"""While ``held`` runs: the stop signals that arrived, raised when it ends."""
+_raised = False
+"""A stop signal was raised: later ones are ignored while the command stops."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -37,15 +41,18 @@ class Interrupted(KeyboardInterrupt):
 def signals_interrupt() -> Iterator[None]:
     """Within the block the stop signals raise ``Interrupted`` once; a signal the caller ignores (``nohup``
     ignores SIGHUP) stays ignored. Outside the main thread (no signal handlers there) it does nothing."""
+    global _raised
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    raised = False
+    _raised = False
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal raised
-        if not raised:
-            raised = True
+        global _raised
+        if _held is not None:
+            _held.append(signum)
+        elif not _raised:
+            _raised = True
             raise Interrupted(signum)
 
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
@@ -57,3 +64,22 @@ def signals_interrupt() -> Iterator[None]:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A stop signal that arrives within the block is raised when the block ends: around starting a trial's
+    processes, so that none is started but not yet known to the cleanup that stops them (a signal raised
+    inside ``subprocess.Popen`` after its fork leaves the child running, unknown to its caller)."""
+    global _held, _raised
+    if _held is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _held = []
+    try:
+        yield
+    finally:
+        pending, _held = _held, None
+        if pending and not _raised:
+            _raised = True
+            raise Interrupted(pending[0])

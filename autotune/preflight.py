@@ -4,8 +4,9 @@ Real trials fail late and noisily when the machine cannot run them: with no CUDA
 trial dies after ~20 s in its rendezvous with 35 lines of traceback, and the study is left behind with the
 wrong batch. So before anything is written or launched:
 
-* ``check_trials_can_run``: the devices the backend needs are here (CUDA GPUs for ``--device cuda``), and
-  so is the launcher (torch for torchrun, deepspeed for its backend, ``sbatch``/``srun`` for Slurm);
+* ``check_trials_can_run`` (a torchrun backend's ``preflight``): the devices the backend needs are here
+  (CUDA GPUs for ``--device cuda``), and so is the launcher (torch for torchrun, deepspeed for its backend,
+  ``sbatch``/``srun`` for Slurm);
 * ``check_writable``: the runs directory can be created and written (``--out``), without creating it.
 
 The storage is checked where it is opened (``autotune.store.open_study``: one line for any URL), and the
@@ -22,14 +23,12 @@ import sys
 from pathlib import Path
 
 from autotune.errors import ConfigError
-from autotune.plan import Framework
 from autotune.specs import ClusterSpec
 
 __all__ = ["check_trials_can_run", "check_writable"]
 
 
-def check_trials_can_run(*, backend: str, device: str | None, executor: str, cluster: ClusterSpec,
-                         frameworks: frozenset[Framework] | None) -> None:
+def check_trials_can_run(*, backend: str, device: str | None, executor: str, cluster: ClusterSpec) -> None:
     """``ConfigError`` when the real trials of ``--backend``/``--device``/``--executor`` cannot start here."""
     if executor == "slurm":
         if not (shutil.which("sbatch") or shutil.which("srun")):
@@ -39,7 +38,7 @@ def check_trials_can_run(*, backend: str, device: str | None, executor: str, clu
     if importlib.util.find_spec("torch") is None:
         raise ConfigError(f"--backend {backend}: torch is not installed for {sys.executable} (trials run "
                           "python -m torch.distributed.run); install torch, or --backend simulate to plan")
-    if backend == "deepspeed" or frameworks == frozenset({Framework.DEEPSPEED}):
+    if backend == "deepspeed":
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("--backend deepspeed: deepspeed is not installed here; pip install deepspeed, "
                               "or --framework fsdp")

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -42,6 +40,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
+from autotune.trials.orphans import start_ticks as _start_ticks
+from autotune.trials.orphans import this_host as _host
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
            "keep_alive", "fail_stale", "owner_dead_here", "requeue", "storage_error", "redact_url",
@@ -139,23 +139,6 @@ def beat(study: optuna.Study, trial: optuna.Trial) -> None:
 
 def _me() -> str:
     return f"{_host()}:{os.getpid()}:{_start_ticks(os.getpid())}"
-
-
-def _host() -> str:
-    """This host and PID namespace: only there does a pid name this process (containers share hostnames)."""
-    try:
-        namespace = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        namespace = "?"
-    return f"{socket.gethostname()}/{namespace}"
-
-
-def _start_ticks(pid: int) -> str | None:
-    """When process ``pid`` started (``/proc/<pid>/stat`` field 22): a reused pid is another process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
 
 
 def owner_dead_here(trial: FrozenTrial) -> bool:

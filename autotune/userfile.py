@@ -18,8 +18,9 @@ from autotune.errors import ConfigError
 __all__ = ["read_text", "writable_dir", "writable_file"]
 
 
-def read_text(path: str | Path, flag: str) -> str:
-    """The file's text; ``ConfigError`` (naming ``flag``) when it cannot be read or is not UTF-8."""
+def read_text(path: str | Path, flag: str, *, missing: str = "pass an existing file") -> str:
+    """The file's text; ``ConfigError`` (naming ``flag``; ``missing`` says what to do when there is no such
+    file) when it cannot be read or is not UTF-8."""
     where = f"{flag} {path}" if flag else str(path)
     try:
         return Path(path).read_text(encoding="utf-8")
@@ -27,7 +28,7 @@ def read_text(path: str | Path, flag: str) -> str:
         hint = " (it holds a config.json: pass that file)" if (Path(path) / "config.json").is_file() else ""
         raise ConfigError(f"{where}: is a directory; pass a file{hint}") from None
     except OSError as e:
-        raise ConfigError(f"{where}: cannot read ({e.strerror}); pass an existing file") from None
+        raise ConfigError(f"{where}: cannot read ({e.strerror}); {missing}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{where}: not a UTF-8 text file (byte {e.start}: {e.reason}); pass a JSON or "
                           "YAML file") from None

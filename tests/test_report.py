@@ -56,7 +56,6 @@ def runs(tmp_path_factory):
         backend = _MeasuringBackend()
         mp.setattr("autotune.backends.registry.get_backend",
                    lambda *a, **k: BackendChoice(backend=backend, frameworks=None))
-        mp.setattr("autotune.cli.search.check_trials_can_run", lambda **k: None)  # the fake needs no GPU
         assert main(["search", *_ARGV, "--trials", "3", "--out", str(out), "--quiet"]) == 0
     assert main(["search", *_ARGV, "--resume", "--backend", "simulate", "--trials", "4", "--out", str(out),
                  "--quiet"]) == 0

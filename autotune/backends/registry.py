@@ -58,6 +58,11 @@ class _ByFramework:
         self._backends = backends
         self.name = "+".join(b.name for b in backends.values())
 
+    def preflight(self, cluster: ClusterSpec) -> None:
+        """The FSDP backend's checks (torch, the devices): a missing DeepSpeed fails only its own plans."""
+        first = self._backends.get(Framework.FSDP) or next(iter(self._backends.values()))
+        first.preflight(cluster)  # type: ignore[attr-defined]
+
     def run(self, request, report=None):  # type: ignore[no-untyped-def]
         return self._backends[request.plan.framework].run(request, report)
 

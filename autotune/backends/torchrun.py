@@ -7,6 +7,7 @@ from __future__ import annotations
 from autotune.backends.base import ReportFn, TrialRequest
 from autotune.executors import Executor, get_executor
 from autotune.plan import Framework
+from autotune.specs import ClusterSpec
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, trial_config
 
@@ -27,6 +28,13 @@ class TorchrunBackend:
         self.launch = launch or Launch()
         self.executor = get_executor(executor, launch=self.launch) if isinstance(executor, str) else executor
         self.config_overrides = config_overrides
+
+    def preflight(self, cluster: ClusterSpec) -> None:
+        """A one-line ``ConfigError`` now when this node cannot start the trials (``autotune.preflight``)."""
+        from autotune.preflight import check_trials_can_run
+
+        check_trials_can_run(backend=self.name, device=self.device, executor=self.executor.name,
+                             cluster=cluster)
 
     def run(self, request: TrialRequest, report: ReportFn | None = None) -> TrialResult:
         if request.plan.framework is not self.framework:

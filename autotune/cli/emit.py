@@ -76,10 +76,10 @@ class EmitCommand:
         overridden = bool(args.model or args.cluster or args.gpus)  # the recorded estimate no longer applies
         estimate = _estimate(model, cluster, doc.plan, None if overridden else doc.estimate)
         writable_dir(args.out, "--out")
-        _warn_infeasible(estimate)
         for path in emit_all(doc.plan, model, cluster, estimate, args.out, force=args.force,
                              image=args.image):
             print(path)
+        _warn_infeasible(estimate)
         return 0
 
 

@@ -34,7 +34,7 @@ from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM, room_left
 from autotune.modelshape import trial_model_gap
 from autotune.plan import ParallelPlan
-from autotune.preflight import check_trials_can_run, check_writable
+from autotune.preflight import check_writable
 from autotune.progress import SearchProgress, wants_progress
 from autotune.render import gib, params_line, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
@@ -222,9 +222,9 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
                          executor=args.executor, model=model)
     runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
-    if choice.backend.measures and runnable:  # before anything is written: no CUDA, no launcher -> one line
-        check_trials_can_run(backend=args.backend, device=args.device, executor=args.executor,
-                             cluster=cluster, frameworks=choice.frameworks)
+    preflight = getattr(choice.backend, "preflight", None)
+    if preflight is not None and runnable:  # before anything is written: no CUDA, no launcher -> one line
+        preflight(cluster)
     gap = trial_model_gap(model)
     if getattr(choice.backend, "measures", False) and not options and gap:
         raise ConfigError(f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "

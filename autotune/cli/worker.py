@@ -66,6 +66,8 @@ class WorkerCommand:
     def run(self, args: argparse.Namespace) -> int:
         from autotune.search import StudyOptions, run_study
 
+        if args.timeout is not None and not args.timeout > 0:
+            raise ConfigError(f"--timeout {args.timeout:g}: expected seconds > 0")
         joined = join_study(args.study, args.storage, Path(args.out), heartbeat_s=args.heartbeat)
         log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
         options = StudyOptions(n_trials=args.trials, timeout_s=args.timeout, top_k=0)

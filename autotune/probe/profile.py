@@ -119,7 +119,7 @@ def load_profile(path: str | Path) -> Profile:
     """Read and check a profile; every problem is one ``ConfigError`` line naming the key."""
     where = str(path)
     try:
-        data = yaml.safe_load(read_text(path, "--profile"))
+        data = yaml.safe_load(read_text(path, "--profile", missing="run `autotune probe` first"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict) or not isinstance(data.get("gpu"), str):

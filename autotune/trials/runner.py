@@ -36,6 +36,7 @@ from pathlib import Path
 
 from autotune.backends.base import ReportFn, TrialRequest
 from autotune.catalog import load_gpu
+from autotune.interrupt import held
 from autotune.trials.command import torchrun_command, worker_entry
 from autotune.trials.config import TrialConfig
 from autotune.trials.cpu import cpu_share
@@ -247,10 +248,11 @@ def run_commands(request: TrialRequest, commands: list[list[str]], *, config: Tr
         timed_out = pruned = False
         try:
             env = _environment(config, nproc, launch)
-            for cmd in commands:
-                procs.append(subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, env=env,
-                                              stdin=subprocess.DEVNULL, start_new_session=True))
-            record_agents(trial_dir, [p.pid for p in procs])  # a resume after a SIGKILL ends them
+            with held():  # a stop signal now is raised once every agent is in procs (stopped below)
+                for cmd in commands:
+                    procs.append(subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, env=env,
+                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+                record_agents(trial_dir, [p.pid for p in procs])  # a resume after a SIGKILL ends them
             while not _settled(procs):
                 pruned = progress.poll()
                 timed_out = time.monotonic() - start > request.timeout_s
