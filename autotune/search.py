@@ -26,7 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.backends.base import Backend, TrialRequest
-from autotune.cli._args import default_global_batch
+from autotune.batch import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_excess_bytes, headroom_reason

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from autotune.batch import DEFAULT_GLOBAL_BATCH_TOKENS, default_global_batch
 from autotune.catalog import load_cluster, load_model, make_cluster, with_profile
 from autotune.errors import ConfigError
 from autotune.plan import (
@@ -34,8 +35,6 @@ __all__ = [
 ]
 
 DEFAULT_GPU = "h100-sxm"
-DEFAULT_GLOBAL_BATCH_TOKENS = 4 * 1024 * 1024
-"""When no --global-batch is given: ~4M tokens per step (Llama 2 paper Sec. 2.2), as whole sequences."""
 
 
 def _positive_int(text: str) -> int:
@@ -174,12 +173,6 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
 
 def default_seq_len(model: ModelSpec) -> int:
     return min(model.max_seq_len, 8192)
-
-
-def default_global_batch(seq_len: int, multiple: int) -> int:
-    """~4M tokens in whole sequences, rounded down to a multiple of ``multiple`` (DP x micro-batch)."""
-    sequences = max(1, DEFAULT_GLOBAL_BATCH_TOKENS // seq_len)
-    return max(multiple, sequences // multiple * multiple)
 
 
 def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> ParallelPlan:
