@@ -100,8 +100,12 @@ def split_error(num_layers: int, pp: int, virtual_stages: int, framework: str) -
 
 def pipeline_degree_ok(num_layers: int, pp: int) -> bool:
     """PP degrees worth offering by rule ``divisors_of_layers``: those that divide the layers, or the
-    layers plus the embedding and the loss (Megatron's account-for split; torchtitan's weighted split)."""
-    return num_layers % pp == 0 or (num_layers + 2) % pp == 0
+    layers plus the embedding and the loss (Megatron's account-for split; torchtitan's weighted split), and
+    powers of two up to half the layers, which every framework splits unevenly (Megatron's first/last or
+    layout split, torchtitan's weighted one, DeepSpeed's uniform one): DeepSeek-V3's 61 layers run at PP 8
+    and 16 (Megatron-Bridge recipes)."""
+    power_of_two = pp & (pp - 1) == 0 and 2 * pp <= num_layers
+    return num_layers % pp == 0 or (num_layers + 2) % pp == 0 or power_of_two
 
 
 @functools.lru_cache(maxsize=4096)
