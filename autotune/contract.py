@@ -1,7 +1,8 @@
 """The contract between your own training script and ``autotune search ... --script train.py``.
 
 autotune launches the script under ``torchrun`` once per trial, in the trial's directory, with the plan
-to measure in these environment variables (paths are absolute):
+to measure in these environment variables (paths are absolute). The launch files of ``autotune emit``
+(``best/launch_*.sh``, ``launch_slurm.sbatch``, ``pytorchjob.yaml``) set the same from ``autotune_env.sh``:
 
 * ``AUTOTUNE_TRIAL_DIR``: the trial's directory (also the working directory)
 * ``AUTOTUNE_PLAN``: ``plan.json``, the ParallelPlan (tp, pp, dp, sharding, micro_batch, global_batch,
@@ -46,7 +47,8 @@ _step_times_s: list[float] = []
 def _env(key: str) -> str:
     value = os.environ.get(ENV[key])
     if not value:
-        raise RuntimeError(f"{ENV[key]} is not set: run this script through `autotune search --script`")
+        raise RuntimeError(f"{ENV[key]} is not set: run this script through `autotune search --script` or a "
+                           "launcher autotune emit wrote (bash best/launch_torchrun.sh train.py)")
     return value
 
 

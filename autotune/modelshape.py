@@ -133,10 +133,10 @@ def routed_width_per_layer(model: ModelSpec) -> float:
 
 
 def trial_model_gap(model: ModelSpec) -> str | None:
-    """What the built-in trial workload (``autotune/trials/model.py``: a dense Llama/GPT block with
-    ``hidden / heads`` heads and global attention) would leave out of ``model``; None when it builds it
-    as priced. Real trials of such a model would measure another model."""
-    gaps = [(model.is_moe, "MoE layers"), (model.uses_mla, "multi-head latent attention"),
+    """What the built-in trial workload (``autotune/trials/model.py``: a Llama/GPT block, an MoE layer
+    (``trials/moe.py``) on ``moe_layers``, ``hidden / heads`` heads and global attention) would leave out of
+    ``model``; None when it builds it as priced. Real trials of such a model would measure another model."""
+    gaps = [(model.expert_bias, "expert biases"), (model.uses_mla, "multi-head latent attention"),
             (bool(model.attention_head_dim), "an explicit head_dim"),
             (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
             (model.attention_bias, "attention biases"), (model.num_layer_norms != 2, "Gemma-2's four norms")]

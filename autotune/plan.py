@@ -99,8 +99,11 @@ class CpComm(_StrEnum):
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
     Framework.FSDP: frozenset({Sharding.NONE, Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP}),
     Framework.DEEPSPEED: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3}),
-    Framework.MEGATRON: frozenset({Sharding.NONE, Sharding.ZERO1}),
+    Framework.MEGATRON: frozenset({Sharding.NONE, Sharding.ZERO1, Sharding.FSDP_FULL}),
 }
+"""Megatron's fsdp-full is Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy
+optim_grads_params``, megatron/core/distributed/fsdp/), which Megatron-Bridge's recent performance recipes
+run for Llama 3 8B/70B/405B (scripts/performance/configs/llama: ``use_megatron_fsdp``)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,6 +161,9 @@ class ParallelPlan:
     etp: int = 1
     """Expert tensor-parallel degree: each expert's matrices split over ``etp`` ranks (Megatron
     ``--expert-tensor-parallel-size``, torchtitan ``expert_tensor_parallel_degree``)."""
+    recompute_layers: int | None = None
+    """With ``recompute=full`` on Megatron: blocks of each model chunk recomputed (the first ones,
+    ``--recompute-method block --recompute-num-layers``); the rest keep their activations. None: all."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -251,7 +257,7 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
         return value
-    if key == "hsdp_shard_size" and value is None:
+    if key in ("hsdp_shard_size", "recompute_layers") and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
@@ -266,6 +272,8 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return [f"{name.replace('_', '-')} must be a positive integer, got {value!r}"]
     errors: list[str] = []
+    if plan.recompute_layers is not None:
+        errors += _recompute_layers_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
         errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
@@ -277,6 +285,16 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         errors.append(f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
                       "(load-balanced ring attention splits each sequence into 2*CP chunks)")
     return errors
+
+
+def _recompute_layers_errors(plan: ParallelPlan) -> list[str]:
+    n = plan.recompute_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return [f"recompute-layers must be a positive integer, got {n!r}"]
+    if plan.recompute is not Recompute.FULL or plan.framework is not Framework.MEGATRON:
+        return ["recompute-layers needs --recompute full and --framework megatron "
+                "(Megatron's --recompute-num-layers with --recompute-method block)"]
+    return []
 
 
 def _sharding_errors(plan: ParallelPlan) -> list[str]:
@@ -319,6 +337,9 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
         allowed = ", ".join(sorted(s.value for s in FRAMEWORK_SHARDING[fw]))
         errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
     errors += _knob_errors(plan)
+    if fw is Framework.MEGATRON and plan.sharding is Sharding.FSDP_FULL and (plan.pp > 1 or plan.offload):
+        errors.append("Megatron-FSDP is priced without pipelining or optimizer offload (as Megatron-Bridge's "
+                      "recipes run it); use --pp 1 without --offload, or --sharding zero1")
     if fw is Framework.DEEPSPEED:
         if plan.pp > 1 and plan.zero_stage > 1:
             errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")

@@ -232,6 +232,8 @@ def _variant_rule(ctx: PlanContext, v: _Variant, tp: int, pp: int, cp: int, dp: 
         return "the HSDP shard group must divide DP (1 < size < DP)"
     if v.offload and sharding is Sharding.NONE:
         return "offload needs a sharded optimizer"
+    if fw is Framework.MEGATRON and sharding is Sharding.FSDP_FULL and (pp > 1 or v.offload):
+        return "Megatron-FSDP is priced without pipelining or offload"
     if fw is Framework.DEEPSPEED and (reason := _deepspeed_rule(v, tp, pp, cp)):
         return reason
     if v.schedule is Schedule.INTERLEAVED and v.virtual_stages < 2:

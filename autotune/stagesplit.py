@@ -24,8 +24,10 @@ write, the same split:
   embedding and the output each weigh one layer (``pipeline_parallel_first/last_stage_less_layers`` = 1),
   ``L + 2`` effective layers go to ``pp x v`` stages, the first ``(L + 2) mod (pp v)`` stages one more;
   any degree up to ``L + 2`` stages is accepted. The emitter writes the module names per chunk.
-- DeepSpeed (deepspeed/runtime/utils.py ``partition_uniform``): blocks split in order, the first
-  ``L mod pp`` stages one more; the embedding on the first and the head on the last.
+- DeepSpeed (deepspeed/runtime/utils.py ``partition_uniform``, ``partition_method="uniform"`` over the
+  ``PipelineModule`` layer list, which autotune's trials build as embedding, ``L`` blocks, head:
+  autotune/trials/deepspeed_engine.py): ``L + 2`` items in order, the first ``(L + 2) mod pp`` stages one
+  more; the first stage's embedding and the last's head are items.
 """
 
 from __future__ import annotations
@@ -175,7 +177,11 @@ def _torchtitan(num_layers: int, pp: int, v: int) -> StageSplit | str:
 
 
 def _deepspeed(num_layers: int, pp: int, v: int) -> StageSplit | str:
-    if v != 1 or num_layers < pp:
+    items = num_layers + 2  # embedding, blocks, head
+    per, extra = divmod(items, pp)
+    if v != 1 or per < 1:
         return f"DeepSpeed cannot split {num_layers} layers into {pp} x {v} pipeline stages"
-    per, extra = divmod(num_layers, pp)
-    return StageSplit(pp=pp, chunk_layers=tuple(per + (i < extra) for i in range(pp)), method=DEEPSPEED)
+    layers = [per + (i < extra) for i in range(pp)]
+    layers[0] -= 1
+    layers[-1] -= 1
+    return StageSplit(pp=pp, chunk_layers=tuple(layers), method=DEEPSPEED)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,11 +79,11 @@ ROWS: list[Row] = [
         includes="ran on 80 GB",
     ),
     Row(
-        name="Megatron-Bridge Llama-3-8B fp8 DP8 (issue 21 table), recompute none",
+        name="Megatron-Bridge Llama-3-8B fp8 DP8 (issue 21 table), 5 layers recomputed",
         model="llama3-8b",
         gpu="h100-sxm",
         source="issue 21 table; Megatron-Bridge scripts/performance configs "
-        "LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_V1 sets recompute_num_layers=5, which a plan cannot express",
+        "LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_V1: context_parallel_size=1, recompute_num_layers=5",
         plan={
             "framework": "megatron",
             "dp": 8,
@@ -91,33 +92,11 @@ ROWS: list[Row] = [
             "seq_len": 8192,
             "sharding": "zero1",
             "precision": "fp8",
+            "recompute": "full",
+            "recompute_layers": 5,
         },
         published_gib=None,
         includes="ran on 80 GB",
-        modelled=False,
-        note="the recipe recomputes 5 of 32 layers (--recompute-num-layers 5); priced without",
-    ),
-    Row(
-        name="NeMo Llama-2-70B SFT fp8 TP4 PP4 DP1 (issue 21 table)",
-        model="70b",
-        gpu="h100-sxm",
-        source="issue 21 table (NeMo performance summary); sequence length, packing and optimizer options "
-        "not stated there",
-        plan={
-            "framework": "megatron",
-            "tp": 4,
-            "pp": 4,
-            "dp": 1,
-            "micro_batch": 1,
-            "global_batch": 32,
-            "seq_len": 4096,
-            "sequence_parallel": True,
-            "precision": "fp8",
-        },
-        published_gib=None,
-        includes="ran on 80 GB",
-        modelled=False,
-        note="recipe details (seq len, packing, optimizer) not stated; priced with 4096 tokens, no recompute",
     ),
 ]
 
@@ -157,34 +136,42 @@ def predict(row: Row) -> dict[str, Any]:
 
 
 def modern_rows(path: Path = MODERN) -> tuple[list[Row], dict[str, str]]:
-    """Rows of the data branch's file that carry a measured peak; the others' reasons."""
+    """Every dense entry of the data branch's file with a catalog model: those with a measured peak are
+    compared, the others checked for "ran, so not out of memory"; the reasons of the rest."""
     if not path.exists():
         return [], {}
     rows, skipped = [], {}
     for entry in yaml.safe_load(path.read_text()) or []:
         measured = (entry.get("measured") or {}).get("peak_memory_gib")
-        if measured is None:
-            continue
         try:
-            rows.append(_modern_row(entry, float(measured)))
+            rows.append(_modern_row(entry, None if measured is None else float(measured)))
         except (KeyError, ValueError, TypeError) as e:
             skipped[str(entry.get("id"))] = f"cannot build a plan: {e}"
     return rows, skipped
 
 
-def _modern_row(entry: dict[str, Any], measured: float) -> Row:
+def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     """One data-branch entry as a plan. Each filled field follows the framework's default, cited:
     torchtitan applies sequence parallelism whenever TP > 1 (torchtitan/models/llama3/infra/parallelize.py
     ``apply_tp``); under PP its default ``fsdp_reshard_after_forward`` keeps parameters gathered
     (``apply_fsdp``: ``reshard_after_forward = not pp_enabled``), i.e. fsdp-grad-op; its 2024-12 pipeline
     split the local batch into PP-degree micro-batches (``pipeline_parallel_microbatches`` default) and
-    interleaved schedules ran 2 stages per rank (torchtitan/distributed/pipeline_parallel.py)."""
-    fw = str(entry.get("framework", "megatron")).lower()
-    torchtitan = fw in ("torchtitan", "fsdp", "fsdp2")
+    interleaved schedules ran 2 stages per rank (torchtitan/distributed/pipeline_parallel.py). Megatron
+    rows: sequence parallelism with TP (NeMo/Megatron-Bridge recipes set it whenever TP > 1); a recompute
+    the source does not print is priced as none (the larger memory)."""
+    if entry.get("moe") or not entry.get("model"):
+        raise ValueError("MoE or a model shape without a catalog preset (issue 23)")
+    fw = str(entry.get("framework")).lower()
+    if fw not in ("torchtitan", "megatron"):
+        raise ValueError(f"framework {fw} not priced here")
+    if entry.get("sharding") not in ("zero1", "fsdp-full", "megatron-fsdp"):
+        raise ValueError(f"sharding {entry.get('sharding')} not offered")
+    torchtitan = fw == "torchtitan"
     tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
     if torchtitan and dp == 1 and cp > 1:
         raise ValueError("FSDP over the CP ranks only (DP 1): a plan shards over DP > 1")
     micro = entry.get("micro_batch") or int(entry["global_batch"]) // dp // pp
+    recompute = {"op-sac": "selective", None: "none"}.get(entry.get("recompute"), entry.get("recompute"))
     plan: dict[str, Any] = {
         "framework": "fsdp" if torchtitan else fw,
         "tp": tp,
@@ -195,17 +182,25 @@ def _modern_row(entry: dict[str, Any], measured: float) -> Row:
         "global_batch": int(entry["global_batch"]),
         "seq_len": int(entry["seq_len"]),
         "precision": "fp8" if "fp8" in str(entry.get("precision")) else "bf16",
-        "recompute": {"op-sac": "selective"}.get(entry["recompute"], entry["recompute"]),
-        "sharding": entry["sharding"],
+        "recompute": recompute,
+        "sharding": "none"
+        if dp * cp == 1
+        else {"megatron-fsdp": "fsdp-full"}.get(entry["sharding"], entry["sharding"]),
         "sequence_parallel": tp > 1,
     }
+    layers = re.search(r"recompute_num_layers=(\d+)", str(entry.get("recompute_detail")))
+    if recompute == "full" and layers and not torchtitan and "block" in str(entry.get("recompute_detail")):
+        plan["recompute_layers"] = int(layers.group(1))
+    if entry.get("vp"):
+        plan.update(schedule="interleaved", virtual_stages=int(entry["vp"]))
     if torchtitan and pp > 1:
         plan["sharding"] = "fsdp-grad-op"
         if "interleaved" in str(entry["id"]):
             plan.update(schedule="interleaved", virtual_stages=int(entry.get("vp") or 2))
     knobs = entry.get("knobs") or {}
     gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
-    unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp"))
+    offload = "activation offloading" in str(entry.get("notes"))  # cpu_offloading_num_layers in the recipe
+    unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp")) or offload
     kind = (entry.get("measured") or {}).get("memory_kind", "?")
     return Row(
         name=str(entry["id"]),
@@ -214,16 +209,19 @@ def _modern_row(entry: dict[str, Any], measured: float) -> Row:
         gpu=gpu,
         plan=plan,
         published_gib=measured,
-        includes=f"max {kind}",
+        includes=f"max {kind}" if measured is not None else f"ran on {gpu}",
         modelled=not unmodelled,
-        note=_COMPILE if unmodelled else "",
+        note=("activation offload to host not modelled" if offload else _COMPILE if unmodelled else "")
+        + ("" if entry.get("recompute") else " recompute not printed: priced none"),
     )
 
 
 def _markdown(results: list[dict[str, Any]], skipped: dict[str, str]) -> str:
     scored = [r for r in results if r["modelled"] and r["error"] is not None]
     within = sum(abs(r["error"]) <= TARGET for r in scored)
-    oom = [r["name"] for r in results if r["called_oom"]]
+    peaks = [r for r in results if r["error"] is not None]
+    oom = [r["name"] for r in results if r["called_oom"] and r["modelled"]]
+    oom_unmodelled = [r["name"] for r in results if r["called_oom"] and not r["modelled"]]
     lines = [
         "# Published peak memory vs `autotune estimate`",
         "",
@@ -232,8 +230,11 @@ def _markdown(results: list[dict[str, Any]], skipped: dict[str, str]) -> str:
         "*error* = compared / published - 1. Rows marked *not scored* ran with something a plan cannot "
         "express (see note) and are shown, not counted.",
         "",
-        f"Scored rows within {TARGET:.0%}: {within} of {len(scored)}. Rows that ran but are called out "
-        f"of memory: {len(oom)}{': ' + '; '.join(oom) if oom else ''}.",
+        f"Scored rows within {TARGET:.0%}: {within} of {len(scored)}; all rows with a published peak: "
+        f"{sum(abs(r['error']) <= TARGET for r in peaks)} of {len(peaks)} within {TARGET:.0%}. "
+        f"Rows that ran ({len(results)}) but are called out of memory: {len(oom)}"
+        f"{': ' + '; '.join(oom) if oom else ''}; and {len(oom_unmodelled)} more that used something a plan "
+        f"cannot express (their note){': ' + '; '.join(oom_unmodelled) if oom_unmodelled else ''}.",
         "",
         "| row | GPU | published | predicted | compared | error | OOM? | figure is | note |",
         "|---|---|---:|---:|---:|---:|---|---|---|",

@@ -24,9 +24,9 @@ def test_deepseek_v3_on_eight_a100_fits_nowhere(tmp_path, capsys):
 
 
 def test_real_trials_refuse_a_model_the_trial_workload_cannot_build(tmp_path, capsys):
-    assert main(["search", "--model", "mixtral-8x7b", "--gpus", "2", "--gpu", "cpu", "--device", "cpu",
+    assert main(["search", "--model", "deepseek-v3", "--gpus", "2", "--gpu", "cpu", "--device", "cpu",
                  "--backend", "torchrun", "--trials", "1", "--out", str(tmp_path)]) == 2
-    assert "built-in trial model has no MoE layers" in capsys.readouterr().err
+    assert "built-in trial model has no multi-head latent attention" in capsys.readouterr().err
 
 
 def test_pinning_ep_on_a_dense_model_is_one_line(tmp_path, capsys):

@@ -6,6 +6,7 @@ from autotune.catalog import load_model, make_cluster
 from autotune.costmodel.estimate import estimate
 from autotune.emit.megatron import megatron_args_text
 from autotune.emit.torchtitan import to_torchtitan_config
+from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
 from autotune.stagesplit import megatron_layout, split_layers
 
@@ -44,7 +45,9 @@ def test_torchtitan_and_deepspeed_splits_follow_their_source():
     assert fqns[0][:2] == ["tok_embeddings", "layers.0"] and fqns[-1][-2:] == ["norm", "output"]
     assert sum(len(p) for p in fqns) == 126 + 3
     ds = split_layers(126, _plan(pp=16, dp=8, tp=1, framework="deepspeed", sharding="zero1"))
-    assert ds.chunk_layers == (8,) * 14 + (7, 7)  # partition_uniform: the first stages one more
+    assert ds.chunk_layers == (7,) + (8,) * 14 + (7,)  # partition_uniform over embedding, blocks, head
+    ds5 = split_layers(32, _plan(pp=5, dp=1, tp=1, framework="deepspeed", sharding="none"))
+    assert ds5.chunk_layers == (6, 7, 7, 7, 5)  # 34 items: 7, 7, 7, 7, 6, less the embedding and the head
 
 
 @pytest.mark.parametrize("extra", [{"pp": 16, "dp": 128}, {"pp": 8, "dp": 256, "schedule": "interleaved",
@@ -74,3 +77,20 @@ def test_megatron_layout_splits_deepseek_v3():
     assert split.method == "layout" and sum(split.chunk_layers) == 61 and len(split.chunk_layers) == 16
     assert max(split.rank_layers(r) for r in range(8)) == 8
     assert megatron_layout(split).startswith("Ett|tttt|") and megatron_layout(split).endswith("|tttL")
+
+
+def test_recompute_layers_prices_and_emits_megatrons_block_recompute():
+    """Megatron-Bridge's Llama-3-8B H100 fp8 recipe (recompute_num_layers=5, CP 1) ran on 80 GB."""
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    base = dict(tp=1, dp=8, global_batch=128, seq_len=8192, sharding="zero1", framework="megatron",
+                precision="fp8")
+    none, all_layers = ParallelPlan(**base), ParallelPlan(**base, recompute="full")
+    five = ParallelPlan(**base, recompute="full", recompute_layers=5)
+    mem = [estimate(model, cluster, p).memory.activations_bytes for p in (none, five, all_layers)]
+    assert mem[0] > mem[1] > mem[2]
+    assert estimate(model, cluster, five).feasible and not estimate(model, cluster, none).feasible
+    text = megatron_args_text(five, model)
+    assert "--recompute-method block\n" in text and "--recompute-num-layers 5\n" in text
+    with pytest.raises(ConfigError, match="recompute-layers needs"):
+        ParallelPlan(**{**base, "framework": "fsdp", "sharding": "fsdp-full"}, recompute="full",
+                     recompute_layers=5)

@@ -26,7 +26,7 @@ from autotune.backends.base import Backend
 from autotune.backends.simulate import SimulateBackend
 from autotune.errors import ConfigError
 from autotune.plan import Framework
-from autotune.specs import ClusterSpec
+from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["BACKENDS", "BackendChoice", "get_backend", "local_gpu_count", "trial_options", "apply_pins"]
 
@@ -91,13 +91,20 @@ def trial_options(*, workload: str | None = None, script: str | None = None) -> 
     return {}
 
 
-def _pins(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def _pins(options: Mapping[str, Any], model: ModelSpec | None) -> tuple[dict[str, Any], dict[str, str]]:
     if options.get("script"):  # the script decides what it can run
         return {}, {}
+    if model is not None and model.is_moe and not options.get("workload"):  # trials/parallelize.py
+        return {"cp": 1, "etp": 1, "tp": 1}, {
+            "cp": "context parallelism is not implemented in real trials",
+            "etp": "expert tensor parallelism is not implemented in real trials",
+            "tp": "MoE layers are not tensor-parallel in real trials (EP splits the experts)"}
     if options.get("workload"):
         why = "pipeline and context parallelism are not applied to a --workload model"
-        return {"pp": 1, "cp": 1}, {"pp": why, "cp": why}
-    return {"cp": 1}, {"cp": "context parallelism is not implemented in real trials"}
+        experts = "expert parallelism is not applied to a --workload model"
+        return {"pp": 1, "cp": 1, "ep": 1, "etp": 1}, {"pp": why, "cp": why, "ep": experts, "etp": experts}
+    return {"cp": 1, "etp": 1}, {"cp": "context parallelism is not implemented in real trials",
+                                 "etp": "expert tensor parallelism is not implemented in real trials"}
 
 
 def apply_pins(pins: Mapping[str, Any], choice: BackendChoice) -> dict[str, Any]:
@@ -112,8 +119,10 @@ def apply_pins(pins: Mapping[str, Any], choice: BackendChoice) -> dict[str, Any]
 
 
 def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None,
-                options: Mapping[str, Any] | None = None, executor: str = "local") -> BackendChoice:
-    """The backend for ``--backend NAME --device DEV`` on this node; ``options``: ``trial_options(...)``."""
+                options: Mapping[str, Any] | None = None, executor: str = "local",
+                model: ModelSpec | None = None) -> BackendChoice:
+    """The backend for ``--backend NAME --device DEV`` on this node; ``options``: ``trial_options(...)``;
+    ``model``: what the trials will train (an MoE model pins what its trials cannot split)."""
     options = dict(options or {})
     if name == "simulate":
         if options:
@@ -121,7 +130,7 @@ def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None,
                               "(with --device cpu where there are no GPUs)")
         return BackendChoice(backend=SimulateBackend(), frameworks=None,
                              note="simulate: tokens/s are the cost model's predictions")
-    pins, reasons = _pins(options)
+    pins, reasons = _pins(options, model)
     if name in _REAL:
         return BackendChoice(backend=_load(name, device, options, executor), frameworks=_REAL[name][2],
                              pins=pins, pin_reasons=reasons)

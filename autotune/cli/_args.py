@@ -147,6 +147,10 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
                    help="expert-parallel degree (MoE models; folds into TP x DP x CP)")
     g.add_argument("--etp", type=_positive_int, default=d.get("etp"),
                    help="expert tensor-parallel degree (MoE models)")
+    if not pinning:
+        g.add_argument("--recompute-layers", type=_positive_int, metavar="N",
+                       help="with --recompute full (megatron): recompute only the first N blocks of each "
+                            "model chunk (--recompute-method block)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -192,6 +196,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         framework=args.framework or implied_framework(args.sharding) or "fsdp",
         ep=args.ep,
         etp=args.etp,
+        recompute_layers=getattr(args, "recompute_layers", None),
     )
 
 

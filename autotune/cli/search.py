@@ -220,7 +220,7 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
     space = load_space(args.space)
     options = trial_options(workload=args.workload, script=args.script)
     choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
-                         executor=args.executor)
+                         executor=args.executor, model=model)
     runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
     if choice.backend.measures and runnable:  # before anything is written: no CUDA, no launcher -> one line
         check_trials_can_run(backend=args.backend, device=args.device, executor=args.executor,

@@ -40,7 +40,8 @@ from autotune.specs import ModelSpec
 
 __all__ = [
     "FLASH_ATTENTION", "DROPOUT", "Kernels", "kernels_for", "LayerShape", "norm_side_bytes", "tp_split_bytes",
-    "attention_core_bytes", "op_sac_bytes", "layer_activation_bytes", "backward_working_bytes",
+    "attention_core_bytes", "op_sac_bytes", "layer_activation_bytes", "stage_activation_bytes",
+    "backward_working_bytes",
     "head_activation_bytes",
     "loss_stored_bytes", "loss_transient_bytes", "in_flight_microbatches", "microbatches_at_loss",
 ]
@@ -197,6 +198,20 @@ def op_sac_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels) -> flo
     scattered = 2 * x.h / tp if sp else 0.0
     elements = x.h / side_div + kept + x.h / tp + scattered
     return x.s * x.b * elements * e + attention_core_bytes(x, e, k) / tp
+
+
+def stage_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, e: int, k: Kernels) -> float:
+    """Stored bytes of ``layers`` blocks for one micro-batch. With ``recompute_layers`` (Megatron
+    ``--recompute-method block``: megatron/core/transformer/transformer_block.py ``_checkpointed_forward``
+    checkpoints the first ``recompute_num_layers`` layers of each chunk) only those store their input; the
+    others store everything."""
+    tp, sp, rc = plan.tp, plan.sequence_parallel, plan.recompute
+    full = layer_activation_bytes(x, tp=tp, sp=sp, recompute=rc, e=e, k=k)
+    if plan.recompute_layers is None or rc is not Recompute.FULL:
+        return layers * full
+    recomputed = min(float(layers), float(plan.recompute_layers * plan.virtual_stages))
+    kept = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)
+    return recomputed * full + (layers - recomputed) * kept
 
 
 def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,

@@ -2,7 +2,8 @@
 
 Convention: the first and the last pipeline stage are evaluated and the larger total is reported (the first
 holds the embedding and, with 1F1B/interleaving, the most in-flight micro-batches; the last holds the output
-layer and the loss). Inside a stage every TP/CP/DP rank is alike. A stage's peak is the larger of two
+layer and the loss); with an uneven split (``autotune/stagesplit.py``) also the most loaded middle
+stage. Inside a stage every TP/CP/DP rank is alike. A stage's peak is the larger of two
 moments, and the breakdown shows the components of that moment:
 
 - the loss (last stage only): stored activations + logits + the loss's fp32 gradient buffers + what is
@@ -18,7 +19,8 @@ micro-batch's activations freed) and the reduction itself.
 
 Model states (``states.py``) and activations (``activations.py``) cite their sources; the runtime reserve
 below is a set of documented constants. Numbers assume bf16 mixed precision with fp32 master weights
-(``MIXED_BF16``; fp8 plans keep bf16 weights and activations here, an upper bound); ``numerics=FP32``
+(``MIXED_BF16``; fp8 plans keep bf16 weights, and fp8 GEMM inputs where the framework saves them:
+``activations.kernels_for``); ``numerics=FP32``
 describes plain fp32 training, which is what the CPU cross-check (benchmarks/memory_crosscheck.py)
 measures.
 """
@@ -35,10 +37,10 @@ from autotune.costmodel.activations import (
     head_activation_bytes,
     in_flight_microbatches,
     kernels_for,
-    layer_activation_bytes,
     loss_stored_bytes,
     loss_transient_bytes,
     microbatches_at_loss,
+    stage_activation_bytes,
 )
 from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.states import (
@@ -191,7 +193,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, 
     first, last = rank == 0, rank == plan.pp - 1
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
     x = LayerShape.of(model, plan)
-    per_stage = layers * layer_activation_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
+    per_stage = stage_activation_bytes(x, plan, layers=layers, e=e, k=k)
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
     head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0

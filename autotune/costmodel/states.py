@@ -298,16 +298,21 @@ def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MI
     accumulated one (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
     ``accumulate_unsharded_grad_if_needed``); what stays gathered is ``memory.py``'s. DeepSpeed ZeRO-3
     gathers per leaf module: the largest module's parameter and gradient (its estimator's
-    ``4 x largest_layer_params``) plus the prefetch bucket."""
+    ``4 x largest_layer_params``) plus the prefetch bucket. Megatron-FSDP (megatron/core/distributed/fsdp/
+    ``MegatronFSDP``: a unit per transformer layer, the current one gathered and the next prefetched, the
+    unsharded gradient reduce-scattered per unit) is priced like FSDP2 with Megatron's gradient dtype."""
     c = numerics.compute_bytes
     if plan.framework is Framework.DEEPSPEED and plan.zero_stage == 3:
         module = largest_module_params_per_gpu(model, plan, first=first, last=last)
         return module * 2 * c + DEEPSPEED_PREFETCH_BUCKET_ELEMENTS * c
-    if plan.framework is not Framework.FSDP or plan.sharding is Sharding.NONE:
+    megatron_fsdp = plan.framework is Framework.MEGATRON and plan.sharding is Sharding.FSDP_FULL
+    if not megatron_fsdp and (plan.framework is not Framework.FSDP or plan.sharding is Sharding.NONE):
         return 0.0
     layer = layer_params_per_gpu(model, plan)
     root = root_params_per_gpu(model, plan, first=first, last=last)
     grad_element_bytes = c if defers_grad_reduce(plan) else 4.0
+    if megatron_fsdp:  # units per layer, double-buffered gathers (megatron_fsdp ``fsdp_double_buffer``)
+        grad_element_bytes = megatron_grad_bytes(plan)
     grad = max(layer, root) * grad_element_bytes if backward else 0.0
     if plan.sharding is Sharding.FSDP_GRAD_OP:
         return grad

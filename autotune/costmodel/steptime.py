@@ -203,7 +203,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
     ew_s = tokens * (ew_bytes + moe.regroup_bytes_per_token(model, plan)) / hbm_rate + score_s
     recompute = plan.recompute
-    recompute_s = (gemm_s + attn_s + ew_s if recompute is Recompute.FULL
+    recompute_s = (recomputed_share(model, plan) * (gemm_s + attn_s + ew_s) if recompute is Recompute.FULL
                    else attn_s + score_s if recompute is Recompute.SELECTIVE else 0.0)
     tp_s = 0.0
     if tp > 1:
@@ -313,6 +313,14 @@ def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) 
     return node_params * OPTIMIZER_BYTES_PER_PARAM / HOST_OPTIMIZER_BYTES_PER_S
 
 
+def recomputed_share(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Share of blocks a full recompute reruns: all, or ``recompute_layers`` of each model chunk
+    (Megatron ``--recompute-method block``)."""
+    if plan.recompute_layers is None:
+        return 1.0
+    return min(1.0, plan.recompute_layers * plan.virtual_stages * plan.pp / model.num_layers)
+
+
 def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
               tp_backward_overlap: bool | None = None, attention_kernel: str | None = None) -> TimeBreakdown:
     """Critical-path seconds of one optimizer step, by cause (see the module docstring for conventions; the
@@ -349,7 +357,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     norm_s, norm_calls = tpcomm.sp_norm_grads(model, cluster, plan, blocks, plan.pp == 1 or last_busier)
     tokens = plan.tokens_per_step
     model_flops = flops.model_flops_per_token(model, plan.seq_len) * tokens
-    extra = flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value) * tokens
+    extra = (flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value) * tokens
+             * (recomputed_share(model, plan) if plan.recompute is Recompute.FULL else 1.0))
     return TimeBreakdown(
         compute_s=m * (blocks * (bt.fwd_s + bt.bwd_s) + head_s),
         recompute_s=m * blocks * bt.recompute_s,

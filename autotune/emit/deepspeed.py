@@ -64,7 +64,9 @@ def _pipeline_unsupported(plan: ParallelPlan) -> list[str]:
 
 def _zero_section(plan: ParallelPlan) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": plan.zero_stage}
-    if plan.zero_stage > 0:  # under PP DeepSpeed's engine switches overlap_comm off (runtime/engine.py)
+    # under PP the engine switches overlap_comm off (runtime/engine.py); PP allows ZeRO-0/1 only, whose
+    # reduction costmodel/dpcomm.py prices as exposed anyway
+    if plan.zero_stage > 0:
         zero.update(overlap_comm=plan.pp == 1, contiguous_gradients=True)
     if plan.offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}

@@ -101,9 +101,12 @@ _HOSTFILE_LINES = """HOSTFILE="${HOSTFILE:-$RUN_DIR/hostfile}"
 [ -f "$HOSTFILE" ] || { echo "missing $HOSTFILE: one 'hostname slots=GPUS' line per node" >&2; exit 2; }
 MASTER_ADDR="${MASTER_ADDR:-$(awk 'NF && $1 !~ /^#/ {print $1; exit}' "$HOSTFILE")}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-# pdsh passes the remote ranks only the variables listed in DS_ENV_FILE: the contract's among them
+# pdsh passes the remote ranks only the variables listed in DS_ENV_FILE (the runner pastes each into an
+# `export K=V;`, hence shell-quoted values): the contract's among them
 export DS_ENV_FILE="${DS_ENV_FILE:-$(mktemp "${TMPDIR:-/tmp}/autotune_ds_env.XXXXXX")}"
-env | grep -E '^(AUTOTUNE_|CUDA_DEVICE_MAX_CONNECTIONS=)' > "$DS_ENV_FILE"
+for name in ${!AUTOTUNE_@} CUDA_DEVICE_MAX_CONNECTIONS; do
+  if [ -n "${!name+set}" ]; then printf '%s=%q\\n' "$name" "${!name}"; fi
+done > "$DS_ENV_FILE"
 """
 
 

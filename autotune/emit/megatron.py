@@ -39,8 +39,12 @@ __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text", "megat
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     """Why Megatron-LM cannot run ``plan`` as priced; [] when it can."""
     reasons: list[str] = expert_errors(plan, Framework.MEGATRON)
-    if plan.sharding not in (Sharding.NONE, Sharding.ZERO1):
-        reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding}")
+    megatron_fsdp = plan.sharding is Sharding.FSDP_FULL and plan.framework is Framework.MEGATRON
+    if plan.sharding not in (Sharding.NONE, Sharding.ZERO1) and not megatron_fsdp:
+        reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding} "
+                       "(fsdp-full is Megatron-FSDP for --framework megatron plans)")
+    if megatron_fsdp and (plan.pp > 1 or plan.offload):
+        reasons.append("Megatron-FSDP is emitted without pipelining or optimizer offload")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
         reasons.append("Megatron schedules pipelines with 1F1B or interleaved 1F1B, not GPipe")
     return reasons
@@ -119,6 +123,9 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
     args += _overlap_args(plan)
+    if plan.sharding is Sharding.FSDP_FULL:  # Megatron-FSDP, ZeRO-3 style (megatron/training/arguments.py)
+        args += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", "optim_grads_params"],
+                 ["--use-distributed-optimizer"]]
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path
         args += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"],
                  ["--optimizer-offload-fraction", "1.0"]]
@@ -174,6 +181,9 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
     args: list[list[str]] = []
     if plan.recompute is Recompute.SELECTIVE:
         args.append(["--recompute-granularity", "selective"])
+    elif plan.recompute is Recompute.FULL and plan.recompute_layers is not None:
+        args += [["--recompute-granularity", "full"], ["--recompute-method", "block"],
+                 ["--recompute-num-layers", str(plan.recompute_layers)]]
     elif plan.recompute is Recompute.FULL:
         args += [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
                  ["--recompute-num-layers", "1"]]

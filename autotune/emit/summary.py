@@ -182,27 +182,12 @@ def _launch_lines(written: set[str]) -> list[str]:
     return lines
 
 
-def _unexpressed(plan: ParallelPlan, written: set[str]) -> list[str]:
-    """What the estimate assumes that an emitted file cannot switch on."""
-    out: list[str] = []
-    if "ds_config.json" in written and plan.pp > 1 and plan.zero_stage > 0 and plan.dp > 1:
-        out.append("`ds_config.json`: DeepSpeed's pipeline engine switches ZeRO's overlap_comm off, so the "
-                   "data-parallel gradient reduction the estimate hides behind the backward runs exposed.")
-    return out
-
-
-def _skipped_lines(skipped: list[tuple[str, list[str]]], unexpressed: list[str]) -> list[str]:
+def _skipped_lines(skipped: list[tuple[str, list[str]]]) -> list[str]:
     grouped: dict[tuple[str, ...], list[str]] = {}
     for name, reasons in skipped:  # ds_config.json and launch_deepspeed.sh share their reasons
         grouped.setdefault(tuple(reasons), []).append(f"`{name}`")
-    lines = ["", "## Not emitted", ""]
-    if grouped:
-        lines += ["These frameworks cannot run this plan as it was priced:", "",
-                  *(f"- {', '.join(names)}: {'; '.join(reasons)}." for reasons, names in grouped.items())]
-    if unexpressed:
-        lines += [*([""] if grouped else []), "Assumed by the estimate, not expressible in the file:", "",
-                  *(f"- {line}" for line in unexpressed)]
-    return lines
+    return ["", "## Not emitted", "", "These frameworks cannot run this plan as it was priced:", "",
+            *(f"- {', '.join(names)}: {'; '.join(reasons)}." for reasons, names in grouped.items())]
 
 
 def _measured_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -242,8 +227,7 @@ def render_summary(*, plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec
              "## Files", "", _priced_for(plan, {name for name, _ in written}), "",
              *(f"- `{name}`: {what}" for name, what in written)]
     lines += ["", *_launch_lines({name for name, _ in written})]
-    unexpressed = _unexpressed(plan, {name for name, _ in written})
-    if skipped or unexpressed:
-        lines += _skipped_lines(skipped, unexpressed)
+    if skipped:
+        lines += _skipped_lines(skipped)
     lines += ["", "## Notes", "", *_notes(plan, model, {name for name, _ in written})]
     return "\n".join(lines) + "\n"

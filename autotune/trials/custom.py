@@ -47,6 +47,8 @@ def _check(workload: Workload, plan: ParallelPlan, target: str | None) -> None:
     if plan.pp > 1 or plan.cp > 1:
         raise TrialError(f"--workload {target}: pipeline and context parallelism are not applied to your "
                          "model; pin --pp 1 --cp 1")
+    if plan.ep > 1 or plan.etp > 1:
+        raise TrialError(f"--workload {target}: expert parallelism is not applied to your model; pin --ep 1")
     if plan.tp > 1 and not workload.tp_plan:
         raise TrialError(f"--workload {target}: TP={plan.tp} needs Workload.tp_plan (block submodule -> "
                          "colwise|rowwise); pin --tp 1 to search without TP")

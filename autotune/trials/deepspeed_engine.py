@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.errors import TrialError
 from autotune.plan import ParallelPlan, Recompute
 from autotune.trials.config import TrialConfig
 from autotune.trials.model import Block, Transformer, build_model, synthetic_batch
@@ -88,6 +89,9 @@ class DeepSpeedTrainer:
     memory_trackable = False
 
     def __init__(self, *, plan: ParallelPlan, config: TrialConfig, device: torch.device) -> None:
+        if plan.ep > 1 or plan.etp > 1:
+            raise TrialError("DeepSpeed-MoE expert parallelism is not implemented in real trials; use --ep 1 "
+                             "or --framework fsdp")
         import deepspeed
 
         # Skip the 25-33 s JIT build of the shared-memory comm op; gloo/nccl carry the collectives.

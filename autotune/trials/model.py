@@ -1,7 +1,8 @@
 """The trial workload: a Llama-style decoder built from any ``ModelSpec``, and its synthetic data.
 
 RMSNorm (LayerNorm when ``spec.bias``), rotary positions (learned when ``spec.learned_positions``),
-SwiGLU or GELU MLP, GQA through ``F.scaled_dot_product_attention(is_causal=True)``. Module names follow
+SwiGLU or GELU MLP (a Mixture-of-Experts layer, ``trials.moe``, on the layers ``spec.moe_layers`` names),
+GQA through ``F.scaled_dot_product_attention(is_causal=True)``. Module names follow
 Hugging Face Llama (``q_proj``, ``o_proj``, ``gate_proj``, ``down_proj``, ``lm_head``) so that name-driven
 tensor-parallel tools (DeepSpeed AutoTP) recognise the layers.
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autotune.specs import ModelSpec
+from autotune.trials.moe import MoE
 
 __all__ = ["Transformer", "Block", "build_model", "init_weights", "synthetic_batch", "model_flops_per_token"]
 
@@ -90,9 +92,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, ffn: int | None = None) -> None:
+        """``ffn``: the width (default ``spec.ffn_hidden_size``; an MoE layer's shared expert is narrower)."""
         super().__init__()
-        h, f = spec.hidden_size, spec.ffn_hidden_size
+        h, f = spec.hidden_size, ffn or spec.ffn_hidden_size
         self.gated = spec.gated_mlp
         self.gate_proj = nn.Linear(h, f, bias=spec.bias) if self.gated else None
         self.up_proj = nn.Linear(h, f, bias=spec.bias)
@@ -104,15 +107,23 @@ class MLP(nn.Module):
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
 
 
+def make_mlp(spec: ModelSpec, layer: int, aux_loss_coef: float = 0.0) -> nn.Module:
+    """The dense MLP, or on the layers ``spec.moe_layers`` names an ``MoE`` (with its shared expert)."""
+    if layer not in spec.moe_layers:
+        return MLP(spec)
+    shared = MLP(spec, spec.shared_ffn_hidden_size) if spec.shared_ffn_hidden_size else None
+    return MoE(spec, shared, aux_loss_coef)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer: int = 0, aux_loss_coef: float = 0.0) -> None:
         super().__init__()
         self.input_layernorm = make_norm(spec)
         self.self_attn = Attention(spec)
         self.post_attention_layernorm = make_norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = make_mlp(spec, layer, aux_loss_coef)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
@@ -123,13 +134,14 @@ class Transformer(nn.Module):
     """Decoder-only LM. ``layers`` is a ModuleDict keyed ``"0".."L-1"`` so that a pipeline stage can
     delete the blocks it does not own (and the embedding / head) and keep the others' names."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, aux_loss_coef: float = 0.0) -> None:
+        """``aux_loss_coef``: weight of the MoE layers' load-balancing loss (0: none; ``moe.MoE``)."""
         super().__init__()
         self.spec = spec
         self.embed_tokens: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.embed_positions: nn.Embedding | None = (
             nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_positions else None)
-        self.layers = nn.ModuleDict({str(i): Block(spec) for i in range(spec.num_layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, i, aux_loss_coef) for i in range(spec.num_layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.lm_head: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         if spec.tie_embeddings:
@@ -174,7 +186,7 @@ def init_weights(model: nn.Module, *, seed: int) -> None:
             p.fill_(1.0)
         else:
             std = _INIT_STD
-            if num_layers and clean.endswith(("o_proj.weight", "down_proj.weight")):
+            if num_layers and clean.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
                 std /= math.sqrt(2 * num_layers)
             if type(p.data).__name__ == "DTensor":
                 nn.init.normal_(p, std=std)
@@ -182,14 +194,15 @@ def init_weights(model: nn.Module, *, seed: int) -> None:
                 p.normal_(0.0, std, generator=_param_generator(seed, clean, p.device))
 
 
-def build_model(spec: ModelSpec, *, device: torch.device | str, seed: int | None) -> Transformer:
+def build_model(spec: ModelSpec, *, device: torch.device | str, seed: int | None,
+                aux_loss_coef: float = 0.0) -> Transformer:
     """The full model on ``device`` (initialised from ``seed``), or on ``meta`` when ``seed`` is None
     (to be sharded first, then ``to_empty`` + ``init_weights``)."""
     if seed is None:
         with torch.device("meta"):
-            return Transformer(spec)
+            return Transformer(spec, aux_loss_coef)
     with torch.device(device):
-        model = Transformer(spec)
+        model = Transformer(spec, aux_loss_coef)
     init_weights(model, seed=seed)
     return model
 
@@ -213,7 +226,10 @@ def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, step: int, see
 
 
 def model_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x (non-embedding + output) parameters, plus causal attention's
-    score and value products, 6 x L x h x s (PaLM, Chowdhery et al. 2022 App. B, halved for causal)."""
-    matmul_params = spec.num_layers * spec.params_per_layer + spec.vocab_size * spec.hidden_size
+    """Training FLOPs per token: 6 x (non-embedding + output) parameters a token passes through (an MoE
+    layer's top-k experts, not all of them: ``ModelSpec.active_params``), plus causal attention's score and
+    value products, 6 x L x h x s (PaLM, Chowdhery et al. 2022 App. B, halved for causal)."""
+    idle_experts = spec.num_params - spec.active_params
+    matmul_params = (spec.num_layers * spec.params_per_layer - idle_experts
+                     + spec.vocab_size * spec.hidden_size)
     return 6.0 * matmul_params + 6.0 * spec.num_layers * spec.hidden_size * seq_len

@@ -7,7 +7,9 @@ split into stage chunks by layers (``split_stages``) and each chunk is paralleli
 
 The device mesh follows the plan's rank order (``autotune.plan``: pp, dp, cp, tp outermost to
 innermost), with the DP axis split into ``dp_replicate x dp_shard`` (HSDP; pure replication is
-``dp x 1``, FSDP is ``1 x dp``).
+``dp x 1``, FSDP is ``1 x dp``). Expert parallelism folds into DP: a second mesh ``pp x edp x ep``
+(``build_expert_mesh``) puts each EP group on consecutive DP ranks (inside ``dp_shard``, where torchtitan
+borrows it) and the ranks that hold the same experts on ``edp``; MoE models run with TP = 1 here.
 
 Only torch is imported: this module runs where optuna and deepspeed are not installed.
 """
@@ -35,9 +37,10 @@ from autotune.errors import TrialError
 from autotune.plan import ParallelPlan, Recompute, Schedule, Sharding
 from autotune.stagesplit import split_layers
 from autotune.trials.model import Transformer
+from autotune.trials.moe import GroupedExperts, MoE, apply_ep
 
-__all__ = ["MESH_DIMS", "build_mesh", "dp_degrees", "parallelize", "apply_tp", "apply_ac", "apply_dp",
-           "wraps_data_parallel", "split_stages", "build_schedule"]
+__all__ = ["MESH_DIMS", "build_mesh", "build_expert_mesh", "dp_degrees", "parallelize", "apply_tp",
+           "apply_ac", "apply_dp", "wraps_data_parallel", "split_stages", "build_schedule"]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The plan's ``pp, dp, cp, tp`` order with DP split for HSDP (``dp_replicate`` outer)."""
@@ -59,21 +62,41 @@ def build_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
     return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
 
 
+def build_expert_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh | None:
+    """``(pp, edp, ep)`` over the same ranks as ``build_mesh`` (TP = CP = 1); None without EP."""
+    if plan.ep == 1:
+        return None
+    if plan.dp % plan.ep or plan.tp * plan.cp > 1:
+        raise TrialError(f"EP {plan.ep} runs over DP ranks in real trials: it must divide DP {plan.dp}, "
+                         "with TP = CP = 1")
+    return init_device_mesh(device_type, (plan.pp, plan.dp // plan.ep, plan.ep),
+                            mesh_dim_names=("pp", "edp", "ep"))
+
+
 def wraps_data_parallel(plan: ParallelPlan, *, fsdp_at_dp1: bool = False) -> bool:
     """True when ``apply_dp`` wraps the model (and so owns mixed precision through its policy)."""
     return plan.dp > 1 or fsdp_at_dp1
 
 
 def parallelize(model: nn.Module, *, plan: ParallelPlan, mesh: DeviceMesh,
-                param_dtype: torch.dtype | None = None, fsdp_at_dp1: bool = False) -> nn.Module:
-    """TP, then activation checkpointing, then data parallelism, in place; returns ``model``.
+                param_dtype: torch.dtype | None = None, fsdp_at_dp1: bool = False,
+                expert_mesh: DeviceMesh | None = None) -> nn.Module:
+    """EP, TP, then activation checkpointing, then data parallelism, in place; returns ``model``.
 
     ``param_dtype``: compute dtype under FSDP's mixed-precision policy (None: keep fp32).
     ``fsdp_at_dp1``: validation only; wrap with ``fully_shard`` even on one rank, to measure FSDP2's
     own cost (a ParallelPlan forbids sharding at DP=1, so this cannot come from the plan).
+    ``expert_mesh``: ``build_expert_mesh(plan)``, needed when ``plan.ep > 1``.
     """
     if plan.cp > 1:
         raise TrialError("context parallelism is not implemented in real trials; use CP=1")
+    if plan.etp > 1:
+        raise TrialError("expert tensor parallelism is not implemented in real trials; use ETP=1")
+    if plan.tp > 1 and any(isinstance(m, MoE) for m in model.modules()):
+        raise TrialError("MoE layers are not tensor-parallel in real trials; use TP=1 (EP splits experts)")
+    if plan.ep > 1:
+        assert expert_mesh is not None, "EP > 1 needs build_expert_mesh(plan)"
+        apply_ep(model, group=expert_mesh.get_group("ep"), ep=plan.ep, rank=expert_mesh.get_local_rank("ep"))
     if plan.tp > 1:
         apply_tp(model, mesh["tp"], sequence_parallel=plan.sequence_parallel)
     # AC after TP: the checkpointed forward must be the tensor-parallel one, so the recomputation in
@@ -84,7 +107,7 @@ def parallelize(model: nn.Module, *, plan: ParallelPlan, mesh: DeviceMesh,
     # to shard each block as one unit and to lay parameters out on the 2-D (dp, tp) mesh.
     if wraps_data_parallel(plan, fsdp_at_dp1=fsdp_at_dp1):
         mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        apply_dp(model, mesh, plan=plan, mp_policy=mp, fsdp_at_dp1=fsdp_at_dp1)
+        apply_dp(model, mesh, plan=plan, mp_policy=mp, fsdp_at_dp1=fsdp_at_dp1, expert_mesh=expert_mesh)
     return model
 
 
@@ -148,13 +171,19 @@ def apply_ac(model: nn.Module, recompute: Recompute, *, slots: list[tuple[nn.Mod
 
 
 def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_policy: MixedPrecisionPolicy,
-             fsdp_at_dp1: bool = False, blocks: list[nn.Module] | None = None) -> None:
+             fsdp_at_dp1: bool = False, blocks: list[nn.Module] | None = None,
+             expert_mesh: DeviceMesh | None = None) -> None:
     """FSDP2 per block then the root (embeddings, norm, head). fsdp-full reshards after forward
     (ZeRO-3), fsdp-grad-op keeps parameters gathered until backward (ZeRO-2-like), HSDP shards inside
     ``dp_shard`` and replicates over ``dp_replicate``; sharding ``none`` is DDP-style replication.
-    ``blocks``: the units to wrap before the root (default: the trial model's ``layers``)."""
+    ``blocks``: the units to wrap before the root (default: the trial model's ``layers``).
+    ``expert_mesh`` (EP > 1): each block's routed experts are wrapped first, alone, over its ``edp`` ranks
+    (torchtitan ``apply_fsdp``: experts on the expert-DP mesh, router and shared expert with the block)."""
     blocks = list(model.layers.values()) if blocks is None else blocks
     if plan.sharding is Sharding.NONE and not fsdp_at_dp1:
+        if expert_mesh is not None:
+            for experts in _routed_experts(blocks):
+                _apply_replicate(experts, expert_mesh["edp"], mp_policy, [])
         _apply_replicate(model, mesh["dp_replicate"], mp_policy, blocks)
         return
     dp_mesh = mesh["dp_replicate", "dp_shard"] if plan.sharding is Sharding.HSDP else mesh["dp_shard"]
@@ -163,9 +192,16 @@ def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_polic
     if plan.offload and dp_mesh.device_type == "cuda":
         from torch.distributed.fsdp import CPUOffloadPolicy
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if expert_mesh is not None:
+        for experts in _routed_experts(blocks):
+            fully_shard(experts, **(kwargs | {"mesh": expert_mesh["edp"]}))
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def _routed_experts(blocks: list[nn.Module]) -> list[nn.Module]:
+    return [m for block in blocks for m in block.modules() if isinstance(m, GroupedExperts)]
 
 
 def _apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,

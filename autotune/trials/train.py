@@ -25,6 +25,7 @@ from autotune.plan import ParallelPlan, Precision
 from autotune.trials.config import TrialConfig
 from autotune.trials.model import build_model, init_weights, synthetic_batch
 from autotune.trials.parallelize import (
+    build_expert_mesh,
     build_mesh,
     build_schedule,
     dp_degrees,
@@ -110,6 +111,7 @@ class NativeTrainer:
         self.plan, self.config, self.device = plan, config, device
         self.dtype = compute_dtype(plan, device)
         self.mesh = build_mesh(plan, device.type)
+        self.expert_mesh = build_expert_mesh(plan, device.type)
         _, shard = dp_degrees(plan)
         self.dp_rank = self.mesh.get_local_rank("dp_replicate") * shard + self.mesh.get_local_rank("dp_shard")
         self.modules = self._build()
@@ -125,7 +127,8 @@ class NativeTrainer:
         cfg, plan = self.config, self.plan
         model = build_model(cfg.model, device=self.device, seed=cfg.seed if cfg.full_init else None)
         param_dtype = self.dtype if self.dtype != torch.float32 else None
-        kwargs = {"plan": plan, "mesh": self.mesh, "param_dtype": param_dtype, "fsdp_at_dp1": cfg.fsdp_at_dp1}
+        kwargs = {"plan": plan, "mesh": self.mesh, "param_dtype": param_dtype, "fsdp_at_dp1": cfg.fsdp_at_dp1,
+                  "expert_mesh": self.expert_mesh}
         if plan.pp == 1:
             chunks = [(0, model)]
         else:

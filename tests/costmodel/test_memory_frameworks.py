@@ -69,3 +69,25 @@ def test_torchtitan_llama3_8b_sac_op_peak_within_ten_percent(gpus, published_gib
     reserved = est.memory_bytes_per_gpu - outside
     assert est.feasible
     assert reserved / GIB == pytest.approx(published_gib, rel=0.10)
+
+
+def test_megatron_fsdp_shards_everything_and_gathers_per_layer():
+    """Megatron-FSDP (--use-megatron-fsdp, optim_grads_params), as Megatron-Bridge's Llama 3 recipes
+    run it."""
+    from autotune.emit.megatron import megatron_args_text
+
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    base = dict(dp=8, global_batch=8, seq_len=8192, framework="megatron", precision="fp8")
+    dist_opt = estimate(model, cluster, ParallelPlan(**base, sharding="zero1")).memory
+    fsdp = estimate(model, cluster, ParallelPlan(**base, sharding="fsdp-full")).memory
+    assert fsdp.weights_bytes == pytest.approx(dist_opt.weights_bytes / 8)
+    assert fsdp.gradients_bytes == pytest.approx(dist_opt.gradients_bytes / 8)
+    from autotune.costmodel.states import gathered_bytes
+    gathered = [gathered_bytes(model, ParallelPlan(**base, sharding=s), first=True, last=True, backward=True)
+                for s in ("fsdp-full", "zero1")]
+    assert gathered[0] > 0 == gathered[1]
+    text = megatron_args_text(ParallelPlan(**base, sharding="fsdp-full"), model)
+    assert "--use-megatron-fsdp\n" in text
+    assert "--data-parallel-sharding-strategy optim_grads_params\n" in text
+    with pytest.raises(Exception, match="Megatron-FSDP is priced without pipelining"):
+        ParallelPlan(**{**base, "dp": 4}, pp=2, sharding="fsdp-full")

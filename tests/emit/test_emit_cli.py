@@ -74,3 +74,10 @@ def test_gpu_without_gpus_is_an_error(emitted, tmp_path, capsys):
     argv = ["emit", "--plan", plan_json, "--out", str(tmp_path), "--gpu", "a100-sxm"]
     assert main(argv) == 2
     assert "need --gpus" in _error(capsys)
+
+
+def test_image_is_a_parameter(emitted, tmp_path, capsys):
+    argv = ["emit", "--plan", str(emitted("hsdp") / "plan.json"), "--out", str(tmp_path)]
+    assert main([*argv, "--image", "registry.example/me/train:1"]) == 0
+    job = (tmp_path / "pytorchjob.yaml").read_text()
+    assert job.count("image: registry.example/me/train:1") == 2  # Master and Worker

@@ -144,11 +144,16 @@ def test_deepspeed_script_multi_node_reads_a_hostfile(emitted, stubs, tmp_path):
     assert stubs(out / "launch_deepspeed.sh", "train.py").returncode == 2  # no hostfile yet
     hostfile = tmp_path / "my hosts"
     hostfile.write_text("# nodes\nnode-a slots=8\nnode-b slots=8\n")
-    done = stubs(out / "launch_deepspeed.sh", "train.py", env={"HOSTFILE": str(hostfile)})
+    env_file = tmp_path / "ds env"
+    done = stubs(out / "launch_deepspeed.sh", "train.py", env={"HOSTFILE": str(hostfile),
+                                                               "DS_ENV_FILE": str(env_file)})
     assert done.returncode == 0, done.stderr
     args = _deepspeed_runner_args(done.argvs[0][1:])
     assert (args.num_nodes, args.num_gpus, args.hostfile, args.master_addr) == (2, 8, str(hostfile), "node-a")
     assert args.user_args[-2:] == ["--deepspeed_config", str(out / "ds_config.json")]
+    # pdsh passes the remote ranks only what the runner reads from DS_ENV_FILE: the contract is in it
+    exported = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert shlex.split(exported["AUTOTUNE_PLAN"]) == [str(out / "trial" / "plan.json")]  # quoted: a space
 
 
 def test_deepspeed_script_needs_a_training_script(emitted, stubs):

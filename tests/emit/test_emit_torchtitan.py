@@ -18,7 +18,7 @@ from emit_cases import CASES
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
 from autotune.emit import to_torchtitan_config, torchtitan_unsupported
-from autotune.emit.torchtitan import dumps_toml
+from autotune.emit.torchtitan import LLAMA3_FLAVORS, dumps_toml, torchtitan_flavor
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
@@ -154,6 +154,28 @@ def test_torchtitan_itself_parses_it_when_installed(name, emitted):
     ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
                  cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
                  ep=1, etp=1, world_size=plan.world_size)
+    assert job.model.name == "llama3"  # alone, the fragment no longer loads as torchtitan's debug model
+    assert job.model.flavor == (torchtitan_flavor(CASES[name].build()[1]) or CASES[name].build()[1].name)
+
+
+def test_llama3_flavors_are_torchtitans():
+    """Each flavor's shape, FFN width as torchtitan's FeedForward rounds it, built on the meta device."""
+    import torch
+    llama3 = pytest.importorskip("torchtitan.models.llama3")
+    for flavor, (dim, layers, heads, kv_heads, ffn, vocab) in LLAMA3_FLAVORS.items():
+        args = llama3.llama3_args[flavor]
+        with torch.device("meta"):
+            block = llama3.Transformer(args).layers["0"]
+        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size) == (
+            dim, layers, heads, kv_heads, vocab), flavor
+        assert block.feed_forward.w1.out_features == ffn, flavor
+
+
+def test_catalog_llama3_models_get_their_flavor(emitted):
+    from autotune.catalog import load_model
+    assert [torchtitan_flavor(load_model(m)) for m in ("llama3-8b", "llama3-70b", "llama3-405b", "7b")] == [
+        "8B", "70B", "405B", None]
+    assert 'name = "llama3"' in (emitted("hsdp") / "torchtitan.toml").read_text()
 
 
 def test_speed_knobs_are_written_as_torchtitan_keys():

@@ -158,3 +158,12 @@ def test_a_plan_deepspeed_cannot_run_is_never_priced():
     with pytest.raises(ConfigError, match="no Megatron-style sequence parallelism"):
         ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero2", sequence_parallel=True,
                      framework="deepspeed")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_no_file_names_the_folder_it_was_emitted_into(name, emitted):
+    """Relocatable: planning happens on a laptop, ``best/`` is copied to the cluster."""
+    out = emitted(name)
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert str(out) not in path.read_text(), path.name

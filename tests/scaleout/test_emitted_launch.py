@@ -33,11 +33,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _best_copy(tmp_path: Path, **plan_fields) -> tuple[ParallelPlan, Path, Path]:
+def _best_copy(tmp_path: Path, nodes: int = 1, **plan_fields) -> tuple[ParallelPlan, Path, Path]:
     """Emit a 2-rank CPU plan, copy ``best/`` and the user's script elsewhere, delete the original."""
     plan = ParallelPlan(dp=2, micro_batch=2, global_batch=8, seq_len=64, **plan_fields)
     planned = tmp_path / "laptop" / "best"
-    emit_all(plan, load_model("tiny"), make_cluster(num_gpus=2, gpu="cpu"), None, planned)
+    cluster = make_cluster(num_gpus=2, gpu="cpu", gpus_per_node=2 // nodes)
+    emit_all(plan, load_model("tiny"), cluster, None, planned)
     cluster_dir = tmp_path / "on the cluster"
     shutil.copytree(planned, cluster_dir / "best")
     shutil.copy(EXAMPLE, cluster_dir / "train.py")
@@ -112,10 +113,12 @@ def test_pytorchjob_container_runs_the_example(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.dist(timeout=600)
-def test_sbatch_runs_the_example_from_a_copy_of_best(slurm, tmp_path):
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_sbatch_runs_the_example_from_a_copy_of_best(slurm, tmp_path, nodes):
     """``sbatch <copy>/best/launch_slurm.sbatch train.py`` in the script's folder: the job finds ``best/``
-    through Slurm (it runs a spooled copy of the file) and runs the script to completion on one node."""
-    plan, best, script = _best_copy(tmp_path, sharding="fsdp-full")
+    through Slurm (it runs a spooled copy of the file) and runs the script to completion on 1 node, or on
+    2 (one torchrun agent per node, joined at MASTER_ADDR)."""
+    plan, best, script = _best_copy(tmp_path, nodes, sharding="fsdp-full")
     # the local nodes have CPUs and no GPU gres: the command line overrides the file's --gpus-per-node
     argv = ["sbatch", "--wait", "--gpus-per-node=0", "--time=8", f"--chdir={script.parent}",
             str(best / "launch_slurm.sbatch"), "train.py"]

@@ -41,6 +41,14 @@ def test_pipeline_chunks_keep_the_reference_weights(tiny):
     assert "lm_head.weight" in names and "embed_tokens.weight" not in names
 
 
+
+def test_uneven_pipeline_chunks_follow_torchtitans_split(tiny):
+    """4 layers over 3 stages: torchtitan's weighted split (stagesplit.py) gives 1, 2, 1 blocks."""
+    plan = ParallelPlan(pp=3, global_batch=6, seq_len=32)
+    chunks = [split_stages(build_model(tiny, device="cpu", seed=0), plan=plan, pp_rank=r) for r in range(3)]
+    kept = [set(chunk[0][1].layers) for chunk in chunks]
+    assert kept == [{"0"}, {"1", "2"}, {"3"}]
+
 @pytest.mark.parametrize("variant", [
     {},
     {"gated_mlp": False, "learned_positions": True, "bias": True},  # GPT-2 style

@@ -64,7 +64,7 @@ def test_workload_needs_real_trials_and_pins_pp_cp(monkeypatch):
         get_backend("simulate", cluster=make_cluster(num_gpus=2, gpu="cpu"), options=options)
     cluster = make_cluster(num_gpus=2, gpu="cpu")
     choice = get_backend("torchrun", cluster=cluster, device="cpu", options=options)
-    assert apply_pins({"pp": None, "tp": 2}, choice) == {"pp": 1, "cp": 1, "tp": 2}
+    assert apply_pins({"pp": None, "tp": 2}, choice) == {"pp": 1, "cp": 1, "ep": 1, "etp": 1, "tp": 2}
     with pytest.raises(ConfigError, match="--pp 2: pipeline and context parallelism are not applied"):
         apply_pins({"pp": 2}, choice)
     script = trial_options(script="examples/train_script/train.py")

@@ -1,0 +1,110 @@
+"""megatron_args.txt against megatron-core 0.16.1 (the ``test`` extra installs it; it runs on CPU).
+
+Megatron-LM's ``parse_args`` / ``validate_args`` live in ``megatron/training``, which no PyPI package ships
+(the megatron-core wheel and sdist hold ``megatron/core`` only); ``benchmarks/megatron_validate_args.py``
+runs them against a Megatron-LM checkout (results in ``benchmarks/results/megatron_validate_args.json``).
+Here the emitted flags go through what megatron-core validates itself: ``TransformerConfig`` (its
+``__post_init__`` checks heads and query groups against TP, sequence parallelism, recompute, dropout),
+built as ``megatron/training/arguments.py::core_transformer_config_from_args`` builds it (each flag's dest
+that names a field, plus its renames), and ``DistributedDataParallelConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import subprocess
+
+import pytest
+import torch
+from emit_cases import CASES
+
+from autotune.emit import megatron_unsupported
+
+core = pytest.importorskip("megatron.core")
+from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
+from megatron.core.transformer import TransformerConfig  # noqa: E402
+
+pytestmark = pytest.mark.slow  # importing megatron.core takes ~10 s on 2 cores
+
+MEGATRON_CASES = [n for n in CASES if not megatron_unsupported(CASES[n].build()[0])]
+
+
+def _flags(text: str) -> dict[str, object]:
+    """``--a-b V`` -> ``{"a_b": "V"}``, ``--flag`` -> ``{"flag": True}`` (argparse's dest rule)."""
+    out: dict[str, object] = {}
+    for line in text.splitlines():
+        flag, *value = shlex.split(line)
+        out[flag[2:].replace("-", "_")] = value[0] if value else True
+    return out
+
+
+def _typed(field: dataclasses.Field, value: object) -> object:
+    if isinstance(value, bool) or isinstance(field.default, str):
+        return value
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            pass
+    return value
+
+
+def _list_expression(text: str) -> list[int]:
+    """``([0]*3+[1]*58)`` -> the list, as Megatron's ``moe_freq_type`` evaluates it (ints, lists, * and +)."""
+    assert set(text) <= set("()[]0123456789*+, "), text
+    return list(eval(text, {"__builtins__": {}}))  # noqa: S307 -- checked to be list arithmetic of ints
+
+
+def _transformer_config(flags: dict[str, object]) -> TransformerConfig:
+    fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    kwargs = {k: _typed(fields[k], v) for k, v in flags.items() if k in fields}
+    kwargs["gated_linear_unit"] = bool(flags.get("swiglu"))  # core_transformer_config_from_args renames
+    kwargs["add_bias_linear"] = not flags.get("disable_bias_linear")
+    if "num_experts" in flags:  # core_transformer_config_from_args: num_moe_experts = args.num_experts
+        kwargs["num_moe_experts"] = int(flags["num_experts"])
+    if isinstance(flags.get("moe_layer_freq"), str):  # arguments.py moe_freq_type: an int or a list
+        text = str(flags["moe_layer_freq"])
+        kwargs["moe_layer_freq"] = int(text) if text.isdigit() else _list_expression(text)
+    dtype = torch.float16 if flags.get("fp16") else torch.bfloat16 if flags.get("bf16") else torch.float32
+    kwargs["params_dtype"] = kwargs["pipeline_dtype"] = dtype  # validate_args' params_dtype
+    per_virtual = flags.get("num_layers_per_virtual_pipeline_stage")
+    if per_virtual:
+        per_stage = int(flags["num_layers"]) // int(flags["pipeline_model_parallel_size"])
+        kwargs["virtual_pipeline_model_parallel_size"] = per_stage // int(per_virtual)
+    return TransformerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("name", MEGATRON_CASES)
+def test_megatron_core_accepts_the_emitted_flags(name, emitted):
+    plan, model, _ = CASES[name].build()
+    flags = _flags((emitted(name) / "megatron_args.txt").read_text())
+    config = _transformer_config(flags)
+    assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
+    assert config.attention_dropout == 0.0 and config.hidden_dropout == 0.0  # the cost model has no dropout
+    ddp = DistributedDataParallelConfig(**{k: bool(flags.get(k)) for k in (
+        "overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer")})
+    assert ddp.overlap_grad_reduce == (plan.dp > 1)  # the estimate hides DP communication behind compute
+    assert ddp.overlap_param_gather == (plan.dp > 1 and ddp.use_distributed_optimizer)
+
+
+def test_megatron_core_rejects_what_it_should(emitted):
+    """The harness can fail: 64 heads do not split over TP 6."""
+    flags = _flags((emitted("megatron_interleaved") / "megatron_args.txt").read_text())
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        _transformer_config({**flags, "tensor_model_parallel_size": "6"})
+
+
+@pytest.mark.parametrize("name", MEGATRON_CASES)
+def test_the_launch_environment_has_what_validate_args_asserts(name, emitted):
+    """``validate_args`` (core_v0.16.1) asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP or CP > 1 before
+    Blackwell; every launcher sources autotune_env.sh, so its environment is what the script gets."""
+    plan, _, _ = CASES[name].build()
+    out = emitted(name)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    show = '. "$RUN_DIR/autotune_env.sh"; echo "${CUDA_DEVICE_MAX_CONNECTIONS-}"'
+    printed = subprocess.run(["bash", "-c", show], env={**env, "RUN_DIR": str(out)}, capture_output=True,
+                             text=True, check=True)
+    needed = str(plan.framework) == "megatron" and (plan.tp > 1 or plan.cp > 1)
+    assert printed.stdout.strip() == ("1" if needed else "")
