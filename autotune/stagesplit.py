@@ -13,7 +13,13 @@ write, the same split:
   fewer (what Megatron-Bridge's Llama-3.1-405B recipe uses: 126 + 2 = 128 = 8 x 8 x 2); or
   ``--decoder-first-pipeline-num-layers F`` / ``--decoder-last-pipeline-num-layers K``: the other
   ``pp - 2`` ranks share ``L - F - K`` equally, each of ``F``, ``K`` and the middle ranks' share divisible
-  by ``v``. The two mechanisms are exclusive.
+  by ``v``. The two mechanisms are exclusive. Where neither fits (DeepSeek-V3's 61 layers at PP 8 x VP 2,
+  or PP 16 x VP 2), ``--pipeline-model-parallel-layout`` names the blocks of every chunk
+  (megatron/core/transformer/pipeline_parallel_layer_layout.py ``PipelineParallelLayerLayout``: chunks
+  separated by ``|``, ``E`` the embedding, ``t`` a block, ``L`` the loss; the virtual-stage count follows
+  from the chunk count). autotune's layout weighs the embedding and the loss as one block each, like the
+  account-for split, and gives the ``L + 2 mod pp v`` left-over blocks to the chunks after the first (what
+  Megatron-Bridge's DeepSeek-V3 recipes do by hand: ``Et*4|(t*4|)*14tmL``, a light last chunk).
 - torchtitan (torchtitan/distributed/pipeline_parallel.py ``generate_llm_fqn_per_model_part``): the
   embedding and the output each weigh one layer (``pipeline_parallel_first/last_stage_less_layers`` = 1),
   ``L + 2`` effective layers go to ``pp x v`` stages, the first ``(L + 2) mod (pp v)`` stages one more;
@@ -35,13 +41,15 @@ if TYPE_CHECKING:  # plan.py imports this module for its legality check
 
 __all__ = [
     "StageSplit", "split_layers", "split_error", "pipeline_degree_ok",
-    "UNIFORM", "ACCOUNT_BOTH", "ACCOUNT_LOSS", "FIRST_LAST", "TORCHTITAN", "DEEPSPEED",
+    "UNIFORM", "ACCOUNT_BOTH", "ACCOUNT_LOSS", "FIRST_LAST", "LAYOUT", "TORCHTITAN", "DEEPSPEED",
+    "megatron_layout",
 ]
 
 UNIFORM = "uniform"
 ACCOUNT_BOTH = "account-embedding-and-loss"
 ACCOUNT_LOSS = "account-loss"
 FIRST_LAST = "first-last"
+LAYOUT = "layout"
 TORCHTITAN = "torchtitan-weighted"
 DEEPSPEED = "deepspeed-uniform"
 
@@ -94,8 +102,12 @@ def split_error(num_layers: int, pp: int, virtual_stages: int, framework: str) -
 
 def pipeline_degree_ok(num_layers: int, pp: int) -> bool:
     """PP degrees worth offering by rule ``divisors_of_layers``: those that divide the layers, or the
-    layers plus the embedding and the loss (Megatron's account-for split; torchtitan's weighted split)."""
-    return num_layers % pp == 0 or (num_layers + 2) % pp == 0
+    layers plus the embedding and the loss (Megatron's account-for split; torchtitan's weighted split), and
+    powers of two up to half the layers, which every framework splits unevenly (Megatron's first/last or
+    layout split, torchtitan's weighted one, DeepSpeed's uniform one): DeepSeek-V3's 61 layers run at PP 8
+    and 16 (Megatron-Bridge recipes)."""
+    power_of_two = pp & (pp - 1) == 0 and 2 * pp <= num_layers
+    return num_layers % pp == 0 or (num_layers + 2) % pp == 0 or power_of_two
 
 
 @functools.lru_cache(maxsize=4096)
@@ -112,7 +124,7 @@ def _split(num_layers: int, pp: int, v: int, framework: str) -> StageSplit | str
 
 def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
     """Account-for split if ``L + 2`` / ``L + 1`` divides, else the first/last-layers split whose busiest
-    rank holds the fewest blocks (ties: the smaller last stage, which also runs the head)."""
+    rank holds the fewest blocks (ties: the smaller last stage, which also runs the head), else a layout."""
     chunks = pp * v
     for extra, method in ((2, ACCOUNT_BOTH), (1, ACCOUNT_LOSS)):
         if (num_layers + extra) % chunks == 0 and (num_layers + extra) // chunks >= 2:
@@ -133,12 +145,23 @@ def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
             key = (max(first, last, mid * v), last)
             if best is None or key < best[0]:
                 best = (key, split)
-    if best is None:
-        return (f"Megatron cannot split {num_layers} layers into PP x virtual stages = {pp} x {v}: neither "
-                f"layers + 2 nor layers + 1 divisible by {chunks}, nor a "
-                f"--decoder-first/last-pipeline-num-layers split (each a multiple of {v}, the rest shared "
-                "equally by the middle ranks)")
-    return best[1]
+    if best is not None:
+        return best[1]
+    per, extra = divmod(num_layers + 2, chunks)
+    if per < 1:  # an end chunk may hold the embedding or the loss alone (Megatron's "...|L" example)
+        return (f"Megatron cannot split {num_layers} layers into PP x virtual stages = {pp} x {v}: more "
+                "chunks than blocks + embedding + loss")
+    layers = [per + (0 < i <= extra) for i in range(chunks)]  # left-over blocks after the first chunk
+    layers[0] -= 1
+    layers[-1] -= 1
+    return StageSplit(pp=pp, chunk_layers=tuple(layers), method=LAYOUT)
+
+
+def megatron_layout(split: StageSplit) -> str:
+    """``--pipeline-model-parallel-layout`` of ``split``: its chunks in stage order (module docstring)."""
+    last = len(split.chunk_layers) - 1
+    return "|".join(("E" if i == 0 else "") + "t" * n + ("L" if i == last else "")
+                    for i, n in enumerate(split.chunk_layers))
 
 
 def _torchtitan(num_layers: int, pp: int, v: int) -> StageSplit | str:

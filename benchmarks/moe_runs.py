@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,38 @@ def _skip_reason(row: dict[str, Any]) -> str | None:
     return None
 
 
+_UNPRICED = {
+    "recompute_modules": "recompute {}", "fine_grained_activation_offloading": "activation offload",
+    "use_precision_aware_optimizer": "precision-aware optimizer", "fp8_param_gather": "fp8 param gather",
+    "moe_a2a_overlap": "EP a2a overlap", "overlap_moe_expert_parallel_comm": "EP a2a overlap",
+    "moe_flex_dispatcher_backend": "{} dispatcher", "cuda_graph_impl": "CUDA graphs",
+    "moe_paged_stash": "paged stash", "delay_wgrad_compute": "delayed wgrad",
+}
+"""Recipe settings (row notes) that a ParallelPlan cannot express: what each row ran beyond its plan."""
+_RECOMPUTE_MODULES = re.compile(r"recompute[_-]modules'?:? \[?([\w', ]+)\]?")
+
+
+def unpriced_knobs(row: dict[str, Any]) -> list[str]:
+    """The ``_UNPRICED`` settings a row's recipe uses (from its notes and recompute detail). Megatron's
+    ``--recompute-modules`` other than ``core_attn`` (the plan's selective recompute) are listed: the plan has
+    no per-module recompute (``layernorm``, ``moe_act``, ``moe``, ``mla_up_proj``, ``mlp``...)."""
+    text = f"{row.get('notes', '')} {row.get('recompute_detail', '')}"
+    out = []
+    for key, label in _UNPRICED.items():
+        m = re.search(rf"'{key}': '?([\w-]+)", text)
+        if not m or m.group(1) in ("False", "None"):
+            continue
+        out.append(label.format(m.group(1)) if key != "recompute_modules" else "")
+    text = text.replace("--recompute-modules", "recompute_modules").replace(
+        "recompute of layernorm and MoE activation", "recompute_modules: ['layernorm', 'moe_act']")
+    modules = {w for m in _RECOMPUTE_MODULES.finditer(text)
+               for w in re.findall(r"\w+", m.group(1))} - {"core_attn"}
+    out = [x for x in out if x]
+    if modules:
+        out.insert(0, "recompute " + "+".join(sorted(modules)))
+    return sorted(set(out), key=out.index)
+
+
 def _megatron_flops_per_token(model, seq_len: int) -> float:
     """Megatron's model FLOPs per token (module docstring): causal attention counted as ``s/2``."""
     full = flops.model_flops_per_token(model, seq_len)
@@ -97,7 +130,7 @@ def predict(row: dict[str, Any]) -> dict[str, Any]:
             "precision": row["precision"], "metric": metric, "measured": meas, "predicted": pred,
             "error": pred / meas - 1, "flex_dispatcher": flex, "legal": not est.reasons,
             "reasons": list(est.reasons), "ep_comm_share": t["ep_comm_s"] / t["step_time_s"],
-            "mfu": est.mfu, "memory_gib": est.memory_bytes_per_gpu / 1024**3}
+            "mfu": est.mfu, "memory_gib": est.memory_bytes_per_gpu / 1024**3, "unpriced": unpriced_knobs(row)}
 
 
 def _layout(row: dict[str, Any]) -> str:
@@ -119,6 +152,8 @@ def run() -> dict[str, Any]:
         except ConfigError as e:
             skipped.append({"id": row["id"], "reason": str(e)})
     stats = {"rows": len(rows), "skipped": len(skipped), **_stats(results),
+             "ran_but_called_oom": sum(any("out of memory" in x for x in r["reasons"]) for r in results),
+             "ran_but_called_illegal": sum(bool(r["reasons"]) for r in results),
              "h100": _stats([r for r in results if r["gpu"] == "h100-sxm"])}
     return {"stats": stats, "results": results, "skipped": skipped}
 
@@ -142,15 +177,17 @@ def markdown(doc: dict[str, Any]) -> str:
              f"median signed {s['median_signed_error']:+.1%}; {s['within_15pct']} rows within 15 %. "
              f"H100 rows: {s['h100']['priced']}, median |error| {s['h100']['median_abs_error']:.1%}, "
              f"median signed {s['h100']['median_signed_error']:+.1%}, "
-             f"{s['h100']['within_15pct']} within 15 %.",
+             f"{s['h100']['within_15pct']} within 15 %. Rows that ran but are called out of memory: "
+             f"{s['ran_but_called_oom']}; illegal for any reason: {s['ran_but_called_illegal']}. The last "
+             "column lists what each row's recipe ran that a plan cannot express (`unpriced_knobs`).",
              "",
              "| run | GPU | GPUs | layout | prec | measured tok/s/GPU | predicted | error | EP a2a share | "
-             "flex | legal |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "flex | legal | recipe beyond the plan |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         lines.append(f"| {r['id']} | {r['gpu']} | {r['gpus']} | {r['layout']} | {r['precision']} | "
                      f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} | "
                      f"{r['ep_comm_share']:.0%} | {'yes' if r['flex_dispatcher'] else ''} | "
-                     f"{'yes' if r['legal'] else r['reasons'][0]} |")
+                     f"{'yes' if r['legal'] else r['reasons'][0]} | {', '.join(r['unpriced'])} |")
     lines += ["", "## Not set up", ""] + [f"- {x['id']}: {x['reason']}" for x in doc["skipped"]]
     return "\n".join(lines) + "\n"
 

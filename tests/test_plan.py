@@ -49,8 +49,10 @@ def test_check_plan_reports_model_and_cluster_rules():
     uneven = check_plan(_plan(tp=8, pp=3, dp=1), model, make_cluster(num_gpus=24))  # torchtitan cuts 80 / 3
     assert not any("split" in r for r in uneven)
     two_by_three = _plan(tp=8, pp=2, dp=1, schedule="interleaved", virtual_stages=3, framework="megatron")
-    assert any("Megatron cannot split 80 layers" in r
-               for r in check_plan(two_by_three, model, make_cluster(num_gpus=16)))
+    assert not any("split" in r for r in check_plan(two_by_three, model, make_cluster(num_gpus=16)))  # layout
+    too_many = two_by_three.replace(virtual_stages=42, global_batch=84)  # 84 chunks > 80 layers + 2
+    reasons = check_plan(too_many, model, make_cluster(num_gpus=16))
+    assert any("Megatron cannot split 80 layers" in r for r in reasons)
     assert any("equal the 16 GPUs" in r for r in check_plan(_plan(tp=8), model, cluster))
     assert any(
         "no fp8" in r

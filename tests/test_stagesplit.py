@@ -8,7 +8,7 @@ from autotune.emit.megatron import megatron_args_text
 from autotune.emit.torchtitan import to_torchtitan_config
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
-from autotune.stagesplit import split_layers
+from autotune.stagesplit import megatron_layout, split_layers
 
 
 def _plan(**kw):
@@ -67,6 +67,16 @@ def test_memory_takes_the_worst_stage_of_an_uneven_split():
     plan = _plan(pp=16, dp=128, recompute="full", sequence_parallel=True)
     ranks = [stage_memory(model, cluster, plan, rank=r) for r in range(16)]
     assert memory_breakdown(model, cluster, plan).total_bytes == max(m.total_bytes for m in ranks)
+
+
+def test_megatron_layout_splits_deepseek_v3():
+    """61 layers at PP 8 x VP 2: neither account-for nor first/last fits; a --pipeline-model-parallel-layout
+    does (Megatron-Bridge's DeepSeek-V3 recipes); the busiest rank holds 8 blocks, like the recipe's."""
+    plan = _plan(pp=8, dp=32, tp=1, schedule="interleaved", virtual_stages=2)
+    split = split_layers(61, plan)
+    assert split.method == "layout" and sum(split.chunk_layers) == 61 and len(split.chunk_layers) == 16
+    assert max(split.rank_layers(r) for r in range(8)) == 8
+    assert megatron_layout(split).startswith("Ett|tttt|") and megatron_layout(split).endswith("|tttL")
 
 
 def test_recompute_layers_prices_and_emits_megatrons_block_recompute():

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autotune import modelshape
+from autotune.costmodel import moe
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule
 from autotune.specs import ModelSpec
 
@@ -77,6 +78,8 @@ class Kernels:
     (transformer_engine/pytorch/module/layernorm_linear.py and linear.py save the quantized ``ln_out`` /
     ``inputmat`` when ``fp8``), so the QKV, projection, FC1 and FC2 inputs take 1 B; the attention core
     keeps its bf16 Q, K, V and output (the projection's fp8 input is a second copy of that output)."""
+    routed_saved_h: int = 2
+    """``h``-wide tensors an MoE block keeps per routed token copy (``moe.routed_saved_h_tensors``)."""
 
 
 def kernels_for(plan: ParallelPlan) -> Kernels:
@@ -90,7 +93,8 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron,
                    op_sac=plan.framework is Framework.FSDP,
                    loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
-                   fp8_gemm_inputs=megatron and plan.precision is Precision.FP8)
+                   fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
+                   routed_saved_h=moe.routed_saved_h_tensors(plan))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,13 +143,13 @@ def tp_split_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     """Tensors split by TP (before dividing by ``t``): Q, K, V (K and V ``kv`` wide), the
     output-projection input, and the MLP intermediates (gated: 4 eager / 3 fused ffn-wide; GeLU: 2).
     Korthikanti Eq. 2: 24sbh for kv = h, ffn = 4h, e = 2 (Q,K 4 + V 2 + projection input 2 + GeLU 16).
-    MoE blocks also keep two ``h``-wide tensors per routed token copy: the permuted expert input (for the
-    weight gradient of the first expert GEMM) and the expert output the combine weights by the router's
-    probability (Megatron-Core ``experts.py`` GroupedMLP, ``moe_utils.py`` ``unpermute``)."""
+    MoE blocks also keep one ``h``-wide tensor per routed token copy, the permuted expert input that the
+    first expert GEMM saves for its weight gradient (fp8 plans: its fp8 copy); Megatron applies the router
+    probability inside the expert activation, not to an ``h``-wide tensor (``moe.routed_saved_h_tensors``)."""
     sb = x.s * x.b
     attention = sb * (x.attn_width or 2 * x.h + 2 * x.kv) * e
     mlp_tensors = (3 if k.fused_swiglu else 4) if x.gated else 2
-    routed = sb * 2 * x.routed * e  # MoE: permuted expert inputs and expert outputs (docstring)
+    routed = sb * k.routed_saved_h * x.routed * (1 if k.fp8_gemm_inputs else e)  # MoE: docstring
     if k.fp8_gemm_inputs:  # + the projection's fp8 input; the FC2 input (last MLP tensor) in fp8
         return attention + sb * x.h + sb * x.ffn * ((mlp_tensors - 1) * e + 1) + routed
     return attention + sb * x.ffn * mlp_tensors * e + routed

@@ -30,11 +30,12 @@ backward. What is modelled and what is fixed:
 from __future__ import annotations
 
 from autotune.modelshape import routed_width_per_layer
-from autotune.plan import ParallelPlan, Recompute
+from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["LOAD_IMBALANCE", "GEMM_TILE_ROWS", "expert_params_per_gpu", "optimizer_shard_params",
-           "tokens_per_expert", "all_to_all_s", "dispatch_s"]
+           "tokens_per_expert", "all_to_all_s", "dispatch_s", "routed_saved_h_tensors",
+           "regroup_bytes_per_token"]
 
 LOAD_IMBALANCE = 1.0
 """Tokens of the busiest expert rank over the mean (module docstring: balanced)."""
@@ -42,6 +43,32 @@ GEMM_TILE_ROWS = 128
 """Rows of one output tile of a tensor-core GEMM (CUTLASS / cuBLAS 128 x 128 and 128 x 256 tiles on
 A100/H100): a GEMM of ``M`` rows computes ``ceil(M / 128)`` tiles of rows (NVIDIA Deep Learning Performance
 Guide, "Matrix Multiplication Background", tile quantization). Grouped expert GEMMs pay it per expert."""
+
+
+def routed_saved_h_tensors(plan: ParallelPlan) -> int:
+    """``h``-wide tensors one MoE block keeps for backward per routed token copy, beyond the expert MLP's
+    ffn-wide intermediates. Megatron-Core: one, the permuted expert input that the first grouped GEMM saves
+    for its weight gradient; the router probability multiplies inside the expert activation
+    (``experts.py`` ``TEGroupedMLP`` with ``fusions/fused_bias_swiglu.py`` ``weighted_bias_swiglu_impl``), so
+    no expert output is kept for the probability's gradient, and ``moe_utils.py`` ``permute`` / ``unpermute``
+    save only indices. torchtitan (``models/moe/moe.py``, ``score_before_experts``) scales the routed input
+    by the score before the experts: it keeps the unscaled copy for the score's gradient and the scaled one
+    for the GEMM, two."""
+    return 1 if plan.framework is Framework.MEGATRON else 2
+
+
+def regroup_bytes_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Forward HBM bytes per token (mean block, one TP rank) of regrouping the received token copies by
+    local expert around the all-to-all, beyond the permute/unpermute of
+    ``flops.elementwise_bytes_per_token``. Megatron's ``MoEAlltoAllTokenDispatcher`` sorts the copies it
+    receives from the EP ranks into per-expert chunks after the dispatch and restores the per-rank order
+    before the combine (``token_dispatcher.py`` ``dispatch_postprocess`` / ``combine_preprocess``:
+    ``moe_utils.py`` ``sort_chunks_by_idxs``, with ``--moe-permute-fusion`` too) whenever a rank holds more
+    than one expert: two copies, each reading and writing every routed copy (16-bit). torchtitan's
+    ``ExpertParallel`` regroups by ``generate_permute_indices`` the same way (``expert_parallel.py``)."""
+    if not model.is_moe or plan.ep == 1 or model.num_experts // plan.ep < 2:
+        return 0.0
+    return 2 * 2 * 2 * routed_width_per_layer(model) / plan.tp
 
 
 def expert_params_per_gpu(model: ModelSpec, plan: ParallelPlan, num_blocks: float) -> float:

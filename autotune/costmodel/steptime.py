@@ -202,7 +202,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     ew_bytes = (flops.elementwise_bytes_per_token(model, tp=tp, sequence_parallel=plan.sequence_parallel)
                 + compute.eager_extra_bytes_per_token(model, cluster, plan))
     score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
-    ew_s = tokens * ew_bytes / hbm_rate + score_s
+    ew_s = tokens * (ew_bytes + moe.regroup_bytes_per_token(model, plan)) / hbm_rate + score_s
     recompute = plan.recompute
     recompute_s = (recomputed_share(model, plan) * (gemm_s + attn_s + ew_s) if recompute is Recompute.FULL
                    else attn_s + score_s if recompute is Recompute.SELECTIVE else 0.0)

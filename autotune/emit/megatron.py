@@ -23,7 +23,15 @@ from __future__ import annotations
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
 from autotune.specs import ModelSpec
-from autotune.stagesplit import ACCOUNT_BOTH, ACCOUNT_LOSS, FIRST_LAST, split_error, split_layers
+from autotune.stagesplit import (
+    ACCOUNT_BOTH,
+    ACCOUNT_LOSS,
+    FIRST_LAST,
+    LAYOUT,
+    megatron_layout,
+    split_error,
+    split_layers,
+)
 
 __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text", "megatron_env", "priced_args"]
 
@@ -133,6 +141,8 @@ def _split_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         if plan.schedule is not Schedule.INTERLEAVED:
             return []
         return [["--num-layers-per-virtual-pipeline-stage", str(split.chunk_layers[0])]]
+    if split.method == LAYOUT:  # the layout implies the virtual stages (megatron/training/arguments.py)
+        return [["--pipeline-model-parallel-layout", megatron_layout(split)]]
     args = [["--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages)]] \
         if plan.schedule is Schedule.INTERLEAVED else []
     if split.method in (ACCOUNT_BOTH, ACCOUNT_LOSS):

@@ -142,3 +142,18 @@ def test_routed_copies_add_activation_memory():
     top4_model = dataclasses.replace(mixtral, experts_per_token=4)
     top4 = memory_breakdown(top4_model, cluster, plan).activations_bytes
     assert top4 > top2
+
+
+def test_megatron_keeps_one_h_wide_tensor_per_routed_copy_torchtitan_two():
+    """Megatron applies the router probability inside the expert activation (weighted SwiGLU); torchtitan
+    scales the routed input first, so it keeps the unscaled copy too (moe.routed_saved_h_tensors)."""
+    mixtral, cluster = load_model("mixtral-8x7b"), make_cluster(num_gpus=8)
+    megatron = _plan(dp=8, ep=8, sharding="zero1", global_batch=8, framework="megatron")
+    titan = megatron.replace(framework="fsdp", sharding="fsdp-full")
+    assert (moe.routed_saved_h_tensors(megatron), moe.routed_saved_h_tensors(titan)) == (1, 2)
+    one = memory_breakdown(mixtral, cluster, megatron).activations_bytes
+    two_routed = memory_breakdown(dataclasses.replace(mixtral, experts_per_token=4), cluster, megatron)
+    per_copy = (two_routed.activations_bytes - one) / 2  # two more copies of h per token per MoE block
+    tokens = megatron.micro_batch * megatron.seq_len * mixtral.num_layers
+    ffn_tensors = 3 * mixtral.expert_ffn_hidden_size * 2  # fused SwiGLU: fc1 output (2 f) + its output (f)
+    assert per_copy == pytest.approx(tokens * (mixtral.hidden_size * 2 + ffn_tensors), rel=0.05)

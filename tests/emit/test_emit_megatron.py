@@ -174,7 +174,11 @@ def test_plans_megatron_cannot_run_get_no_args(changes, reason):
 def test_megatron_rules_are_checked_before_emitting():
     plan = ParallelPlan(pp=2, dp=2, global_batch=12, seq_len=2048, framework="megatron",
                         schedule="interleaved", virtual_stages=3)
-    with pytest.raises(ConfigError, match="Megatron cannot split 32 layers into PP x virtual stages = 2 x 3"):
-        megatron_args(plan, CASES["zero0"].build()[1])  # 32 layers
+    too_many = plan.replace(virtual_stages=18, global_batch=36)  # 36 chunks > 32 layers + 2
+    with pytest.raises(ConfigError, match="cannot split 32 layers into PP x virtual stages = 2 x 18"):
+        megatron_args(too_many, CASES["zero0"].build()[1])
+    layout = megatron_args_text(plan, CASES["zero0"].build()[1])  # 32 + 2 = 34 over 6 chunks: a layout
+    assert "--pipeline-model-parallel-layout Etttt|tttttt|tttttt|tttttt|tttttt|ttttL\n" in layout
+    assert "--num-virtual-stages-per-pipeline-rank" not in layout
     uneven = plan.replace(schedule="1f1b", virtual_stages=1, pp=3, global_batch=12)
     assert "--account-for-loss-in-pipeline-split" in megatron_args_text(uneven, CASES["zero0"].build()[1])
