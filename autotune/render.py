@@ -73,8 +73,13 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
 def params_line(model: ModelSpec) -> str:
     """``46.7B total, 12.9B active`` for MoE models, ``8.03B parameters`` for dense ones."""
     if model.is_moe:
-        return f"{model.total_params / 1e9:.1f}B total, {model.active_params / 1e9:.1f}B active"
-    return f"{model.num_params / 1e9:.2f}B parameters"
+        return f"{_one_decimal(model.total_params)} total, {_one_decimal(model.active_params)} active"
+    return f"{param_count(model.num_params)} parameters"
+
+
+def _one_decimal(n: float) -> str:
+    """``46.7B`` as model cards print MoE sizes; small models as ``param_count`` does."""
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else param_count(n)
 
 
 def plan_summary(plan: ParallelPlan) -> str:

@@ -211,8 +211,8 @@ def test_11_emit_of_a_plan_that_cannot_fit_warns(capsys, tmp_path):
 
 # ---------------------------------------------------------------------------------------------- minor
 @pytest.mark.parametrize(("argv", "hint"), [
-    (["--model", "tiny", "--gpus", "1", "--gpu", "h100"], "did you mean h100-pcie or h100-sxm?"),
-    (["--model", "tiny", "--gpus", "1", "--gpu", "H100"], "did you mean h100-pcie or h100-sxm?"),
+    (["--model", "tiny", "--gpus", "1", "--gpu", "h100"], "did you mean h100-96gb or h100-pcie or h100-sxm?"),
+    (["--model", "tiny", "--gpus", "1", "--gpu", "H100"], "did you mean h100-96gb or h100-pcie or h100-sxm?"),
     (["--model", "meta-llama/Llama-3-8B", "--gpus", "8"], "Hugging Face repo id"),
 ])
 def test_minor_did_you_mean(capsys, argv, hint):
