@@ -46,6 +46,19 @@ def trial_ds_config(plan: ParallelPlan, *, on_cpu: bool) -> dict[str, Any]:
     return cfg
 
 
+def _autotp_mpu(plan: ParallelPlan) -> dict[str, Any]:
+    """With AutoTP, DeepSpeed 0.19 takes the batch's DP size from an mpu, else from the world size (TP ranks
+    counted) and rejects the emitted ``train_batch_size``; ``deepspeed.utils.groups`` with its TP mesh is the
+    mpu DeepSpeed's own tensor-parallel setup builds (``merge_tp_model_init_into_config``), and the one
+    ``summary.md`` tells user scripts to pass (tests/trials/test_ds_autotp_batch.py)."""
+    if plan.tp == 1:
+        return {}
+    from deepspeed.utils import groups
+
+    groups._init_tp_mesh_device(tensor_model_parallel_size=plan.tp)
+    return {"mpu": groups}
+
+
 class _Embed(nn.Module):
     """First pipeline layer: token (+ position) embeddings of the shared model."""
 
@@ -78,8 +91,10 @@ def _pipeline_module(model: Transformer, plan: ParallelPlan, ds_config: dict[str
     layers = [_Embed(model), *model.layers.values(), _Head(model)]
     # Recompute covers the transformer blocks only: DeepSpeed's reentrant checkpoint of the embedding (whose
     # input, the token ids, needs no grad) would return a tensor that needs none, and backward would fail.
-    return PipelineModule(layers=layers, num_stages=pipe_cfg["stages"], loss_fn=lm_loss,
-                          partition_method=pipe_cfg["partition"], checkpointable_layers=[Block.__name__],
+    # stages and partition are PipelineModule's, not ds_config's: "uniform" over these items is the split
+    # autotune/stagesplit.py prices for DeepSpeed (partition_uniform over embedding, blocks and head)
+    return PipelineModule(layers=layers, num_stages=plan.pp, loss_fn=lm_loss,
+                          partition_method="uniform", checkpointable_layers=[Block.__name__],
                           activation_checkpoint_interval=pipe_cfg["activation_checkpoint_interval"])
 
 
@@ -105,7 +120,8 @@ class DeepSpeedTrainer:
         fused = device.type == "cuda" and not plan.offload
         optimizer = make_optimizer(module.parameters(), lr=config.lr, fused=fused)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False)
+            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False,
+            **_autotp_mpu(plan))
         self.modules = [self.engine.module]
         tp = plan.tp
         self.dp_rank = (torch.distributed.get_rank() // tp) % plan.dp  # rank grid: pp, dp, tp
