@@ -430,13 +430,19 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
     sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP
     out = []
+    speeds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # (fw, sp, prec) -> the speed knobs that matter
     for fw, sharding in product(choices["framework"], choices["sharding"]):
         for hsdp in (choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,)):
             rest = product(choices["offload"], schedules, choices["recompute"], sps, choices["precision"],
-                           choices["ep"], choices["etp"], *(choices[k] for k in _SPEED))
-            for offload, (sched, vs), rc, sp, prec, ep, etp, *speed in rest:
-                v = _Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp, *speed)
-                out.append(_collapse(v, tp, cp))
+                           choices["ep"], choices["etp"])
+            for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
+                v = _Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp)
+                key = (fw, sp, prec)
+                if key not in speeds:  # collapse before multiplying: most combinations leave one value each
+                    collapsed = (_collapse(v._replace(**dict(zip(_SPEED, speed, strict=True))), tp, cp)
+                                 for speed in product(*(choices[k] for k in _SPEED)))
+                    speeds[key] = list(dict.fromkeys(tuple(getattr(c, k) for k in _SPEED) for c in collapsed))
+                out += [v._replace(**dict(zip(_SPEED, speed, strict=True))) for speed in speeds[key]]
     return list(dict.fromkeys(out))
 
 

@@ -16,6 +16,7 @@ def test_deepseek_v3_on_512_h100_gets_an_expert_parallel_plan(tmp_path):
     assert plan["ep"] > 1
 
 
+@pytest.mark.slow  # every legal plan of a 671B MoE is estimated (~80 s on 2 cores)
 def test_deepseek_v3_on_eight_a100_fits_nowhere(tmp_path, capsys):
     assert main(["search", "--model", "deepseek-v3", "--gpus", "8", "--gpu", "a100-40gb", "--backend",
                  "simulate", "--out", str(tmp_path)]) == 2
