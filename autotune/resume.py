@@ -67,7 +67,7 @@ def interrupted(study: optuna.Study, trial: optuna.Trial, trial_dir: Path, measu
     trial.set_user_attr("status", INTERRUPTED)
     frozen = study.tell(trial, state=TrialState.FAIL)
     if frozen.params:
-        requeue(study, frozen)
+        requeue(study, frozen, charged=False)  # the user stopped it: no retry of the plan's budget is spent
         return f"; trial {trial.number} was stopped and its plan runs first on --resume"
     return ""
 

@@ -236,11 +236,12 @@ def _fail_and_retry(study: optuna.Study, trial: FrozenTrial) -> bool:
     return True
 
 
-def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+def requeue(study: optuna.Study, trial: FrozenTrial, *, charged: bool = True) -> None:
     """Queue a failed trial's plan again (WAITING; ``failed_trial`` names the first try), at most
     ``MAX_RETRY`` times: Optuna's ``RetryHeartbeatStaleTrialCallback``, without the constraints and owner of
-    the failed try (the retry sets its own; Optuna warns when a constraint is set twice)."""
-    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    the failed try (the retry sets its own; Optuna warns when a constraint is set twice). A try the user
+    stopped with a signal (``charged=False``) is not the plan's fault and does not count toward the limit."""
+    history = [*trial.system_attrs.get("retry_history", []), *([trial.number] if charged else [])]
     if len(history) > MAX_RETRY:
         return
     system = {k: v for k, v in trial.system_attrs.items()

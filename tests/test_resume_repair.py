@@ -153,3 +153,28 @@ def test_a_stop_signal_while_trial_processes_start_waits_until_they_are_known():
             time.sleep(0.05)
             steps.append("started")
     assert steps == ["started"] and stopped.value.exit_code == 143
+
+
+def test_stops_by_signal_do_not_spend_the_retry_budget():
+    """Was (fuzz seed 576): SIGINT, SIGTERM, then SIGKILL of the same plan's tries used up ``MAX_RETRY`` and
+    the plan the kill left was never run again."""
+    import optuna
+    from optuna.distributions import IntDistribution
+    from optuna.trial import TrialState
+
+    from autotune.scaleout import MAX_RETRY, requeue
+
+    study = optuna.create_study()
+    study.add_trial(optuna.create_trial(state=TrialState.FAIL, params={"tp": 1},
+                                        distributions={"tp": IntDistribution(1, 8)}))
+    for _ in range(MAX_RETRY + 2):  # user stops: each re-queued, none charged
+        requeue(study, study.trials[-1], charged=False)
+        assert study.trials[-1].state is TrialState.WAITING
+        study._storage.set_trial_state_values(study.trials[-1]._trial_id, state=TrialState.FAIL)
+    for _ in range(MAX_RETRY):  # crashes: charged, re-queued MAX_RETRY times, then no more
+        requeue(study, study.trials[-1])
+        assert study.trials[-1].state is TrialState.WAITING
+        study._storage.set_trial_state_values(study.trials[-1]._trial_id, state=TrialState.FAIL)
+    count = len(study.trials)
+    requeue(study, study.trials[-1])
+    assert len(study.trials) == count
