@@ -42,6 +42,7 @@ from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 from autotune.trials.orphans import start_ticks as _start_ticks
 from autotune.trials.orphans import this_host as _host
+from autotune.urls import redact_url
 
 __all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
            "keep_alive", "fail_stale", "owner_dead_here", "requeue", "storage_error", "redact_url",
@@ -101,15 +102,6 @@ def storage_error(url: str, error: BaseException) -> ConfigError:
     cause = text.splitlines()[0][:200] if text else type(error).__name__
     return ConfigError(f"--storage {redact_url(url)}: cannot use it ({cause}); is the database up, the path "
                        "there and writable, and the URL one of sqlite:///, postgresql+psycopg2://, journal:///?")
-
-
-def redact_url(url: str) -> str:
-    """A URL without its password, for printing."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 class _Journal(JournalStorage):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.urls import redact_url as _redact
 
 __all__ = ["WorkerCommand", "Joined", "join_study", "create_only"]
 
@@ -145,15 +146,6 @@ def create_only(study: Any, ranking: Any, backend: Any, *, top_k: int, url: str,
     print(f"study '{study.study_name}' is ready ({_redact(url)}): {_waiting(study)} plan(s) queued. Join it "
           f"from each node with:\n  autotune worker --study {study.study_name}{storage} --out {out}")
     return 0
-
-
-def _redact(url: str) -> str:
-    """A URL without its password, for printing."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{host}"
 
 
 def _waiting(study: Any) -> int:
