@@ -223,10 +223,10 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
     next -- the cost model, recalibrated on what was measured, picks the next plan; TPE proposes when it has
     none. With it only the cost model's best plan is enqueued up front."""
     top_k = options.top_k if refine is None else min(options.top_k, 1)
-    for est in opening_plans(ranking.feasible, top_k):
-        rank = ranking.feasible.index(est) + 1
-        study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model", "predicted_rank": rank},
-                            skip_if_exists=True)
+    for opening in opening_plans(ranking.feasible, top_k):
+        rank = ranking.feasible.index(opening) + 1
+        study.enqueue_trial(params_of(opening.plan), skip_if_exists=True,
+                            user_attrs={"source": "cost model", "predicted_rank": rank})
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
     repair(study, trials_dir, backend.measures, _record, log)  # what a killed search left: ended, kept
     first = first_trials(study)  # the plans that were running when a search stopped: they run first
@@ -282,7 +282,8 @@ def opening_plans(feasible: list[Estimate], k: int) -> list[Estimate]:
     benchmarks/results/fidelity.json) and least between plans of one layout (micro-batch, sharding and
     schedule share its collectives), so the first trials measure the layouts and TPE refines within them."""
     seen: set[tuple[int, int, int, int]] = set()
-    heads, rest = [], []
+    heads: list[Estimate] = []
+    rest: list[Estimate] = []
     for est in feasible:
         layout = (est.plan.tp, est.plan.pp, est.plan.dp, est.plan.cp)
         (rest if layout in seen else heads).append(est)

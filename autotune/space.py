@@ -479,7 +479,8 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
     dp = ctx.cluster.num_gpus // (tp * pp * cp)
     if ctx.global_batch % (dp * mbs):
         return None, BATCH_RULE
-    v = {k: _parse_value(k, params[k], "trial") if params[k] is not None else None for k in _Variant._fields}
+    v: dict[str, Any] = {k: _parse_value(k, params[k], "trial") if params[k] is not None else None
+                         for k in _Variant._fields}
     interleaved = pp > 1 and v["schedule"] is Schedule.INTERLEAVED
     variant = _collapse(_Variant(**{
         **v, "schedule": v["schedule"] if pp > 1 else Schedule.ONE_F_ONE_B,

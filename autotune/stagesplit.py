@@ -147,11 +147,11 @@ def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
                 best = (key, split)
     if best is not None:
         return best[1]
-    per, extra = divmod(num_layers + 2, chunks)
-    if per < 1:  # an end chunk may hold the embedding or the loss alone (Megatron's "...|L" example)
+    even, extra = divmod(num_layers + 2, chunks)
+    if even < 1:  # an end chunk may hold the embedding or the loss alone (Megatron's "...|L" example)
         return (f"Megatron cannot split {num_layers} layers into PP x virtual stages = {pp} x {v}: more "
                 "chunks than blocks + embedding + loss")
-    layers = [per + (0 < i <= extra) for i in range(chunks)]  # left-over blocks after the first chunk
+    layers = [even + (0 < i <= extra) for i in range(chunks)]  # left-over blocks after the first chunk
     layers[0] -= 1
     layers[-1] -= 1
     return StageSplit(pp=pp, chunk_layers=tuple(layers), method=LAYOUT)

@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from autotune import __version__
 from autotune.errors import AutotuneError
@@ -37,16 +38,16 @@ COMMANDS: dict[str, str] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other user error
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every other user error
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _load(target: str) -> type:
+def _load(target: str) -> type[Any]:
     module, cls = target.split(":")
     return getattr(importlib.import_module(module), cls)  # type: ignore[no-any-return]
 
 
-def build_parser(commands: dict[str, type] | None = None) -> argparse.ArgumentParser:
+def build_parser(commands: dict[str, type[Any]] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog="autotune", description="Find the fastest way to train a model on a GPU cluster.")
     parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -57,8 +58,8 @@ def build_parser(commands: dict[str, type] | None = None) -> argparse.ArgumentPa
     return parser
 
 
-def _available() -> dict[str, type]:
-    found: dict[str, type] = {}
+def _available() -> dict[str, type[Any]]:
+    found: dict[str, type[Any]] = {}
     for name, target in COMMANDS.items():
         try:
             found[name] = _load(target)
@@ -68,7 +69,7 @@ def _available() -> dict[str, type]:
     return found
 
 
-def _requested(argv: Sequence[str]) -> dict[str, type] | None:
+def _requested(argv: Sequence[str]) -> dict[str, type[Any]] | None:
     """Only the named subcommand's module is imported (``autotune estimate`` never loads optuna or
     matplotlib; ``autotune probe`` runs on a GPU box that has torch alone); with no subcommand none is:
     ``autotune --help`` lists each command's ``help`` read from its source (0.1 s, not 0.9 s of imports)."""
@@ -88,9 +89,9 @@ class _Listed:
         pass
 
 
-def _listed() -> dict[str, type] | None:
+def _listed() -> dict[str, type[Any]] | None:
     """Each installed subcommand's ``help`` class attribute, read with ``ast``; None if one cannot be read."""
-    found: dict[str, type] = {}
+    found: dict[str, type[Any]] = {}
     for name, target in COMMANDS.items():
         module, cls = target.split(":")
         spec = importlib.util.find_spec(module)

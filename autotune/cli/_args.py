@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, cast
 
 from autotune.batch import DEFAULT_GLOBAL_BATCH_TOKENS, default_global_batch
 from autotune.catalog import load_cluster, load_model, make_cluster, with_profile
@@ -201,11 +201,11 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         hsdp_shard_size=args.hsdp_shard_size,
         recompute=args.recompute,
         sequence_parallel=args.sequence_parallel,
-        schedule=schedule,
+        schedule=cast(Schedule, schedule),  # ParallelPlan takes the enum's value (and names a bad one)
         virtual_stages=args.virtual_stages,
         offload=args.offload,
         precision=args.precision,
-        framework=args.framework or implied_framework(args.sharding) or "fsdp",
+        framework=cast(Framework, args.framework or implied_framework(args.sharding) or "fsdp"),
         ep=args.ep,
         etp=args.etp,
         recompute_layers=getattr(args, "recompute_layers", None),

@@ -36,7 +36,7 @@ class Gemm(NamedTuple):
     m: float
     n: float
     k: float
-    count: float = 1.0
+    count: float = 1.0  # type: ignore[assignment]  # shadows tuple.count, which nothing here calls
     """How many of it the mean block runs (a share of the layers x the local experts)."""
 
     @property
@@ -53,10 +53,10 @@ def _attention(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Ge
              else [Gemm(tokens, heads * qk / tp, h)])
         kv_up = heads * (model.qk_nope_head_dim + v) / tp
         return q + [Gemm(tokens, r_kv + rope, h), Gemm(tokens, kv_up, r_kv), Gemm(tokens, h, heads * v / tp)]
-    q, kv = heads * model.head_dim, model.kv_hidden_size
-    front = ([Gemm(tokens, (q + 2 * kv) / tp, h)] if fused
-             else [Gemm(tokens, q / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)])
-    return front + [Gemm(tokens, h, q / tp)]
+    q_width, kv = heads * model.head_dim, model.kv_hidden_size
+    front = ([Gemm(tokens, (q_width + 2 * kv) / tp, h)] if fused
+             else [Gemm(tokens, q_width / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)])
+    return front + [Gemm(tokens, h, q_width / tp)]
 
 
 def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:

@@ -42,7 +42,7 @@ _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 def render(template: str, values: dict[str, str]) -> str:
     """Fill ``{{name}}`` placeholders of ``templates/<template>``; every placeholder needs a value."""
-    text = resources.files("autotune.emit").joinpath("templates", template).read_text()
+    text = resources.files("autotune.emit").joinpath("templates").joinpath(template).read_text()
     missing = set(_PLACEHOLDER.findall(text)) - set(values)
     if missing:
         raise KeyError(f"{template}: no value for {sorted(missing)}")

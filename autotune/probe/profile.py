@@ -73,7 +73,7 @@ class Profile:
     measured: str
     """When (``YYYY-MM-DD HH:MM:SS``)."""
     gpu: str
-    gpu_overrides: dict[str, float] = field(default_factory=dict)
+    gpu_overrides: dict[str, Any] = field(default_factory=dict)
     intra_node_link: dict[str, float] | None = None
     inter_node_link: dict[str, float] | None = None
     intra_node_collectives: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -225,8 +225,8 @@ def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
     """The profile keys that make ``apply_profile`` turn the catalog's cluster into ``cluster`` (the inverse
     of ``apply_profile`` for what a profile can carry): how a calibration is written as a ``--profile``."""
     gpu = cluster.gpu
-    g: dict[str, Any] = {f"{p}_tflops": gpu.peak_flops(p) / 1e12 for p in ("fp32", "bf16", "fp16")
-                         if gpu.peak_flops(p)}
+    g: dict[str, Any] = {f"{p}_tflops": flops / 1e12 for p in ("fp32", "bf16", "fp16")
+                         if (flops := gpu.peak_flops(p))}
     g |= {"gemm_efficiency": gpu.gemm_efficiency,
           "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9}
     host = {"op_overhead_us": gpu.op_overhead_s, "dtensor_op_overhead_us": gpu.dtensor_op_overhead_s,
@@ -333,7 +333,7 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
     rates = sorted(g["flops_per_s"] for g in rows[len(rows) // 2:])  # the larger half of the shapes
     typical = rates[len(rates) // 2]
     peak = max(g["flops_per_s"] for g in rows) if on_cpu else gpu.peak_flops(dtype) or typical
-    overrides: dict[str, float] = {"gemm_efficiency": round(typical / peak, 4)}
+    overrides: dict[str, Any] = {"gemm_efficiency": round(typical / peak, 4)}
     if on_cpu:  # CPU trials compute a bf16 plan in fp32 (catalog 'cpu' entry): both priced at fp32
         overrides |= {"fp32_tflops": round(peak / 1e12, 5), "bf16_tflops": round(peak / 1e12, 5),
                       "memory_bandwidth_gb_s": round(raw["copy_bytes_per_s"] / HBM_EFFICIENCY / 1e9, 3)}

@@ -67,6 +67,7 @@ class _Embed(nn.Module):
         self.embed_tokens, self.embed_positions = model.embed_tokens, model.embed_positions
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        assert self.embed_tokens is not None  # the Transformer's, as in its embed
         h = self.embed_tokens(tokens)
         if self.embed_positions is not None:
             h = h + self.embed_positions(torch.arange(tokens.shape[1], device=tokens.device))
@@ -79,6 +80,7 @@ class _Head(nn.Module):
         self.norm, self.lm_head = model.norm, model.lm_head
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        assert self.norm is not None and self.lm_head is not None  # the Transformer's, as in its forward
         return self.lm_head(self.norm(h))
 
 

@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.backends.base import ReportFn, TrialRequest
 from autotune.catalog import load_gpu
@@ -160,7 +161,8 @@ class _Progress:
     """Tails ``progress.jsonl`` and forwards each measured step to ``report``."""
 
     def __init__(self, path: Path, report: ReportFn | None) -> None:
-        self.path, self.report, self.offset, self.steps = path, report, 0, []
+        self.path, self.report, self.offset = path, report, 0
+        self.steps: list[dict[str, Any]] = []
 
     def poll(self) -> bool:
         """Forward new steps; True when the pruner asks to stop."""
@@ -192,7 +194,7 @@ def _rank_failure(trial_dir: Path) -> TrialResult | None:
     files = sorted(trial_dir.glob("result.rank*.json"), key=lambda p: (p.stat().st_mtime_ns, p.name))
     results = [TrialResult.read(p) for p in files]
     oom = [r for r in results if r.status is TrialStatus.OOM]
-    return (oom or results or [None])[0]
+    return next(iter(oom or results), None)
 
 
 def _classify(trial_dir: Path, returncode: int, *, timed_out: bool, pruned: bool,

@@ -182,6 +182,7 @@ class NativeTrainer:
         return total / n, 1.0
 
     def _pipeline_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        assert self.schedule is not None  # run only with a schedule (step)
         num_stages = self.plan.pp * self.plan.virtual_stages
         first, last = 0 in self._stage_ids, num_stages - 1 in self._stage_ids
         losses: list[torch.Tensor] = []
