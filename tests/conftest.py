@@ -1,15 +1,49 @@
-"""Suite-wide policy: under CI (``AUTOTUNE_CI_STRICT=1``, set by ``.ci/run``) a skipped test is a failure.
+"""Suite-wide policy: a hard time limit on every distributed test, and under CI (``AUTOTUNE_CI_STRICT=1``,
+set by ``.ci/run``) a skipped test is a failure.
+
+A test marked ``@pytest.mark.dist(timeout=S)`` fails with ``TimeoutError`` after ``S x HANG_FACTOR`` seconds
+(SIGALRM; pytest-timeout is not installed); one marked ``@pytest.mark.dist`` without a timeout gets
+``DIST_TIMEOUT_S``. Trials also have the runner's own ``timeout_s``.
 
 ``.ci/run`` installs and starts everything the tests need (PostgreSQL, Slurm, psycopg2, torchtitan), so a
 skip there means a service or package went missing and a feature went untested: that must turn CI red, not
 pass quietly. Only the skips no CI machine can avoid stay skips: they name hardware CI does not have.
+The tiers (``-m "not slow and not dist"`` is the inner loop) are in docs/testing.md.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+HANG_FACTOR = float(os.environ.get("AUTOTUNE_HANG_FACTOR", "4"))
+"""A test's ``dist(timeout=S)`` is what it takes on an idle machine; the limit is S x this, because the limit
+is there to catch a hang, never to fail a slow but healthy run (2 shared cores under a load of 8)."""
+
+DIST_TIMEOUT_S = 300
+"""``S`` of a ``dist`` test that names none."""
+
+
+@pytest.fixture(autouse=True)
+def _hard_timeout(request):
+    marker = request.node.get_closest_marker("dist")
+    seconds = int(marker.kwargs.get("timeout", DIST_TIMEOUT_S) * HANG_FACTOR) if marker else 0
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TimeoutError(f"test exceeded its {seconds} s limit")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 # Reasons that stay skips under CI: CI never has a GPU (the issue says so), and systemd is not PID 1 there.
 ALLOWED_IN_CI = ("needs a CUDA device", "systemd-analyze is not installed")

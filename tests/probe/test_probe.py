@@ -56,7 +56,7 @@ def test_alpha_beta_fit_recovers_a_synthetic_ring():
     assert got_alpha == pytest.approx(3 * alpha, rel=1e-6) and got_bw == pytest.approx(bw / 2, rel=1e-6)
 
 
-@pytest.mark.dist
+@pytest.mark.dist(timeout=120)
 def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_path, capsys):
     rc = main(
         [
@@ -221,6 +221,7 @@ def test_bad_sweep_counts_are_one_line_usage_errors(value, capsys):
     assert len(lines) == 1 and "--sweeps" in lines[0] and "Traceback" not in err
 
 
+@pytest.mark.dist(timeout=150)
 def test_a_probe_across_two_torchrun_agents_measures_the_link_between_nodes(tmp_path):
     """Two agents (``--nnodes 2``, one rank each, c10d rendezvous on loopback) run ``autotune probe`` as a
     user runs it across nodes: rank 0 writes a profile whose between-node link a 2-node cluster then uses."""

@@ -1,10 +1,9 @@
-"""Fixtures of the scale-out tests: a hard per-test timeout (``@pytest.mark.dist(timeout=S)``, as in
-tests/trials) and a session-wide local Slurm cluster (``local_slurm.py``), skipped when Slurm is missing."""
+"""Fixtures of the scale-out tests: a session-wide local Slurm cluster (``local_slurm.py``), skipped when
+Slurm is missing (the hard time limit of ``dist`` tests is tests/conftest.py's)."""
 
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 from local_slurm import LocalSlurm, missing_requirements
@@ -34,27 +33,3 @@ def slurm():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-HANG_FACTOR = float(os.environ.get("AUTOTUNE_HANG_FACTOR", "4"))
-"""A test's ``dist(timeout=S)`` is what it takes on an idle machine; the limit is S x this, because the limit
-is there to catch a hang, never to fail a slow but healthy run (2 shared cores under a load of 8)."""
-
-
-@pytest.fixture(autouse=True)
-def _hard_timeout(request):
-    marker = request.node.get_closest_marker("dist")
-    seconds = int(marker.kwargs.get("timeout", 0) * HANG_FACTOR) if marker else 0
-    if not seconds:
-        yield
-        return
-
-    def expire(signum, frame):
-        raise TimeoutError(f"test exceeded its {seconds} s limit")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
