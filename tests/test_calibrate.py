@@ -53,6 +53,7 @@ def _observe(model, cluster, plans, factors, noise=0.0, seed=1):
     ]
 
 
+@pytest.mark.slow
 def test_noise_free_step_times_give_back_the_factors_exactly(setup):
     model, cluster, plans = setup
     result = fit(model, cluster, _observe(model, cluster, plans, TRUE))
@@ -63,6 +64,7 @@ def test_noise_free_step_times_give_back_the_factors_exactly(setup):
     assert result.before.mape > 0.1  # the catalog factors were off
 
 
+@pytest.mark.slow
 def test_with_2_percent_noise_the_factors_come_back_close_and_the_fit_beats_the_catalog(setup):
     model, cluster, plans = setup
     result = fit(model, cluster, _observe(model, cluster, plans, TRUE, noise=0.02))
@@ -72,6 +74,7 @@ def test_with_2_percent_noise_the_factors_come_back_close_and_the_fit_beats_the_
     assert result.after.kendall_tau > result.before.kendall_tau
 
 
+@pytest.mark.slow
 def test_overheads_stay_out_when_the_data_does_not_need_them(setup):
     model, cluster, plans = setup
     no_overhead = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
@@ -80,6 +83,7 @@ def test_overheads_stay_out_when_the_data_does_not_need_them(setup):
     assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0
 
 
+@pytest.mark.slow
 def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
     """``overheads=False`` (the online refit) keeps them out even when the data has them; the AIC still
     decides the latency scale; ``overheads=True`` fits them even when the data has none."""
@@ -94,6 +98,7 @@ def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
     assert "latency_scale" not in forced.fitted
 
 
+@pytest.mark.slow
 def test_a_fit_is_data_on_the_specs_never_a_module_global(setup):
     model, cluster, plans = setup
     before = (steptime.DP_OVERLAP_FRACTION, cluster.gpu.gemm_efficiency, cluster.collective_efficiency)
@@ -138,6 +143,7 @@ def _fake_study(tmp_path, name, model, cluster, observations):
     return study, root
 
 
+@pytest.mark.slow
 def test_a_study_calibration_is_stored_and_loads_back_as_a_profile(setup, tmp_path):
     model, cluster, plans = setup
     obs = _observe(model, cluster, plans[:20], TRUE, noise=0.01)
@@ -156,6 +162,7 @@ def test_a_study_calibration_is_stored_and_loads_back_as_a_profile(setup, tmp_pa
         )
 
 
+@pytest.mark.slow
 def test_the_calibrate_command_prints_every_trial_and_updates_the_summary(setup, tmp_path, capsys):
     model, cluster, plans = setup
     _fake_study(tmp_path, "c", model, cluster, _observe(model, cluster, plans[:10], TRUE, noise=0.01))
@@ -185,6 +192,7 @@ class _TrueBackend:
         )
 
 
+@pytest.mark.slow
 def test_recalibrating_during_the_search_finds_the_true_best_plan_in_a_few_trials(setup, tmp_path):
     from autotune.calibrate import Refiner
     from autotune.search import StudyOptions, run_study
@@ -220,6 +228,7 @@ def cpu_setup():
     return model, cluster, plans
 
 
+@pytest.mark.slow
 def test_a_host_that_runs_slower_than_when_probed_is_fitted_as_the_host_scale(cpu_setup):
     model, cluster, plans = cpu_setup
     slow_host = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
@@ -233,6 +242,7 @@ def test_a_host_that_runs_slower_than_when_probed_is_fitted_as_the_host_scale(cp
     assert "host_scale" not in without.fitted and without.factors.host_scale == 1.0
 
 
+@pytest.mark.slow
 def test_groups_queueing_on_shared_cores_are_fitted_as_the_shared_core_latency(cpu_setup):
     """4 ranks on 2 cores whose concurrent TP / DP pairs queue 60 % of their ring steps: the fit finds the
     share (plans with one world-sized group and with pairs tell it apart from the latency scale)."""
@@ -252,6 +262,7 @@ def test_groups_queueing_on_shared_cores_are_fitted_as_the_shared_core_latency(c
     assert "shared_core_latency" not in without.fitted and without.factors.shared_core_latency == 0.0
 
 
+@pytest.mark.slow
 def test_a_scale_the_data_pushes_to_its_search_limit_is_not_kept(cpu_setup, monkeypatch):
     """A host 1.8x slower than probed, with the host scale capped at 1.2: the capped fit still lowers the AIC,
     but a factor stuck on its limit describes no machine, so the scale stays out (the DeepSpeed head-to-head's
@@ -266,6 +277,7 @@ def test_a_scale_the_data_pushes_to_its_search_limit_is_not_kept(cpu_setup, monk
     assert "host_scale" not in capped.fitted and capped.factors.host_scale == 1.0
 
 
+@pytest.mark.slow
 def test_five_measured_deepspeed_trials_do_not_fit_a_host_scale_on_its_limit():
     """The 5 trials of benchmarks/ds_autotuning.py's autotune study (2026-12-03, tiny, 2 CPU ranks, catalog
     ``cpu``): step times as measured. The AIC alone kept the host scale at 0.1."""
@@ -293,6 +305,7 @@ def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):
         cluster.gpu.bf16_flops, cluster.gpu.memory_bandwidth_bytes_per_s)
 
 
+@pytest.mark.slow
 def test_a_cpu_calibration_on_a_probe_profile_loads_back_with_every_measured_term(cpu_setup, tmp_path):
     """calibration.yaml carries the probe's host terms, per-collective fits and cores, and the host scale:
     the same predictions as the calibrated cluster, for every plan kind."""

@@ -66,6 +66,7 @@ def test_estimate_names_the_profile_and_uses_its_numbers(capsys, profile):
     assert with_p["time_breakdown"]["dp_comm_total_s"] > without["time_breakdown"]["dp_comm_total_s"]
 
 
+@pytest.mark.slow
 def test_search_ranks_with_the_profile_and_records_it(tmp_path, capsys, profile):
     argv = [
         "search",

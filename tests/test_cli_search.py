@@ -26,6 +26,7 @@ def _json(capsys, tmp_path, *argv):
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_json_has_the_estimate_keys_and_the_search_around_them(capsys, tmp_path):
     out = _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--top", "3")
     assert _ESTIMATE_KEYS <= set(out)
@@ -40,6 +41,7 @@ def test_json_has_the_estimate_keys_and_the_search_around_them(capsys, tmp_path)
     assert json.loads(summary.read_text())["plan"] == out["plan"]
 
 
+@pytest.mark.slow
 def test_text_shows_the_table_the_pruned_reasons_and_that_it_only_planned(capsys, tmp_path):
     code, out, err = _search(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64")
     assert code == 0
@@ -49,6 +51,7 @@ def test_text_shows_the_table_the_pruned_reasons_and_that_it_only_planned(capsys
     assert "meas tok/s" not in out
 
 
+@pytest.mark.slow
 def test_more_trials_than_top_k_let_tpe_propose(capsys, tmp_path):
     out = _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--top", "2",
                 "--trials", "8", "--backend", "simulate")
@@ -56,6 +59,7 @@ def test_more_trials_than_top_k_let_tpe_propose(capsys, tmp_path):
     assert out["trials"]["total"] >= 8
 
 
+@pytest.mark.slow
 def test_resume_adds_trials_and_a_new_run_needs_resume_or_force(capsys, tmp_path):
     argv = ("--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s1", "--top", "2")
     first = _json(capsys, tmp_path, *argv)
@@ -68,6 +72,7 @@ def test_resume_adds_trials_and_a_new_run_needs_resume_or_force(capsys, tmp_path
     assert fresh["trials"]["total"] == first["trials"]["total"]
 
 
+@pytest.mark.slow
 def test_a_study_name_for_another_model_is_refused_and_left_alone(capsys, tmp_path):
     _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s2",
           "--top", "1")
@@ -90,7 +95,7 @@ def _contents(study_dir):
     (["--model", "70b", "--gpus", "12", "--gpus-per-node", "8"], "not a multiple of --gpus-per-node 8"),
     (["--model", "70b", "--gpus", "16", "--tp", "8", "--pp", "1", "--cp", "1", "--global-batch", "3"],
      "--global-batch 3: no DP x micro-batch of a legal layout divides it (DP can be 2); try --global-batch"),
-    (["--model", "70b", "--gpus", "1"], "70b fits nowhere on 1 h100-sxm"),
+    pytest.param(["--model", "70b", "--gpus", "1"], "70b fits nowhere on 1 h100-sxm", marks=pytest.mark.slow),
     (["--model", "70b", "--gpus", "16", "--tp", "16"], "TP does not divide the KV heads"),
     (["--model", "7b", "--gpus", "8", "--resume", "--force"], "pass one"),
     (["--model", "7b", "--gpus", "8", "--space", "SPACE"], "unknown knob 'zero_stage'; allowed: tp, pp"),
@@ -105,6 +110,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, argv,
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_model_that_fits_nowhere_is_told_the_smallest_cluster(capsys, tmp_path):
     code, _, err = _search(capsys, tmp_path, "--model", "70b", "--gpus", "1")
     assert code == 2
@@ -113,6 +119,7 @@ def test_a_model_that_fits_nowhere_is_told_the_smallest_cluster(capsys, tmp_path
     assert _json(capsys, tmp_path, "--model", "70b", "--gpus", str(n))["feasible"] is True
 
 
+@pytest.mark.slow
 def test_70b_on_16_h100_is_sane(capsys, tmp_path):
     out = _json(capsys, tmp_path, "--model", "70b", "--gpus", "16")
     plan = out["plan"]

@@ -56,6 +56,7 @@ def test_neighbours_are_legal_and_change_one_knob(plan):
         assert other != plan
 
 
+@pytest.mark.slow
 def test_cli_explains_the_plan_file_a_search_wrote(tmp_path, capsys):
     argv = ["search", "--model", "7b", "--gpus", "8", "--global-batch", "64", "--top", "1", "--quiet"]
     assert main([*argv, "--out", str(tmp_path)]) == 0

@@ -54,6 +54,7 @@ def test_1_torchrun_without_cuda_is_one_line_in_seconds_and_leaves_no_study(tmp_
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_1_a_refused_study_says_how_to_go_on(capsys, tmp_path):
     argv = ["search", "--model", "7b", "--gpus", "8", "--global-batch", "64", *_SIMULATE, "--study", "s",
             "--out", str(tmp_path)]
@@ -75,6 +76,7 @@ def test_4_an_unusable_storage_url_is_one_line(capsys, tmp_path, url):
 
 
 # ---------------------------------------------------------------------------------------------- 5 race
+@pytest.mark.dist(timeout=120)
 def test_5_two_searches_creating_one_new_study_at_once(tmp_path):
     """Was: the second died with an 80-line traceback ("table studies already exists"). Now it joins the
     study, or is told in one line that the other run made it first."""
@@ -138,6 +140,7 @@ def test_7_an_unwritable_output_is_one_line_before_the_work(capsys, tmp_path, no
     assert time.monotonic() - start < 30  # before the probe's ~70 s of measuring, or the scale sweep
 
 
+@pytest.mark.slow
 def test_7_report_into_an_unwritable_folder_is_one_line(capsys, tmp_path):
     assert _run(capsys, "search", "--model", "7b", "--gpus", "8", "--global-batch", "64", *_SIMULATE,
                 "--study", "s", "--out", str(tmp_path))[0] == 0
@@ -147,6 +150,7 @@ def test_7_report_into_an_unwritable_folder_is_one_line(capsys, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- 8 defaults
+@pytest.mark.slow
 def test_8_device_cpu_plans_for_the_cpu_and_says_so(capsys, tmp_path):
     """Was: CPU trials priced as H100s (12.1M tok/s predicted vs 3,079 measured), H100 launch files."""
     code, out, err = _run(capsys, "search", "--model", "tiny", "--gpus", "2", "--device", "cpu",
@@ -227,8 +231,10 @@ def test_minor_a_tiny_model_shows_its_size(capsys):
 
 @pytest.mark.parametrize(("argv", "note"), [
     (["--model", "tiny", "--gpus", "2", "--gpu", "cpu", "--seq-len", "4096"], "above tiny's max_position"),
-    (["--model", "llama3-405b", "--gpus", "16384"], "512 sequences per step on 16,384 GPUs"),
-    (["--model", "7b", "--gpus", "100000"], "the default ~4M-token batch became 3,125 sequences (12.8M"),
+    pytest.param(["--model", "llama3-405b", "--gpus", "16384"], "512 sequences per step on 16,384 GPUs",
+                 marks=pytest.mark.slow),
+    pytest.param(["--model", "7b", "--gpus", "100000"],
+                 "the default ~4M-token batch became 3,125 sequences (12.8M", marks=pytest.mark.slow),
 ])
 def test_minor_a_poor_default_is_noted(capsys, tmp_path, argv, note):
     code, _, err = _run(capsys, "search", *argv, *_SIMULATE, "--quiet", "--out", str(tmp_path))

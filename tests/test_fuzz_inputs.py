@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -66,6 +67,7 @@ def _broken(draw, good: dict, required: list[str]):
     return cfg
 
 
+@pytest.mark.slow
 @_SETTINGS
 @given(
     cfg=_broken(_GOOD_MODEL, ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]),

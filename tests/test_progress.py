@@ -3,6 +3,8 @@
 import io
 import json
 
+import pytest
+
 from autotune.cli import main
 from autotune.progress import SearchProgress, wants_progress
 
@@ -29,6 +31,7 @@ def test_a_disabled_progress_is_a_no_op():
     assert stream.getvalue() == ""
 
 
+@pytest.mark.slow
 def test_off_a_terminal_search_prints_no_bars_and_json_stays_one_object(tmp_path, capsys):
     assert main([*_ARGV, "--out", str(tmp_path), "--json"]) == 0
     out, err = capsys.readouterr()
@@ -36,6 +39,7 @@ def test_off_a_terminal_search_prints_no_bars_and_json_stays_one_object(tmp_path
     assert "\x1b[" not in err and "ranking plans" not in err
 
 
+@pytest.mark.slow
 def test_on_a_terminal_search_draws_ranking_and_trial_bars_with_the_best(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("autotune.cli.search.wants_progress", lambda quiet=False: not quiet)
     assert main([*_ARGV, "--out", str(tmp_path), "--json"]) == 0
@@ -45,6 +49,7 @@ def test_on_a_terminal_search_draws_ranking_and_trial_bars_with_the_best(tmp_pat
     assert "trial 0: " in err  # each launched trial's line, printed above the bars
 
 
+@pytest.mark.slow
 def test_quiet_silences_the_bars_on_a_terminal(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("autotune.cli.search.wants_progress", lambda quiet=False: not quiet)
     assert main([*_ARGV, "--out", str(tmp_path), "--quiet"]) == 0

@@ -71,6 +71,7 @@ def report(runs):
     return json.loads(buf.getvalue())
 
 
+@pytest.mark.slow
 def test_the_report_has_measured_and_predicted_rows_and_the_model_error(report):
     sources = {row["measured"] for row in report["top"]}
     assert sources == {True, False}
@@ -91,6 +92,7 @@ def test_the_report_has_measured_and_predicted_rows_and_the_model_error(report):
                                             "EP all-to-all"}
 
 
+@pytest.mark.slow
 def test_the_html_is_self_contained_and_every_figure_is_a_valid_png(runs, report):
     html = (runs / "mix" / "report" / "index.html").read_text()
     lowered = html.lower()
@@ -111,6 +113,7 @@ def test_the_html_is_self_contained_and_every_figure_is_a_valid_png(runs, report
         assert words in html
 
 
+@pytest.mark.slow
 def test_the_markdown_names_its_figures_next_to_it(runs, report):
     folder = runs / "mix" / "report"
     md = (folder / "report.md").read_text()
@@ -120,6 +123,7 @@ def test_the_markdown_names_its_figures_next_to_it(runs, report):
     assert str(folder / "index.html") in report["files"]
 
 
+@pytest.mark.slow
 def test_the_study_opens_in_optuna_dashboard(runs):
     dashboard = pytest.importorskip("optuna_dashboard")
     from wsgiref.util import setup_testing_defaults
@@ -137,6 +141,7 @@ def test_the_study_opens_in_optuna_dashboard(runs):
     assert names == ["mix"]
 
 
+@pytest.mark.slow
 def test_a_simulated_only_study_reports_without_the_error_figure(tmp_path, capsys):
     argv = ["--model", "7b", "--gpus", "8", "--global-batch", "64", "--top", "2", "--out", str(tmp_path)]
     assert main(["search", *argv, "--study", "sim", "--quiet"]) == 0

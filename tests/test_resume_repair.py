@@ -97,6 +97,7 @@ def _killed_mid_trial(tmp_path, *, finished: bool):
     return study, ranking, trial, agent
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_ends_the_orphans_and_runs_the_dead_trials_plan_first(tmp_path):
     study, ranking, trial, agent = _killed_mid_trial(tmp_path, finished=False)
     dead_plan = study.trials[trial.number].system_attrs["fixed_params"]
@@ -111,6 +112,7 @@ def test_resume_after_sigkill_ends_the_orphans_and_runs_the_dead_trials_plan_fir
     assert len(backend.plans) == 1
 
 
+@pytest.mark.slow
 def test_resume_keeps_a_result_the_orphan_finished(tmp_path):
     study, ranking, trial, agent = _killed_mid_trial(tmp_path, finished=True)
     backend = RecordingBackend()
@@ -122,6 +124,7 @@ def test_resume_keeps_a_result_the_orphan_finished(tmp_path):
     assert not [t for t in study.trials if t.system_attrs.get("failed_trial") == trial.number]
 
 
+@pytest.mark.slow
 def test_a_result_written_as_the_signal_came_is_kept(tmp_path):
     """The trial had finished (rank 0 wrote result.json) when SIGTERM came: its measurement is kept."""
     class FinishedThenStopped(RecordingBackend):

@@ -22,6 +22,7 @@ def _scale(model, counts, *, global_batch=1024, pins=None, **link):
                  global_batch=global_batch, seq_len=4096, pins=pins, tokens=1e12, price_per_gpu_hour=2.0)
 
 
+@pytest.mark.slow
 def test_7b_over_1gbe_collapses_across_nodes_and_says_why():
     result = _scale("7b", [8, 16], inter_node="1gbe", nics_per_node=1)  # one 1 GbE port per node
     one_node, two_nodes = result.points
@@ -30,11 +31,13 @@ def test_7b_over_1gbe_collapses_across_nodes_and_says_why():
     assert "exposed DP comm grows" in two_nodes.why and "now crosses nodes over 1x eth-1g" in two_nodes.why
 
 
+@pytest.mark.slow
 def test_7b_over_infiniband_holds():
     result = _scale("7b", [8, 16], inter_node="ib-200")
     assert result.points[1].efficiency > 0.7 and result.first_below is None
 
 
+@pytest.mark.slow
 def test_70b_needs_the_gpus_whose_memory_holds_its_states():
     model = load_model("70b")
     assert model.num_params * 16 > 8 * 80 * _GB  # bf16 weights+grads, fp32 master + Adam: 16 B/param > 1.1 TB
@@ -45,6 +48,7 @@ def test_70b_needs_the_gpus_whose_memory_holds_its_states():
     assert re.match(r"out of (host )?memory", eight.detail)  # GPU memory, or host memory with offload
 
 
+@pytest.mark.slow
 def test_the_global_batch_is_the_users_at_every_count_and_time_and_cost_follow():
     result = _scale("7b", [8, 16])
     for p in result.points:
@@ -66,6 +70,7 @@ def test_parse_tokens():
             parse_tokens(bad)
 
 
+@pytest.mark.slow
 def test_cli_json_and_plot(tmp_path, capsys):
     plot = tmp_path / "scale.png"
     code = main(["scale", "--model", "7b", "--gpus", "8,16", "--inter-node", "1gbe", "--nics-per-node", "1",
@@ -77,6 +82,7 @@ def test_cli_json_and_plot(tmp_path, capsys):
     assert matplotlib.image.imread(io.BytesIO(plot.read_bytes()), format="png").shape[1] > 1000
 
 
+@pytest.mark.slow
 def test_cli_text_names_the_smallest_fit_and_where_efficiency_falls(capsys):
     assert main(["scale", "--model", "70b", "--gpus", "8,16"]) == 0
     out = capsys.readouterr().out

@@ -101,6 +101,7 @@ def test_rule_of_drops_the_numbers():
     assert rule_of("TP 16 does not divide KV heads 8") == "TP does not divide KV heads"
 
 
+@pytest.mark.slow
 def test_micro_batch_cutoff_loses_no_feasible_plan():
     ranking = _ranking()
     every = [fake_estimate(ranking.ctx.model, ranking.ctx.cluster, est.plan) for est in ranking.feasible]
@@ -120,6 +121,7 @@ def _brute_force_feasible(ranking):
     return sorted(fits, key=lambda e: e.tokens_per_s, reverse=True)
 
 
+@pytest.mark.slow
 def test_the_search_never_launches_an_infeasible_plan(tmp_path):
     ranking = _ranking()
     backend = RecordingBackend()
@@ -137,6 +139,7 @@ def test_the_search_never_launches_an_infeasible_plan(tmp_path):
     assert oom and all(t.user_attrs["reason"].startswith("out of memory") for t in oom)
 
 
+@pytest.mark.slow
 def test_opening_plans_cover_the_layouts_before_the_next_best_of_one():
     ranking = _ranking()
     feasible = ranking.feasible
@@ -156,6 +159,7 @@ def test_opening_plans_cover_the_layouts_before_the_next_best_of_one():
     assert opening_plans(feasible, 1) == feasible[:1]  # the best plan is always measured first
 
 
+@pytest.mark.slow
 def test_top_k_is_enqueued_first_and_only_once(tmp_path):
     ranking = _ranking()
     study = _study()
@@ -170,6 +174,7 @@ def test_top_k_is_enqueued_first_and_only_once(tmp_path):
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # skip_if_exists: not queued again
 
 
+@pytest.mark.slow
 def test_tpe_finds_the_measured_best_when_the_cost_model_misranks_it(tmp_path):
     """On this 'cluster' TP2 with selective recompute measures 30% faster than the cost model says.
 
@@ -204,6 +209,7 @@ def test_duplicate_proposals_are_not_run_twice(tmp_path):
     assert any("duplicate_of" in t.user_attrs for t in study.trials)
 
 
+@pytest.mark.slow
 def test_parameters_that_name_the_same_plan_run_it_once_and_every_plan_gets_its_turn(tmp_path):
     """At PP 1 the schedule and virtual stages mean nothing, so (pp 1, gpipe) and (pp 1, 1f1b) are one plan:
     it runs once. TPE repeats itself in a small space; the cost model's ranking then enqueues what is left,
@@ -220,6 +226,7 @@ def test_parameters_that_name_the_same_plan_run_it_once_and_every_plan_gets_its_
     assert {str(p.schedule) for p in backend.plans if p.pp == 1} == {"1f1b"}  # normalised at PP 1
 
 
+@pytest.mark.slow
 def test_resume_adds_trials_to_the_same_study(tmp_path):
     ranking = _ranking()
     identity = {"model": "13b", "space": ranking.choices}
@@ -248,6 +255,7 @@ def _launched(study):
             and "duplicate_of" not in t.user_attrs]
 
 
+@pytest.mark.slow
 def test_bad_input_names_the_fix():
     with pytest.raises(ConfigError, match=r"--global-batch 3: no DP x micro-batch .*\(DP can be 2\); try"):
         _ranking(model="70b", gpus=16, gb=3, pins={"tp": 8, "pp": 1, "cp": 1})
@@ -286,6 +294,7 @@ def test_cuda_without_the_gpus_is_bad_input(monkeypatch):
         registry.get_backend("auto", cluster=make_cluster(num_gpus=8), device="cuda")
 
 
+@pytest.mark.slow
 def test_an_interrupted_trial_is_not_left_running(tmp_path):
     class Interrupted(RecordingBackend):
         def run(self, request, report=None):

@@ -129,6 +129,7 @@ def test_rules_and_pins_resolve_to_candidates(tmp_path):
     assert pinned["tp"] == (8,) and str(pinned["framework"][0]) == "deepspeed"
 
 
+@pytest.mark.slow
 def test_enumerator_agrees_with_parallel_plan_by_brute_force():
     choices, ctx = _wide_setup()
     tally = Tally()
@@ -145,6 +146,7 @@ def test_enumerator_agrees_with_parallel_plan_by_brute_force():
     assert all(list(ladder.micro_batches) == sorted(ladder.micro_batches) for ladder in ladders)
 
 
+@pytest.mark.slow
 def test_trial_params_map_to_the_same_legality():
     choices, ctx = _wide_setup()
     tally = Tally()
@@ -160,6 +162,7 @@ def test_trial_params_map_to_the_same_legality():
             assert plan_from_params(params_of(plan), ctx)[0] == plan
 
 
+@pytest.mark.slow
 def test_choices_hold_only_values_some_legal_plan_uses():
     model, cluster = load_model("70b"), make_cluster(num_gpus=16)
     choices = resolve_choices(load_space(), model, cluster)

@@ -141,6 +141,7 @@ def test_plans_torchtitan_cannot_run_get_no_config(changes, reason):
         to_torchtitan_config(plan, CASES["zero0"].build()[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _cases())
 def test_torchtitan_itself_parses_it_when_installed(name, emitted):
     config = pytest.importorskip("torchtitan.config")
@@ -158,6 +159,7 @@ def test_torchtitan_itself_parses_it_when_installed(name, emitted):
     assert job.model.flavor == (torchtitan_flavor(CASES[name].build()[1]) or CASES[name].build()[1].name)
 
 
+@pytest.mark.slow
 def test_llama3_flavors_are_torchtitans():
     """Each flavor's shape, FFN width as torchtitan's FeedForward rounds it, built on the meta device."""
     import torch

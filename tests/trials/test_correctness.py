@@ -66,6 +66,7 @@ def _reference(model, global_batch: int) -> tuple[float, ...]:
     return tuple(reference_losses(model, global_batch=global_batch, seq_len=SEQ, steps=WARMUP + MEASURE))
 
 
+@pytest.mark.slow
 def test_reference_is_sensitive_to_the_update(tiny):
     """The comparison means something: without the update the third loss differs by ~50 x REL_TOL."""
     trained = _reference(tiny, 4)

@@ -103,6 +103,7 @@ def test_trial_ds_config_on_cpu():
     assert tp["bf16"] == {"enabled": True}
 
 
+@pytest.mark.slow
 def test_gpu_side_modules_import_neither_deepspeed_nor_optuna():
     """The GPU validation machine has torch and yaml only."""
     code = ("import sys, autotune.trials.worker, autotune.trials.train, autotune.trials.deepspeed_engine, "

@@ -112,6 +112,7 @@ def test_expert_parallel_layout_matches_single_process(layout, tiny_moe, tmp_pat
     assert result.mfu > 0 and result.tokens_per_s > 0
 
 
+@pytest.mark.slow
 def test_reference_is_sensitive_to_the_update(tiny_moe):
     """The comparison means something: a frozen model's third loss differs by far more than REL_TOL."""
     trained = _reference(tiny_moe, 4)

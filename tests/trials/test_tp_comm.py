@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel.dpcomm import collective_calls as dp_calls
 from autotune.costmodel.dpcomm import zero3_gathers
@@ -16,6 +18,8 @@ from autotune.costmodel.tpcomm import collective_calls, sp_norm_grads
 from autotune.plan import ParallelPlan
 
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.dist(timeout=120)  # each test runs torchrun with 2 gloo ranks (30-70 s)
 
 
 def _count(kind: str, out: Path, nproc: int = 2) -> dict:
