@@ -19,9 +19,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from landscape import CELLS, CUTS, load_landscape, result_path  # noqa: E402
-from probe_runs import (  # noqa: E402
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+from benchmarks.landscape import CELLS, CUTS, load_landscape, result_path  # noqa: E402
+from benchmarks.probe_runs import (  # noqa: E402
     RESULTS,
     fidelity_repeat_section,
     load_result,

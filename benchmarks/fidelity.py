@@ -30,10 +30,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 
-from landscape import (  # noqa: E402
+from autotune.calibrate import Observation, fidelity, fit, kendall_tau  # noqa: E402
+from autotune.catalog import make_cluster  # noqa: E402
+from autotune.plan import ParallelPlan  # noqa: E402
+from autotune.specs import ModelSpec  # noqa: E402
+from benchmarks.landscape import (  # noqa: E402
     CELLS,
     RESULTS,
     ROOT,
@@ -42,11 +45,6 @@ from landscape import (  # noqa: E402
     replace_cells,
     result_path,
 )
-
-from autotune.calibrate import Observation, fidelity, fit, kendall_tau  # noqa: E402
-from autotune.catalog import make_cluster  # noqa: E402
-from autotune.plan import ParallelPlan  # noqa: E402
-from autotune.specs import ModelSpec  # noqa: E402
 
 PROFILES = RESULTS / "profiles"
 

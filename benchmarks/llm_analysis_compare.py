@@ -33,15 +33,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.append(str(ROOT / "runs" / "bench-deps" / "llm-analysis"))  # last: autotune's own packages win
 
-import published_runs as pr  # noqa: E402
 import yaml  # noqa: E402
 
 from autotune.costmodel.steptime import HBM_EFFICIENCY  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
 from autotune.specs import ClusterSpec, ModelSpec  # noqa: E402
+from benchmarks import published_runs as pr  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 _LA_GPU = {"a100-80gb": "a100-sxm-80gb", "a100-40gb": "a100-sxm-40gb", "v100": "v100-sxm-32gb",

@@ -39,11 +39,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 
 import optuna  # noqa: E402
-from landscape import (  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
+from autotune.backends.base import TrialRequest  # noqa: E402
+from autotune.calibrate import Refiner  # noqa: E402
+from autotune.search import Ranking, StudyOptions, make_sampler, run_study  # noqa: E402
+from autotune.space import KNOBS, suggest_plan  # noqa: E402
+from autotune.trials.result import TrialResult, TrialStatus  # noqa: E402
+from benchmarks.landscape import (  # noqa: E402
     CELLS,
     RESULTS,
     cell_ranking,
@@ -52,13 +58,6 @@ from landscape import (  # noqa: E402
     replace_cells,
     result_path,
 )
-from optuna.trial import TrialState  # noqa: E402
-
-from autotune.backends.base import TrialRequest  # noqa: E402
-from autotune.calibrate import Refiner  # noqa: E402
-from autotune.search import Ranking, StudyOptions, make_sampler, run_study  # noqa: E402
-from autotune.space import KNOBS, suggest_plan  # noqa: E402
-from autotune.trials.result import TrialResult, TrialStatus  # noqa: E402
 
 PROFILES = RESULTS / "profiles"
 WITHIN = 0.05

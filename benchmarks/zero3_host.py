@@ -28,10 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 
-from _host_bench import (  # noqa: E402
+from benchmarks._host_bench import (  # noqa: E402
     alternate,
     fit_two_terms,
     init_one_rank,

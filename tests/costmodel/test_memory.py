@@ -2,9 +2,6 @@
 known physics, and to a measured per-rank peak (a tiny run of benchmarks/memory_crosscheck.py)."""
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
@@ -29,6 +26,7 @@ from autotune.costmodel.states import (
     state_bytes_per_param,
 )
 from autotune.plan import ParallelPlan, Recompute
+from benchmarks import memory_crosscheck as mc
 
 GIB = 1024**3
 DS_SHAPES = [(1.3e9, 8, 1), (7e9, 8, 2), (70e9, 8, 8), (175e9, 16, 4)]
@@ -248,22 +246,13 @@ def test_estimate_reports_out_of_memory_as_a_reason():
     assert not est.feasible and any("out of memory" in r for r in est.reasons)
 
 
-def _crosscheck_module():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_crosscheck.py"
-    spec = importlib.util.spec_from_file_location("memory_crosscheck", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 CROSSCHECK_TOLERANCE = 0.10
 """Measured-vs-predicted peak on CPU: within 10% here (the full benchmark: within 1.5% on CPU, 2.3% on an
 H200; benchmarks/results/memory_crosscheck.md)."""
 
 
+@pytest.mark.slow
 def test_tiny_crosscheck_against_measured_peak():
-    mc = _crosscheck_module()
     cases = mc.cpu_cases(mc.TINY, micro_batch=4, seq_len=128, worlds=(4,))
     picked = [c for c in cases if c.name in ("1 rank, recompute none", "fsdp-full, 4 ranks (fake PG)")]
     assert len(picked) == 2

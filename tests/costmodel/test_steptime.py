@@ -1,9 +1,6 @@
 """Step-time model: FLOPs cross-checks, pipeline bubble, topology effects, sanity, published runs."""
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +15,7 @@ from autotune.plan import Framework, ParallelPlan
 from autotune.search import plan_search
 from autotune.space import load_space
 from autotune.specs import ModelSpec
-
-_ROOT = Path(__file__).resolve().parents[2]
+from benchmarks import published_runs
 
 
 def _gpt(h: int = 12288, layers: int = 96, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
@@ -162,6 +158,7 @@ def test_offload_traffic_per_framework_scales_as_documented():
     assert step_s < eight.offload_s < 1.1 * step_s
 
 
+@pytest.mark.slow
 def test_search_ranks_offload_only_where_it_pays():
     """70B on 16 H100s, 4M-token batches: offloading Megatron's distributed optimizer frees the GPU for a plan
     without recompute at a once-per-step host cost of ~13 s of ~200 s; FSDP2 offload, which re-copies the
@@ -192,20 +189,10 @@ def test_flash_attention_switch():
     # Speed is a benchmark (benchmarks/search_speed.py), not a timed unit test.
 
 
-def _published_runs():
-    path = _ROOT / "benchmarks" / "published_runs.py"
-    spec = importlib.util.spec_from_file_location("published_runs", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["published_runs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_published_runs_within_bounds():
     """benchmarks/published_runs.py: median |error| <= 10%, none above 30% (on the included rows)."""
-    runs = _published_runs()
-    outcomes, skipped = runs.compare()
-    stats = runs.summary(outcomes)
+    outcomes, skipped = published_runs.compare()
+    stats = published_runs.summary(outcomes)
     assert stats["rows"] >= 50
     assert stats["median_abs_error"] <= 0.10
     assert stats["max_abs_error"] <= 0.30
