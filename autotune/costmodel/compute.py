@@ -67,7 +67,7 @@ def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
     if precision == "fp8" and gpu.fp8_flops is not None:
         cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), fp8_operand_elements(model, plan, tokens),
                                       compiled=plan.compile or plan.framework is not Framework.FSDP)
-        s += cast / hbm_rate(cluster) / 3
+        s += (cast + rowwise_rescale_bytes(plan, shapes)) / hbm_rate(cluster) / 3
     return s + ub_sm_margin_s(model, cluster, plan, tokens) / 3
 
 
@@ -99,6 +99,22 @@ def ub_sm_margin_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, t
     row = sum(t for is_row, t in times if is_row)  # row-parallel: the full hidden width comes out
     col = sum(t for is_row, t in times if not is_row)
     return (row + 2 * col) * (sms / (sms - UB_OVERLAP_SMS) - 1.0)
+
+
+ROWWISE_RESCALE_BYTES = 4
+"""HBM bytes per output element of a torchao rowwise float8 backward GEMM: ``grad_input`` and
+``grad_weight`` run with ``use_fast_accum=False``, where the CUTLASS rowwise ``_scaled_mm`` was too slow, so
+torchao runs the cuBLAS tensorwise GEMM and applies the row and column scales to its bf16 output in a separate
+kernel (read 2 B, write 2 B) (torchao/float8/float8_ops.py ``addmm_float8_unwrapped``; pytorch/ao#2184: "at
+least one extra triton kernel per GEMM ... just for the rescaling")."""
+
+
+def rowwise_rescale_bytes(plan: ParallelPlan, shapes: list[gemms.Gemm]) -> float:
+    """HBM bytes of the output rescaling of a torchao rowwise plan's backward GEMMs (``ROWWISE_RESCALE_BYTES``
+    x the ``m x k`` input gradient and the ``n x k`` weight gradient of each linear); 0 for other recipes."""
+    if str(plan.fp8_recipe) != "rowwise" or plan.framework is not Framework.FSDP:
+        return 0.0
+    return ROWWISE_RESCALE_BYTES * sum(g.count * (g.m * g.k + g.n * g.k) for g in shapes)
 
 
 def fp8_tp_gather(plan: ParallelPlan) -> bool:

@@ -187,6 +187,11 @@ def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: f
     fwd_hidden = max(0.0, fwd_n * one_s - overlap_fraction * wgrad_s * fwd_n / 2)  # recompute: 2 forwards
     if plan.tp_comm_overlap:
         return fwd_hidden + max(0.0, bwd_n * one_s - overlap_fraction * 2 * wgrad_s)
+    if plan.async_tp and str(plan.fp8_recipe) == "rowwise" and str(plan.precision) == "fp8":
+        # pytorch/pytorch#149990: with rowwise scales inductor fuses matmul -> reduce-scatter but not the
+        # all-gather -> matmul, so only the forward reduce-scatters (half the forward collectives) hide
+        return fwd_n / 2 * one_s + max(0.0, fwd_n / 2 * one_s - overlap_fraction * wgrad_s * fwd_n / 4) \
+            + bwd_n * one_s
     if plan.async_tp:
         return fwd_hidden + bwd_n * one_s
     if overlap:
