@@ -228,6 +228,8 @@ def load_gpu(name: str) -> GPUSpec:
                                for kernel, c in (g.get("attention") or {}).items()),
         tdp_w=g.get("tdp_w"),
         power_limit_w=g.get("power_limit_w"),
+        sm_count=g.get("sm_count"),
+        compute_capability=g.get("compute_capability"),
     )
 
 

@@ -237,6 +237,12 @@ class GPUSpec:
     """Board power the peaks and efficiencies above hold at (None: not stated)."""
     power_limit_w: float | None = None
     """Board power limit the cards run at, if below ``tdp_w``: compute slows by ``kernels.clock_factor``."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (None: not stated): Transformer Engine's comm+GEMM overlap takes some of them
+    from the GEMMs it overlaps (``compute.ub_sm_margin_s``)."""
+    compute_capability: float | None = None
+    """CUDA compute capability (None: not stated or not NVIDIA): below 9.0 there is no CUDA multicast, which
+    Transformer Engine's comm+GEMM overlap needs unless told ``UB_SKIPMC=1`` (``emit.megatron``)."""
 
     def pipeline_action_s(self, schedule: str) -> float | None:
         """Measured host seconds per action of a torch pipeline ``schedule``; None where not measured."""

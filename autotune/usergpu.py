@@ -28,6 +28,8 @@ _NUMBERS = {  # key -> (GPUSpec field, unit, required without a base)
     "memory_gib": ("memory_bytes", 1024 * _MIB, True), "memory_mib": ("memory_bytes", _MIB, False),
     "memory_bandwidth_gb_s": ("memory_bandwidth_bytes_per_s", 1e9, True),
     "power_limit_w": ("power_limit_w", 1.0, False), "tdp_w": ("tdp_w", 1.0, False),
+    "sm_count": ("sm_count", 1, False),
+    "compute_capability": ("compute_capability", 1.0, False),
     "gemm_efficiency": ("gemm_efficiency", 1.0, False),
     "default_gpus_per_node": ("default_gpus_per_node", 1, False),
     "default_nics_per_node": ("default_nics_per_node", 1, False),

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import re
 import statistics
 import sys
@@ -242,13 +243,18 @@ def _skip_reason(row: dict[str, Any]) -> str:
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
-    """Kendall's tau-a over all pairs (ties count 0)."""
+    """Kendall's tau-b (``scipy.stats.kendalltau``'s default): concordant minus discordant pairs over the
+    geometric mean of the pairs untied in each list. A group that repeats one layout measured in two releases
+    (Megatron-Bridge 2606 and 260401) has a tie in its predictions that no model can order; tau-a would count
+    that pair against it."""
     pairs = list(itertools.combinations(range(len(xs)), 2))
     if not pairs:
         return float("nan")
     s = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0
              else 0) for i, j in pairs)
-    return s / len(pairs)
+    untied_x = sum(1 for i, j in pairs if xs[i] != xs[j])
+    untied_y = sum(1 for i, j in pairs if ys[i] != ys[j])
+    return s / math.sqrt(untied_x * untied_y) if untied_x and untied_y else float("nan")
 
 
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -271,7 +277,7 @@ def _markdown(outcomes: list[Outcome], skipped: list[tuple[str, str]], stats: di
              f"**Rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%; beyond 30%: "
              f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named "
              "reason).**",
-             "", "Kendall tau within groups sharing model and cluster:", ""]
+             "", "Kendall tau-b within groups sharing model and cluster:", ""]
     lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]
     before = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
     if before:

@@ -60,15 +60,61 @@ def hbm_rate(cluster: ClusterSpec) -> float:
 def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float) -> float:
     """Forward seconds of one block's linears on ``tokens`` rows (``gemms.block_gemms``: after TP, EP and ETP,
     fused as the framework fuses them), each at its own shape's efficiency; fp8 plans add a third of their
-    casts."""
+    casts, TE comm+GEMM overlap a third of its SM margin (``ub_sm_margin_s``; forward + backward = 3x)."""
     gpu, precision = cluster.gpu, str(plan.precision)
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     s = sum(g.count * kernels.gemm_s(gpu, precision, g.m, g.n, g.k) for g in shapes)
     if precision == "fp8" and gpu.fp8_flops is not None:
         cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), fp8_operand_elements(model, plan, tokens),
                                       compiled=plan.compile or plan.framework is not Framework.FSDP)
-        s += cast / hbm_rate(cluster) / 3
-    return s
+        s += (cast + rowwise_rescale_bytes(plan, shapes)) / hbm_rate(cluster) / 3
+    return s + ub_sm_margin_s(model, cluster, plan, tokens) / 3
+
+
+UB_OVERLAP_SMS = 16
+"""SMs a Transformer Engine userbuffers overlap holds while it runs beside a GEMM, which then runs on the
+rest (``set_sm_margin``): TE's default config (transformer_engine/pytorch/module/base.py ``initialize_ub``,
+``get_default_config``: ``num_sm`` 16 for every method but ``ring_exchange``), which Megatron-LM's
+``--tp-comm-overlap`` uses without ``--tp-comm-overlap-cfg``. By default ``proj_fprop`` / ``fc2_fprop``
+reduce-scatter by the ``pipeline`` method and ``qkv_dgrad`` / ``qkv_wgrad`` / ``fc1_dgrad`` / ``fc1_wgrad``
+by ``bulk``; the all-gathers before ``qkv_fprop`` / ``fc1_fprop`` and the backward of the row-parallel
+layers use ``ring_exchange`` (copy engines, 1 SM). Megatron-Bridge's tuned configs
+(src/megatron/bridge/training/comm_overlap.py) keep 16-32 SMs on the bf16 ``pipeline`` layers and 2-24 on
+the ``bulk`` ones."""
+
+
+def ub_sm_margin_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float) -> float:
+    """Extra forward+backward seconds of one block's GEMMs under ``plan.tp_comm_overlap`` from the SMs the
+    overlapping collectives hold (``UB_OVERLAP_SMS``): the row-parallel forward GEMMs (``O``, MLP down) and
+    the column-parallel backward ones (dgrad + wgrad of ``QKV`` and gate/up) run on ``sm_count - 16`` SMs.
+    0 without the overlap, TP, or a known SM count."""
+    sms = cluster.gpu.sm_count
+    if not plan.tp_comm_overlap or plan.tp == 1 or not sms or sms <= UB_OVERLAP_SMS:
+        return 0.0
+    shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
+    if model.is_moe:  # the routed experts' GEMMs are not TP-overlapped (EP all-to-all: costmodel.moe)
+        shapes = shapes[:-2]
+    times = [(g.n == model.hidden_size, g.count * kernels.gemm_s(cluster.gpu, str(plan.precision), g.m, g.n,
+                                                                  g.k)) for g in shapes]
+    row = sum(t for is_row, t in times if is_row)  # row-parallel: the full hidden width comes out
+    col = sum(t for is_row, t in times if not is_row)
+    return (row + 2 * col) * (sms / (sms - UB_OVERLAP_SMS) - 1.0)
+
+
+ROWWISE_RESCALE_BYTES = 4
+"""HBM bytes per output element of a torchao rowwise float8 backward GEMM: ``grad_input`` and
+``grad_weight`` run with ``use_fast_accum=False``, where the CUTLASS rowwise ``_scaled_mm`` was too slow, so
+torchao runs the cuBLAS tensorwise GEMM and applies the row and column scales to its bf16 output in a separate
+kernel (read 2 B, write 2 B) (torchao/float8/float8_ops.py ``addmm_float8_unwrapped``; pytorch/ao#2184: "at
+least one extra triton kernel per GEMM ... just for the rescaling")."""
+
+
+def rowwise_rescale_bytes(plan: ParallelPlan, shapes: list[gemms.Gemm]) -> float:
+    """HBM bytes of the output rescaling of a torchao rowwise plan's backward GEMMs (``ROWWISE_RESCALE_BYTES``
+    x the ``m x k`` input gradient and the ``n x k`` weight gradient of each linear); 0 for other recipes."""
+    if str(plan.fp8_recipe) != "rowwise" or plan.framework is not Framework.FSDP:
+        return 0.0
+    return ROWWISE_RESCALE_BYTES * sum(g.count * (g.m * g.k + g.n * g.k) for g in shapes)
 
 
 def fp8_tp_gather(plan: ParallelPlan) -> bool:

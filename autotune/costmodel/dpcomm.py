@@ -186,7 +186,8 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
             return DpComm(0.0, 0.0, all_reduce_s)
         if plan.framework is Framework.FSDP:  # replicate() reduces every backward (no no_sync in the loop)
             return DpComm(all_reduce_s, 0.0, 0.0)
-        return DpComm(0.0, all_reduce_s, 0.0)
+        hidden, exposed = _megatron_overlap_split(plan, all_reduce_s, 0.0)
+        return DpComm(0.0, hidden, exposed)
     if sharding in (Sharding.ZERO1, Sharding.ZERO2):
         if deepspeed and DEEPSPEED_BUCKET_ALLREDUCE:
             grads_s = comm.allreduce_s(grad_bytes, n, link, reduces)
@@ -198,7 +199,8 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
                 return DpComm(0.0, 0.0, grads_s + params_s)
             return DpComm(grads_s, 0.0, params_s)
         if sharding is Sharding.ZERO1:
-            return DpComm(0.0, grads_s + params_s, 0.0)
+            hidden, exposed = _megatron_overlap_split(plan, grads_s, params_s)
+            return DpComm(0.0, hidden, exposed)
         return DpComm(grads_s, params_s, 0.0)
     gather_s = comm.allgather_s(param_bytes, shard, link, gathers)
     reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link, reduces)
@@ -208,6 +210,21 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     if deepspeed:
         return _zero3_comm(model, plan, shard, link, widen, reduce_s)
     return DpComm(gathers_per_microbatch(plan) * gather_s + reduce_s, replica_s, 0.0)
+
+
+def _megatron_overlap_split(plan: ParallelPlan, grads_s: float, params_s: float) -> tuple[float, float]:
+    """(overlappable, exposed) seconds of the once-per-step gradient reduction and parameter gather. Megatron
+    without ``--overlap-grad-reduce`` reduces the gradient buffers after the last backward
+    (megatron/core/distributed/distributed_data_parallel.py ``finish_grad_sync`` from
+    ``finalize_model_grads``); without ``--overlap-param-gather`` the distributed optimizer all-gathers the
+    updated parameters inside ``step`` (megatron/core/optimizer/distrib_optimizer.py) instead of bucket by
+    bucket under the next forward. Other frameworks: both overlappable."""
+    if plan.framework is not Framework.MEGATRON:
+        return grads_s + params_s, 0.0
+    grads_hidden = plan.overlap_grad_reduce
+    params_hidden = plan.overlap_param_gather
+    return ((grads_s if grads_hidden else 0.0) + (params_s if params_hidden else 0.0),
+            (0.0 if grads_hidden else grads_s) + (0.0 if params_hidden else params_s))
 
 
 def _zero3_comm(model: ModelSpec, plan: ParallelPlan, shard: int, link: comm.GroupLink, widen: float,

@@ -38,6 +38,15 @@ master, m, v (12 B) and the 16-bit weight (2 B), plus the grad-norm pass over th
 ELEMENTWISE_BWD_FACTOR = 1.5
 """Backward/forward HBM traffic of elementwise kernels: the backward of ``y = f(x)`` reads ``x`` (or ``y``)
 and ``dy`` and writes ``dx`` (3 tensors) where the forward read 1 and wrote 1."""
+TORCH_CPU_ADAMW_BYTES_PER_PARAM = 80
+"""Host DRAM traffic per parameter of ``torch.optim.AdamW`` on CPU tensors, which Megatron's
+``--optimizer-cpu-offload`` runs (megatron/core/optimizer/__init__.py imports ``torch.optim.AdamW as
+CPUAdam``; cpu_offloading/hybrid_optimizer.py builds one per parameter with no ``fused``/``foreach``): torch
+picks foreach/fused only for CUDA tensors (torch/optim/optimizer.py ``_default_to_fused_or_foreach``), so
+the step is ``_single_tensor_adam``'s separate fp32 passes (torch/optim/adam.py): ``param.mul_`` (8 B),
+``exp_avg.lerp_`` (12), ``exp_avg_sq.mul_`` (8), ``.addcmul_`` (12), ``sqrt`` (8), ``/`` (8), ``add_``
+(8), ``param.addcdiv_`` (16). DeepSpeed's ``DeepSpeedCPUAdam`` (AVX, one fused pass) and FSDP2 with
+torchtitan's ``fused`` AdamW (torch's fused CPU kernel) stream ``OPTIMIZER_BYTES_PER_PARAM``."""
 HOST_OPTIMIZER_BYTES_PER_S = 100e9
 """Host DRAM bandwidth PER NODE that host-side work streams at (the CPU Adam step, FSDP2's CPU gradient
 accumulation); the GPUs of a node share it, so host work is timed over all their shards. A 2-socket server
@@ -178,6 +187,11 @@ def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: f
     fwd_hidden = max(0.0, fwd_n * one_s - overlap_fraction * wgrad_s * fwd_n / 2)  # recompute: 2 forwards
     if plan.tp_comm_overlap:
         return fwd_hidden + max(0.0, bwd_n * one_s - overlap_fraction * 2 * wgrad_s)
+    if plan.async_tp and str(plan.fp8_recipe) == "rowwise" and str(plan.precision) == "fp8":
+        # pytorch/pytorch#149990: with rowwise scales inductor fuses matmul -> reduce-scatter but not the
+        # all-gather -> matmul, so only the forward reduce-scatters (half the forward collectives) hide
+        return fwd_n / 2 * one_s + max(0.0, fwd_n / 2 * one_s - overlap_fraction * wgrad_s * fwd_n / 4) \
+            + bwd_n * one_s
     if plan.async_tp:
         return fwd_hidden + bwd_n * one_s
     if overlap:
@@ -306,12 +320,15 @@ def _gpus_sharing_host(cluster: ClusterSpec, plan: ParallelPlan) -> int:
 def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) -> float:
     """Optimizer step seconds. On GPU the AdamW step streams ``OPTIMIZER_BYTES_PER_PARAM`` per parameter of
     this rank's optimizer shard through HBM. With offload (ZeRO-Offload, Ren et al. 2021) the step runs on the
-    host over the shards of all GPUs of a node at the node's ``HOST_OPTIMIZER_BYTES_PER_S``."""
+    host over the shards of all GPUs of a node at the node's ``HOST_OPTIMIZER_BYTES_PER_S`` (Megatron's torch
+    CPU AdamW: ``TORCH_CPU_ADAMW_BYTES_PER_PARAM``)."""
     if not plan.offload:
         hbm = cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
         return shard_params * OPTIMIZER_BYTES_PER_PARAM / hbm
     node_params = shard_params * _gpus_sharing_host(cluster, plan)
-    return node_params * OPTIMIZER_BYTES_PER_PARAM / HOST_OPTIMIZER_BYTES_PER_S
+    per_param = (TORCH_CPU_ADAMW_BYTES_PER_PARAM if plan.framework is Framework.MEGATRON
+                 else OPTIMIZER_BYTES_PER_PARAM)
+    return node_params * per_param / HOST_OPTIMIZER_BYTES_PER_S
 
 
 def recomputed_share(model: ModelSpec, plan: ParallelPlan) -> float:

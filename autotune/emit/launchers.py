@@ -21,7 +21,7 @@ from autotune.contract import ENV
 from autotune.emit.megatron import megatron_env
 from autotune.emit.torchrun import rdzv_id
 from autotune.plan import Framework, ParallelPlan
-from autotune.specs import ClusterSpec
+from autotune.specs import ClusterSpec, GPUSpec
 from autotune.trials.command import ShellRef, shell_join, torchrun_command, worker_entry
 
 __all__ = ["render", "plan_line", "contract_env", "torchrun_script", "deepspeed_script", "slurm_script",
@@ -62,12 +62,17 @@ def _common(plan: ParallelPlan, cluster: ClusterSpec | None) -> dict[str, str]:
     return {"plan_line": plan_line(plan), "version": __version__, **nodes}
 
 
-def contract_env(plan: ParallelPlan, configs: dict[str, str]) -> str:
+_ENV_WHY = {"CUDA_DEVICE_MAX_CONNECTIONS": "Megatron validate_args (TP/CP > 1)",
+            "UB_SKIPMC": "TE comm+GEMM overlap without CUDA multicast (compute capability < 9.0)"}
+
+
+def contract_env(plan: ParallelPlan, configs: dict[str, str], gpu: GPUSpec | None = None) -> str:
     """``autotune_env.sh``: ``configs`` maps a contract field (``ds_config``, ...) to its emitted file;
-    plans priced for Megatron also get ``megatron_env``, overridable from the caller's environment."""
+    plans priced for Megatron also get ``megatron_env`` (for ``gpu``), overridable from the caller's
+    environment."""
     config_lines = "".join(f'export {ENV[key]}="$RUN_DIR/{name}"\n' for key, name in configs.items())
-    extra = megatron_env(plan) if plan.framework is Framework.MEGATRON else {}
-    env_lines = "".join(f'export {k}="${{{k}:-{shlex.quote(v)}}}"  # Megatron validate_args (TP/CP > 1)\n'
+    extra = megatron_env(plan, gpu) if plan.framework is Framework.MEGATRON else {}
+    env_lines = "".join(f'export {k}="${{{k}:-{shlex.quote(v)}}}"  # {_ENV_WHY.get(k, "Megatron")}\n'
                         for k, v in extra.items())
     return render("autotune_env.sh.tmpl", {**_common(plan, None), "config_lines": config_lines,
                                            "env_lines": env_lines}).rstrip("\n") + "\n"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
-from autotune.specs import ModelSpec
+from autotune.specs import GPUSpec, ModelSpec
 from autotune.stagesplit import (
     ACCOUNT_BOTH,
     ACCOUNT_LOSS,
@@ -208,12 +208,19 @@ def priced_args(plan: ParallelPlan) -> list[list[str]]:
     return [["--attention-dropout", "0"], ["--hidden-dropout", "0"]]
 
 
-def megatron_env(plan: ParallelPlan) -> dict[str, str]:
+def megatron_env(plan: ParallelPlan, gpu: GPUSpec | None = None) -> dict[str, str]:
     """Environment Megatron needs at start-up: ``validate_args`` (core_v0.16.1,
     ``megatron/training/arguments.py``) asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP > 1 or CP > 1 on
     GPUs before Blackwell (compute capability < 10), so the TP/CP collectives are queued before the GEMMs
-    they overlap with; on Blackwell the requirement is gone and the setting is harmless."""
-    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+    they overlap with; on Blackwell the requirement is gone and the setting is harmless. ``--tp-comm-overlap``
+    on a ``gpu`` below compute capability 9.0 (no CUDA multicast) also needs ``UB_SKIPMC=1``: Transformer
+    Engine's ``initialize_ub`` asserts otherwise and falls back to CUDA IPC with it
+    (examples/pytorch/comm_gemm_overlap/README.md)."""
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+    cc = gpu.compute_capability if gpu is not None else None
+    if plan.tp_comm_overlap and plan.tp > 1 and cc is not None and cc < 9.0:
+        env["UB_SKIPMC"] = "1"
+    return env
 
 
 def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:

@@ -102,7 +102,7 @@ _ARTEFACTS = (
               render=lambda c: megatron_args_text(c.plan, c.model), unsupported=megatron_unsupported),
     _Artefact(name=launchers.CONTRACT_ENV_FILE, what="the plan and its configs for your script (AUTOTUNE_* "
               "variables, see Launch); every launcher here sources it",
-              render=lambda c: launchers.contract_env(c.plan, _contract_configs(c.plan))),
+              render=lambda c: launchers.contract_env(c.plan, _contract_configs(c.plan), c.cluster.gpu)),
     _Artefact(name="launch_torchrun.sh", what="torchrun launcher: `bash launch_torchrun.sh train.py` on "
               "every node, MASTER_ADDR set", render=lambda c: launchers.torchrun_script(c.plan, c.cluster),
               executable=True),

@@ -161,14 +161,15 @@ def test_offload_traffic_per_framework_scales_as_documented():
 @pytest.mark.slow
 def test_search_ranks_offload_only_where_it_pays():
     """70B on 16 H100s, 4M-token batches: offloading Megatron's distributed optimizer frees the GPU for a plan
-    without recompute at a once-per-step host cost of ~13 s of ~200 s; FSDP2 offload, which re-copies the
-    parameters every micro-batch, ranks nowhere near the top."""
+    without recompute at a once-per-step host cost of ~29 s of ~215 s (the host step is torch's unfused CPU
+    AdamW, ``TORCH_CPU_ADAMW_BYTES_PER_PARAM``); FSDP2 offload, which re-copies the parameters every
+    micro-batch, ranks nowhere near the top."""
     ranking = plan_search(load_space(None), load_model("70b"), make_cluster(num_gpus=16), pins={},
                           global_batch=1024, seq_len=4096)
     top = ranking.feasible[:5]
     assert not any(e.plan.offload and e.plan.framework is Framework.FSDP for e in top)
     for e in top:
-        assert e.time.optimizer_s + e.time.offload_s < 0.1 * e.time.step_time_s
+        assert e.time.optimizer_s + e.time.offload_s < 0.15 * e.time.step_time_s
     best_on_gpu = next(e for e in ranking.feasible if not e.plan.offload)
     assert top[0].plan.offload and top[0].time.recompute_s < best_on_gpu.time.recompute_s
 
