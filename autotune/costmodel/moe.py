@@ -97,11 +97,12 @@ def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int) ->
     over the node's NICs, shared by the node's GPUs (all exchange at once); the two run concurrently
     (NCCL ``ncclSend``/``ncclRecv`` to every peer in one group call), so the slower one sets the time, plus
     one latency of the slowest hop. DeepSeek-V3 report Sec. 3.2.2 prices its dispatch the same way: bound by
-    the IB share (50 GB/s) while NVLink (160 GB/s) carries the rest."""
+    the IB share (50 GB/s) while NVLink (160 GB/s) carries the rest. "Node" is the NVLink domain
+    (``ClusterSpec.nvlink_domain``: 72 GPUs of a GB200 NVL72 rack), the NIC share is per GPU."""
     if size <= 1:
         return 0.0
-    per_node = cluster.gpus_per_node
-    k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
+    per_node, domain = cluster.gpus_per_node, cluster.nvlink_domain
+    k = 1 if stride >= domain else max(1, min(size, domain // stride))
     eff = cluster.collective_efficiency
     intra_s = nbytes * (k - 1) / size / (cluster.intra_link.bw_bytes_per_s * eff)
     if k >= size:

@@ -157,3 +157,13 @@ def test_megatron_keeps_one_h_wide_tensor_per_routed_copy_torchtitan_two():
     tokens = megatron.micro_batch * megatron.seq_len * mixtral.num_layers
     ffn_tensors = 3 * mixtral.expert_ffn_hidden_size * 2  # fused SwiGLU: fc1 output (2 f) + its output (f)
     assert per_copy == pytest.approx(tokens * (mixtral.hidden_size * 2 + ffn_tensors), rel=0.05)
+
+
+def test_ep64_inside_an_nvl72_rack_runs_on_nvlink():
+    """EP 64 on GB200 NVL72 exchanges over NVLink 5, not over the trays' NICs."""
+    rack = make_cluster(num_gpus=256, gpu="gb200")
+    trays = dataclasses.replace(rack, nvlink_domain_gpus=None)
+    nbytes = 1e9
+    nvlink = moe.all_to_all_s(nbytes, rack, 64, 1)
+    assert nvlink == pytest.approx(nbytes * 63 / 64 / (900e9 * 0.85) + 8e-6)
+    assert moe.all_to_all_s(nbytes, trays, 64, 1) > 10 * nvlink
