@@ -113,7 +113,7 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
     modules = {w for m in _RECOMPUTE_MODULES.finditer(text)
                for w in re.findall(r"\w+", m.group(1))} - {"core_attn"}
     out = [x for x in out if x]
-    if "Token-DROP" in text:  # padded to capacity: token_dispatcher.py skips the host sync (costmodel.moehost)
+    if "Token-DROP" in text:  # padded to capacity: token_dispatcher.py skips the host sync (moehost)
         out.append("token drop")
     if modules:
         out.insert(0, "recompute " + "+".join(sorted(modules)))
