@@ -102,7 +102,8 @@ class TimeBreakdown:
     overhead_s: float = 0.0
     """Fixed per-step and per-micro-batch overhead (``ClusterSpec.step_overhead_s`` + micro-batches x
     ``microbatch_overhead_s``; 0 unless calibrated from trials) and, where the device does not hide it, the
-    host time of the eager and DTensor operators and of DeepSpeed ZeRO-3's hooks (``hostops``; 0 on GPUs)."""
+    host time of the eager and DTensor operators and of DeepSpeed ZeRO-3's hooks (``hostops``; 0 on GPUs),
+    and the host time a Megatron MoE layer's host sync exposes (``moehost``, on GPUs too)."""
 
     @property
     def step_time_s(self) -> float:
