@@ -230,6 +230,7 @@ def load_gpu(name: str) -> GPUSpec:
         power_limit_w=g.get("power_limit_w"),
         sm_count=g.get("sm_count"),
         compute_capability=g.get("compute_capability"),
+        nvlink_domain_gpus=g.get("nvlink_domain_gpus"),
     )
 
 
@@ -271,6 +272,7 @@ def make_cluster(
     inter_node: str | None = None,
     nics_per_node: int | None = None,
     host_memory_gib: float | None = None,
+    nvlink_domain_gpus: int | None = None,
 ) -> ClusterSpec:
     """A homogeneous cluster from the CLI flags ``--gpus N --gpu T [--gpus-per-node K]``; ``gpu`` may be a
     described GPU (``usergpu``)."""
@@ -296,6 +298,11 @@ def make_cluster(
     if host_memory_gib is not None and not 0 < host_memory_gib <= _MAX_HOST_MEMORY_GIB:  # nan fails too
         raise ConfigError(f"--host-memory-gib: host RAM per node must be in (0, {_MAX_HOST_MEMORY_GIB}] GiB, "
                           f"got {host_memory_gib!r}")
+    domain = nvlink_domain_gpus if nvlink_domain_gpus is not None else spec.nvlink_domain_gpus
+    if domain is not None and (isinstance(domain, bool) or not isinstance(domain, int) or domain <= 0
+                               or domain % per_node):
+        raise ConfigError(f"nvlink_domain_gpus: must be a positive multiple of gpus_per_node {per_node}, "
+                          f"got {domain!r}")
     return ClusterSpec(
         name=f"{num_gpus // per_node}x{per_node} {spec.key}",
         gpu=spec,
@@ -305,6 +312,7 @@ def make_cluster(
         inter_link=load_link(inter_node or spec.default_inter_node_link),
         nics_per_node=nics,
         host_memory_bytes_per_node=int((host_memory_gib if host_memory_gib is not None else 1024) * _GIB),
+        nvlink_domain_gpus=domain,
     )
 
 
@@ -317,6 +325,7 @@ _CLUSTER_KEYS = {
     "nics_per_node",
     "host_memory_gib",
     "name",
+    "nvlink_domain_gpus",
 }
 
 
@@ -348,6 +357,9 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     nics = cfg.get("nics_per_node")
     if nics is not None:
         nics = _int_field(cfg, "nics_per_node", where)
+    domain = cfg.get("nvlink_domain_gpus")
+    if domain is not None:
+        domain = _int_field(cfg, "nvlink_domain_gpus", where)
     return make_cluster(
         num_gpus=nodes * per_node,
         gpu=gpu,
@@ -356,6 +368,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         inter_node=cfg.get("inter_node_link"),
         nics_per_node=nics,
         host_memory_gib=host,
+        nvlink_domain_gpus=domain,
     )
 
 

@@ -23,7 +23,7 @@ from autotune.stagesplit import split_error
 
 __all__ = [
     "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "CpComm",
-    "ParallelPlan",
+    "MoeDispatcher", "ParallelPlan",
     "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan", "expert_errors",
 ]
 
@@ -86,6 +86,14 @@ class Fp8Recipe(_StrEnum):
     ROWWISE = "rowwise"              # one scale per row (torchao rowwise)
     BLOCKWISE = "blockwise"          # 1x128 / 128x128 tiles (TE Float8BlockScaling, DeepSeek-V3)
     MX = "mx"                        # MXFP8, 32-element blocks (Blackwell)
+
+
+class MoeDispatcher(_StrEnum):
+    """How MoE tokens reach their experts' ranks (``costmodel.moe.all_to_all_s`` prices each)."""
+
+    ALLTOALL = "alltoall"            # NCCL all-to-all, one copy per routed expert (Megatron alltoall)
+    DEEPEP = "deepep"                # Megatron flex + DeepEP: one copy per destination node over the NICs
+    HYBRIDEP = "hybridep"            # Megatron flex + HybridEP (a DeepEP-V1 branch): the same forwarding
 
 
 class CpComm(_StrEnum):
@@ -165,6 +173,10 @@ class ParallelPlan:
     recompute_layers: int | None = None
     """With ``recompute=full`` on Megatron: blocks of each model chunk recomputed (the first ones,
     ``--recompute-method block --recompute-num-layers``); the rest keep their activations. None: all."""
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    """MoE token dispatch (read only with ``ep > 1``): Megatron's ``--moe-token-dispatcher-type alltoall``,
+    or ``flex`` with ``--moe-flex-dispatcher-backend deepep | hybridep``, which send a token once per
+    destination node across nodes and forward it over NVLink there."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -240,7 +252,7 @@ class ParallelPlan:
 
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "sharding": Sharding, "recompute": Recompute, "schedule": Schedule, "precision": Precision,
-    "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm,
+    "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm, "moe_dispatcher": MoeDispatcher,
 }
 _BOOL_FIELDS = {"sequence_parallel", "offload", "compile", "async_tp", "tp_comm_overlap",
                 "overlap_grad_reduce", "overlap_param_gather"}
@@ -385,6 +397,9 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
     if plan.cp > 1 and plan.cp_comm is CpComm.A2A and fw is not Framework.MEGATRON:
         errors.append("cp-comm a2a (Ulysses) needs --framework megatron; torchtitan rotates K/V by p2p or "
                       "allgather")
+    if plan.moe_dispatcher is not MoeDispatcher.ALLTOALL and fw is not Framework.MEGATRON:
+        errors.append(f"moe-dispatcher {plan.moe_dispatcher} is Megatron's flex dispatcher; use --framework "
+                      "megatron or moe-dispatcher alltoall")
     if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):
         errors.append(f"framework {fw} always overlaps its DP collectives; only megatron can turn "
                       "overlap-grad-reduce / overlap-param-gather off")

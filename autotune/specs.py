@@ -243,6 +243,9 @@ class GPUSpec:
     compute_capability: float | None = None
     """CUDA compute capability (None: not stated or not NVIDIA): below 9.0 there is no CUDA multicast, which
     Transformer Engine's comm+GEMM overlap needs unless told ``UB_SKIPMC=1`` (``emit.megatron``)."""
+    nvlink_domain_gpus: int | None = None
+    """GPUs that share one NVLink domain when larger than a node (GB200 NVL72: 72 GPUs over 18 trays of 4,
+    one NVLink Switch fabric); None: the node is the domain."""
 
     def pipeline_action_s(self, schedule: str) -> float | None:
         """Measured host seconds per action of a torch pipeline ``schedule``; None where not measured."""
@@ -314,10 +317,24 @@ class ClusterSpec:
     profile: str | None = None
     """Where the numbers above came from when not the catalog: a probe profile and/or a calibration,
     e.g. ``profile: cpu-2rank (measured 2026-11-30)``."""
+    nvlink_domain_gpus: int | None = None
+    """GPUs one ``intra_link`` fabric joins when it spans several nodes (GB200 NVL72: 72, 18 trays of 4 on
+    NVLink Switches); None: each node is its own domain. Collectives pick their link by domain, not by node
+    (``nvlink_domain``); NICs and host memory stay per node."""
 
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs of this job that share one NVLink domain: the node, or with ``nvlink_domain_gpus`` the largest
+        whole number of nodes up to it that divides the job evenly (ranks fill domains equally: 256 GPUs on
+        NVL72 racks run 64 per rack, 144 run 72)."""
+        per_node, domain = self.gpus_per_node, self.nvlink_domain_gpus
+        if domain is None or domain <= per_node:
+            return per_node
+        return max(d for d in range(per_node, domain + 1, per_node) if self.num_gpus % d == 0)
 
     @property
     def inter_node_bw_per_gpu_bytes_per_s(self) -> float:

@@ -12,10 +12,11 @@ What is fixed for every row (no per-row or per-model factor):
 - multi-token prediction (DeepSeek-V3's ``num_nextn_predict_layers: 1``) is dropped from the shape: autotune
   refuses to price it; the measured runs include it (about one extra MoE block and LM head of 61: the
   prediction is biased high by a few percent on those rows);
-- dispatchers: every row is priced with the plain all-to-all of ``costmodel.moe`` (no overlap, balanced load:
-  the perf tables force-balance the routing); rows run with DeepEP / HybridEP ('flex') dispatchers are
-  marked;
-- rows not set up (listed with the reason): a GPU not in autotune's catalog (GB200, H800), a micro-batch or
+- dispatchers: the plan's ``moe_dispatcher`` is the flex backend the recipe names (``dispatcher``; DeepEP /
+  HybridEP send a token once per destination node), else the plain all-to-all of ``costmodel.moe``; no
+  overlap, balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose
+  notes mention the flex dispatcher;
+- rows not set up (listed with the reason): a GPU not in autotune's catalog (H800), a micro-batch or
   recompute mode the source does not state, Megatron-FSDP (not a plan sharding).
 
 Usage:  python benchmarks/moe_runs.py [--out benchmarks/results]
@@ -55,7 +56,17 @@ def _plan(row: dict[str, Any]) -> ParallelPlan:
         micro_batch=row["micro_batch"], global_batch=row["global_batch"], seq_len=row["seq_len"],
         sharding=row["sharding"], recompute=_RECOMPUTE[row["recompute"]], precision=row["precision"],
         sequence_parallel=row["tp"] > 1, schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-        framework="megatron")
+        framework="megatron", moe_dispatcher=dispatcher(row))
+
+
+def dispatcher(row: dict[str, Any]) -> str:
+    """The row's MoE token dispatcher as a plan value: the flex backend its recipe names
+    (``moe_flex_dispatcher_backend``, or "dispatcher DeepEP" in the zoo notes), else the all-to-all."""
+    notes = str(row.get("notes", ""))
+    m = re.search(r"'moe_flex_dispatcher_backend': '?(\w+)", notes)
+    if m and m.group(1) in ("deepep", "hybridep"):
+        return m.group(1)
+    return "deepep" if "dispatcher DeepEP" in notes else "alltoall"
 
 
 def _skip_reason(row: dict[str, Any]) -> str | None:
@@ -79,7 +90,7 @@ _UNPRICED = {
     "recompute_modules": "recompute {}", "fine_grained_activation_offloading": "activation offload",
     "use_precision_aware_optimizer": "precision-aware optimizer", "fp8_param_gather": "fp8 param gather",
     "moe_a2a_overlap": "EP a2a overlap", "overlap_moe_expert_parallel_comm": "EP a2a overlap",
-    "moe_flex_dispatcher_backend": "{} dispatcher", "cuda_graph_impl": "CUDA graphs",
+    "cuda_graph_impl": "CUDA graphs",
     "moe_paged_stash": "paged stash", "delay_wgrad_compute": "delayed wgrad",
 }
 """Recipe settings (row notes) that a ParallelPlan cannot express: what each row ran beyond its plan."""
@@ -102,6 +113,8 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
     modules = {w for m in _RECOMPUTE_MODULES.finditer(text)
                for w in re.findall(r"\w+", m.group(1))} - {"core_attn"}
     out = [x for x in out if x]
+    if "Token-DROP" in text:  # padded to capacity: token_dispatcher.py skips the host sync (moehost)
+        out.append("token drop")
     if modules:
         out.insert(0, "recompute " + "+".join(sorted(modules)))
     return sorted(set(out), key=out.index)

@@ -161,3 +161,16 @@ def test_another_network_brings_its_usual_port_count():
     assert make_cluster(num_gpus=16, inter_node="1gbe").nics_per_node == 1  # one Ethernet port per node
     assert make_cluster(num_gpus=16).nics_per_node == 8  # DGX H100: one 400G NIC per GPU
     assert make_cluster(num_gpus=16, inter_node="1gbe", nics_per_node=4).nics_per_node == 4
+
+
+def test_cluster_yaml_may_declare_an_nvlink_domain_across_nodes(tmp_path):
+    """A cluster file sets ``nvlink_domain_gpus`` (e.g. a DGX H100 SuperPOD with an NVLink Switch System); a
+    GB200 takes its NVL72 domain from the catalog."""
+    path = tmp_path / "c.yaml"
+    path.write_text("gpu: h100-sxm\nnum_nodes: 4\ngpus_per_node: 8\nnvlink_domain_gpus: 32\n")
+    assert load_cluster(path).nvlink_domain == 32
+    path.write_text("gpu: gb200\nnum_nodes: 18\ngpus_per_node: 4\n")
+    assert load_cluster(path).nvlink_domain == 72
+    path.write_text("gpu: h100-sxm\nnum_nodes: 2\ngpus_per_node: 8\nnvlink_domain_gpus: 12\n")
+    with pytest.raises(ConfigError, match="nvlink_domain_gpus"):
+        load_cluster(path)

@@ -13,6 +13,7 @@ from autotune.plan import (
     CpComm,
     Fp8Recipe,
     Framework,
+    MoeDispatcher,
     ParallelPlan,
     Precision,
     Recompute,
@@ -169,6 +170,10 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         g.add_argument(flag, action="store_true", default=None if pinning else False, help=what)
     g.add_argument("--cp-comm", choices=[c.value for c in CpComm], default=d.get("cp_comm"),
                    help="context-parallel K/V exchange (with --cp > 1)")
+    if not pinning:
+        g.add_argument("--moe-dispatcher", choices=[m.value for m in MoeDispatcher], default="alltoall",
+                       help="MoE token dispatch (with --ep > 1): Megatron's all-to-all, or its flex "
+                            "dispatcher with DeepEP / HybridEP (one copy per destination node across nodes)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -214,6 +219,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         async_tp=args.async_tp,
         tp_comm_overlap=args.tp_comm_overlap,
         cp_comm=args.cp_comm,
+        moe_dispatcher=getattr(args, "moe_dispatcher", "alltoall"),
     )
 
 

@@ -75,6 +75,11 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     bandwidth, which is what nccl-tests reports as multi-node busbw on DGX-class nodes. The ring runs at
     its slowest hop: ``min(intra link, that NIC bandwidth)``.
 
+    "Node" above is the NVLink domain (``ClusterSpec.nvlink_domain``): a GB200 NVL72 rack joins its 18 trays'
+    72 GPUs over NVLink Switches, so a group inside a rack rings over NVLink; the NICs are still per node
+    (tray), and a domain of ``D`` GPUs has ``D / gpus_per_node`` trays' NICs for its ``D / k`` groups,
+    which is the same ``nics * bw * k / gpus_per_node`` per rank.
+
     Inside a node whose ranks share fewer CPU cores than there are ranks (CPU trials), the ``G =
     gpus_per_node / k`` groups of the axis also share the cores that run their ring steps: each step's latency
     is ``alpha (1 + f (G - 1))`` with ``f = ClusterSpec.shared_core_latency`` (fitted, 0 in the catalog).
@@ -82,13 +87,13 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     call costs 1.6-1.9x a TP2 one while both TP2 pairs reduce at the same time, where independent rings
     would differ by their steps, 6 / 2 = 3x; the fits of the 4-rank landscape cells put ``f`` at 0.1-0.5.
     """
-    per_node = cluster.gpus_per_node
-    k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
+    per_node, domain = cluster.gpus_per_node, cluster.nvlink_domain
+    k = 1 if stride >= domain else max(1, min(size, domain // stride))
     eff = cluster.collective_efficiency
     intra = cluster.intra_link
     if size <= k:
         cores = cluster.cores_per_node
-        groups = per_node // k if cores is not None and cores < per_node else 1
+        groups = domain // k if cores is not None and cores < per_node else 1
         latency = intra.latency_s * (1.0 + cluster.shared_core_latency * (groups - 1))
         return GroupLink(intra.bw_bytes_per_s * eff, latency, 1, cluster.collective_scales)
     inter = cluster.inter_link

@@ -24,18 +24,22 @@ backward. What is modelled and what is fixed:
   (Switch Sec. 2.2) or DeepSeek-V3's bias-based balancing (report Sec. 2.1.2) keep it near there, and the
   framework performance tables are measured that way;
 - the exchange is exposed: neither framework overlaps it with compute by default (Megatron's
-  ``--overlap-moe-expert-parallel-comm`` and DeepEP, or DeepSeek's DualPipe, would hide it).
+  ``--overlap-moe-expert-parallel-comm``, or DeepSeek's DualPipe, would hide it; not priced);
+- ``plan.moe_dispatcher`` deepep / hybridep (Megatron's flex dispatcher) send a token once per destination
+  node across nodes (``all_to_all_s``); inside a node they are priced as the all-to-all.
 """
 
 from __future__ import annotations
 
+import math
+
 from autotune.modelshape import routed_width_per_layer
-from autotune.plan import Framework, ParallelPlan, Recompute
+from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["LOAD_IMBALANCE", "GEMM_TILE_ROWS", "expert_params_per_gpu", "optimizer_shard_params",
-           "tokens_per_expert", "all_to_all_s", "dispatch_s", "routed_saved_h_tensors",
-           "regroup_bytes_per_token"]
+           "tokens_per_expert", "remote_nodes_per_token", "all_to_all_s", "dispatch_s",
+           "routed_saved_h_tensors", "regroup_bytes_per_token"]
 
 LOAD_IMBALANCE = 1.0
 """Tokens of the busiest expert rank over the mean (module docstring: balanced)."""
@@ -91,23 +95,44 @@ def tokens_per_expert(model: ModelSpec, plan: ParallelPlan, tokens: float) -> fl
     return plan.ep * plan.etp * tokens / plan.tp * model.experts_per_token / model.num_experts
 
 
-def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int) -> float:
+def remote_nodes_per_token(model: ModelSpec, nodes: int) -> float:
+    """Expected number of OTHER NVLink domains a token's ``top-k`` experts sit in, when the ``E`` routed
+    experts are spread evenly over ``nodes`` domains and routing is balanced (each token draws ``k``
+    distinct experts uniformly): ``(N - 1) (1 - C(E - E/N, k) / C(E, k))``, the chance that a given other
+    domain holds none of them being the hypergeometric ``C(E - E/N, k) / C(E, k)``."""
+    if nodes <= 1:
+        return 0.0
+    e, k = model.num_experts, model.experts_per_token
+    return (nodes - 1) * (1.0 - math.comb(e - e // nodes, k) / math.comb(e, k))
+
+
+def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int,
+                 node_copies: float | None = None) -> float:
     """One all-to-all in which each of ``size`` ranks (``stride`` apart) sends ``nbytes`` spread evenly over
     the group (``(n-1)/n`` of it leaves the rank). Peers in the same node get theirs over NVLink, the others
     over the node's NICs, shared by the node's GPUs (all exchange at once); the two run concurrently
     (NCCL ``ncclSend``/``ncclRecv`` to every peer in one group call), so the slower one sets the time, plus
     one latency of the slowest hop. DeepSeek-V3 report Sec. 3.2.2 prices its dispatch the same way: bound by
-    the IB share (50 GB/s) while NVLink (160 GB/s) carries the rest."""
+    the IB share (50 GB/s) while NVLink (160 GB/s) carries the rest. "Node" is the NVLink domain
+    (``ClusterSpec.nvlink_domain``: 72 GPUs of a GB200 NVL72 rack), the NIC share is per GPU.
+
+    ``node_copies`` (DeepEP / HybridEP, Megatron's flex dispatcher): the share of ``nbytes`` that crosses
+    the NICs when a token goes once to each destination domain, to the GPU of the same local index, which
+    forwards it over NVLink to the experts' GPUs there (DeepSeek-V3 report Sec. 3.2.2; DeepEP README,
+    "normal kernels": NVLink-to-RDMA forwarding). NVLink then also carries the forwarded copies, the
+    ``(k-1)/k`` of the remote ones that land on another GPU than their expert's."""
     if size <= 1:
         return 0.0
-    per_node = cluster.gpus_per_node
-    k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
+    per_node, domain = cluster.gpus_per_node, cluster.nvlink_domain
+    k = 1 if stride >= domain else max(1, min(size, domain // stride))
     eff = cluster.collective_efficiency
-    intra_s = nbytes * (k - 1) / size / (cluster.intra_link.bw_bytes_per_s * eff)
+    remote = (size - k) / size
+    nvlink = (k - 1) / size + (remote * (k - 1) / k if node_copies is not None else 0.0)
+    intra_s = nbytes * nvlink / (cluster.intra_link.bw_bytes_per_s * eff)
     if k >= size:
         return intra_s + cluster.intra_link.latency_s
     nic = cluster.nics_per_node * cluster.inter_link.bw_bytes_per_s / per_node * eff
-    inter_s = nbytes * (size - k) / size / nic
+    inter_s = nbytes * (remote if node_copies is None else node_copies) / nic
     return max(intra_s, inter_s) + max(cluster.intra_link.latency_s, cluster.inter_link.latency_s)
 
 
@@ -121,5 +146,17 @@ def dispatch_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, token
     nbytes = tokens / plan.tp * routed_width_per_layer(model) * act_bytes
     calls = 4 + (2 if plan.recompute is Recompute.FULL else 0)
     share = len(model.moe_layers) / model.num_layers
-    one = all_to_all_s(nbytes / share, cluster, plan.ep, plan.etp)  # bytes of one MoE block
+    one = all_to_all_s(nbytes / share, cluster, plan.ep, plan.etp,  # bytes of one MoE block
+                       node_copies=_node_copies(model, cluster, plan))
     return calls * share * one
+
+
+def _node_copies(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float | None:
+    """With a node-forwarding dispatcher (``all_to_all_s``): the share of a rank's ``top-k`` routed copies
+    that cross the NICs, one per other destination domain (``remote_nodes_per_token`` over ``top-k``);
+    None for the plain all-to-all."""
+    if plan.moe_dispatcher is MoeDispatcher.ALLTOALL:
+        return None
+    domain = cluster.nvlink_domain
+    k = 1 if plan.etp >= domain else max(1, min(plan.ep, domain // plan.etp))
+    return remote_nodes_per_token(model, -(-plan.ep // k)) / model.experts_per_token

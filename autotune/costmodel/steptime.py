@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, flops, moe, pipeline, tpcomm
+from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -111,7 +111,8 @@ class TimeBreakdown:
     overhead_s: float = 0.0
     """Fixed per-step and per-micro-batch overhead (``ClusterSpec.step_overhead_s`` + micro-batches x
     ``microbatch_overhead_s``; 0 unless calibrated from trials) and, where the device does not hide it, the
-    host time of the eager and DTensor operators and of DeepSpeed ZeRO-3's hooks (``hostops``; 0 on GPUs)."""
+    host time of the eager and DTensor operators and of DeepSpeed ZeRO-3's hooks (``hostops``; 0 on GPUs),
+    and the host time a Megatron MoE layer's host sync exposes (``moehost``, on GPUs too)."""
 
     @property
     def step_time_s(self) -> float:
@@ -232,10 +233,21 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
               + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan))
     cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
-    return BlockTimes(gemm_s, attn_s, attn_bwd_s, ew_s, recompute_s, tp_s, cp_s, head_s,
-                      head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
-                      edge_host_s(model, cluster, plan),
-                      ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)))
+    bt = BlockTimes(gemm_s, attn_s, attn_bwd_s, ew_s, recompute_s, tp_s, cp_s, head_s,
+                    head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
+                    edge_host_s(model, cluster, plan),
+                    ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)))
+    return bt._replace(host_s=bt.host_s + _moe_host_s(model, plan, bt))
+
+
+def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
+    """What the per-layer host sync of the MoE dispatcher exposes (``moehost``), against the block's device
+    time: forward work and a third of its TP/CP time, the rest and the recompute in backward; the token
+    exchange split by its calls (2 of 4, or of 6 with full recompute)."""
+    ep_fwd = bt.ep_s * (2 / 6 if plan.recompute is Recompute.FULL else 0.5)
+    comm = bt.tp_s + bt.cp_s
+    return moehost.exposed_s(model, plan, bt.fwd_s + comm / 3 + ep_fwd,
+                             bt.bwd_s + bt.recompute_s + 2 * comm / 3 + bt.ep_s - ep_fwd)
 
 
 def _overlap_fraction(cluster: ClusterSpec) -> float:

@@ -10,7 +10,8 @@ divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs 
 
 MoE models get Megatron-Core's MoE flags (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
 shared experts, ``--moe-layer-freq`` as a Python list expression for dense first layers, grouped GEMM and the
-all-to-all dispatcher the cost model prices) and EP/ETP degrees; MLA models ``--multi-latent-attention`` with
+dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's DeepEP / HybridEP backend) and
+EP/ETP degrees; MLA models ``--multi-latent-attention`` with
 their ranks (``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE part). Not emitted:
 sliding-window / chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
 Beyond the layout, ``_overlap_args`` / ``priced_args`` / ``megatron_env`` emit what the cost model assumes and
@@ -21,7 +22,16 @@ Megatron does not do by default: the DP/TP overlaps of the plan, no dropout, and
 from __future__ import annotations
 
 from autotune.errors import ConfigError
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
+from autotune.plan import (
+    Framework,
+    MoeDispatcher,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    Sharding,
+    expert_errors,
+)
 from autotune.specs import GPUSpec, ModelSpec
 from autotune.stagesplit import (
     ACCOUNT_BOTH,
@@ -50,7 +60,8 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     return reasons
 
 
-def _model_args(model: ModelSpec, seq_len: int) -> list[list[str]]:
+def _model_args(model: ModelSpec, seq_len: int,
+                dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL) -> list[list[str]]:
     args = [["--num-layers", str(model.num_layers)], ["--hidden-size", str(model.hidden_size)],
             ["--num-attention-heads", str(model.num_heads)],
             ["--ffn-hidden-size", str(model.ffn_hidden_size)], ["--seq-length", str(seq_len)],
@@ -69,7 +80,7 @@ def _model_args(model: ModelSpec, seq_len: int) -> list[list[str]]:
         args.append(["--untie-embeddings-and-output-weights"])
     if model.attention_head_dim and not model.uses_mla:
         args.append(["--kv-channels", str(model.attention_head_dim)])
-    return args + _mla_args(model) + _moe_args(model)
+    return args + _mla_args(model) + _moe_args(model, dispatcher)
 
 
 def _mla_args(model: ModelSpec) -> list[list[str]]:
@@ -99,13 +110,16 @@ def moe_layer_freq(model: ModelSpec) -> str:
     return "+".join(f"[{f}]*{n}" for f, n in runs)
 
 
-def _moe_args(model: ModelSpec) -> list[list[str]]:
+def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
     if not model.is_moe:
         return []
     args = [["--num-experts", str(model.num_experts)], ["--moe-router-topk", str(model.experts_per_token)],
             ["--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)],
-            ["--moe-layer-freq", moe_layer_freq(model)], ["--moe-grouped-gemm"],
-            ["--moe-token-dispatcher-type", "alltoall"]]
+            ["--moe-layer-freq", moe_layer_freq(model)], ["--moe-grouped-gemm"]]
+    if dispatcher is MoeDispatcher.ALLTOALL:
+        args.append(["--moe-token-dispatcher-type", "alltoall"])
+    else:  # megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher
+        args += [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", str(dispatcher)]]
     if model.shared_ffn_hidden_size:
         args.append(["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden_size)])
     return args
@@ -120,6 +134,7 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     if model.is_moe:  # Megatron's ETP defaults to TP; the plan's is explicit
         args += [["--expert-model-parallel-size", str(plan.ep)],
                  ["--expert-tensor-parallel-size", str(plan.etp)]]
+
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
     args += _overlap_args(plan)
@@ -239,7 +254,7 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         raise ConfigError(f"Megatron-LM cannot express this plan: {reasons[0]}")
     _check_rules(plan, model)
     batch = [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
-    return (_parallel_args(plan, model) + batch + _model_args(model, plan.seq_len)
+    return (_parallel_args(plan, model) + batch + _model_args(model, plan.seq_len, plan.moe_dispatcher)
             + _recompute_and_precision_args(plan) + priced_args(plan))
 
 

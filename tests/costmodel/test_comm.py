@@ -128,3 +128,28 @@ def test_groups_that_share_cpu_cores_queue_their_ring_steps_by_the_fitted_share(
         assert comm.group_link(dataclasses.replace(queued, cores_per_node=cores), 2, 1).latency_s == alpha
     gpus = dataclasses.replace(make_cluster(num_gpus=8, gpu="h100-sxm"), shared_core_latency=1.0)
     assert comm.group_link(gpus, 2, 1) == comm.group_link(make_cluster(num_gpus=8, gpu="h100-sxm"), 2, 1)
+
+
+def test_an_nvl72_rack_is_one_nvlink_domain_for_every_collective():
+    """GB200 NVL72 (hardware.yaml ``nvlink_domain_gpus: 72``): a group inside the rack rings over NVLink 5
+    although it spans trays of 4; a job's ranks fill racks evenly (256 GPUs: 64 a rack); NICs stay
+    per tray."""
+    rack = make_cluster(num_gpus=256, gpu="gb200")
+    assert (rack.gpus_per_node, rack.nvlink_domain) == (4, 64)
+    assert make_cluster(num_gpus=144, gpu="gb200").nvlink_domain == 72
+    inside = comm.group_link(rack, 64, 1)
+    assert inside.num_nodes == 1 and inside.bw_bytes_per_s == pytest.approx(900 * _GB * 0.85)
+    across = comm.group_link(rack, 4, 64)  # one rank a rack: the tray's NIC share per GPU
+    assert across.num_nodes == 4 and across.bw_bytes_per_s == pytest.approx(50 * _GB * 0.85)
+    trays = dataclasses.replace(rack, nvlink_domain_gpus=None)  # the node as the domain, as before
+    assert comm.group_link(trays, 64, 1).num_nodes == 16
+    h100 = make_cluster(num_gpus=64, gpu="h100-sxm")
+    assert h100.nvlink_domain == 8 and comm.group_link(h100, 16, 1).num_nodes == 2
+
+
+def test_nvlink_domain_must_hold_whole_nodes():
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="nvlink_domain_gpus"):
+        make_cluster(num_gpus=16, gpu="h100-sxm", nvlink_domain_gpus=12)
+    assert make_cluster(num_gpus=32, gpu="h100-sxm", nvlink_domain_gpus=16).nvlink_domain == 16

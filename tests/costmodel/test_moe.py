@@ -157,3 +157,42 @@ def test_megatron_keeps_one_h_wide_tensor_per_routed_copy_torchtitan_two():
     tokens = megatron.micro_batch * megatron.seq_len * mixtral.num_layers
     ffn_tensors = 3 * mixtral.expert_ffn_hidden_size * 2  # fused SwiGLU: fc1 output (2 f) + its output (f)
     assert per_copy == pytest.approx(tokens * (mixtral.hidden_size * 2 + ffn_tensors), rel=0.05)
+
+
+def test_ep64_inside_an_nvl72_rack_runs_on_nvlink():
+    """EP 64 on GB200 NVL72 exchanges over NVLink 5, not over the trays' NICs."""
+    rack = make_cluster(num_gpus=256, gpu="gb200")
+    trays = dataclasses.replace(rack, nvlink_domain_gpus=None)
+    nbytes = 1e9
+    nvlink = moe.all_to_all_s(nbytes, rack, 64, 1)
+    assert nvlink == pytest.approx(nbytes * 63 / 64 / (900e9 * 0.85) + 8e-6)
+    assert moe.all_to_all_s(nbytes, trays, 64, 1) > 10 * nvlink
+
+
+def test_remote_nodes_per_token_is_hypergeometric():
+    """Balanced top-k routing over E experts spread on N nodes: each other node is missed with probability
+    C(E - E/N, k) / C(E, k)."""
+    qwen = load_model("qwen3-235b-a22b")  # 128 experts, top-8
+    assert moe.remote_nodes_per_token(qwen, 1) == 0.0
+    assert moe.remote_nodes_per_token(qwen, 4) == pytest.approx(3 * (1 - 0.0927), abs=1e-3)
+    assert moe.remote_nodes_per_token(qwen, 128) == pytest.approx(8 * 127 / 128, rel=1e-9)  # all distinct
+
+
+def test_deepep_sends_a_token_once_per_node_across_nodes_only():
+    """DeepEP / HybridEP (Megatron flex): across nodes the NICs carry one copy per destination node, not one
+    per routed expert; inside a node nothing changes."""
+    qwen = load_model("qwen3-235b-a22b")
+    cluster = make_cluster(num_gpus=256, gpu="h100-sxm")
+    kw = dict(tp=2, pp=8, dp=16, ep=32, virtual_stages=4, schedule="interleaved", global_batch=2048,
+              seq_len=4096, framework="megatron", sharding="zero1", sequence_parallel=True)
+    plain, flex = _plan(**kw), _plan(**kw, moe_dispatcher="deepep")
+    a2a, deepep = (moe.dispatch_s(qwen, cluster, p, 4096, 2) for p in (plain, flex))
+    assert 0.3 < deepep / a2a < 0.6  # 8 x 3/4 = 6 copies over IB against ~2.7
+    inside = dict(kw, pp=32, dp=4, ep=8, virtual_stages=3, global_batch=2048)
+    assert moe.dispatch_s(qwen, cluster, _plan(**inside), 4096, 2) == moe.dispatch_s(
+        qwen, cluster, _plan(**inside, moe_dispatcher="hybridep"), 4096, 2)
+
+
+def test_flex_dispatcher_is_megatrons():
+    with pytest.raises(ConfigError, match="moe-dispatcher deepep"):
+        _plan(dp=8, ep=8, framework="fsdp", moe_dispatcher="deepep")

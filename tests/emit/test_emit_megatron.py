@@ -50,6 +50,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp8-recipe", choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
     p.add_argument("--cp-comm-type", nargs="+", choices=["p2p", "a2a", "allgather", "a2a+p2p"])
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
+    p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"])
     p.add_argument("--moe-layer-freq", type=_moe_freq_type, default=1)
     return p
 
@@ -120,6 +121,10 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     assert (a.expert_model_parallel_size or 1, a.expert_tensor_parallel_size or 1) == (plan.ep, plan.etp)
     assert a.multi_latent_attention == model.uses_mla
     if model.is_moe:
+        flex = str(plan.moe_dispatcher) != "alltoall"
+        assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (
+            ("flex", str(plan.moe_dispatcher)) if flex else ("alltoall", None))
+    if model.is_moe:
         freq = a.moe_layer_freq
         flags = [1] * model.num_layers if freq == 1 else freq
         assert tuple(i for i, f in enumerate(flags) if f) == model.moe_layers
@@ -182,3 +187,16 @@ def test_megatron_rules_are_checked_before_emitting():
     assert "--num-virtual-stages-per-pipeline-rank" not in layout
     uneven = plan.replace(schedule="1f1b", virtual_stages=1, pp=3, global_batch=12)
     assert "--account-for-loss-in-pipeline-split" in megatron_args_text(uneven, CASES["zero0"].build()[1])
+
+
+def test_flex_dispatcher_is_emitted_as_megatrons_flags():
+    """A plan with ``moe_dispatcher`` deepep / hybridep runs Megatron's flex dispatcher with that backend."""
+    from autotune.catalog import load_model
+    from autotune.emit.megatron import megatron_args_text
+    from autotune.plan import ParallelPlan
+
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(dp=16, ep=16, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1",
+                        moe_dispatcher="hybridep")
+    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
+    assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("flex", "hybridep")
