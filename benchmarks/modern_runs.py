@@ -28,7 +28,7 @@ import yaml
 
 from autotune.catalog import load_gpu, load_model, make_cluster, model_from_dict
 from autotune.costmodel import flops
-from autotune.costmodel.steptime import block_times, step_time
+from autotune.costmodel.steptime import step_time
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
@@ -106,9 +106,9 @@ def _attention_kernel(row: dict[str, Any]) -> str:
     return "cudnn"
 
 
-_RECOMPUTE = {"op-sac": "none", "None": "none"}
-"""torchtitan per-op SAC is priced on top of none (``_op_sac_extra_s``); unstated recompute (NeMo performance
-recipes) is none."""
+_RECOMPUTE = {"op-sac": "selective", "None": "none"}
+"""torchtitan per-op SAC is framework fsdp's selective recompute (``compute.op_sac_recompute_s``); unstated
+recompute (NeMo performance recipes) is none."""
 _KNOB_FIELDS = ("compile", "async_tp", "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
 _SHARDING = {"megatron-fsdp": "zero1"}
 """Megatron-FSDP shards parameters too; its gathers overlap like the distributed optimizer's, so for speed it
@@ -168,16 +168,6 @@ def _measured(row: dict[str, Any], model: ModelSpec) -> float:
     return float(row["measured_model_tflops_per_gpu"]) * 1e12 / per_token
 
 
-def _op_sac_extra_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, kernel: str | None) -> float:
-    """torchtitan's per-op selective AC: it saves matmul outputs "except every second mm" and SDPA's, so a
-    Llama block recomputes wk, wo, w3 and every elementwise op (torchtitan parallelize_llama.py; the same
-    pricing as benchmarks/published_runs.py ``_torchtitan_sac_s``)."""
-    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-    share = (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
-    bt = block_times(model, cluster, plan, attention_kernel=kernel)
-    return plan.num_microbatches * model.num_layers * (share * bt.gemm_s + bt.ew_s)
-
-
 def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
     """A cause the source itself states for a row the model cannot price: an unstated power limit, or
     torchtitan's own note on its vanilla-TP float8 rowwise baseline."""
@@ -196,8 +186,6 @@ def predict_row(row: dict[str, Any]) -> Outcome:
     kernel = _attention_kernel(row)
     t = step_time(model, cluster, plan, attention_kernel=kernel)
     step_s = t.step_time_s
-    if row.get("recompute") == "op-sac":
-        step_s += _op_sac_extra_s(model, cluster, plan, kernel)
     predicted = plan.tokens_per_step / step_s / plan.world_size
     vp = f"v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
     recipe = f"/{row.get('fp8_recipe', '')}" if plan.precision == "fp8" else ""

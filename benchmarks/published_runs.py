@@ -148,15 +148,6 @@ def _software(row: dict[str, Any]) -> dict[str, bool]:
             "tp_backward_overlap": nvidia_megatron and year >= ASYNC_TP_FROM_YEAR}
 
 
-def _torchtitan_sac_fraction(model: ModelSpec) -> float:
-    """Share of a block's forward GEMM FLOPs torchtitan's op-level selective AC recomputes: its policy saves
-    the outputs of matmuls "except every second mm" and of SDPA (torchtitan parallelize_llama.py, 2024). A
-    Llama block calls wq, wk, wv, wo, w1, w3, w2 in that order, so wk, wo and w3 are recomputed; every
-    elementwise op is recomputed too (added by the caller)."""
-    h, kv, f = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size
-    return (h * kv + h * h + h * f) / (2 * h * h + 2 * h * kv + 3 * h * f)
-
-
 def _gpu_key(row: dict[str, Any]) -> str:
     name = str(row["gpu"])
     if name in _GPUS:
@@ -286,12 +277,10 @@ _TORCHTITAN_SAC_WHY = ("torchtitan's selective AC is not Korthikanti's: 'layer' 
 
 def _torchtitan_sac_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, sac: str) -> float:
     """Step time under torchtitan's selective AC variants (pp=1: every block is on the one rank)."""
-    base = step_time(model, cluster, plan.replace(recompute="none")).step_time_s
     if "layer" in sac:
-        return 0.5 * (base + step_time(model, cluster, plan.replace(recompute="full")).step_time_s)
-    bt = block_times(model, cluster, plan.replace(recompute="none"))
-    extra = _torchtitan_sac_fraction(model) * bt.gemm_s + bt.ew_s
-    return base + plan.num_microbatches * model.num_layers * extra
+        return 0.5 * (step_time(model, cluster, plan.replace(recompute="none")).step_time_s
+                      + step_time(model, cluster, plan.replace(recompute="full")).step_time_s)
+    return step_time(model, cluster, plan.replace(recompute="selective")).step_time_s  # op SAC (fsdp)
 
 
 def predict_row(row: dict[str, Any]) -> Outcome | str:

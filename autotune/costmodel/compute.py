@@ -18,7 +18,7 @@ from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["HBM_EFFICIENCY", "hbm_rate", "block_gemm_s", "attention_s", "head_gemm_s",
-           "default_attention_kernel", "eager_extra_bytes_per_token"]
+           "default_attention_kernel", "eager_extra_bytes_per_token", "op_sac_recompute_s"]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
 """How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
@@ -69,6 +69,27 @@ def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
                                       compiled=plan.compile or plan.framework is not Framework.FSDP)
         s += (cast + rowwise_rescale_bytes(plan, shapes)) / hbm_rate(cluster) / 3
     return s + ub_sm_margin_s(model, cluster, plan, tokens) / 3
+
+
+def op_sac_recompute_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
+                       ew_s: float) -> float:
+    """Forward seconds one block reruns in its backward under torchtitan's per-op selective AC (what
+    framework fsdp's ``selective`` emits; torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``,
+    save list ``_op_sac_save_list`` in torchtitan/models/llama3/infra/parallelize.py): every second
+    ``aten.mm`` of the block is recomputed (q, k, v, o, gate, up, down: k, o, up; GeLU MLP: k, o, down), each
+    at its shape's efficiency at the plan's precision, with the forward share of its operands' fp8 casts as
+    ``block_gemm_s`` counts them (torchao's amax, ``aten.max``, is saved; the cast is not), plus ``ew_s``,
+    the block's forward memory-bound kernels (norms, RoPE, SiLU/mul, residual adds; eager extras included),
+    none of which is saved. SDPA's outputs are saved: no attention core is rerun (memory side:
+    ``activations.op_sac_bytes``). MoE blocks alternate over ``gemms.block_gemms``' list the same way."""
+    gpu, precision = cluster.gpu, str(plan.precision)
+    unsaved = gemms.block_gemms(model, plan, tokens, fused=False)[1::2]
+    s = sum(g.count * kernels.gemm_s(gpu, precision, g.m, g.n, g.k) for g in unsaved)
+    if precision == "fp8" and gpu.fp8_flops is not None:
+        operands = sum(g.count * (g.m * g.k + g.n * g.k) for g in unsaved)
+        cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), operands, compiled=plan.compile)
+        s += cast / hbm_rate(cluster) / 3
+    return s + ew_s
 
 
 UB_OVERLAP_SMS = 16

@@ -220,7 +220,9 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     ew_s = tokens * (ew_bytes + moe.regroup_bytes_per_token(model, plan)) / hbm_rate + score_s
     recompute = plan.recompute
     recompute_s = (recomputed_share(model, plan) * (gemm_s + attn_s + ew_s) if recompute is Recompute.FULL
-                   else attn_s + score_s if recompute is Recompute.SELECTIVE else 0.0)
+                   else 0.0 if recompute is not Recompute.SELECTIVE else attn_s + score_s
+                   if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
+                   else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s))
     tp_s = 0.0
     if tp > 1:
         hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)

@@ -81,3 +81,19 @@ def test_megatron_cpu_offload_runs_torch_unfused_adamw():
     deepspeed = plan.replace(framework="deepspeed", sequence_parallel=False)
     assert _optimizer_s(cluster, deepspeed, shard) == pytest.approx(node * OPTIMIZER_BYTES_PER_PARAM)
     assert TORCH_CPU_ADAMW_BYTES_PER_PARAM > OPTIMIZER_BYTES_PER_PARAM
+
+
+def test_torchtitan_op_sac_reruns_every_second_matmul_and_no_attention():
+    # torchtitan _apply_op_sac: q, k, v, o, gate, up, down -> k, o, up recomputed; SDPA's output is saved
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan = ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=16, seq_len=8192, sharding="fsdp-full",
+                        framework="fsdp", recompute="selective", compile=True)
+    h, kv, f, tokens = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, 2 * 8192
+    unsaved = sum(compute.kernels.gemm_s(cluster.gpu, "bf16", tokens, n, k)
+                  for n, k in ((kv, h), (h, h), (f, h)))
+    bt = block_times(model, cluster, plan)
+    assert bt.recompute_s == pytest.approx(unsaved + bt.ew_s, rel=1e-9)
+    assert bt.recompute_s < bt.gemm_s + bt.ew_s  # not a full forward: q, v, gate, down are saved
+    megatron = block_times(model, cluster,
+                           plan.replace(framework="megatron", sharding="zero1", compile=False))
+    assert megatron.recompute_s == pytest.approx(megatron.attn_s)  # Megatron: the attention core only
