@@ -64,12 +64,15 @@ _RECIPES = {"current": "tensorwise", "mxfp8": "mx", None: "delayed"}
 time, delayed scaling."""
 _ACTS = {"relu2": "relu"}
 """Squared ReLU (Nemotron) has the shape of a two-matrix ReLU MLP."""
+_PROVENANCE = re.compile(r"_source$")
+"""Keys of a row's ``shape`` that say where the shape was read (``shape_source``): data-file metadata, kept
+out of the model config so the model reader's refusal of unknown keys stays strict for users."""
 
 
 def _model(row: dict[str, Any]) -> ModelSpec:
     shape = row.get("shape") or row.get("model_config")
     if shape:
-        cfg = dict(shape)
+        cfg = {k: v for k, v in shape.items() if not _PROVENANCE.search(k)}
         cfg["hidden_act"] = _ACTS.get(cfg.get("hidden_act"), cfg.get("hidden_act"))
         return model_from_dict({k: v for k, v in cfg.items() if v is not None}, name=row["id"])
     return load_model(str(row["model"]))

@@ -4,18 +4,19 @@ import dataclasses
 
 import pytest
 
-from autotune.catalog import load_model, make_cluster
+from autotune.catalog import load_model, make_cluster, model_from_dict
 from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
 from autotune.costmodel.tpcomm import NORM_GRAD_BYTES, norm_grad_tensors, sp_norm_grads
 from autotune.costmodel.tpcomm import collective_calls as tp_calls
+from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan
 from autotune.search import plan_search
 from autotune.space import load_space
 from autotune.specs import ModelSpec
-from benchmarks import published_runs
+from benchmarks import modern_runs, published_runs
 
 
 def _gpt(h: int = 12288, layers: int = 96, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
@@ -199,6 +200,19 @@ def test_published_runs_within_bounds():
     assert stats["max_abs_error"] <= 0.30
     assert set(skipped) == {"opt-175b-992gpu", "llama1-65b-2048gpu"}
     assert all(o.excluded.startswith("DeepSpeed ZeRO-3") for o in outcomes if o.excluded)
+
+
+def test_modern_rows_with_a_shape_source_are_priced_and_users_still_get_refused():
+    """A row's ``shape_source`` says where its shape was read: the benchmark prices the row (Megatron-LM
+    weak-scaling 1.7B, NeMo Nemotron), while a user's model config with that key is still refused."""
+    rows, _ = modern_runs.load_rows()
+    sourced = [r for r in rows if not r.get("moe") and "shape_source" in (r.get("shape") or {})]
+    assert len(sourced) >= 18
+    weak_1p7b = next(r for r in sourced if r["id"] == "mlm-weakscaling-gpt-1.7b-h100-48g")
+    outcome = modern_runs.predict_row(weak_1p7b)
+    assert 0 < outcome.predicted < 3 * outcome.measured
+    with pytest.raises(ConfigError, match="shape_source"):
+        model_from_dict(dict(sourced[0]["shape"]), name="user")
 
 
 def test_pipelined_fsdp_reduces_once_per_step_and_gathers_m_plus_1_times():
