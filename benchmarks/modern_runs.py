@@ -172,9 +172,12 @@ def _measured(row: dict[str, Any], model: ModelSpec) -> float:
 
 
 def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
-    """A cause the source itself states for a row the model cannot price: an unstated power limit, or
-    torchtitan's own note on its vanilla-TP float8 rowwise baseline."""
+    """A cause the source itself states for a row the model cannot price: an unstated power limit,
+    torchtitan's own note on its vanilla-TP float8 rowwise baseline, or a recipe that offloads activations to
+    the host (Megatron-Bridge ``cpu_offloading_num_layers``; a plan has no activation offload)."""
     note = str(row.get("gpu_note") or "")
+    if "cpu activation offloading" in str(row.get("notes") or "").lower():
+        return "the recipe offloads activations to the host (cpu_offloading_num_layers), not priced"
     if ("power limit" in note and "not stated" in note) or "'power limited'" in note:
         return f"the source's cards run at an unstated power limit ({note})"
     if plan.fp8_recipe.value == "rowwise" and plan.tp > 1 and str(plan.precision) == "fp8":
