@@ -56,3 +56,15 @@ def test_mla_up_proj_frees_the_up_projected_qkv_of_deepseek_v3():
 def test_the_megatron_emitter_writes_the_modules():
     args = megatron_args(_plan(recompute_modules=("moe_act", "layernorm")), load_model("qwen3-30b-a3b"))
     assert ["--recompute-modules", "moe_act", "layernorm"] in args
+
+
+def test_the_cli_takes_the_modules_and_refuses_them_without_selective(capsys):
+    from autotune.cli import main
+
+    base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "b200", "--dp", "8",
+            "--ep", "8", "--framework", "megatron", "--global-batch", "64", "--seq-len", "4096",
+            "--recompute-modules", "moe"]
+    assert main([*base, "--recompute", "selective"]) == 0
+    assert "ac:selective[moe]" in capsys.readouterr().out
+    assert main([*base, "--recompute", "full"]) != 0
+    assert "needs --recompute selective" in capsys.readouterr().err
