@@ -68,3 +68,12 @@ def test_the_cli_takes_the_modules_and_refuses_them_without_selective(capsys):
     assert "ac:selective[moe]" in capsys.readouterr().out
     assert main([*base, "--recompute", "full"]) != 0
     assert "needs --recompute selective" in capsys.readouterr().err
+
+
+def test_recomputing_the_moe_layer_reruns_its_dispatch():
+    from autotune.costmodel import moe
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16, gpu="h100-sxm")
+    plain = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16), 4096, 2)
+    rerun = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16, recompute_modules=("moe",)), 4096, 2)
+    assert rerun == pytest.approx(plain * 6 / 4)
