@@ -342,7 +342,10 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
                           f"and DP, got {s}")
     elif plan.hsdp_shard_size is not None:
         errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
-    if plan.sharding is not Sharding.NONE and plan.dp == 1:
+    # Megatron's distributed optimizer shards over DP x CP (megatron/core/optimizer/__init__.py:
+    # ``intra_dp_cp_group``), so CP > 1 gives it ranks to shard over at DP = 1
+    over = plan.dp * (plan.cp if plan.framework is Framework.MEGATRON else 1)
+    if plan.sharding is not Sharding.NONE and over == 1:
         errors.append(f"sharding {plan.sharding} needs DP > 1 (with DP=1 there is nothing to shard over)")
     if plan.offload and plan.sharding is Sharding.NONE:
         errors.append("optimizer offload needs a sharded optimizer (zero1-3 or an FSDP mode)")

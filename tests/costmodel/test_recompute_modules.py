@@ -77,3 +77,4 @@ def test_recomputing_the_moe_layer_reruns_its_dispatch():
     plain = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16), 4096, 2)
     rerun = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16, recompute_modules=("moe",)), 4096, 2)
     assert rerun == pytest.approx(plain * 6 / 4)
+
