@@ -177,6 +177,9 @@ class ParallelPlan:
     """MoE token dispatch (read only with ``ep > 1``): Megatron's ``--moe-token-dispatcher-type alltoall``,
     or ``flex`` with ``--moe-flex-dispatcher-backend deepep | hybridep``, which send a token once per
     destination node across nodes and forward it over NVLink there."""
+    recompute_modules: tuple[str, ...] = ()
+    """With ``recompute=selective`` on Megatron: ``--recompute-modules`` (``RECOMPUTE_MODULES``); empty:
+    Megatron's default ``core_attn``, the attention core (``costmodel.recompute_modules``)."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -270,6 +273,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
         return value
+    if key == "recompute_modules":
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: recompute_modules must be a list of module names, got {value!r}")
+        return tuple(value)
     if key in ("hsdp_shard_size", "recompute_layers") and value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -287,6 +294,8 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
     errors: list[str] = []
     if plan.recompute_layers is not None:
         errors += _recompute_layers_errors(plan)
+    if plan.recompute_modules:
+        errors += _recompute_modules_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
         errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
@@ -298,6 +307,20 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         errors.append(f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
                       "(load-balanced ring attention splits each sequence into 2*CP chunks)")
     return errors
+
+
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""Megatron-Core's ``--recompute-modules`` (megatron/core/transformer/transformer_config.py)."""
+
+
+def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
+    bad = [m for m in plan.recompute_modules if m not in RECOMPUTE_MODULES]
+    if bad:
+        return [f"recompute-modules: unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}"]
+    if plan.recompute is not Recompute.SELECTIVE or plan.framework is not Framework.MEGATRON:
+        return ["recompute-modules needs --recompute selective and --framework megatron "
+                "(Megatron's --recompute-granularity selective --recompute-modules)"]
+    return []
 
 
 def _recompute_layers_errors(plan: ParallelPlan) -> list[str]:
@@ -319,7 +342,10 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
                           f"and DP, got {s}")
     elif plan.hsdp_shard_size is not None:
         errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
-    if plan.sharding is not Sharding.NONE and plan.dp == 1:
+    # Megatron's distributed optimizer shards over DP x CP (megatron/core/optimizer/__init__.py:
+    # ``intra_dp_cp_group``), so CP > 1 gives it ranks to shard over at DP = 1
+    over = plan.dp * (plan.cp if plan.framework is Framework.MEGATRON else 1)
+    if plan.sharding is not Sharding.NONE and over == 1:
         errors.append(f"sharding {plan.sharding} needs DP > 1 (with DP=1 there is nothing to shard over)")
     if plan.offload and plan.sharding is Sharding.NONE:
         errors.append("optimizer offload needs a sharded optimizer (zero1-3 or an FSDP mode)")
@@ -471,4 +497,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(split)
     if not cluster.gpu.supports(str(plan.precision)):
         errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
+    if "mla_up_proj" in plan.recompute_modules and not model.uses_mla:
+        errors.append("recompute-modules mla_up_proj needs a model with multi-latent attention "
+                      "(Megatron's transformer_config.py refuses it otherwise)")
     return errors + _expert_model_errors(plan, model)

@@ -88,7 +88,8 @@ def plan_summary(plan: ParallelPlan) -> str:
     parts += ([f"EP{plan.ep}"] if plan.ep > 1 else []) + ([f"ETP{plan.etp}"] if plan.etp > 1 else [])
     parts.append(f"mbs{plan.micro_batch}x{plan.num_microbatches}")
     shard = str(plan.sharding) + (f"/{plan.hsdp_shard_size}" if plan.hsdp_shard_size else "")
-    parts += [shard, f"ac:{plan.recompute}" + (f"/{plan.recompute_layers}" if plan.recompute_layers else "")]
+    parts += [shard, f"ac:{plan.recompute}" + (f"/{plan.recompute_layers}" if plan.recompute_layers else "")
+              + (f"[{'+'.join(plan.recompute_modules)}]" if plan.recompute_modules else "")]
     if plan.sequence_parallel:
         parts.append("SP")
     if plan.pp > 1:

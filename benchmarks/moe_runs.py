@@ -16,6 +16,8 @@ What is fixed for every row (no per-row or per-model factor):
   HybridEP send a token once per destination node), else the plain all-to-all of ``costmodel.moe``; no
   overlap, balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose
   notes mention the flex dispatcher;
+- Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
+  (``recompute_modules``); the memory they free is priced, their recompute time is not yet;
 - rows not set up (listed with the reason): a GPU not in autotune's catalog (H800), a micro-batch or
   recompute mode the source does not state, Megatron-FSDP (not a plan sharding).
 
@@ -36,7 +38,7 @@ import yaml
 from autotune.catalog import gpu_names, make_cluster, model_from_dict
 from autotune.costmodel import estimate, flops
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan
+from autotune.plan import RECOMPUTE_MODULES, ParallelPlan
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data" / "modern_runs.yaml"
@@ -56,7 +58,19 @@ def _plan(row: dict[str, Any]) -> ParallelPlan:
         micro_batch=row["micro_batch"], global_batch=row["global_batch"], seq_len=row["seq_len"],
         sharding=row["sharding"], recompute=_RECOMPUTE[row["recompute"]], precision=row["precision"],
         sequence_parallel=row["tp"] > 1, schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-        framework="megatron", moe_dispatcher=dispatcher(row))
+        framework="megatron", moe_dispatcher=dispatcher(row), recompute_modules=recompute_modules(row))
+
+
+def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
+    """Megatron's ``--recompute-modules`` of a selective-recompute row (its recompute detail / notes), as
+    ``plan.recompute_modules``; () for Megatron's default (``core_attn``) or other recompute modes."""
+    if row["recompute"] != "selective":
+        return ()
+    text = f"{row.get('notes', '')} {row.get('recompute_detail', '')}".replace(
+        "--recompute-modules", "recompute_modules").replace(
+        "recompute of layernorm and MoE activation", "recompute_modules: ['layernorm', 'moe_act']")
+    found = [w for m in _RECOMPUTE_MODULES.finditer(text) for w in re.findall(r"\w+", m.group(1))]
+    return tuple(dict.fromkeys(w for w in found if w in RECOMPUTE_MODULES))
 
 
 def dispatcher(row: dict[str, Any]) -> str:
@@ -94,7 +108,7 @@ _UNPRICED = {
     "moe_paged_stash": "paged stash", "delay_wgrad_compute": "delayed wgrad",
 }
 """Recipe settings (row notes) that a ParallelPlan cannot express: what each row ran beyond its plan."""
-_RECOMPUTE_MODULES = re.compile(r"recompute[_-]modules'?:? \[?([\w', ]+)\]?")
+_RECOMPUTE_MODULES = re.compile(r"recompute[_-]modules'?(?::|=)? ?\[?([\w', ]+)\]?")
 
 
 def unpriced_knobs(row: dict[str, Any]) -> list[str]:
@@ -115,8 +129,8 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
     out = [x for x in out if x]
     if "Token-DROP" in text:  # padded to capacity: token_dispatcher.py skips the host sync (moehost)
         out.append("token drop")
-    if modules:
-        out.insert(0, "recompute " + "+".join(sorted(modules)))
+    if modules - set(RECOMPUTE_MODULES):  # the rest is plan.recompute_modules
+        out.insert(0, "recompute " + "+".join(sorted(modules - set(RECOMPUTE_MODULES))))
     return sorted(set(out), key=out.index)
 
 
@@ -149,7 +163,8 @@ def predict(row: dict[str, Any]) -> dict[str, Any]:
 def _layout(row: dict[str, Any]) -> str:
     vp = f" vp{row['vp']}" if row.get("vp") else ""
     return (f"tp{row['tp']} pp{row['pp']}{vp} cp{row['cp']} ep{row['ep']} dp{row['dp']} "
-            f"mbs{row['micro_batch']} gbs{row['global_batch']} s{row['seq_len']} {row['recompute']}")
+            f"mbs{row['micro_batch']} gbs{row['global_batch']} s{row['seq_len']} {row['recompute']}"
+            + (f"[{'+'.join(recompute_modules(row))}]" if recompute_modules(row) else ""))
 
 
 def run() -> dict[str, Any]:

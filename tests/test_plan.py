@@ -69,3 +69,10 @@ def test_from_dict_rejects_unknown_and_wrong_types():
         ParallelPlan.from_dict({"tp": "2", "global_batch": 8, "seq_len": 128})
     with pytest.raises(ConfigError, match="missing plan field 'seq_len'"):
         ParallelPlan.from_dict({"global_batch": 8})
+
+
+def test_megatron_shards_the_optimizer_over_cp_at_dp_one():
+    plan = ParallelPlan(tp=4, cp=8, global_batch=8, seq_len=131072, sharding="zero1", framework="megatron")
+    assert plan.dp == 1 and plan.zero_stage == 1
+    with pytest.raises(ConfigError, match="needs DP > 1"):
+        ParallelPlan(cp=8, global_batch=8, seq_len=131072, sharding="zero1", framework="deepspeed")

@@ -174,6 +174,9 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         g.add_argument("--moe-dispatcher", choices=[m.value for m in MoeDispatcher], default="alltoall",
                        help="MoE token dispatch (with --ep > 1): Megatron's all-to-all, or its flex "
                             "dispatcher with DeepEP / HybridEP (one copy per destination node across nodes)")
+        g.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
+                       help="with --recompute selective (megatron): Megatron's --recompute-modules "
+                            "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -220,6 +223,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         tp_comm_overlap=args.tp_comm_overlap,
         cp_comm=args.cp_comm,
         moe_dispatcher=getattr(args, "moe_dispatcher", "alltoall"),
+        recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
     )
 
 

@@ -43,6 +43,7 @@ from autotune.costmodel.activations import (
     stage_activation_bytes,
 )
 from autotune.costmodel.moe import expert_params_per_gpu
+from autotune.costmodel.recompute_modules import freed_bytes_per_layer
 from autotune.costmodel.states import (
     MIXED_BF16,
     ModelStates,
@@ -194,6 +195,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, 
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
     x = LayerShape.of(model, plan)
     per_stage = stage_activation_bytes(x, plan, layers=layers, e=e, k=k)
+    per_stage -= layers * freed_bytes_per_layer(model, plan, e=e, k=k)  # --recompute-modules
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
     head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0

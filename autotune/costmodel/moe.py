@@ -139,12 +139,14 @@ def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int,
 def dispatch_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
                act_bytes: int) -> float:
     """Exposed all-to-all seconds of one (mean) block per micro-batch: dispatch and combine in forward and
-    in backward (4), 2 more when full recompute reruns the forward; each moves this rank's ``tokens / tp``
+    in backward (4), 2 more when full recompute, or Megatron's ``--recompute-modules moe`` (the MoE layer
+    checkpointed whole, ``transformer_layer.py``), reruns the forward; each moves this rank's ``tokens / tp``
     tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``)."""
     if not model.is_moe or plan.ep == 1:
         return 0.0
     nbytes = tokens / plan.tp * routed_width_per_layer(model) * act_bytes
-    calls = 4 + (2 if plan.recompute is Recompute.FULL else 0)
+    rerun = plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules
+    calls = 4 + (2 if rerun else 0)
     share = len(model.moe_layers) / model.num_layers
     one = all_to_all_s(nbytes / share, cluster, plan.ep, plan.etp,  # bytes of one MoE block
                        node_copies=_node_copies(model, cluster, plan))

@@ -196,6 +196,8 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
     args: list[list[str]] = []
     if plan.recompute is Recompute.SELECTIVE:
         args.append(["--recompute-granularity", "selective"])
+        if plan.recompute_modules:
+            args.append(["--recompute-modules", *plan.recompute_modules])
     elif plan.recompute is Recompute.FULL and plan.recompute_layers is not None:
         args += [["--recompute-granularity", "full"], ["--recompute-method", "block"],
                  ["--recompute-num-layers", str(plan.recompute_layers)]]
