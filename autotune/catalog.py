@@ -30,8 +30,6 @@ __all__ = [
     "load_gpu",
     "load_link",
     "make_cluster",
-    "load_cluster",
-    "with_profile",
 ]
 
 _MIB = 1024**2
@@ -304,62 +302,3 @@ def make_cluster(
         nics_per_node=nics,
         host_memory_bytes_per_node=int((host_memory_gib if host_memory_gib is not None else 1024) * _GIB),
     )
-
-
-_CLUSTER_KEYS = {
-    "gpu",
-    "num_nodes",
-    "gpus_per_node",
-    "intra_node_link",
-    "inter_node_link",
-    "nics_per_node",
-    "host_memory_gib",
-    "name",
-}
-
-
-def load_cluster(path: str | Path) -> ClusterSpec:
-    """A cluster YAML: ``gpu``, ``num_nodes``, ``gpus_per_node``, optional links, NICs and host memory."""
-    where = str(path)
-    cfg = _read_mapping(Path(path))
-    unknown = sorted(set(cfg) - _CLUSTER_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key '{unknown[0]}'; allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
-    gpu = cfg.get("gpu")
-    if isinstance(gpu, dict):  # a GPU described inline (usergpu)
-        from autotune.usergpu import gpu_from_mapping
-
-        gpu = gpu_from_mapping(gpu, where=where)
-    elif not isinstance(gpu, str):
-        raise ConfigError(f"{where}: missing key 'gpu' (one of {', '.join(gpu_names())}, or a mapping of "
-                          "GPU keys)")
-    nodes = _int_field(cfg, "num_nodes", where)
-    per_node = _int_field(cfg, "gpus_per_node", where)
-    host = cfg.get("host_memory_gib")
-    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float))
-                             or not 0 < host <= _MAX_HOST_MEMORY_GIB):  # also rejects nan and inf
-        raise ConfigError(f"{where}: key 'host_memory_gib' must be a number in (0, {_MAX_HOST_MEMORY_GIB}], "
-                          f"got {host!r}")
-    for key in ("intra_node_link", "inter_node_link"):
-        if key in cfg and not isinstance(cfg[key], str):
-            raise ConfigError(f"{where}: key '{key}' must be a link name ({', '.join(link_names())})")
-    nics = cfg.get("nics_per_node")
-    if nics is not None:
-        nics = _int_field(cfg, "nics_per_node", where)
-    return make_cluster(
-        num_gpus=nodes * per_node,
-        gpu=gpu,
-        gpus_per_node=per_node,
-        intra_node=cfg.get("intra_node_link"),
-        inter_node=cfg.get("inter_node_link"),
-        nics_per_node=nics,
-        host_memory_gib=host,
-    )
-
-
-def with_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
-    """``cluster`` with the measured numbers of a probe profile or a study calibration (``--profile``);
-    format and rules in ``autotune.probe.profile``."""
-    from autotune.probe.profile import apply_profile, load_profile
-
-    return apply_profile(cluster, load_profile(path))

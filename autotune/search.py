@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends.base import Backend, TrialRequest
+from autotune.backends.base import Backend
 from autotune.batch import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
@@ -46,6 +46,7 @@ from autotune.space import (
     suggest_plan,
 )
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trials.request import TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Estimator", "Ranking", "StudyOptions", "plan_search", "rank_plans", "rule_of", "make_sampler",

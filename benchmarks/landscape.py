@@ -59,8 +59,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.catalog import load_model, make_cluster, with_profile  # noqa: E402
+from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan, Recompute, Schedule  # noqa: E402
+from autotune.probe.profile import with_profile  # noqa: E402
 from autotune.search import Ranking, plan_search  # noqa: E402
 from autotune.space import load_space, params_of  # noqa: E402
 from autotune.trials.config import TrialConfig  # noqa: E402

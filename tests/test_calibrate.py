@@ -12,10 +12,11 @@ import pytest
 
 from autotune.calibrate import Factors, Observation, calibrate_study, fit
 from autotune.calibrate.fit import BOUNDS, predict_s
-from autotune.catalog import load_model, make_cluster, with_profile
+from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
 from autotune.costmodel import steptime
 from autotune.plan import ParallelPlan
+from autotune.probe.profile import with_profile
 from autotune.search import plan_search
 from autotune.space import load_space
 

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from autotune.batch import DEFAULT_GLOBAL_BATCH_TOKENS, default_global_batch
-from autotune.catalog import load_cluster, load_model, make_cluster, with_profile
+from autotune.catalog import load_model, make_cluster
+from autotune.clusterfile import load_cluster
 from autotune.errors import ConfigError
 from autotune.plan import (
     FRAMEWORK_SHARDING,
@@ -19,6 +20,7 @@ from autotune.plan import (
     Schedule,
     Sharding,
 )
+from autotune.probe.profile import with_profile
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.usergpu import load_gpu_spec
 

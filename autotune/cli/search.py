@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog import with_profile
 from autotune.cli._args import (
     add_model_cluster_args,
     add_plan_args,
@@ -35,6 +34,7 @@ from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM, room
 from autotune.modelshape import trial_model_gap
 from autotune.plan import ParallelPlan
 from autotune.preflight import check_writable
+from autotune.probe.profile import with_profile
 from autotune.progress import SearchProgress, wants_progress
 from autotune.render import gib, params_line, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec

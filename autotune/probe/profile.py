@@ -48,8 +48,8 @@ from autotune.plan import Schedule
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
 from autotune.userfile import read_text
 
-__all__ = ["Profile", "load_profile", "apply_profile", "cluster_overrides", "write_profile", "probe_profile",
-           "fit_alpha_beta",
+__all__ = ["Profile", "load_profile", "apply_profile", "with_profile", "cluster_overrides", "write_profile",
+           "probe_profile", "fit_alpha_beta",
            "PROFILE_DIR"]
 
 PROFILE_DIR = Path("runs") / "profiles"
@@ -219,6 +219,11 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     return dataclasses.replace(
         cluster, gpu=gpu, intra_link=_link(cluster.intra_link, profile.intra_node_link, profile),
         inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label, **numbers)
+
+
+def with_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
+    """``cluster`` with the measured numbers of a probe profile or a study calibration (``--profile``)."""
+    return apply_profile(cluster, load_profile(path))
 
 
 def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:

@@ -16,14 +16,14 @@ import pytest
 import yaml
 from distributed import free_port
 
-from autotune.catalog import make_cluster, with_profile
+from autotune.catalog import make_cluster
 from autotune.cli import main
 from autotune.costmodel import comm
 from autotune.costmodel.hostops import BLOCK_OPS
 from autotune.errors import ConfigError
 from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
 from autotune.probe.pipeline import MICROBATCHES, SCHEDULES
-from autotune.probe.profile import fit_alpha_beta, load_profile
+from autotune.probe.profile import fit_alpha_beta, load_profile, with_profile
 
 
 def test_busbw_factors_are_nccl_tests_performance_md():
