@@ -188,11 +188,9 @@ class GPUSpec:
     """Host seconds a TP collective issued by a DTensor redistribution costs beyond the direct collective
     (functional collectives, the wait, the re-wrap), charged per collective torch-native TP issues
     (``costmodel.hostops``); the collective itself is ``comm``'s. 0 on GPUs; ``autotune probe`` on a CPU: the
-    median of the three kinds it times (all-gather, reduce-scatter, all-reduce). One figure for every kind:
-    the kinds' own figures did not reproduce from probe to probe (4 ranks, 6 probes: all-gather 0.7-2.3 ms,
-    all-reduce 0.6-1.6 ms, their order changing), and charging each its own priced the landscape worse
-    (held-out MAPE over the 6 probe sets: mean 8.85 % against 8.70 % with the median, worst 12.8 % against
-    11.7 %; benchmarks/results/calibration_summary.md)."""
+    median of the three kinds it times (all-gather, reduce-scatter, all-reduce). One figure for every kind,
+    because the kinds' own figures did not reproduce from probe to probe (the figures and the comparison:
+    benchmarks/results/calibration_summary.md)."""
     pipeline_action_overhead_s: tuple[tuple[str, float], ...] = ()
     """Host seconds per action (a forward or backward of one micro-batch on one stage) of each torch pipeline
     schedule (``gpipe``, ``1f1b``, ``interleaved``), with the sends and receives around it: the schedule's

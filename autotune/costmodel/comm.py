@@ -10,9 +10,8 @@ Latency terms are the ring's ``2(n-1)`` / ``(n-1)`` steps, or a tree's ``2 log2(
 
 The link is the all-reduce's. Where ``autotune probe`` fitted each collective on its own (a measured profile:
 ``ClusterSpec.collective_scales``), all-gather and reduce-scatter inside a node use their own latency and
-bandwidth, as multiples of the all-reduce's: on NCCL they are close to 1, on gloo they are not (2 ranks on
-this dev VM: an all-gather step takes 0.35 ms against 0.95 ms for an all-reduce step, a reduce-scatter
-streams at a third of the all-reduce's bus bandwidth). ``autotune.probe.profile.PER_OP`` says why
+bandwidth, as multiples of the all-reduce's: on NCCL they are close to 1, on gloo they are not (the
+probes' figures: benchmarks/results/calibration_summary.md). ``autotune.probe.profile.PER_OP`` says why
 send/recv is not among them.
 """
 

@@ -15,10 +15,9 @@ is one dispatch through DTensor (its local operator runs below it). Counted per 
 attention core runs on local tensors (``ColwiseParallel`` hands back local outputs), so selective recompute
 replays plain operators only. Each TP collective they issue (``tpcomm.collective_calls``: a redistribution
 through functional collectives) costs the host ``GPUSpec.dtensor_collective_overhead_s`` beyond the
-collective's own time, which ``tpcomm`` prices from the probe's direct calls: 220-400 us on 2 gloo ranks
-(0.6-1.6 ms on 4 sharing 2 cores; ``autotune probe``, CPU time scaled by the ranks' share of a core), of the
-order of the collective itself at trial sizes; one figure for every kind of collective (the reason is in
-``GPUSpec.dtensor_collective_overhead_s``).
+collective's own time, which ``tpcomm`` prices from the probe's direct calls (``autotune probe``, CPU time
+scaled by the ranks' share of a core; the figures: benchmarks/results/calibration_summary.md); one figure for
+every kind of collective (the reason is in ``GPUSpec.dtensor_collective_overhead_s``).
 Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as unsharded ones.
 
 FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
