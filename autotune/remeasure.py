@@ -13,40 +13,41 @@ from typing import Any
 from autotune.join import Joined
 from autotune.plan import ParallelPlan
 from autotune.retune import measurement
+from autotune.trialrecord import Attr, TrialRecord, outcome_attrs, predicted_attrs, record_of
+from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["to_remeasure", "remeasure", "new_trials", "act"]
 
 REMEASURE_STEPS = 10
 """Measured steps of a re-measurement (a search trial takes 5): their spread sets the noise band."""
-_MEASURED = ("tokens_per_s", "step_time_s", "step_time_cov", "peak_memory_bytes", "mfu", "wall_s")
 
 
 def to_remeasure(study: Any, last: dict[str, Any] | None, k: int) -> list[Any]:
     """The incumbent (the last record's best plan, else the study's best), then the study's next K."""
 
     plans = [last["best"]["plan"]] if last else []
-    for trial in _latest_per_plan(study):
+    for record in _latest_per_plan(study):
         if len(plans) >= k + 1:
             break
-        if trial.user_attrs["plan"] not in plans:
-            plans.append(trial.user_attrs["plan"])
+        if record.plan not in plans:
+            plans.append(record.plan)
     return [ParallelPlan.from_dict(p) for p in plans]
 
 
-def _latest_per_plan(study: Any) -> list[Any]:
+def _latest_per_plan(study: Any) -> list[TrialRecord]:
     """Finished feasible trials, the latest measurement of each plan, best first."""
     from optuna.trial import TrialState
 
-    latest: dict[Any, Any] = {}
+    latest: dict[str, TrialRecord] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
-        if "duplicate_of" in t.user_attrs or "plan" not in t.user_attrs or t.value is None:
+        record = record_of(t)
+        if record.is_duplicate or record.key is None or record.value is None:
             continue
         if any(v > 0 for v in t.constraints.values()):
             continue
-        key = tuple(sorted(t.params.items()))
-        if key not in latest or latest[key].number < t.number:
-            latest[key] = t
-    return sorted(latest.values(), key=lambda t: t.value, reverse=True)
+        if record.key not in latest or latest[record.key].number < record.number:
+            latest[record.key] = record
+    return sorted(latest.values(), key=lambda r: r.value or 0.0, reverse=True)
 
 
 def remeasure(joined: Joined, plan: Any, trial_dir: Path, date: str) -> Any:
@@ -72,15 +73,9 @@ def _add_to_study(joined: Joined, plan: Any, est: Any, result: Any, tag: str) ->
     if any(params[k] not in choices[k] for k in params):  # a plan from the history outside today's space
         return None
     ok = result.ok and bool(result.tokens_per_s)
-    attrs = {"plan": plan.to_dict(), "source": "retune", "retune": tag, "status": str(result.status),
-             "value_source": "measured" if joined.backend.measures else "predicted",
-             "predicted": {"tokens_per_s": est.tokens_per_s, "mfu": est.mfu, "step_time_s": est.step_time_s,
-                           "memory_bytes_per_gpu": est.memory_bytes_per_gpu, "bottleneck": est.bottleneck,
-                           "memory_capacity_bytes": est.memory_capacity_bytes}}
-    if joined.backend.measures:
-        attrs["measured"] = {k: v for k, v in result.to_dict().items() if v is not None and k in _MEASURED}
-    if result.error:
-        attrs["error"] = result.error
+    attrs = {Attr.PLAN.value: plan.to_dict(), Attr.SOURCE.value: "retune", "retune": tag,
+             Attr.PREDICTED.value: predicted_attrs(est),
+             **outcome_attrs(result, measured=joined.backend.measures)}
     constraints = {"plan_rule_violations": 0.0,
                    "memory_excess_bytes": est.memory_bytes_per_gpu - est.memory_capacity_bytes,
                    "host_memory_excess_bytes": est.memory.host_bytes_per_node -
@@ -106,7 +101,7 @@ def _warm_start(joined: Joined, history: list[dict[str, Any]], k: int) -> None:
         seen.append(plan)
         params = params_of(ParallelPlan.from_dict(plan))
         if all(params[knob] in joined.ranking.choices[knob] for knob in params):
-            joined.study.enqueue_trial(params, user_attrs={"source": "history", "date": rec["date"]},
+            joined.study.enqueue_trial(params, user_attrs={Attr.SOURCE.value: "history", "date": rec["date"]},
                                        skip_if_exists=True)
 
 
@@ -126,23 +121,19 @@ def new_trials(joined: Joined, history: list[dict[str, Any]], k: int, n_trials: 
     launched = run_study(joined.study, joined.ranking, joined.backend,
                          StudyOptions(n_trials=n, timeout_s=remaining, top_k=k),
                          trials_dir=joined.study_dir.trials, log=log)
-    new = [t for t in joined.study.get_trials(deepcopy=False) if t.number > before and t.value is not None
-           and t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
-    return launched, [_from_trial(joined, t) for t in new]
+    new = [r for r in map(record_of, joined.study.get_trials(deepcopy=False)) if r.number > before
+           and r.value is not None and r.status == TrialStatus.OK and not r.is_duplicate]
+    return launched, [_from_trial(joined, r) for r in new]
 
 
-def _from_trial(joined: Joined, trial: Any) -> Any:
-    from autotune.trials.result import TrialResult, TrialStatus
-
-    path = joined.study_dir.trials / f"{trial.number:05d}" / "result.json"
+def _from_trial(joined: Joined, record: TrialRecord) -> Any:
+    path = joined.study_dir.trials / f"{record.number:05d}" / "result.json"
     if path.exists():  # this host ran it: the per-step times give its noise
         result = TrialResult.read(path)
     else:
-        measured = trial.user_attrs.get("measured", {})
-        result = TrialResult(status=TrialStatus.OK, tokens_per_s=trial.value,
-                             step_time_cov=measured.get("step_time_cov", 0.0), extra={"simulated": True})
-    predicted = trial.user_attrs.get("predicted", {}).get("tokens_per_s")
-    return measurement(ParallelPlan.from_dict(trial.user_attrs["plan"]), result, predicted, trial.number)
+        result = TrialResult(status=TrialStatus.OK, tokens_per_s=record.value, extra={"simulated": True},
+                             step_time_cov=record.measured.get("step_time_cov", 0.0))
+    return measurement(record.parallel_plan, result, record.predicted.get("tokens_per_s"), record.number)
 
 
 def act(joined: Joined, kind: str, best: Any) -> list[Path]:
