@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import ConfigError
+from autotune.hostprofile import NO_HOST_TIME, load_host_profile
 from autotune.modelconfig import arch_fields, check_keys, is_gemma
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 from autotune.userfile import read_text
@@ -210,16 +211,8 @@ def load_gpu(name: str) -> GPUSpec:
         default_nics_per_node=int(g["default_nics_per_node"]),
         sources=tuple(g.get("sources", ())),
         half_bytes=int(g.get("half_bytes", 2)),
-        op_overhead_s=float(g.get("op_overhead_us", 0.0)) * 1e-6,
-        dtensor_op_overhead_s=float(g.get("dtensor_op_overhead_us", 0.0)) * 1e-6,
-        dtensor_collective_overhead_s=float(g.get("dtensor_collective_overhead_us", 0.0)) * 1e-6,
-        pipeline_action_overhead_s=tuple(
-            (s, float(us) * 1e-6) for s, us in (g.get("pipeline_action_us") or {}).items()),
+        host=load_host_profile(g["host_profile"]) if "host_profile" in g else NO_HOST_TIME,
         async_collectives=bool(g.get("async_collectives", True)),
-        fsdp_host_unit_s=float(g.get("fsdp_host_unit_us", 0.0)) * 1e-6,
-        fsdp_host_bytes_per_s=float(g.get("fsdp_host_gb_s", 0.0)) * 1e9,
-        zero3_host_module_s=float(g.get("zero3_host_module_us", 0.0)) * 1e-6,
-        zero3_host_bytes_per_s=float(g.get("zero3_host_gb_s", 0.0)) * 1e9,
         gemm_shape_curve=_points(g.get("gemm_shape_curve")),
         fp8_gemm_scale=float(g.get("fp8_gemm_scale", 1.0)),
         attention_curves=tuple((kernel, _points(c["fwd"]), _points(c["bwd"]))
