@@ -77,9 +77,9 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     Inside a node whose ranks share fewer CPU cores than there are ranks (CPU trials), the ``G =
     gpus_per_node / k`` groups of the axis also share the cores that run their ring steps: each step's latency
     is ``alpha (1 + f (G - 1))`` with ``f = ClusterSpec.shared_core_latency`` (fitted, 0 in the catalog).
-    Measured inside real 4-rank TP trials on 2 cores (benchmarks/results/tp_in_trial.json): a TP4 all-reduce
-    call costs 1.6-1.9x a TP2 one while both TP2 pairs reduce at the same time, where independent rings
-    would differ by their steps, 6 / 2 = 3x; the fits of the 4-rank landscape cells put ``f`` at 0.1-0.5.
+    Why: inside real 4-rank TP trials on 2 cores, a TP4 all-reduce and two TP2 pairs reducing at once differ
+    by less than their ring steps would say (figures: benchmarks/results/tp_in_trial.json; the fitted ``f``:
+    benchmarks/results/calibration_summary.md).
     """
     per_node = cluster.gpus_per_node
     k = 1 if stride >= per_node else max(1, min(size, per_node // stride))
