@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import ConfigError
+from autotune.hostprofile import NO_HOST_TIME, load_host_profile
 from autotune.modelconfig import arch_fields, check_keys, is_gemma
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 from autotune.userfile import read_text
@@ -30,8 +31,6 @@ __all__ = [
     "load_gpu",
     "load_link",
     "make_cluster",
-    "load_cluster",
-    "with_profile",
 ]
 
 _MIB = 1024**2
@@ -212,16 +211,8 @@ def load_gpu(name: str) -> GPUSpec:
         default_nics_per_node=int(g["default_nics_per_node"]),
         sources=tuple(g.get("sources", ())),
         half_bytes=int(g.get("half_bytes", 2)),
-        op_overhead_s=float(g.get("op_overhead_us", 0.0)) * 1e-6,
-        dtensor_op_overhead_s=float(g.get("dtensor_op_overhead_us", 0.0)) * 1e-6,
-        dtensor_collective_overhead_s=float(g.get("dtensor_collective_overhead_us", 0.0)) * 1e-6,
-        pipeline_action_overhead_s=tuple(
-            (s, float(us) * 1e-6) for s, us in (g.get("pipeline_action_us") or {}).items()),
+        host=load_host_profile(g["host_profile"]) if "host_profile" in g else NO_HOST_TIME,
         async_collectives=bool(g.get("async_collectives", True)),
-        fsdp_host_unit_s=float(g.get("fsdp_host_unit_us", 0.0)) * 1e-6,
-        fsdp_host_bytes_per_s=float(g.get("fsdp_host_gb_s", 0.0)) * 1e9,
-        zero3_host_module_s=float(g.get("zero3_host_module_us", 0.0)) * 1e-6,
-        zero3_host_bytes_per_s=float(g.get("zero3_host_gb_s", 0.0)) * 1e9,
         gemm_shape_curve=_points(g.get("gemm_shape_curve")),
         fp8_gemm_scale=float(g.get("fp8_gemm_scale", 1.0)),
         attention_curves=tuple((kernel, _points(c["fwd"]), _points(c["bwd"]))
@@ -314,67 +305,3 @@ def make_cluster(
         host_memory_bytes_per_node=int((host_memory_gib if host_memory_gib is not None else 1024) * _GIB),
         nvlink_domain_gpus=domain,
     )
-
-
-_CLUSTER_KEYS = {
-    "gpu",
-    "num_nodes",
-    "gpus_per_node",
-    "intra_node_link",
-    "inter_node_link",
-    "nics_per_node",
-    "host_memory_gib",
-    "name",
-    "nvlink_domain_gpus",
-}
-
-
-def load_cluster(path: str | Path) -> ClusterSpec:
-    """A cluster YAML: ``gpu``, ``num_nodes``, ``gpus_per_node``, optional links, NICs and host memory."""
-    where = str(path)
-    cfg = _read_mapping(Path(path))
-    unknown = sorted(set(cfg) - _CLUSTER_KEYS)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key '{unknown[0]}'; allowed: {', '.join(sorted(_CLUSTER_KEYS))}")
-    gpu = cfg.get("gpu")
-    if isinstance(gpu, dict):  # a GPU described inline (usergpu)
-        from autotune.usergpu import gpu_from_mapping
-
-        gpu = gpu_from_mapping(gpu, where=where)
-    elif not isinstance(gpu, str):
-        raise ConfigError(f"{where}: missing key 'gpu' (one of {', '.join(gpu_names())}, or a mapping of "
-                          "GPU keys)")
-    nodes = _int_field(cfg, "num_nodes", where)
-    per_node = _int_field(cfg, "gpus_per_node", where)
-    host = cfg.get("host_memory_gib")
-    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float))
-                             or not 0 < host <= _MAX_HOST_MEMORY_GIB):  # also rejects nan and inf
-        raise ConfigError(f"{where}: key 'host_memory_gib' must be a number in (0, {_MAX_HOST_MEMORY_GIB}], "
-                          f"got {host!r}")
-    for key in ("intra_node_link", "inter_node_link"):
-        if key in cfg and not isinstance(cfg[key], str):
-            raise ConfigError(f"{where}: key '{key}' must be a link name ({', '.join(link_names())})")
-    nics = cfg.get("nics_per_node")
-    if nics is not None:
-        nics = _int_field(cfg, "nics_per_node", where)
-    domain = cfg.get("nvlink_domain_gpus")
-    if domain is not None:
-        domain = _int_field(cfg, "nvlink_domain_gpus", where)
-    return make_cluster(
-        num_gpus=nodes * per_node,
-        gpu=gpu,
-        gpus_per_node=per_node,
-        intra_node=cfg.get("intra_node_link"),
-        inter_node=cfg.get("inter_node_link"),
-        nics_per_node=nics,
-        host_memory_gib=host,
-        nvlink_domain_gpus=domain,
-    )
-
-
-def with_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
-    """``cluster`` with the measured numbers of a probe profile or a study calibration (``--profile``);
-    format and rules in ``autotune.probe.profile``."""
-    from autotune.probe.profile import apply_profile, load_profile
-
-    return apply_profile(cluster, load_profile(path))

@@ -40,6 +40,8 @@ ENV = {
     "measure_steps": "AUTOTUNE_MEASURE_STEPS", "result": "AUTOTUNE_RESULT", "progress": "AUTOTUNE_PROGRESS",
 }
 """Contract field -> environment variable."""
+SCRIPT_CONFIGS = {"ds_config": "ds_config.json", "accelerate_config": "accelerate_fsdp.yaml"}
+"""Contract field -> the file it points to, in the trial directory and beside ``autotune emit``'s output."""
 
 _step_times_s: list[float] = []
 

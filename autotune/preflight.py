@@ -25,7 +25,18 @@ from pathlib import Path
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec
 
-__all__ = ["check_trials_can_run", "check_writable"]
+__all__ = ["check_trials_can_run", "check_writable", "local_gpu_count"]
+
+
+def local_gpu_count() -> int:
+    """CUDA/ROCm devices torch sees here; 0 without a driver (checked before importing torch)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return 0
+    if not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def check_trials_can_run(*, backend: str, device: str | None, executor: str, cluster: ClusterSpec) -> None:
@@ -47,8 +58,6 @@ def check_trials_can_run(*, backend: str, device: str | None, executor: str, clu
 
 
 def _check_cuda(backend: str, cluster: ClusterSpec) -> None:
-    from autotune.backends.registry import local_gpu_count
-
     have = local_gpu_count()
     need = cluster.gpus_per_node if cluster.num_nodes > 1 else cluster.num_gpus
     if have >= need:

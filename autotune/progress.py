@@ -15,6 +15,7 @@ from typing import IO, Any
 from autotune.costmodel import Estimate, estimate
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trialrecord import record_of
 
 __all__ = ["SearchProgress", "wants_progress"]
 
@@ -120,7 +121,7 @@ class SearchProgress:
 
         self.note(line)
         trials = study.get_trials(deepcopy=False)
-        statuses = Counter(t.user_attrs.get("status", t.state.name.lower()) for t in trials)
+        statuses = Counter(record_of(t).shown_status for t in trials)
         best = next(iter(top_trials(study, 1)), None)
         info = " ".join(f"{s}:{n}" for s, n in statuses.most_common())
         if best is not None:

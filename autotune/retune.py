@@ -118,7 +118,7 @@ def _noise(result: TrialResult) -> tuple[float, int]:
 # ---------------------------------------------------------------------------------------------- environment
 def environment() -> dict[str, Any]:
     """What tonight runs on: accelerator, driver, CUDA/NCCL, library versions, host, speed knobs."""
-    from autotune.backends.registry import local_gpu_count
+    from autotune.preflight import local_gpu_count
 
     env: dict[str, Any] = {"gpu_name": None, "gpu_count": local_gpu_count(), "driver": _driver(),
                            "cuda": None, "nccl": None, "torch": _version("torch"),

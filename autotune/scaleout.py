@@ -39,6 +39,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.errors import ConfigError
+from autotune.hostprofile import HostProfile
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec, ModelSpec
 from autotune.trials.orphans import start_ticks as _start_ticks
 from autotune.trials.orphans import this_host as _host
@@ -271,12 +272,24 @@ def model_from_dict(data: dict[str, Any]) -> ModelSpec:
     return ModelSpec(**data)
 
 
+_HOST_FIELDS = frozenset(f.name for f in dataclasses.fields(HostProfile))
+
+
 def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
     def link(d: dict[str, Any]) -> LinkSpec:
         return LinkSpec(**{**d, "sources": tuple(d.get("sources", ()))})
-    gpu = GPUSpec(**{**data["gpu"], "sources": tuple(data["gpu"].get("sources", ()))})
-    return ClusterSpec(**{**data, "gpu": gpu, "intra_link": link(data["intra_link"]),
+    return ClusterSpec(**{**data, "gpu": _gpu_from_dict(data["gpu"]), "intra_link": link(data["intra_link"]),
                           "inter_link": link(data["inter_link"])})
+
+
+def _gpu_from_dict(data: dict[str, Any]) -> GPUSpec:
+    """A GPUSpec from ``spec_dict``; a study written before ``HostProfile`` keeps its fields flat in it."""
+    fields = dict(data)
+    flat = {k: fields.pop(k) for k in list(fields) if k in _HOST_FIELDS}
+    host = {**flat, **(fields.pop("host", None) or {})}
+    host["pipeline_action_overhead_s"] = tuple(
+        (str(s), float(v)) for s, v in host.get("pipeline_action_overhead_s", ()))
+    return GPUSpec(**{**fields, "sources": tuple(fields.get("sources", ())), "host": HostProfile(**host)})
 
 
 def make_setup(*, model: ModelSpec, cluster: ClusterSpec, ctx: Any, backend: str, device: str | None,

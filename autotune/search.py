@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -25,7 +24,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.backends.base import Backend, TrialRequest
+from autotune.backends.base import Backend
 from autotune.batch import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
@@ -46,6 +45,8 @@ from autotune.space import (
     suggest_plan,
 )
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trialrecord import Attr, TrialRecord, outcome_attrs, plan_key, predicted_attrs, record_of
+from autotune.trials.request import TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Estimator", "Ranking", "StudyOptions", "plan_search", "rank_plans", "rule_of", "make_sampler",
@@ -226,12 +227,12 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
     for opening in opening_plans(ranking.feasible, top_k):
         rank = ranking.feasible.index(opening) + 1
         study.enqueue_trial(params_of(opening.plan), skip_if_exists=True,
-                            user_attrs={"source": "cost model", "predicted_rank": rank})
+                            user_attrs={Attr.SOURCE.value: "cost model", "predicted_rank": rank})
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
     repair(study, trials_dir, backend.measures, _record, log)  # what a killed search left: ended, kept
     first = first_trials(study)  # the plans that were running when a search stopped: they run first
-    tried = {_plan_key(t.user_attrs["plan"]) for t in study.get_trials(deepcopy=False)
-             if _was_launched(t) and "plan" in t.user_attrs}
+    tried = {key for r in map(record_of, study.get_trials(deepcopy=False))
+             if _was_launched(r) and (key := r.key) is not None}
     launched = asks = repeats = 0
     while launched < options.n_trials and asks < 20 * options.n_trials + options.top_k + 50:
         if len(tried) >= len(ranking.feasible) or (deadline is not None and time.monotonic() > deadline):
@@ -261,7 +262,7 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
                                         backend.measures, _record)
             raise
         launched += 1
-        tried.add(_plan_key(est.plan.to_dict()))
+        tried.add(plan_key(est.plan))
         try:
             _record(study, trial, result, backend.measures)
         except optuna.exceptions.UpdateFinishedTrialError:  # its heartbeat came late: another worker failed
@@ -269,7 +270,8 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
                 log(f"trial {trial.number}: failed as stale by another worker meanwhile; its plan runs again")
             continue
         for params in refine(study) if refine is not None else ():
-            study.enqueue_trial(params, user_attrs={"source": "calibrated cost model"}, skip_if_exists=True)
+            study.enqueue_trial(params, user_attrs={Attr.SOURCE.value: "calibrated cost model"},
+                                skip_if_exists=True)
         if log:
             log(_progress_line(trial.number, plan, result))
     return launched
@@ -295,22 +297,16 @@ _MAX_REPEATS = 3
 """Proposals in a row of plans already run before the cost model's best untried plan is enqueued."""
 
 
-def _plan_key(plan: Mapping[str, Any]) -> str:
-    """One key per plan: parameters that differ only in knobs the plan ignores (the schedule at PP 1, virtual
-    stages outside interleaving, ...) are the same plan, so they run once."""
-    return json.dumps(plan, sort_keys=True)
-
-
 def _enqueue_next_untried(study: optuna.Study, ranking: Ranking, tried: set[str]) -> None:
-    est = next((e for e in ranking.feasible if _plan_key(e.plan.to_dict()) not in tried), None)
+    est = next((e for e in ranking.feasible if plan_key(e.plan) not in tried), None)
     if est is not None:
-        study.enqueue_trial(params_of(est.plan), user_attrs={"source": "cost model (sampler repeated)"})
+        study.enqueue_trial(params_of(est.plan),
+                            user_attrs={Attr.SOURCE.value: "cost model (sampler repeated)"})
 
 
-def _was_launched(trial: FrozenTrial) -> bool:
-    attrs = trial.user_attrs
-    status = attrs.get("status", "infeasible")
-    return status not in ("infeasible", INTERRUPTED) and "duplicate_of" not in attrs
+def _was_launched(record: TrialRecord) -> bool:
+    status = TrialStatus.INFEASIBLE.value if record.status is None else record.status
+    return status not in (TrialStatus.INFEASIBLE, INTERRUPTED) and not record.is_duplicate
 
 
 def _gate(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan | None, reason: str | None,
@@ -332,36 +328,29 @@ def _gate(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan | None, r
         host = est.memory.host_bytes_per_node - ctx.cluster.host_memory_bytes_per_node
         other = float(sum(not r.startswith(("out of memory", "out of host memory")) for r in est.reasons))
         above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
-        trial.set_user_attr("plan", est.plan.to_dict())
-        trial.set_user_attr("predicted", _predicted(est))
+        trial.set_user_attr(Attr.PLAN.value, est.plan.to_dict())
+        trial.set_user_attr(Attr.PREDICTED.value, predicted_attrs(est))
     for name, value in zip(_CONSTRAINTS, (other, memory, host), strict=True):
         trial.set_constraint(name, value)
     if est is not None and est.feasible and above is None:
         return est
-    trial.set_user_attr("status", str(TrialStatus.INFEASIBLE))
-    trial.set_user_attr("reason", reason or above or est.reasons[0])  # type: ignore[union-attr]
+    trial.set_user_attr(Attr.STATUS.value, str(TrialStatus.INFEASIBLE))
+    trial.set_user_attr(Attr.REASON.value, reason or above or est.reasons[0])  # type: ignore[union-attr]
     study.tell(trial, state=TrialState.PRUNED)
     return None
 
 
-def _predicted(est: Estimate) -> dict[str, Any]:
-    return {"tokens_per_s": est.tokens_per_s, "mfu": est.mfu, "step_time_s": est.step_time_s,
-            "memory_bytes_per_gpu": est.memory_bytes_per_gpu, "bottleneck": est.bottleneck,
-            "memory_capacity_bytes": est.memory_capacity_bytes}
-
-
 def _reuse_finished(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan) -> bool:
     """A plan already run in this study is not run again: its outcome is told once more."""
-    key = _plan_key(plan.to_dict())
+    key = plan_key(plan)
     for old in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
-        status = old.user_attrs.get("status")
-        if (old.number == trial.number or status == str(TrialStatus.INFEASIBLE)
-                or _plan_key(old.user_attrs.get("plan", {})) != key):
+        record = record_of(old)
+        if old.number == trial.number or record.status == TrialStatus.INFEASIBLE or record.key != key:
             continue
-        trial.set_user_attr("duplicate_of", old.number)
-        for key in ("status", "measured", "error", "value_source"):
-            if key in old.user_attrs:
-                trial.set_user_attr(key, old.user_attrs[key])
+        trial.set_user_attr(Attr.DUPLICATE_OF.value, old.number)
+        for attr in (Attr.STATUS, Attr.MEASURED, Attr.ERROR, Attr.VALUE_SOURCE):
+            if attr.value in old.user_attrs:
+                trial.set_user_attr(attr.value, old.user_attrs[attr.value])
         trial.set_constraint("trial_failed", 0.0 if old.state is TrialState.COMPLETE else 1.0)
         study.tell(trial, old.value if old.state is TrialState.COMPLETE else None,
                    state=None if old.state is TrialState.COMPLETE else TrialState.PRUNED)
@@ -377,14 +366,8 @@ def _reporter(trial: optuna.Trial) -> Callable[[int, float], bool]:
 
 
 def _record(study: optuna.Study, trial: optuna.Trial, result: TrialResult, measured: bool) -> None:
-    trial.set_user_attr("status", str(result.status))
-    trial.set_user_attr("value_source", "measured" if measured else "predicted")
-    if measured:
-        trial.set_user_attr("measured", {k: v for k, v in result.to_dict().items()
-                                         if k in ("tokens_per_s", "step_time_s", "step_time_cov",
-                                                  "peak_memory_bytes", "mfu", "wall_s") and v is not None})
-    if result.error:
-        trial.set_user_attr("error", result.error)
+    for name, value in outcome_attrs(result, measured=measured).items():
+        trial.set_user_attr(name, value)
     if result.ok and result.tokens_per_s:
         trial.set_constraint("trial_failed", 0.0)
         study.tell(trial, result.tokens_per_s)
@@ -403,6 +386,6 @@ def _progress_line(number: int, plan: ParallelPlan, result: TrialResult) -> str:
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """Feasible finished trials, best value first (duplicates of one plan shown once)."""
     done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if "duplicate_of" not in t.user_attrs and all(v <= 0 for v in t.constraints.values())]
+            if not record_of(t).is_duplicate and all(v <= 0 for v in t.constraints.values())]
     return sorted(done, key=lambda t: t.value, reverse=True)[:k]  # type: ignore[arg-type, return-value]
 

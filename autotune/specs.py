@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from autotune.hostprofile import NO_HOST_TIME, HostProfile
+
 __all__ = ["ModelSpec", "GPUSpec", "LinkSpec", "ClusterSpec"]
 
 GIB = 1024**3
@@ -175,43 +177,9 @@ class GPUSpec:
     default_inter_node_link: str
     default_nics_per_node: int
     sources: tuple[str, ...] = ()
-    op_overhead_s: float = 0.0
-    """Host seconds per eager operator (Python, dispatcher, autograd) that the device does not hide. 0 on
-    GPUs: kernels run asynchronously and at training shapes outlast their ~5-10 us launches. On the CPU trial
-    device the operators run on the host itself, so every one costs it: measured by ``autotune probe``
-    (``probe.overhead``) and charged per operator the trial model runs (``costmodel.hostops``)."""
-    dtensor_op_overhead_s: float = 0.0
-    """Host seconds per operator on a DTensor (sharding propagation, redistribution planning, the local
-    operator and the re-wrap), charged per DTensor operator that torch-native TP runs (``costmodel.hostops``).
-    0 on GPUs, like ``op_overhead_s``; measured by ``autotune probe`` (``probe.overhead``) on a CPU device."""
-    dtensor_collective_overhead_s: float = 0.0
-    """Host seconds a TP collective issued by a DTensor redistribution costs beyond the direct collective
-    (functional collectives, the wait, the re-wrap), charged per collective torch-native TP issues
-    (``costmodel.hostops``); the collective itself is ``comm``'s. 0 on GPUs; ``autotune probe`` on a CPU: the
-    median of the three kinds it times (all-gather, reduce-scatter, all-reduce). One figure for every kind:
-    the kinds' own figures did not reproduce from probe to probe (4 ranks, 6 probes: all-gather 0.7-2.3 ms,
-    all-reduce 0.6-1.6 ms, their order changing), and charging each its own priced the landscape worse
-    (held-out MAPE over the 6 probe sets: mean 8.85 % against 8.70 % with the median, worst 12.8 % against
-    11.7 %; benchmarks/results/calibration_summary.md)."""
-    pipeline_action_overhead_s: tuple[tuple[str, float], ...] = ()
-    """Host seconds per action (a forward or backward of one micro-batch on one stage) of each torch pipeline
-    schedule (``gpipe``, ``1f1b``, ``interleaved``), with the sends and receives around it: the schedule's
-    bookkeeping and the latency a rank waits on its neighbour. Measured by ``autotune probe``
-    (``probe.pipeline``) on a CPU device, where it is on the critical path and replaces the link latency of
-    each activation send (``steptime``); none listed (GPUs): the link's latency."""
-    fsdp_host_unit_s: float = 0.0
-    """FSDP2's host seconds per wrapped unit per micro-batch (unshard / reshard hooks, the gradient copy-in,
-    divide and copy-out around each reduction); 0 on GPUs, measured on the CPU trial device
-    (``costmodel.hostops``, benchmarks/fsdp_host.py)."""
-    fsdp_host_bytes_per_s: float = 0.0
-    """The rate at which FSDP2's host copies go through the rank's parameter bytes per micro-batch (into and
-    out of the gather and reduce buffers); 0: none charged (GPUs)."""
-    zero3_host_module_s: float = 0.0
-    """DeepSpeed ZeRO-3's host seconds per parameter-holding module per micro-batch (its fetch / release
-    hooks); 0 on GPUs, measured on the CPU trial device (``costmodel.hostops``, benchmarks/zero3_host.py)."""
-    zero3_host_bytes_per_s: float = 0.0
-    """The rate at which ZeRO-3's host work goes through the rank's parameter bytes in every micro-batch (flat
-    fetch buffers, gradient partitions); 0: none charged (GPUs)."""
+    host: HostProfile = NO_HOST_TIME
+    """Host time the device does not hide (``autotune.hostprofile``): measured on the CPU trial device, none
+    on GPUs."""
     async_collectives: bool = True
     """Whether the frameworks run DP/TP collectives beside compute on this device. FSDP2 and DeepSpeed issue
     them on side streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``: a
@@ -246,10 +214,6 @@ class GPUSpec:
     nvlink_domain_gpus: int | None = None
     """GPUs that share one NVLink domain when larger than a node (GB200 NVL72: 72 GPUs over 18 trays of 4,
     one NVLink Switch fabric); None: the node is the domain."""
-
-    def pipeline_action_s(self, schedule: str) -> float | None:
-        """Measured host seconds per action of a torch pipeline ``schedule``; None where not measured."""
-        return dict(self.pipeline_action_overhead_s).get(schedule)
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""

@@ -36,10 +36,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.backends.base import TrialRequest  # noqa: E402
 from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
 from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
+from autotune.trials.request import TrialRequest  # noqa: E402
 
 WORK = ROOT / "runs" / "ds_autotune"
 RESULTS = ROOT / "benchmarks" / "results"

@@ -1,5 +1,5 @@
 """Host time of FSDP2's per-unit machinery on this machine's CPU: the cost model's
-``GPUSpec.fsdp_host_unit_s`` and ``fsdp_host_bytes_per_s`` (catalog ``cpu`` entry).
+``HostProfile.fsdp_host_unit_s`` and ``fsdp_host_bytes_per_s`` (``autotune/data/cpu_device.yaml``).
 
 FSDP2 runs Python and copies around every unit it wraps (``fully_shard`` / ``replicate`` per block, then the
 root): pre-forward unshard, post-forward reshard, pre-backward unshard, post-backward gradient copy-in to the

@@ -59,10 +59,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.catalog import load_model, make_cluster, with_profile  # noqa: E402
+from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan, Recompute, Schedule  # noqa: E402
+from autotune.probe.profile import with_profile  # noqa: E402
 from autotune.search import Ranking, plan_search  # noqa: E402
-from autotune.space import load_space, params_of  # noqa: E402
+from autotune.space import load_space  # noqa: E402
+from autotune.trialrecord import plan_key  # noqa: E402
 from autotune.trials.config import TrialConfig  # noqa: E402
 from autotune.trials.cpu import cpu_share  # noqa: E402
 
@@ -98,10 +100,6 @@ def cell_ranking(cell: str, pins: dict[str, Any] | None = None, profile: Path | 
         cluster = with_profile(cluster, profile)
     return plan_search(space, load_model(model_name), cluster, pins=pins or {},
                        global_batch=SEQS_PER_RANK * n, seq_len=SEQ_LEN)
-
-
-def plan_key(plan: ParallelPlan) -> str:
-    return json.dumps(params_of(plan), sort_keys=True)
 
 
 def result_path(cell: str) -> Path:

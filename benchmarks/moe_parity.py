@@ -26,13 +26,13 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from autotune.backends.base import TrialRequest  # noqa: E402
 from autotune.backends.deepspeed import DeepSpeedBackend  # noqa: E402
 from autotune.backends.torchrun import TorchrunBackend  # noqa: E402
 from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import Framework, ParallelPlan  # noqa: E402
 from autotune.specs import ModelSpec  # noqa: E402
 from autotune.trials.model import build_model, synthetic_batch  # noqa: E402
+from autotune.trials.request import TrialRequest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SEED, LR, SEQ, WARMUP, MEASURE = 1234, 1e-2, 32, 1, 2

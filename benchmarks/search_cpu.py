@@ -30,6 +30,8 @@ from typing import Any
 
 import optuna
 
+from autotune.trialrecord import record_of
+
 ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("torchrun", "deepspeed")
 
@@ -46,10 +48,9 @@ def _search(backend: str, trials: int, runs: Path) -> dict[str, Any]:
         raise SystemExit(f"{backend}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout)
     study = optuna.load_study(study_name=backend, storage=f"sqlite:///{runs / backend / 'study.db'}")
-    statuses = collections.Counter(t.user_attrs.get("status", t.state.name.lower()) for t in study.trials
-                                   if "duplicate_of" not in t.user_attrs)
-    trial_wall = [t.user_attrs["measured"]["wall_s"] for t in study.trials
-                  if "wall_s" in t.user_attrs.get("measured", {})]
+    records = [record_of(t) for t in study.trials]
+    statuses = collections.Counter(r.shown_status for r in records if not r.is_duplicate)
+    trial_wall = [r.measured["wall_s"] for r in records if "wall_s" in r.measured]
     best = out["top"][0]
     return {"command": " ".join(argv[1:]), "wall_s": wall_s, "load_before": load_before,
             "load_after": [round(x, 2) for x in os.getloadavg()],

@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from autotune.backends.base import TrialRequest  # noqa: E402
 from autotune.calibrate import Refiner  # noqa: E402
 from autotune.search import Ranking, StudyOptions, make_sampler, run_study  # noqa: E402
 from autotune.space import KNOBS, suggest_plan  # noqa: E402
+from autotune.trials.request import TrialRequest  # noqa: E402
 from autotune.trials.result import TrialResult, TrialStatus  # noqa: E402
 from benchmarks.landscape import (  # noqa: E402
     CELLS,

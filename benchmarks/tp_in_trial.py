@@ -28,9 +28,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.catalog import load_model, make_cluster, with_profile  # noqa: E402
+from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.costmodel.steptime import step_time  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
+from autotune.probe.profile import with_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILE = RESULTS / "profiles" / "cpu-4rank.yaml"

@@ -40,11 +40,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.backends.base import TrialRequest  # noqa: E402
 from autotune.backends.torchrun import TorchrunBackend  # noqa: E402
 from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
 from autotune.trials.cpu import CPU_AFFINITY_ENV  # noqa: E402
+from autotune.trials.request import TrialRequest  # noqa: E402
 from autotune.trials.runner import Launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """Host time of DeepSpeed ZeRO-3's machinery on this machine's CPU: the cost model's
-``GPUSpec.zero3_host_module_s`` and ``zero3_host_bytes_per_s`` (catalog ``cpu`` entry).
+``HostProfile.zero3_host_module_s`` and ``zero3_host_bytes_per_s`` (``autotune/data/cpu_device.yaml``).
 
 ZeRO-3 runs Python around every module that holds parameters in every micro-batch (its parameter coordinator
 fetches and releases them in forward and backward) and goes through the rank's parameter bytes in every

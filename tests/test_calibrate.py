@@ -12,10 +12,11 @@ import pytest
 
 from autotune.calibrate import Factors, Observation, calibrate_study, fit
 from autotune.calibrate.fit import BOUNDS, predict_s
-from autotune.catalog import load_model, make_cluster, with_profile
+from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
 from autotune.costmodel import steptime
 from autotune.plan import ParallelPlan
+from autotune.probe.profile import with_profile
 from autotune.search import plan_search
 from autotune.space import load_space
 
@@ -296,11 +297,11 @@ def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):
     _, cluster, _ = cpu_setup
     gpu = Factors.of(cluster)
     scaled = dataclasses.replace(gpu, host_scale=2.0).apply(cluster).gpu
-    assert scaled.op_overhead_s == 2 * cluster.gpu.op_overhead_s > 0
-    assert scaled.dtensor_collective_overhead_s == 2 * cluster.gpu.dtensor_collective_overhead_s > 0
-    assert scaled.pipeline_action_s("1f1b") == 2 * cluster.gpu.pipeline_action_s("1f1b")
-    assert scaled.fsdp_host_unit_s == 2 * cluster.gpu.fsdp_host_unit_s > 0
-    assert scaled.zero3_host_bytes_per_s == cluster.gpu.zero3_host_bytes_per_s / 2 > 0
+    assert scaled.host.op_overhead_s == 2 * cluster.gpu.host.op_overhead_s > 0
+    assert scaled.host.dtensor_collective_overhead_s == 2 * cluster.gpu.host.dtensor_collective_overhead_s > 0
+    assert scaled.host.pipeline_action_s("1f1b") == 2 * cluster.gpu.host.pipeline_action_s("1f1b")
+    assert scaled.host.fsdp_host_unit_s == 2 * cluster.gpu.host.fsdp_host_unit_s > 0
+    assert scaled.host.zero3_host_bytes_per_s == cluster.gpu.host.zero3_host_bytes_per_s / 2 > 0
     assert (scaled.bf16_flops, scaled.memory_bandwidth_bytes_per_s) == (
         cluster.gpu.bf16_flops, cluster.gpu.memory_bandwidth_bytes_per_s)
 
@@ -333,14 +334,16 @@ def test_a_cpu_calibration_on_a_probe_profile_loads_back_with_every_measured_ter
     assert reloaded.cores_per_node == 2
     assert reloaded.shared_core_latency == pytest.approx(calibrated.shared_core_latency)
     assert calibrated.shared_core_latency > 0
-    for field in dataclasses.fields(calibrated.gpu):
-        want, got = getattr(calibrated.gpu, field.name), getattr(reloaded.gpu, field.name)
+    pairs = [(f.name, getattr(spec, f.name), getattr(other, f.name))
+             for spec, other in ((calibrated.gpu, reloaded.gpu), (calibrated.gpu.host, reloaded.gpu.host))
+             for f in dataclasses.fields(spec) if f.name not in ("sources", "host")]
+    for name, want, got in pairs:
         if isinstance(want, float):
-            assert got == pytest.approx(want), field.name
-        elif field.name.endswith("overhead_s"):  # (kind, seconds) pairs
-            assert dict(got) == pytest.approx(dict(want)), field.name
-        elif field.name != "sources":
-            assert got == want, field.name
+            assert got == pytest.approx(want), name
+        elif name.endswith("overhead_s"):  # (kind, seconds) pairs
+            assert dict(got) == pytest.approx(dict(want)), name
+        else:
+            assert got == want, name
     assert [op for op, *_ in reloaded.collective_scales] == ["all_gather", "reduce_scatter"]
     assert [x for _, *xs in reloaded.collective_scales for x in xs] == pytest.approx(
         [x for _, *xs in calibrated.collective_scales for x in xs])

@@ -6,13 +6,13 @@ import pytest
 
 from autotune.catalog import (
     gpu_names,
-    load_cluster,
     load_gpu,
     load_link,
     load_model,
     make_cluster,
     model_names,
 )
+from autotune.clusterfile import load_cluster
 from autotune.errors import ConfigError
 
 

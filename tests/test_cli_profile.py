@@ -7,10 +7,11 @@ import json
 import pytest
 import yaml
 
-from autotune.catalog import load_model, make_cluster, with_profile
+from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
 from autotune.costmodel import estimate
 from autotune.plan import ParallelPlan
+from autotune.probe.profile import with_profile
 
 _PROFILE = {
     "name": "cpu-test",

@@ -11,8 +11,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autotune.catalog import load_cluster, load_model
+from autotune.catalog import load_model
 from autotune.cli import main
+from autotune.clusterfile import load_cluster
 from autotune.errors import ConfigError
 
 _GOOD_MODEL = {

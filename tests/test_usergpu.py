@@ -2,7 +2,8 @@
 
 import pytest
 
-from autotune.catalog import load_cluster, load_gpu
+from autotune.catalog import load_gpu
+from autotune.clusterfile import load_cluster
 from autotune.costmodel import kernels
 from autotune.errors import ConfigError
 from autotune.usergpu import gpu_from_mapping, load_gpu_spec

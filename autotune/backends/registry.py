@@ -16,7 +16,6 @@ trials can run at one value only (the search pins them; a user's pin of another 
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +25,10 @@ from autotune.backends.base import Backend
 from autotune.backends.simulate import SimulateBackend
 from autotune.errors import ConfigError
 from autotune.plan import Framework
+from autotune.preflight import local_gpu_count
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["BACKENDS", "BackendChoice", "get_backend", "local_gpu_count", "trial_options", "apply_pins"]
+__all__ = ["BACKENDS", "BackendChoice", "get_backend", "trial_options", "apply_pins"]
 
 BACKENDS = ("auto", "simulate", "torchrun", "deepspeed")
 _REAL = {  # backend -> (module, class, frameworks it can run)
@@ -65,17 +65,6 @@ class _ByFramework:
 
     def run(self, request, report=None):  # type: ignore[no-untyped-def]
         return self._backends[request.plan.framework].run(request, report)
-
-
-def local_gpu_count() -> int:
-    """CUDA/ROCm devices torch sees here; 0 without a driver (checked before importing torch)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return 0
-    if not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")):
-        return 0
-    import torch
-
-    return int(torch.cuda.device_count())
 
 
 def trial_options(*, workload: str | None = None, script: str | None = None) -> dict[str, Any]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from autotune.backends.base import ReportFn, TrialRequest
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.trials.config import slowdown_s
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["SimulateBackend"]

@@ -4,10 +4,10 @@ the executor puts them (``autotune.executors``: this machine, N agents on loopba
 
 from __future__ import annotations
 
-from autotune.backends.base import ReportFn, TrialRequest
 from autotune.executors import Executor, get_executor
 from autotune.plan import Framework
 from autotune.specs import ClusterSpec
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, trial_config
 

@@ -101,14 +101,7 @@ def _scale_host(gpu: GPUSpec, scale: float) -> GPUSpec:
     benchmarks/results/calibration_summary.md, probe drift)."""
     if scale == 1.0:
         return gpu
-    return dataclasses.replace(
-        gpu, op_overhead_s=gpu.op_overhead_s * scale, dtensor_op_overhead_s=gpu.dtensor_op_overhead_s * scale,
-        dtensor_collective_overhead_s=gpu.dtensor_collective_overhead_s * scale,
-        pipeline_action_overhead_s=tuple((k, v * scale) for k, v in gpu.pipeline_action_overhead_s),
-        fsdp_host_unit_s=gpu.fsdp_host_unit_s * scale,
-        fsdp_host_bytes_per_s=gpu.fsdp_host_bytes_per_s / scale,
-        zero3_host_module_s=gpu.zero3_host_module_s * scale,
-        zero3_host_bytes_per_s=gpu.zero3_host_bytes_per_s / scale)
+    return dataclasses.replace(gpu, host=gpu.host.scaled(scale))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

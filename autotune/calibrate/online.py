@@ -17,20 +17,21 @@ from autotune.calibrate.fit import Factors, Observation, fit, predict_s
 from autotune.calibrate.study import MIN_TRIALS, observations
 from autotune.plan import ParallelPlan
 from autotune.space import params_of
+from autotune.trialrecord import plan_key, record_of
 
 __all__ = ["Refiner"]
 
 
-def _key(params: dict[str, Any]) -> str:
+def _params_key(params: dict[str, Any]) -> str:
+    """``plan_key`` of the plan these trial parameters make (they are ``params_of`` it)."""
     return json.dumps(params, sort_keys=True, default=str)
 
 
 def _tried_key(trial: Any) -> str:
     """The plan a trial ran or will run: its judged plan (collapsed knobs normalised), else the params it was
     enqueued with."""
-    if "plan" in trial.user_attrs:
-        return _key(params_of(ParallelPlan.from_dict(trial.user_attrs["plan"])))
-    return _key(trial.system_attrs.get("fixed_params", trial.params))
+    key = record_of(trial).key
+    return key if key is not None else _params_key(trial.system_attrs.get("fixed_params", trial.params))
 
 
 class Refiner:
@@ -45,7 +46,7 @@ class Refiner:
         """The fit to ``obs`` (cached), or None below ``min_trials`` measurements."""
         if len(obs) < self.min_trials:
             return None
-        state = frozenset((_key(params_of(o.plan)), o.measured_s) for o in obs)
+        state = frozenset((plan_key(o.plan), o.measured_s) for o in obs)
         if state not in self._fits:
             ctx = self.ranking.ctx
             self._fits[state] = fit(ctx.model, ctx.cluster, obs, overheads=False).factors
@@ -65,6 +66,6 @@ class Refiner:
         tried = {_tried_key(t) for t in study.get_trials(deepcopy=False)}
         for plan in self.order(observations(study)):
             params = params_of(plan)
-            if _key(params) not in tried:
+            if _params_key(params) not in tried:
                 return [params]
         return []

@@ -27,6 +27,8 @@ from autotune.plan import ParallelPlan
 from autotune.probe.profile import cluster_overrides, write_profile
 from autotune.render import plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trialrecord import plan_key, record_of
+from autotune.trials.result import TrialStatus
 
 __all__ = ["MIN_TRIALS", "observations", "calibrate_study", "calibration_block"]
 
@@ -38,16 +40,15 @@ def observations(study: Any) -> list[Observation]:
     """One observation per measured plan of the study (the first trial that measured it)."""
     seen: set[str] = set()
     out = []
-    for t in study.get_trials(deepcopy=False):
-        attrs = t.user_attrs
-        step_s = attrs.get("measured", {}).get("step_time_s")
-        if attrs.get("status") != "ok" or "duplicate_of" in attrs or not step_s or "plan" not in attrs:
+    for record in map(record_of, study.get_trials(deepcopy=False)):
+        step_s = record.measured.get("step_time_s")
+        plan = record.parallel_plan if record.status == TrialStatus.OK and not record.is_duplicate else None
+        if plan is None or not step_s:
             continue
-        plan = ParallelPlan.from_dict(attrs["plan"])
-        key = plan_summary(plan)
+        key = plan_key(plan)
         if key not in seen:
             seen.add(key)
-            out.append(Observation(plan=plan, measured_s=float(step_s), label=str(t.number)))
+            out.append(Observation(plan=plan, measured_s=float(step_s), label=str(record.number)))
     return out
 
 

@@ -6,7 +6,8 @@ import argparse
 from typing import Any, cast
 
 from autotune.batch import DEFAULT_GLOBAL_BATCH_TOKENS, default_global_batch
-from autotune.catalog import load_cluster, load_model, make_cluster, with_profile
+from autotune.catalog import load_model, make_cluster
+from autotune.clusterfile import load_cluster
 from autotune.errors import ConfigError
 from autotune.plan import (
     FRAMEWORK_SHARDING,
@@ -20,6 +21,7 @@ from autotune.plan import (
     Schedule,
     Sharding,
 )
+from autotune.probe.profile import with_profile
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.usergpu import load_gpu_spec
 
@@ -222,7 +224,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         async_tp=args.async_tp,
         tp_comm_overlap=args.tp_comm_overlap,
         cp_comm=args.cp_comm,
-        moe_dispatcher=getattr(args, "moe_dispatcher", "alltoall"),
+        moe_dispatcher=cast(MoeDispatcher, getattr(args, "moe_dispatcher", "alltoall")),
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
     )
 

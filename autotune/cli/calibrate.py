@@ -18,8 +18,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog import load_model, make_cluster, with_profile
+from autotune.catalog import load_model, make_cluster
 from autotune.errors import ConfigError
+from autotune.probe.profile import with_profile
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["CalibrateCommand"]

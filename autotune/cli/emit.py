@@ -11,8 +11,9 @@ import argparse
 import sys
 from typing import Any
 
-from autotune.catalog import load_cluster, load_model, make_cluster
+from autotune.catalog import load_model, make_cluster
 from autotune.cli._args import _positive_int
+from autotune.clusterfile import load_cluster
 from autotune.emit import emit_all, read_plan_document
 from autotune.errors import ConfigError
 from autotune.specs import ClusterSpec, ModelSpec

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autotune.catalog import load_cluster, load_model
+from autotune.catalog import load_model
 from autotune.cli._args import (
     add_model_cluster_args,
     add_plan_args,
@@ -23,6 +23,7 @@ from autotune.cli._args import (
     plan_from_args,
     resolve_model_cluster,
 )
+from autotune.clusterfile import load_cluster
 from autotune.errors import ConfigError
 from autotune.explain import Explanation, explain
 from autotune.plan import ParallelPlan

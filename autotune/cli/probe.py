@@ -105,7 +105,7 @@ class ProbeCommand:
 
 
 def _default_device() -> str:
-    from autotune.backends.registry import local_gpu_count
+    from autotune.preflight import local_gpu_count
 
     return "cuda" if local_gpu_count() else "cpu"
 
@@ -113,7 +113,7 @@ def _default_device() -> str:
 def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
     """Run the probe worker on ``--nproc`` local ranks under ``torchrun --standalone``."""
     if device == "cuda":
-        from autotune.backends.registry import local_gpu_count
+        from autotune.preflight import local_gpu_count
 
         have = local_gpu_count()
         if not have:

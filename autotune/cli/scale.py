@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from autotune.catalog import load_gpu, load_link, load_model, with_profile
+from autotune.catalog import load_gpu, load_link, load_model
 from autotune.cli._args import (
     DEFAULT_GPU,
     _positive_int,
@@ -25,6 +25,7 @@ from autotune.cli._args import (
 from autotune.cli.report import _price
 from autotune.errors import ConfigError
 from autotune.preflight import check_writable
+from autotune.probe.profile import with_profile
 from autotune.render import gib, param_count, plan_summary
 from autotune.scale import ScalePoint, ScaleResult, parse_tokens, scale
 from autotune.space import load_space

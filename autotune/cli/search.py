@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog import with_profile
 from autotune.cli._args import (
     add_model_cluster_args,
     add_plan_args,
@@ -35,9 +34,11 @@ from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM, room
 from autotune.modelshape import trial_model_gap
 from autotune.plan import ParallelPlan
 from autotune.preflight import check_writable
+from autotune.probe.profile import with_profile
 from autotune.progress import SearchProgress, wants_progress
 from autotune.render import gib, params_line, plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trialrecord import record_of
 
 __all__ = ["SearchCommand"]
 
@@ -46,7 +47,6 @@ _PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size
              "etp", "fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
 _DEFAULT_MEASURED_TRIALS = 16
 _CPU_SEQUENCES_PER_PROCESS = 4
-_FAILED = ("oom", "timeout", "error", "rendezvous_error")
 
 
 def _count(text: str) -> int:
@@ -159,7 +159,8 @@ class SearchCommand:
             print(f"autotune search: no trial succeeded in study '{study.study_name}'; {where}",
                   file=sys.stderr)
             return 1
-        best_plan = ParallelPlan.from_dict(top[0].user_attrs["plan"])
+        best_plan = record_of(top[0]).parallel_plan
+        assert best_plan is not None  # a finished trial was judged with its plan
         best_est = estimate(model, cluster, best_plan)
         emitted = _emit(best_plan, model, cluster, best_est, study_dir.best,
                         [_row(t) for t in top] if measured else None)
@@ -292,14 +293,15 @@ def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estim
 def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any, emitted: list[str] | None,
              launched: int, measured: bool, note: str | None) -> dict[str, Any]:
     """The ``--json`` object: the best plan's estimate (as ``estimate --json``) plus the search around it."""
-    states = [t.user_attrs.get("status", str(t.state.name).lower()) for t in study.trials]
+    records = [record_of(t) for t in study.trials]
+    states = [r.shown_status for r in records]
     return {
         **best.to_dict(),
         "study": study.study_name, "storage": url, "backend_note": note,
         "value_source": "measured" if measured else "predicted",
         "best_trial": top[0].number, "best_value_tokens_per_s": top[0].value,
         "trials": {"total": len(states), "launched_this_run": launched, "ok": states.count("ok"),
-                   "infeasible": states.count("infeasible"), "failed": sum(s in _FAILED for s in states)},
+                   "infeasible": states.count("infeasible"), "failed": sum(r.failed for r in records)},
         "num_legal_plans": ranking.num_legal, "num_feasible_plans": len(ranking.feasible),
         "pruned_by_reason": ranking.pruned,
         "emitted": emitted if emitted is not None else [],
@@ -311,9 +313,9 @@ def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any,
 
 
 def _row(trial: Any) -> dict[str, Any]:
-    attrs = trial.user_attrs
-    predicted, measured = attrs.get("predicted", {}), attrs.get("measured", {})
-    return {"trial": trial.number, "plan": attrs.get("plan"), "status": attrs.get("status"),
+    record = record_of(trial)
+    predicted, measured = record.predicted, record.measured
+    return {"trial": trial.number, "plan": record.plan, "status": record.status,
             "tokens_per_s": trial.value, "predicted_tokens_per_s": predicted.get("tokens_per_s"),
             "measured_tokens_per_s": measured.get("tokens_per_s"),
             "mfu": measured.get("mfu", predicted.get("mfu")),

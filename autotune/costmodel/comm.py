@@ -10,9 +10,8 @@ Latency terms are the ring's ``2(n-1)`` / ``(n-1)`` steps, or a tree's ``2 log2(
 
 The link is the all-reduce's. Where ``autotune probe`` fitted each collective on its own (a measured profile:
 ``ClusterSpec.collective_scales``), all-gather and reduce-scatter inside a node use their own latency and
-bandwidth, as multiples of the all-reduce's: on NCCL they are close to 1, on gloo they are not (2 ranks on
-this dev VM: an all-gather step takes 0.35 ms against 0.95 ms for an all-reduce step, a reduce-scatter
-streams at a third of the all-reduce's bus bandwidth). ``autotune.probe.profile.PER_OP`` says why
+bandwidth, as multiples of the all-reduce's: on NCCL they are close to 1, on gloo they are not (the
+probes' figures: benchmarks/results/calibration_summary.md). ``autotune.probe.profile.PER_OP`` says why
 send/recv is not among them.
 """
 
@@ -83,9 +82,9 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     Inside a node whose ranks share fewer CPU cores than there are ranks (CPU trials), the ``G =
     gpus_per_node / k`` groups of the axis also share the cores that run their ring steps: each step's latency
     is ``alpha (1 + f (G - 1))`` with ``f = ClusterSpec.shared_core_latency`` (fitted, 0 in the catalog).
-    Measured inside real 4-rank TP trials on 2 cores (benchmarks/results/tp_in_trial.json): a TP4 all-reduce
-    call costs 1.6-1.9x a TP2 one while both TP2 pairs reduce at the same time, where independent rings
-    would differ by their steps, 6 / 2 = 3x; the fits of the 4-rank landscape cells put ``f`` at 0.1-0.5.
+    Why: inside real 4-rank TP trials on 2 cores, a TP4 all-reduce and two TP2 pairs reducing at once differ
+    by less than their ring steps would say (figures: benchmarks/results/tp_in_trial.json; the fitted ``f``:
+    benchmarks/results/calibration_summary.md).
     """
     per_node, domain = cluster.gpus_per_node, cluster.nvlink_domain
     k = 1 if stride >= domain else max(1, min(size, domain // stride))

@@ -43,9 +43,9 @@ EAGER_SWIGLU_BYTES = 4
 def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
     """Forward HBM bytes per token and block that a torch model run without torch.compile moves beyond the
     fused kernels ``flops.elementwise_bytes_per_token`` assumes (fsdp framework with ``compile`` off). Zero
-    on a device whose eager operators are priced by their measured host time (``GPUSpec.op_overhead_s``, the
-    CPU trial device: ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
-    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.op_overhead_s > 0:
+    on a device whose eager operators are priced by their measured host time (``HostProfile.op_overhead_s``,
+    the CPU trial device: ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
+    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
     h, kv, f, tp = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, plan.tp
     norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)

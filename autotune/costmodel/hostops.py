@@ -1,6 +1,6 @@
-"""Host time of eager operators where the device does not hide it: ``GPUSpec.op_overhead_s`` (0 on GPUs,
+"""Host time of eager operators where the device does not hide it: ``HostProfile.op_overhead_s`` (0 on GPUs,
 measured by ``autotune probe`` on a CPU trial device, ``probe.overhead``) x the ATen operators a micro-batch
-dispatches, and ``GPUSpec.dtensor_op_overhead_s`` x those that run on DTensors under torch-native TP.
+dispatches, and ``HostProfile.dtensor_op_overhead_s`` x those that run on DTensors under torch-native TP.
 
 The counts are those of autotune's trial model (``trials.model``), counted with ``TorchDispatchMode`` on
 ``tiny`` and ``small`` (the count does not depend on the shape; tests/costmodel/test_hostops.py recounts):
@@ -14,22 +14,21 @@ is one dispatch through DTensor (its local operator runs below it). Counted per 
 (tests/trials/_count_comm.py ``host``; tests/trials/test_tp_comm.py checks these tables against it). The
 attention core runs on local tensors (``ColwiseParallel`` hands back local outputs), so selective recompute
 replays plain operators only. Each TP collective they issue (``tpcomm.collective_calls``: a redistribution
-through functional collectives) costs the host ``GPUSpec.dtensor_collective_overhead_s`` beyond the
-collective's own time, which ``tpcomm`` prices from the probe's direct calls: 220-400 us on 2 gloo ranks
-(0.6-1.6 ms on 4 sharing 2 cores; ``autotune probe``, CPU time scaled by the ranks' share of a core), of the
-order of the collective itself at trial sizes; one figure for every kind of collective (the reason is in
-``GPUSpec.dtensor_collective_overhead_s``).
+through functional collectives) costs the host ``HostProfile.dtensor_collective_overhead_s`` beyond the
+collective's own time, which ``tpcomm`` prices from the probe's direct calls (``autotune probe``, CPU time
+scaled by the ranks' share of a core; the figures: benchmarks/results/calibration_summary.md); one figure for
+every kind of collective (the reason is in ``HostProfile.dtensor_collective_overhead_s``).
 Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as unsharded ones.
 
 FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
-unit in every micro-batch: ``GPUSpec.fsdp_host_unit_s`` per unit and the rank's parameter bytes at
+unit in every micro-batch: ``HostProfile.fsdp_host_unit_s`` per unit and the rank's parameter bytes at
 ``fsdp_host_bytes_per_s``, measured on one rank, where no collective moves data, as the wrapped minus the
 unwrapped trial model (benchmarks/fsdp_host.py); 0 on GPUs.
 
 DeepSpeed ZeRO-3 runs Python hooks around every module that holds parameters (fetch and release through its
 parameter coordinator, in forward and backward) and goes through the rank's parameter bytes (flat fetch
 buffers, gradients copied into their partitions), both in every micro-batch: host time per module and
-micro-batch (``GPUSpec.zero3_host_module_s``) and per parameter byte and micro-batch
+micro-batch (``HostProfile.zero3_host_module_s``) and per parameter byte and micro-batch
 (``zero3_host_bytes_per_s``). Measured on one rank, where no collective moves data, as ZeRO-3 minus ZeRO-0
 step time on two models at 1, 2 and 4 micro-batches (benchmarks/zero3_host.py); 0 on GPUs.
 """
@@ -93,16 +92,16 @@ def _reduction_calls_s(cluster: ClusterSpec, plan: ParallelPlan, reductions: flo
     """DTensor host time of ``reductions`` TP reductions: all-reduces, or with SP all-gather + reduce-scatter
     pairs (``tpcomm.reduction_s``), two calls each."""
     calls = 2 if plan.sequence_parallel else 1
-    return reductions * calls * cluster.gpu.dtensor_collective_overhead_s
+    return reductions * calls * cluster.gpu.host.dtensor_collective_overhead_s
 
 
 def block_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
     gpu = cluster.gpu
     if _torch_tp(plan):
         plain, dtensor = tp_block_ops(model, plan)
-        return (plain * gpu.op_overhead_s + dtensor * gpu.dtensor_op_overhead_s
+        return (plain * gpu.host.op_overhead_s + dtensor * gpu.host.dtensor_op_overhead_s
                 + _reduction_calls_s(cluster, plan, sum(block_collectives(model, plan))))
-    return block_ops(model, plan) * gpu.op_overhead_s
+    return block_ops(model, plan) * gpu.host.op_overhead_s
 
 
 def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
@@ -111,9 +110,9 @@ def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> f
     gpu = cluster.gpu
     if _torch_tp(plan):
         fp, fd, bp, bd = TP_EDGE_OPS[model.gated_mlp, plan.sequence_parallel]
-        return ((fp + bp) * gpu.op_overhead_s + (fd + bd) * gpu.dtensor_op_overhead_s
-                + _reduction_calls_s(cluster, plan, 2) + gpu.dtensor_collective_overhead_s)
-    return EDGE_OPS * gpu.op_overhead_s
+        return ((fp + bp) * gpu.host.op_overhead_s + (fd + bd) * gpu.host.dtensor_op_overhead_s
+                + _reduction_calls_s(cluster, plan, 2) + gpu.host.dtensor_collective_overhead_s)
+    return EDGE_OPS * gpu.host.op_overhead_s
 
 
 def zero3_host_s(cluster: ClusterSpec, plan: ParallelPlan, modules: int, params: float) -> float:
@@ -123,8 +122,9 @@ def zero3_host_s(cluster: ClusterSpec, plan: ParallelPlan, modules: int, params:
     if plan.framework is not Framework.DEEPSPEED or plan.zero_stage < 3:
         return 0.0
     gpu = cluster.gpu
-    per_byte = 1.0 / gpu.zero3_host_bytes_per_s if gpu.zero3_host_bytes_per_s else 0.0
-    return plan.num_microbatches * (modules * gpu.zero3_host_module_s + params * gpu.half_bytes * per_byte)
+    per_byte = 1.0 / gpu.host.zero3_host_bytes_per_s if gpu.host.zero3_host_bytes_per_s else 0.0
+    host_s = modules * gpu.host.zero3_host_module_s
+    return plan.num_microbatches * (host_s + params * gpu.half_bytes * per_byte)
 
 
 def fsdp_host_s(cluster: ClusterSpec, plan: ParallelPlan, units: int, params: float) -> float:
@@ -133,5 +133,5 @@ def fsdp_host_s(cluster: ClusterSpec, plan: ParallelPlan, units: int, params: fl
     if plan.framework is not Framework.FSDP or plan.dp <= 1:
         return 0.0
     gpu = cluster.gpu
-    per_byte = 1.0 / gpu.fsdp_host_bytes_per_s if gpu.fsdp_host_bytes_per_s else 0.0
-    return plan.num_microbatches * (units * gpu.fsdp_host_unit_s + params * gpu.half_bytes * per_byte)
+    per_byte = 1.0 / gpu.host.fsdp_host_bytes_per_s if gpu.host.fsdp_host_bytes_per_s else 0.0
+    return plan.num_microbatches * (units * gpu.host.fsdp_host_unit_s + params * gpu.half_bytes * per_byte)

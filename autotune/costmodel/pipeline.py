@@ -87,7 +87,7 @@ def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float
     send of ``b s h`` per model chunk (``2v``), blocking in Megatron's and torch's schedules. With TP each
     rank sends its ``1/tp`` slice (Narayanan et al. 2021 Sec. 4.1 scatter/gather; inherent with sequence
     parallelism). Where ``autotune probe`` measured the host time per action of torch's schedule
-    (``GPUSpec.pipeline_action_s``: a CPU device, where the schedule's bookkeeping and the wait on the
+    (``HostProfile.pipeline_action_s``: a CPU device, where the schedule's bookkeeping and the wait on the
     neighbour's send are on the critical path: on 2 gloo ranks 0.28-0.35 ms per action of ``Schedule1F1B``
     and 0.70-0.76 ms of ``ScheduleInterleaved1F1B`` over 3 probes), that replaces the link's latency in each
     send."""
@@ -96,6 +96,6 @@ def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float
     link = comm.group_link(cluster, plan.pp, plan.tp * plan.cp * plan.dp)
     nbytes = plan.micro_batch * plan.seq_len / plan.cp * model.hidden_size * act_bytes(cluster) / plan.tp
     torch_schedule = plan.framework is Framework.FSDP  # Megatron's and DeepSpeed's schedules are their own
-    action_s = cluster.gpu.pipeline_action_s(plan.schedule.value) if torch_schedule else None
+    action_s = cluster.gpu.host.pipeline_action_s(plan.schedule.value) if torch_schedule else None
     send_s = comm.p2p_s(nbytes, link) if action_s is None else action_s + nbytes / link.bw_bytes_per_s
     return plan.num_microbatches * 2 * plan.virtual_stages * send_s

@@ -399,7 +399,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         pp_p2p_s=pipeline.sends_s(model, cluster, plan),
         overhead_s=(cluster.step_overhead_s
                     + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
-                    + norm_calls * cluster.gpu.dtensor_collective_overhead_s
+                    + norm_calls * cluster.gpu.host.dtensor_collective_overhead_s
                     + zero3_host_s(cluster, plan, units, params)
                     + fsdp_host_s(cluster, plan, units, params)),
         pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(

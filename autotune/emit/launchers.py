@@ -18,11 +18,11 @@ import yaml
 
 from autotune import __version__
 from autotune.contract import ENV
+from autotune.emit.command import ShellRef, shell_join, torchrun_command, worker_entry
 from autotune.emit.megatron import megatron_env
 from autotune.emit.torchrun import rdzv_id
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec
-from autotune.trials.command import ShellRef, shell_join, torchrun_command, worker_entry
 
 __all__ = ["render", "plan_line", "contract_env", "torchrun_script", "deepspeed_script", "slurm_script",
            "pytorchjob_manifest", "pytorchjob_yaml", "CONTRACT_ENV_FILE", "K8S_CONFIG_DIR", "K8S_RUN_DIR",

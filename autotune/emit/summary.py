@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.contract import ENV
+from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.emit.fsdp import transformer_layer_cls
 from autotune.emit.torchtitan import torchtitan_flavor
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
-from autotune.trials.script import SCRIPT_CONFIGS
 
 __all__ = ["render_summary"]
 

@@ -4,7 +4,7 @@ The worker's only argument is ``--trial-dir DIR``: it reads the plan and the mod
 and ``DIR/trial.json`` (``emit_all`` writes both under ``trial/``) and writes its markers and
 ``result.json`` there. The torchrun part carries the node layout and the c10d rendezvous; the endpoint
 (``HOST:PORT``) is per launch and added by ``launch_torchrun.sh`` / ``launch_slurm.sbatch``. All of them
-are built by ``autotune.trials.command.torchrun_command``, the function trials are launched with too.
+are built by ``autotune.emit.command.torchrun_command``, the function trials are launched with too.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import hashlib
 import json
 import shlex
 
+from autotune.emit.command import WORKER_MODULE, torchrun_command, worker_entry
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
-from autotune.trials.command import WORKER_MODULE, torchrun_command, worker_entry
 
 __all__ = ["WORKER_MODULE", "TRIAL_DIR", "rdzv_id", "torchrun_args", "worker_args", "torchrun_args_text"]
 

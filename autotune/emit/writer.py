@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from autotune.contract import SCRIPT_CONFIGS
 from autotune.emit import launchers
 from autotune.emit.deepspeed import deepspeed_unsupported, to_ds_config
 from autotune.emit.fsdp import accelerate_unsupported, to_accelerate_config
@@ -30,7 +31,6 @@ from autotune.emit.torchtitan import dumps_toml, to_torchtitan_config, torchtita
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
 from autotune.specs import ClusterSpec, ModelSpec
-from autotune.trials.script import SCRIPT_CONFIGS
 
 __all__ = ["emit_all", "ARTEFACT_FILES"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from autotune.backends.base import ReportFn, TrialRequest
 from autotune.trials.config import TrialConfig
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult
 
 __all__ = ["Executor"]

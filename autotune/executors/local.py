@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from autotune.backends.base import ReportFn, TrialRequest
 from autotune.trials.config import TrialConfig
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult
 from autotune.trials.runner import Launch, run_trial
 

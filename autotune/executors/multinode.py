@@ -20,8 +20,8 @@ import dataclasses
 import socket
 from collections.abc import Sequence
 
-from autotune.backends.base import ReportFn, TrialRequest
 from autotune.trials.config import TrialConfig
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, launch_command, run_commands
 

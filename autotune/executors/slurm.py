@@ -37,10 +37,10 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from autotune.backends.base import ReportFn, TrialRequest
+from autotune.emit.command import ShellRef, shell_join, torchrun_command, worker_entry
 from autotune.executors.multinode import node_layout
-from autotune.trials.command import ShellRef, shell_join, torchrun_command, worker_entry
 from autotune.trials.config import TrialConfig
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, _classify, _environment, _prepare, _Progress, run_commands
 

@@ -1,4 +1,4 @@
-"""Host time per eager operator: the cost model's ``GPUSpec.op_overhead_s`` on a CPU trial device.
+"""Host time per eager operator: the cost model's ``HostProfile.op_overhead_s`` on a CPU trial device.
 
 A CPU rank runs every operator of its forward and backward on its own cores: Python, the dispatcher and
 autograd cost it microseconds per operator whatever the tensor size, and at the small shapes of CPU trials

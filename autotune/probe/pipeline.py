@@ -1,5 +1,5 @@
-"""Host time per action of torch's pipeline schedules: the cost model's ``GPUSpec.pipeline_action_s`` on a CPU
-trial device.
+"""Host time per action of torch's pipeline schedules: the cost model's ``HostProfile.pipeline_action_s`` on a
+CPU trial device.
 
 Each forward or backward a ``torch.distributed.pipelining`` schedule runs on a stage (an *action*) also costs
 the host: the schedule's own bookkeeping, the stage's input and output handling, and the point-to-point

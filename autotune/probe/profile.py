@@ -12,9 +12,9 @@ A profile is a YAML file (``runs/profiles/<name>.yaml``) that ``estimate`` and `
                      ``dtensor_collective_overhead_us``, per TP collective via DTensor (``probe.overhead``;
                      the median of the kinds, each kept under ``measurements``; profiles written before
                      2026-12-03 also list them as ``dtensor_collective_op_overhead_us``, read and not used:
-                     ``GPUSpec.dtensor_collective_overhead_s`` says why), and
+                     ``HostProfile.dtensor_collective_overhead_s`` says why), and
                      ``pipeline_action_us``, per action of each torch pipeline schedule (``probe.pipeline``);
-                     a calibration also writes the catalog's FSDP2 / ZeRO-3 host terms (``fsdp_host_unit_us``,
+                     a calibration also writes the host profile's FSDP2 / ZeRO-3 terms (``fsdp_host_unit_us``,
                      ``fsdp_host_gb_s``, ``zero3_host_module_us``, ``zero3_host_gb_s``) x its host scale
 ``intra_node_link``  ``bw_gb_s``, ``latency_us``: alpha-beta fit of the in-node all-reduce (busbw)
 ``inter_node_link``  the same across nodes, per NIC (only when the probe ran on several nodes)
@@ -44,12 +44,13 @@ import yaml
 
 from autotune.costmodel.steptime import HBM_EFFICIENCY
 from autotune.errors import ConfigError
+from autotune.hostprofile import host_keys, host_profile
 from autotune.plan import Schedule
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
 from autotune.userfile import read_text
 
-__all__ = ["Profile", "load_profile", "apply_profile", "cluster_overrides", "write_profile", "probe_profile",
-           "fit_alpha_beta",
+__all__ = ["Profile", "load_profile", "apply_profile", "with_profile", "cluster_overrides", "write_profile",
+           "probe_profile", "fit_alpha_beta",
            "PROFILE_DIR"]
 
 PROFILE_DIR = Path("runs") / "profiles"
@@ -177,13 +178,6 @@ def _link(base: LinkSpec, override: dict[str, float] | None, profile: Profile) -
                                sources=(profile.label,))
 
 
-_HOST_RATES = {"fsdp_host_unit_us": ("fsdp_host_unit_s", 1e-6),
-               "fsdp_host_gb_s": ("fsdp_host_bytes_per_s", 1e9),
-               "zero3_host_module_us": ("zero3_host_module_s", 1e-6),
-               "zero3_host_gb_s": ("zero3_host_bytes_per_s", 1e9)}
-"""Catalog host terms of FSDP2 / ZeRO-3 (hardware.yaml) a profile may carry: key -> (GPUSpec field, unit)."""
-
-
 def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     """The cluster with the profile's measured numbers in place of the catalog's (data, not globals)."""
     if profile.gpu != cluster.gpu.key:
@@ -198,17 +192,7 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         gemm_efficiency=g.get("gemm_efficiency", cluster.gpu.gemm_efficiency),
         memory_bandwidth_bytes_per_s=(g["memory_bandwidth_gb_s"] * 1e9 if "memory_bandwidth_gb_s" in g
                                       else cluster.gpu.memory_bandwidth_bytes_per_s),
-        op_overhead_s=g["op_overhead_us"] * 1e-6 if "op_overhead_us" in g else cluster.gpu.op_overhead_s,
-        dtensor_op_overhead_s=(g["dtensor_op_overhead_us"] * 1e-6 if "dtensor_op_overhead_us" in g
-                               else cluster.gpu.dtensor_op_overhead_s),
-        dtensor_collective_overhead_s=(g["dtensor_collective_overhead_us"] * 1e-6
-                                       if "dtensor_collective_overhead_us" in g
-                                       else cluster.gpu.dtensor_collective_overhead_s),
-        pipeline_action_overhead_s=(
-            tuple((s, float(us) * 1e-6) for s, us in g["pipeline_action_us"].items())
-            if "pipeline_action_us" in g else cluster.gpu.pipeline_action_overhead_s),
-        **{field: g[key] * scale if key in g else getattr(cluster.gpu, field)
-           for key, (field, scale) in _HOST_RATES.items()},
+        host=host_profile(g, base=cluster.gpu.host),
         sources=(*cluster.gpu.sources, profile.label))
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
@@ -221,6 +205,11 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label, **numbers)
 
 
+def with_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
+    """``cluster`` with the measured numbers of a probe profile or a study calibration (``--profile``)."""
+    return apply_profile(cluster, load_profile(path))
+
+
 def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
     """The profile keys that make ``apply_profile`` turn the catalog's cluster into ``cluster`` (the inverse
     of ``apply_profile`` for what a profile can carry): how a calibration is written as a ``--profile``."""
@@ -229,12 +218,7 @@ def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
                          if (flops := gpu.peak_flops(p))}
     g |= {"gemm_efficiency": gpu.gemm_efficiency,
           "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9}
-    host = {"op_overhead_us": gpu.op_overhead_s, "dtensor_op_overhead_us": gpu.dtensor_op_overhead_s,
-            "dtensor_collective_overhead_us": gpu.dtensor_collective_overhead_s,
-            **{key: getattr(gpu, field) / scale for key, (field, scale) in _HOST_RATES.items()}}
-    g |= {k: v * 1e6 if k.endswith("_us") and k not in _HOST_RATES else v for k, v in host.items() if v}
-    if gpu.pipeline_action_overhead_s:
-        g["pipeline_action_us"] = {k: v * 1e6 for k, v in gpu.pipeline_action_overhead_s}
+    g |= host_keys(gpu.host)
     links = {k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
              for k, lk in (("intra_node_link", cluster.intra_link), ("inter_node_link", cluster.inter_link))}
     intra = links["intra_node_link"]

@@ -9,6 +9,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.trialrecord import record_of
+from autotune.trials.result import TrialStatus
+
 if TYPE_CHECKING:
     from autotune.report.data import PlanRow
 
@@ -97,21 +100,18 @@ def pruned(trials: list[Any]) -> dict[str, int]:
     """Proposals that never launched, by the rule or cost-model reason (numbers stripped)."""
     from autotune.search import rule_of
 
-    reasons = [
-        str(t.user_attrs["reason"])
-        for t in trials
-        if t.user_attrs.get("status") == "infeasible" and "reason" in t.user_attrs
-    ]
+    records = [record_of(t) for t in trials]
+    reasons = [str(r.reason) for r in records if r.status == TrialStatus.INFEASIBLE and r.reason is not None]
     counts = Counter(rule_of(r) if ":" in r else r for r in reasons)  # rules carry no numbers to strip
     return dict(counts.most_common())
 
 
 def failed(trials: list[Any]) -> dict[str, int]:
-    failed = ("oom", "timeout", "error", "rendezvous_error", "pruned")
+    records = [record_of(t) for t in trials]
     counts = Counter(
-        f"{status_of(t)}: {_first_line(t.user_attrs.get('error'))}".rstrip(": ")
-        for t in trials
-        if status_of(t) in failed and "duplicate_of" not in t.user_attrs
+        f"{r.shown_status}: {_first_line(r.error)}".rstrip(": ")
+        for r in records
+        if (r.failed or r.shown_status == TrialStatus.PRUNED) and not r.is_duplicate
     )
     return dict(counts.most_common())
 
@@ -122,4 +122,4 @@ def _first_line(text: Any) -> str:
 
 def status_of(trial: Any) -> str:
     """What became of a trial: autotune's ``status`` attr, else Optuna's state (``waiting`` = enqueued)."""
-    return str(trial.user_attrs.get("status", trial.state.name.lower()))
+    return record_of(trial).shown_status

@@ -32,6 +32,7 @@ from autotune.report.analysis import (
     status_of,
 )
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.trialrecord import plan_key, record_of
 
 __all__ = [
     "TIME_GROUPS",
@@ -244,14 +245,14 @@ def _model_cluster(study_dir: Path, info: dict[str, Any]) -> tuple[ModelSpec, Cl
 def _rows(trials: list[Any], model: ModelSpec, cluster: ClusterSpec, price: float | None) -> list[PlanRow]:
     rows = []
     for t in trials:
-        attrs = t.user_attrs
-        if t.value is None or "plan" not in attrs or "duplicate_of" in attrs:
+        record = record_of(t)
+        if t.value is None or record.plan is None or record.is_duplicate:
             continue
         if any(v > 0 for v in t.constraints.values()):
             continue
-        plan = ParallelPlan.from_dict(attrs["plan"])
-        measured = attrs.get("value_source") == "measured"
-        meas = attrs.get("measured", {})
+        plan = ParallelPlan.from_dict(dict(record.plan))
+        measured = record.value_source == "measured"
+        meas = record.measured
         est = estimate(model, cluster, plan)
         memory = meas.get("peak_memory_bytes") if measured else None
         dollars = price * cluster.num_gpus / 3600 / t.value * 1e6 if price else None
@@ -259,10 +260,10 @@ def _rows(trials: list[Any], model: ModelSpec, cluster: ClusterSpec, price: floa
             PlanRow(
                 trial=t.number,
                 plan=plan,
-                status=status_of(t),
+                status=record.shown_status,
                 tokens_per_s=float(t.value),
                 measured=measured,
-                predicted_tokens_per_s=attrs.get("predicted", {}).get("tokens_per_s", est.tokens_per_s),
+                predicted_tokens_per_s=record.predicted.get("tokens_per_s", est.tokens_per_s),
                 estimate=est,
                 memory_bytes_per_gpu=memory or est.memory_bytes_per_gpu,
                 dollars_per_mtok=dollars,
@@ -276,13 +277,13 @@ def _unique(rows: list[PlanRow]) -> list[PlanRow]:
     the measured one first, then the faster; best first."""
     seen: dict[str, PlanRow] = {}
     for row in sorted(rows, key=lambda r: (not r.measured, -r.tokens_per_s)):
-        seen.setdefault(json.dumps(row.plan.to_dict(), sort_keys=True), row)
+        seen.setdefault(plan_key(row.plan), row)
     return sorted(seen.values(), key=lambda r: r.tokens_per_s, reverse=True)
 
 
 def _history(trials: list[Any]) -> list[tuple[int, float, bool]]:
     return [
-        (t.number, float(t.value), t.user_attrs.get("value_source") == "measured")
+        (t.number, float(t.value), record_of(t).value_source == "measured")
         for t in trials
         if t.value is not None
     ]

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.backends.base import ReportFn, TrialRequest
 from autotune.catalog import load_gpu
+from autotune.emit.command import torchrun_command, worker_entry
 from autotune.interrupt import held
-from autotune.trials.command import torchrun_command, worker_entry
 from autotune.trials.config import TrialConfig
 from autotune.trials.cpu import cpu_share
 from autotune.trials.orphans import live_trial_pids, record_agents
+from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 
 __all__ = ["Launch", "trial_config", "launch_command", "run_trial", "run_commands", "live_trial_pids"]

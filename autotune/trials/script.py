@@ -21,16 +21,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from autotune.contract import ENV
+from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.trials.config import TrialConfig
 from autotune.trials.result import TrialResult, TrialStatus
 
-__all__ = ["SCRIPT_CONFIGS", "write_script_configs", "script_env", "run_script", "NO_RESULT"]
+__all__ = ["write_script_configs", "script_env", "run_script", "NO_RESULT"]
 
-SCRIPT_CONFIGS = {"ds_config": "ds_config.json", "accelerate_config": "accelerate_fsdp.yaml"}
-"""Contract field -> file, written when the plan's framework can express the plan."""
 NO_RESULT = "script wrote no result (see the contract: autotune.contract.report)"
 
 

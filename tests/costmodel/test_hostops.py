@@ -30,6 +30,11 @@ from autotune.trials.model import Block, build_model
 from autotune.trials.train import lm_loss
 
 
+def _with_host(gpu, **fields):
+    """``gpu`` with these host-profile figures replaced."""
+    return dataclasses.replace(gpu, host=dataclasses.replace(gpu.host, **fields))
+
+
 def _whole_model_ops(spec) -> tuple[int, int]:
     """(forward, backward) operators of one micro-batch through the trial model, loss included."""
     whole = build_model(spec, device="cpu", seed=0)
@@ -55,9 +60,10 @@ def test_block_operator_counts_match_the_trial_model(gated):
 def test_operator_time_is_charged_per_micro_batch_and_recompute():
     model = load_model("tiny")
     catalog = make_cluster(num_gpus=2, gpu="cpu")
-    assert catalog.gpu.op_overhead_s > 0 == make_cluster(num_gpus=8, gpu="h100-sxm").gpu.op_overhead_s
-    base = dataclasses.replace(catalog, gpu=dataclasses.replace(catalog.gpu, op_overhead_s=0.0))
-    cpu = dataclasses.replace(base, gpu=dataclasses.replace(base.gpu, op_overhead_s=10e-6))
+    h100 = make_cluster(num_gpus=8, gpu="h100-sxm").gpu
+    assert catalog.gpu.host.op_overhead_s > 0 == h100.host.op_overhead_s
+    base = dataclasses.replace(catalog, gpu=_with_host(catalog.gpu, op_overhead_s=0.0))
+    cpu = dataclasses.replace(base, gpu=_with_host(base.gpu, op_overhead_s=10e-6))
     plan = ParallelPlan(pp=2, global_batch=8, micro_batch=1, seq_len=64)
     bigger_mb = plan.replace(micro_batch=2)
     added = [step_time(model, cpu, p).overhead_s - step_time(model, base, p).overhead_s
@@ -74,15 +80,15 @@ def test_operator_time_is_charged_per_micro_batch_and_recompute():
 def test_dtensor_operators_are_charged_to_torch_tp_only():
     model = load_model("tiny")
     catalog = make_cluster(num_gpus=2, gpu="cpu")
-    assert catalog.gpu.dtensor_op_overhead_s > catalog.gpu.op_overhead_s > 0
-    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.dtensor_op_overhead_s == 0
+    assert catalog.gpu.host.dtensor_op_overhead_s > catalog.gpu.host.op_overhead_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.dtensor_op_overhead_s == 0
     tp = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64)
     plain, dtensor = tp_block_ops(model, tp)
     fp, fd, bp, bd = TP_BLOCK_OPS[True, False]
     assert (plain, dtensor) == (fp + bp, fd + bd)
     assert block_host_s(model, catalog, tp) == pytest.approx(
-        plain * catalog.gpu.op_overhead_s + dtensor * catalog.gpu.dtensor_op_overhead_s
-        + 4 * catalog.gpu.dtensor_collective_overhead_s)
+        plain * catalog.gpu.host.op_overhead_s + dtensor * catalog.gpu.host.dtensor_op_overhead_s
+        + 4 * catalog.gpu.host.dtensor_collective_overhead_s)
     # sequence parallelism runs more of the block on DTensors: more host time per micro-batch
     sp = tp.replace(sequence_parallel=True)
     assert block_host_s(model, catalog, sp) > block_host_s(model, catalog, tp)
@@ -93,7 +99,7 @@ def test_dtensor_operators_are_charged_to_torch_tp_only():
     # Megatron and DeepSpeed TP do not use DTensors
     for framework in ("megatron", "deepspeed"):
         other = tp.replace(framework=framework)
-        assert block_host_s(model, catalog, other) == block_ops(model, other) * catalog.gpu.op_overhead_s
+        assert block_host_s(model, catalog, other) == block_ops(model, other) * catalog.gpu.host.op_overhead_s
     assert sum(TP_EDGE_OPS[True, True]) > sum(TP_EDGE_OPS[True, False]) > 0
 
 
@@ -102,11 +108,11 @@ def test_tp_collectives_through_dtensor_are_charged_once_each():
     ``tpcomm.collective_calls`` counts (itself checked against CommDebugMode in test_tp_comm)."""
     model = load_model("tiny")
     cpu = make_cluster(num_gpus=2, gpu="cpu")
-    gpu = dataclasses.replace(cpu.gpu, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
-                              dtensor_collective_overhead_s=1e-3)
+    gpu = _with_host(cpu.gpu, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
+                     dtensor_collective_overhead_s=1e-3)
     cluster = dataclasses.replace(cpu, gpu=gpu)
-    assert make_cluster(num_gpus=2, gpu="cpu").gpu.dtensor_collective_overhead_s > 0
-    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.dtensor_collective_overhead_s == 0
+    assert make_cluster(num_gpus=2, gpu="cpu").gpu.host.dtensor_collective_overhead_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.dtensor_collective_overhead_s == 0
     for sp in (False, True):
         for recompute in ("none", "full"):
             plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64, sequence_parallel=sp,
@@ -131,13 +137,14 @@ def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():
     model = load_model("tiny")
     cpu = make_cluster(num_gpus=2, gpu="cpu")
     gpu = cpu.gpu
-    assert gpu.zero3_host_module_s > 0 and gpu.zero3_host_bytes_per_s > 0
-    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.zero3_host_module_s == 0
+    assert gpu.host.zero3_host_module_s > 0 and gpu.host.zero3_host_bytes_per_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.zero3_host_module_s == 0
     zero3 = ParallelPlan(dp=2, global_batch=4, micro_batch=1, seq_len=64, framework="deepspeed",
                          sharding="zero3")
     params = model.num_params
     # per module and per parameter byte, in each of the 2 micro-batches
-    expected = 2 * (39 * gpu.zero3_host_module_s + params * gpu.half_bytes / gpu.zero3_host_bytes_per_s)
+    host = gpu.host
+    expected = 2 * (39 * host.zero3_host_module_s + params * gpu.half_bytes / host.zero3_host_bytes_per_s)
     assert zero3_host_s(cpu, zero3, 39, params) == pytest.approx(expected)
     assert zero3_host_s(cpu, zero3.replace(micro_batch=2), 39, params) == pytest.approx(expected / 2)
     # in the step: the modules dpcomm.zero3_gathers counts, on top of ZeRO-2's overhead
@@ -153,17 +160,17 @@ def test_fsdp2_host_time_per_wrapped_unit_and_micro_batch():
     model = load_model("tiny")
     cpu = make_cluster(num_gpus=2, gpu="cpu")
     gpu = cpu.gpu
-    assert gpu.fsdp_host_unit_s > 0 and gpu.fsdp_host_bytes_per_s > 0
-    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.fsdp_host_unit_s == 0
+    assert gpu.host.fsdp_host_unit_s > 0 and gpu.host.fsdp_host_bytes_per_s > 0
+    assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.fsdp_host_unit_s == 0
     plan = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="fsdp-full")
     units, params = model.num_layers + 1, model.num_params  # a unit per block, then the root
-    per_mb = units * gpu.fsdp_host_unit_s + params * gpu.half_bytes / gpu.fsdp_host_bytes_per_s
+    per_mb = units * gpu.host.fsdp_host_unit_s + params * gpu.half_bytes / gpu.host.fsdp_host_bytes_per_s
     assert fsdp_host_s(cpu, plan, units, params) == pytest.approx(2 * per_mb)  # 2 micro-batches per rank
     # in the step: on top of the same plan without it, for replicate (sharding none) as for fully_shard
     for sharding in ("none", "fsdp-grad-op", "fsdp-full"):
         p = plan.replace(sharding=sharding)
-        without = dataclasses.replace(cpu, gpu=dataclasses.replace(gpu, fsdp_host_unit_s=0.0,
-                                                                   fsdp_host_bytes_per_s=0.0))
+        without = dataclasses.replace(cpu, gpu=_with_host(gpu, fsdp_host_unit_s=0.0,
+                                                          fsdp_host_bytes_per_s=0.0))
         added = step_time(model, cpu, p).overhead_s - step_time(model, without, p).overhead_s
         assert added == pytest.approx(2 * per_mb)
     # nothing to wrap on one rank, and DeepSpeed has its own hooks

@@ -19,6 +19,11 @@ from autotune.specs import ModelSpec
 from benchmarks import modern_runs, published_runs
 
 
+def _with_host(gpu, **fields):
+    """``gpu`` with these host-profile figures replaced."""
+    return dataclasses.replace(gpu, host=dataclasses.replace(gpu.host, **fields))
+
+
 def _gpt(h: int = 12288, layers: int = 96, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
     return ModelSpec(name="gpt", hidden_size=h, num_layers=layers, num_heads=h // 128, num_kv_heads=h // 128,
                      ffn_hidden_size=4 * h, vocab_size=vocab, max_seq_len=seq, gated_mlp=False)
@@ -263,7 +268,7 @@ def test_ranks_sharing_fewer_cores_fill_the_pipeline_bubble():
     # latency here, without the catalog's measured host cost per schedule action)
     il = plan.replace(schedule="interleaved", virtual_stages=2, global_batch=16)
     one = plan.replace(global_batch=16)
-    latency_sends = dataclasses.replace(cluster.gpu, pipeline_action_overhead_s=())
+    latency_sends = _with_host(cluster.gpu, pipeline_action_overhead_s=())
     cluster = dataclasses.replace(cluster, gpu=latency_sends)
     on2 = dataclasses.replace(cluster, cores_per_node=2)
     assert step_time(model, cluster, il).step_time_s < step_time(model, cluster, one).step_time_s
@@ -315,10 +320,10 @@ def test_sequence_parallel_reduces_the_partial_norm_gradients():
     _, norm_calls = sp_norm_grads(tiny, cpu, sp, tiny.num_layers, True)
     assert norm_calls == 4 * 9
     with_norms = step_time(tiny, cpu, sp)
-    plain = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, dtensor_collective_overhead_s=0.0))
+    plain = dataclasses.replace(cpu, gpu=_with_host(cpu.gpu, dtensor_collective_overhead_s=0.0))
     calls = sp.num_microbatches * sum(tp_calls(tiny, sp)) + norm_calls  # the blocks' and edges' TP calls too
     assert with_norms.overhead_s - step_time(tiny, plain, sp).overhead_s == pytest.approx(
-        calls * cpu.gpu.dtensor_collective_overhead_s)
+        calls * cpu.gpu.host.dtensor_collective_overhead_s)
     pp = ParallelPlan(tp=2, pp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True)
     assert sp_norm_grads(tiny, cpu, pp, 2, False)[0] < sp_norm_grads(tiny, cpu, pp, 2, True)[0]
 
@@ -329,9 +334,9 @@ def test_a_measured_pipeline_action_cost_replaces_the_send_latency_of_torch_sche
     link = comm.group_link(cpu, 2, 1)
     nbytes = 2 * 64 * tiny.hidden_size * cpu.gpu.half_bytes  # one micro-batch of 2 x 64 tokens
     per_action = {"1f1b": 3e-4, "gpipe": 4e-4, "interleaved": 1e-3}
-    measured = dataclasses.replace(cpu, gpu=dataclasses.replace(
-        cpu.gpu, pipeline_action_overhead_s=tuple(per_action.items())))
-    unmeasured = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, pipeline_action_overhead_s=()))
+    measured = dataclasses.replace(cpu, gpu=_with_host(cpu.gpu,
+                                                       pipeline_action_overhead_s=tuple(per_action.items())))
+    unmeasured = dataclasses.replace(cpu, gpu=_with_host(cpu.gpu, pipeline_action_overhead_s=()))
     for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
         plan = ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64, schedule=schedule,
                             virtual_stages=v)

@@ -16,14 +16,14 @@ import pytest
 import yaml
 from distributed import free_port
 
-from autotune.catalog import make_cluster, with_profile
+from autotune.catalog import make_cluster
 from autotune.cli import main
 from autotune.costmodel import comm
 from autotune.costmodel.hostops import BLOCK_OPS
 from autotune.errors import ConfigError
 from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
 from autotune.probe.pipeline import MICROBATCHES, SCHEDULES
-from autotune.probe.profile import fit_alpha_beta, load_profile
+from autotune.probe.profile import fit_alpha_beta, load_profile, with_profile
 
 
 def test_busbw_factors_are_nccl_tests_performance_md():
@@ -130,10 +130,10 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     ops = doc["measurements"]["op_overhead"]
     assert sum(BLOCK_OPS[True]) <= ops["ops_per_step"] <= sum(BLOCK_OPS[True]) + 5  # + .sum() and its grad
     assert len(ops["per_rank_s"]) == 2 and 0 < ops["op_overhead_s"] < 1e-3
-    assert cluster.gpu.op_overhead_s == pytest.approx(ops["op_overhead_s"], rel=1e-3)
+    assert cluster.gpu.host.op_overhead_s == pytest.approx(ops["op_overhead_s"], rel=1e-3)
     # a DTensor operator costs the host more than a plain one (sharding propagation, wrapping)
     assert ops["dtensor_ops_per_step"] > 0 and ops["dtensor_op_overhead_s"] > ops["op_overhead_s"]
-    assert cluster.gpu.dtensor_op_overhead_s == pytest.approx(ops["dtensor_op_overhead_s"], rel=1e-2)
+    assert cluster.gpu.host.dtensor_op_overhead_s == pytest.approx(ops["dtensor_op_overhead_s"], rel=1e-2)
     # a TP collective issued by a DTensor redistribution, beyond the direct call (the median collective;
     # a difference of two CPU timings, so clipped at 0 on a loaded machine), scaled by the ranks' share of a
     # core where they outnumber the cores
@@ -142,8 +142,8 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     per_collective = ops["dtensor_collective_overhead_s"]
     median = statistics.median(ops["dtensor_collective_extra_s"].values())
     assert per_collective == pytest.approx(max(0.0, median))
-    assert cluster.gpu.dtensor_collective_overhead_s == pytest.approx(per_collective, rel=1e-2, abs=1e-7)
-    # the kinds stay measurements: one cost for all (GPUSpec.dtensor_collective_overhead_s); a profile
+    assert cluster.gpu.host.dtensor_collective_overhead_s == pytest.approx(per_collective, rel=1e-2, abs=1e-7)
+    # the kinds stay measurements: one cost for all (HostProfile.dtensor_collective_overhead_s); a profile
     # written before that lists them per kind still loads, to the same cluster
     assert "dtensor_collective_op_overhead_us" not in doc["gpu_overrides"]
     legacy = tmp_path / "legacy.yaml"
@@ -160,7 +160,8 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
         per_rank = [r[name] for r in pipe["per_rank_s"]]
         assert pipe["pipeline_action_s"][name] == pytest.approx(max(0.0, statistics.median(per_rank)))
         assert 0 < pipe["pipeline_action_s"][name] < 0.1
-        assert cluster.gpu.pipeline_action_s(name) == pytest.approx(pipe["pipeline_action_s"][name], rel=1e-2)
+        measured = pipe["pipeline_action_s"][name]
+        assert cluster.gpu.host.pipeline_action_s(name) == pytest.approx(measured, rel=1e-2)
 
 
 def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):

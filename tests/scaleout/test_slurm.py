@@ -19,8 +19,8 @@ import pytest
 from torch.distributed.run import config_from_args, get_args_parser
 from trial_requests import PLAN, assert_nothing_left, make_request
 
+from autotune.emit.command import ShellRef
 from autotune.executors.slurm import SlurmExecutor, _job_result, job_script, srun_command, time_limit_minutes
-from autotune.trials.command import ShellRef
 from autotune.trials.config import FAULT_ENV
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, trial_config

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune.backends.base import TrialRequest
 from autotune.catalog import load_model, make_cluster
 from autotune.plan import ParallelPlan
+from autotune.trials.request import TrialRequest
 from autotune.trials.runner import live_trial_pids
 
 PLAN = ParallelPlan(dp=2, global_batch=4, seq_len=32)

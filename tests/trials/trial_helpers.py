@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from autotune.backends.base import TrialRequest
 from autotune.catalog import make_cluster
 from autotune.plan import ParallelPlan
 from autotune.specs import ModelSpec
 from autotune.trials.model import build_model, synthetic_batch
+from autotune.trials.request import TrialRequest
 
 SEED = 1234
 LR = 1e-2
