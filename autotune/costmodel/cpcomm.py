@@ -10,7 +10,7 @@ exposed. On a device without asynchronous collectives (the CPU trial device) not
 
 from __future__ import annotations
 
-from autotune.costmodel import comm
+from autotune.costmodel import comm, ncclsm
 from autotune.costmodel.tpcomm import act_bytes
 from autotune.plan import CpComm, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
@@ -46,8 +46,9 @@ def cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
     if plan.cp_comm is CpComm.ALLGATHER:
         gather = comm.allgather_s(cp * kv_bytes, cp, link)
         scatter = comm.reduce_scatter_s(cp * kv_bytes, cp, link)
-        return (max(0.0, gather - overlap * attn_fwd_s / cp)
-                + max(0.0, scatter - overlap * attn_bwd_s / cp))
+        exposed = max(0.0, gather - overlap * attn_fwd_s / cp) + max(0.0, scatter - overlap * attn_bwd_s / cp)
+        return exposed + ncclsm.hidden_comm_sm_s(cluster, gather + scatter - exposed)
     step = comm.p2p_s(kv_bytes, link)
-    return (cp - 1) * (max(0.0, step - overlap * attn_fwd_s / cp)
-                       + max(0.0, 2 * step - overlap * attn_bwd_s / cp))
+    exposed = (cp - 1) * (max(0.0, step - overlap * attn_fwd_s / cp)
+                          + max(0.0, 2 * step - overlap * attn_bwd_s / cp))
+    return exposed + ncclsm.hidden_comm_sm_s(cluster, (cp - 1) * 3 * step - exposed)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, pipeline, tpcomm
+from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -171,8 +171,8 @@ class BlockTimes(NamedTuple):
         return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s + self.ep_s
 
 
-def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: float, overlap: bool,
-                  overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
+def _tp_exposed_s(one_s: float, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, wgrad_s: float,
+                  overlap: bool, overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
     """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
     and reduce-scatter pair (``tpcomm.reduction_s``); how many per framework: ``tpcomm.block_collectives``.
     Forward ones sit between dependent GEMMs and are exposed. With ``overlap`` the backward ones run under
@@ -195,8 +195,9 @@ def _tp_exposed_s(one_s: float, model: ModelSpec, plan: ParallelPlan, wgrad_s: f
             + bwd_n * one_s
     if plan.async_tp:
         return fwd_hidden + bwd_n * one_s
-    if overlap:
-        return fwd_n * one_s + max(0.0, bwd_n * one_s - overlap_fraction * wgrad_s)
+    if overlap:  # NCCL kernels, holding their SMs while hidden (``ncclsm``)
+        bwd_exposed = max(0.0, bwd_n * one_s - overlap_fraction * wgrad_s)
+        return fwd_n * one_s + bwd_exposed + ncclsm.hidden_comm_sm_s(cluster, bwd_n * one_s - bwd_exposed)
     return (fwd_n + bwd_n) * one_s
 
 
@@ -230,7 +231,7 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
         one = reduction_s(hidden_bytes * (0.75 if compute.fp8_tp_gather(plan) else 1.0), plan,
                           comm.group_link(cluster, tp, 1))
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
-        tp_s = _tp_exposed_s(one, model, plan, gemm_s, overlap, _overlap_fraction(cluster))
+        tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = (3 * compute.head_gemm_s(model, cluster, vocab_split(plan), tokens)
               + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan))
     cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
@@ -384,6 +385,8 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
                   + _exposed_s(dp.once_s, mb_compute_s, blocks, ov) + dp.tail_s)
+    # the hidden part still holds NCCL's SMs while the compute it overlaps runs (``ncclsm``)
+    dp_exposed += ncclsm.hidden_comm_sm_s(cluster, m * dp_mb_s + dp.once_s + dp.tail_s - dp_exposed)
     shard = moe.optimizer_shard_params(model, plan, params, busiest)
     offload_s = _offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
     norm_s, norm_calls = tpcomm.sp_norm_grads(model, cluster, plan, blocks, plan.pp == 1 or last_busier)

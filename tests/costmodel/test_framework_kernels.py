@@ -97,3 +97,19 @@ def test_torchtitan_op_sac_reruns_every_second_matmul_and_no_attention():
     megatron = block_times(model, cluster,
                            plan.replace(framework="megatron", sharding="zero1", compile=False))
     assert megatron.recompute_s == pytest.approx(megatron.attn_s)  # Megatron: the attention core only
+
+
+def test_hidden_fsdp_collectives_slow_the_compute_by_the_sms_nccl_holds():
+    from dataclasses import replace
+
+    from autotune.costmodel import ncclsm
+
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    plan = ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=16, seq_len=8192, sharding="fsdp-full",
+                        framework="fsdp", compile=True)
+    blind = replace(cluster, gpu=replace(cluster.gpu, sm_count=None))
+    with_sms, without = step_time(model, cluster, plan), step_time(model, blind, plan)
+    hidden = without.dp_comm_total_s - without.dp_comm_s
+    assert hidden > 0
+    assert with_sms.dp_comm_s == pytest.approx(without.dp_comm_s + hidden * ncclsm.NCCL_OVERLAP_CTAS / 132)
+    assert ncclsm.hidden_comm_sm_s(make_cluster(num_gpus=2, gpu="cpu"), hidden) == 0.0
