@@ -41,7 +41,7 @@ from autotune.specs import ModelSpec
 __all__ = [
     "FLASH_ATTENTION", "DROPOUT", "Kernels", "kernels_for", "LayerShape", "norm_side_bytes", "tp_split_bytes",
     "attention_core_bytes", "op_sac_bytes", "layer_activation_bytes", "stage_activation_bytes",
-    "backward_working_bytes",
+    "offloaded_layers", "host_activation_bytes", "backward_working_bytes",
     "head_activation_bytes",
     "loss_stored_bytes", "loss_transient_bytes", "in_flight_microbatches", "microbatches_at_loss",
 ]
@@ -207,11 +207,30 @@ def stage_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, 
     others store everything."""
     tp, sp, rc = plan.tp, plan.sequence_parallel, plan.recompute
     full = layer_activation_bytes(x, tp=tp, sp=sp, recompute=rc, e=e, k=k)
+    layers = layers - offloaded_layers(plan, layers)
     if plan.recompute_layers is None or rc is not Recompute.FULL:
         return layers * full
     recomputed = min(float(layers), float(plan.recompute_layers * plan.virtual_stages))
     kept = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)
     return recomputed * full + (layers - recomputed) * kept
+
+
+def offloaded_layers(plan: ParallelPlan, layers: float) -> float:
+    """Blocks whose stored activations are in host memory at the peak (``plan.offload_activation_layers``).
+    Megatron hands ``cpu_offloading_num_layers`` to Transformer Engine's ``get_cpu_offload_context``
+    (megatron/core/transformer/transformer_block.py; transformer_engine/pytorch/cpu_offload.py
+    ``AsyncDoubleBufferGroupOffloadHandler``): the first N layers' saved tensors are copied to pinned host
+    memory while the next layer computes, and in backward each is reloaded one layer ahead. At the start of
+    backward the device holds the kept layers plus the offloaded layer being reloaded: N - 1 are away."""
+    n = min(float(plan.offload_activation_layers), float(layers))
+    return max(0.0, n - 1.0)
+
+
+def host_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, e: int, k: Kernels) -> float:
+    """Pinned host memory the offloaded layers' activations take for one GPU (``offloaded_layers``)."""
+    n = min(float(plan.offload_activation_layers), float(layers))
+    return n * layer_activation_bytes(x, tp=plan.tp, sp=plan.sequence_parallel, recompute=plan.recompute,
+                                      e=e, k=k)
 
 
 def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
