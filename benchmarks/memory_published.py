@@ -37,6 +37,10 @@ _GIB = 1024**3
 TARGET = 0.10
 
 _COMPILE = "torch.compile / async TP not modelled"
+_COMPILED_LOSS = ("e7c0cae", "820504e", "6fc499f6")
+"""torchtitan commits of the rows that descend from bbb1b616e (2025-04-02), which compiles the loss with the
+model (``git merge-base --is-ancestor bbb1b616e <commit>``); the 2024-12 (9dec370) and 0.0.2 rows do not.
+Their plans set ``compile`` (priced: the compiled loss); the compiled blocks are not: they stay unscored."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -208,6 +212,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         # Apex DistributedFusedAdam as NeMo 1.0 builds it: 16-bit master remainders (states.py)
         plan["precision_aware_optimizer"] = True
     knobs = entry.get("knobs") or {}
+    if torchtitan and knobs.get("compile") and any(c in str(entry.get("source")) for c in _COMPILED_LOSS):
+        plan["compile"] = True  # its loss compiled too: Kernels.compiled_loss
     gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
     unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp"))
     kind = (entry.get("measured") or {}).get("memory_kind", "?")
@@ -221,6 +227,7 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         includes=f"max {kind}" if measured is not None else f"ran on {gpu}",
         modelled=not unmodelled,
         note=(_COMPILE if unmodelled else "")
+        + ("; compiled loss priced" if plan.get("compile") else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),
     )
 

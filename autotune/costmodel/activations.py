@@ -80,6 +80,12 @@ class Kernels:
     keeps its bf16 Q, K, V and output (the projection's fp8 input is a second copy of that output)."""
     routed_saved_h: int = 2
     """``h``-wide tensors an MoE block keeps per routed token copy (``moe.routed_saved_h_tensors``)."""
+    compiled_loss: bool = False
+    """torchtitan compiles its cross-entropy with the model (torchtitan/components/loss.py
+    ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` when compile is on, since torchtitan bbb1b616e,
+    2025-04-02; ``compile.components`` defaults to model and loss in 0.2.2). Inductor's graph keeps only the
+    compute-dtype logits for backward and writes their gradient in one fused kernel
+    (``loss_stored_bytes``, ``loss_transient_bytes``)."""
 
 
 def kernels_for(plan: ParallelPlan) -> Kernels:
@@ -90,7 +96,8 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     peak with and without Float8 under op SAC + compile (docs/performance.md, Llama 3.1 8B: 76.8 vs 77.0 GiB
     on 8 H100s, 61.8 vs 62.0 GiB on 128)."""
     megatron = plan.framework is Framework.MEGATRON
-    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron,
+    torchtitan_compiled = plan.framework is Framework.FSDP and plan.compile and plan.tp == 1
+    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron, compiled_loss=torchtitan_compiled,
                    op_sac=plan.framework is Framework.FSDP,
                    loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
                    fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
@@ -268,11 +275,15 @@ def head_activation_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernel
     return stored
 
 
-def loss_stored_bytes(x: LayerShape, *, tp: int) -> float:
+def loss_stored_bytes(x: LayerShape, *, tp: int, e: int = 2, k: Kernels | None = None) -> float:
     """Kept for the loss's backward per micro-batch on the last stage (Korthikanti Sec. 4.3: the
     cross-entropy works on fp32 logits): the fp32 (log-)softmax, 4 B per logit, vocab split by ``t``. The
-    logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs)."""
-    return x.s * x.b * x.vocab / tp * 4.0
+    logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs). A
+    compiled loss (``Kernels.compiled_loss``) keeps the ``e``-byte logits instead, recomputing the softmax
+    in backward: measured with ``saved_tensors_hooks`` (benchmarks/compiled_loss_saved.py: eager keeps one
+    fp32 logit-sized tensor, 4 B per logit; compiled the bf16 input, 2 B)."""
+    per_logit = float(e) if k is not None and k.compiled_loss else 4.0
+    return x.s * x.b * x.vocab / tp * per_logit
 
 
 def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float:
@@ -280,10 +291,12 @@ def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float
     gradients of the log-softmax output and of its input at once in backward (8 B per logit; the CPU
     cross-check's peak), more than the forward's ``e``-byte logits + fp32 copy. Megatron's fused
     vocab-parallel cross-entropy writes its gradient in place: only the logits (``e``) while the fp32
-    buffer is made. torch's ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py
-    ``_nll_loss_and_log_softmax_backward``) holds, beside the saved log-softmax, ``zeros_like(x)``,
-    ``exp(x)`` and their sum, then the product with the incoming gradient: 12 B per logit."""
-    if k.fused_cross_entropy:
+    buffer is made; so does a compiled loss (its backward allocates one ``e``-byte logit-sized buffer, the
+    generated code in benchmarks/compiled_loss_saved.py). torch's ``loss_parallel``
+    (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``) holds, beside the
+    saved log-softmax, ``zeros_like(x)``, ``exp(x)`` and their sum, then the product with the incoming
+    gradient: 12 B per logit."""
+    if k.fused_cross_entropy or k.compiled_loss:  # compiled: the one e-byte gradient buffer Inductor writes
         per_logit = float(e)
     else:
         per_logit = 12.0 if k.loss_parallel else max(8.0, e + 4.0)

@@ -222,7 +222,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, 
     in_flight = in_flight_microbatches(plan, rank=rank)
     stored = in_flight * (per_stage + head_first) + at_loss * head_last
     working = backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
-    one_logits = loss_stored_bytes(x, tp=t) if last else 0.0
+    one_logits = loss_stored_bytes(x, tp=t, e=e, k=k) if last else 0.0
     logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
     accumulated = kept.grads_bytes if plan.num_microbatches > in_flight else 0.0  # a backward ran earlier
     backward = _Moment(

@@ -5,7 +5,13 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
-from autotune.costmodel.activations import LayerShape, kernels_for, layer_activation_bytes
+from autotune.costmodel.activations import (
+    LayerShape,
+    kernels_for,
+    layer_activation_bytes,
+    loss_stored_bytes,
+    loss_transient_bytes,
+)
 from autotune.costmodel.memory import FRAGMENTATION_FRACTION, memory_breakdown
 from autotune.emit import megatron_args
 from autotune.errors import ConfigError
@@ -78,3 +84,18 @@ def test_precision_aware_optimizer_keeps_16_bit_master_remainders():
     assert ["--use-precision-aware-optimizer"] in args and ["--use-distributed-optimizer"] in args
     with pytest.raises(ConfigError, match="precision-aware-optimizer"):
         ParallelPlan(framework="megatron", dp=4, global_batch=8, seq_len=4096, precision_aware_optimizer=True)
+
+
+def test_torchtitan_compile_keeps_compute_dtype_logits_for_its_loss():
+    """torchtitan compiles the loss with the model: 2 B stored + 2 B gradient per logit instead of the eager
+    4 + 8 (benchmarks/results/compiled_loss_saved.json); with TP the loss_parallel path is kept."""
+    model, cluster = load_model("llama3-8b"), make_cluster(gpu="h200", num_gpus=32)
+    plan = ParallelPlan(dp=32, micro_batch=2, global_batch=64, seq_len=8192, sharding="fsdp-full",
+                        recompute="selective")
+    eager, compiled = (memory_breakdown(model, cluster, p) for p in (plan, plan.replace(compile=True)))
+    logits = 2 * 8192 * model.vocab_size
+    assert eager.logits_bytes == pytest.approx(12 * logits)  # the loss is the eager peak
+    x, k = LayerShape.of(model, plan), kernels_for(plan.replace(compile=True))
+    assert loss_stored_bytes(x, tp=1, e=2, k=k) + loss_transient_bytes(x, tp=1, e=2, k=k) == 4 * logits
+    assert compiled.total_bytes < eager.total_bytes - 7 * logits
+    assert not kernels_for(plan.replace(compile=True, tp=2, dp=16, sequence_parallel=True)).compiled_loss
