@@ -169,6 +169,11 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         g.add_argument(flag, action="store_true", default=None if pinning else False, help=what)
     g.add_argument("--cp-comm", choices=[c.value for c in CpComm], default=d.get("cp_comm"),
                    help="context-parallel K/V exchange (with --cp > 1)")
+    if not pinning:
+        g.add_argument("--offload-activation-layers", type=_positive_int, metavar="N",
+                       help="megatron: activations of N layers to host memory (--cpu-offloading-num-layers)")
+        g.add_argument("--precision-aware-optimizer", action="store_true", default=False,
+                       help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -214,6 +219,8 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         async_tp=args.async_tp,
         tp_comm_overlap=args.tp_comm_overlap,
         cp_comm=args.cp_comm,
+        offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,
+        precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
     )
 
 
