@@ -80,6 +80,10 @@ class Kernels:
     keeps its bf16 Q, K, V and output (the projection's fp8 input is a second copy of that output)."""
     routed_saved_h: int = 2
     """``h``-wide tensors an MoE block keeps per routed token copy (``moe.routed_saved_h_tensors``)."""
+    gathered_head_input: bool = False
+    """torch TP (torchtitan's and the trials' plan): the output layer is ``ColwiseParallel(input_layouts=
+    Shard(1))``, so under sequence parallelism its input is all-gathered first and ``F.linear`` saves the
+    gathered ``s b h`` tensor (``head_activation_bytes``)."""
     compiled_loss: bool = False
     """torchtitan compiles its cross-entropy with the model (torchtitan/components/loss.py
     ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` when compile is on, since torchtitan bbb1b616e,
@@ -98,6 +102,7 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     megatron = plan.framework is Framework.MEGATRON
     torchtitan_compiled = plan.framework is Framework.FSDP and plan.compile and plan.tp == 1
     return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron, compiled_loss=torchtitan_compiled,
+                   gathered_head_input=plan.framework is Framework.FSDP,
                    op_sac=plan.framework is Framework.FSDP,
                    loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
                    fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
@@ -266,12 +271,16 @@ def head_activation_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernel
                           last: bool) -> float:
     """Stored at the ends of the model per micro-batch (Korthikanti Sec. 4.3), logits excluded: the
     embedding's dropout mask on the first stage (token ids are negligible); the final norm's input,
-    ``x*rstd`` if unfused, and output (the output layer's input) on the last stage."""
+    ``x*rstd`` if unfused, and output (the output layer's input) on the last stage. With sequence
+    parallelism Megatron's output layer saves its local shard and gathers it again in backward
+    (megatron/core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``), torch TP
+    (``Kernels.gathered_head_input``) saves the all-gathered input whole."""
     side_div = tp if sp else 1
     sbh = x.s * x.b * x.h
     stored = sbh * k.mask_bytes / side_div if (first and k.dropout) else 0.0
     if last:
-        stored += sbh * e * (2 + (0 if k.fused_norm else 1)) / side_div
+        head_input_div = 1 if k.gathered_head_input else side_div
+        stored += sbh * e * ((1 + (0 if k.fused_norm else 1)) / side_div + 1 / head_input_div)
     return stored
 
 

@@ -99,3 +99,16 @@ def test_torchtitan_compile_keeps_compute_dtype_logits_for_its_loss():
     assert loss_stored_bytes(x, tp=1, e=2, k=k) + loss_transient_bytes(x, tp=1, e=2, k=k) == 4 * logits
     assert compiled.total_bytes < eager.total_bytes - 7 * logits
     assert not kernels_for(plan.replace(compile=True, tp=2, dp=16, sequence_parallel=True)).compiled_loss
+
+
+def test_torch_tp_saves_the_gathered_input_of_the_output_layer():
+    from autotune.costmodel.activations import head_activation_bytes
+
+    model = load_model("llama3-70b")
+    plans = [ParallelPlan(framework=fw, tp=8, dp=4, global_batch=4, seq_len=8192, sequence_parallel=True,
+                          sharding=sh) for fw, sh in (("fsdp", "fsdp-full"), ("megatron", "zero1"))]
+    x = LayerShape.of(model, plans[0])
+    torch_tp, megatron = (head_activation_bytes(x, tp=8, sp=True, e=2, k=kernels_for(p), first=False,
+                                                last=True) for p in plans)
+    sbh = 8192 * model.hidden_size
+    assert torch_tp == pytest.approx(2 * sbh * (1 / 8 + 1)) and megatron == pytest.approx(2 * sbh * 2 / 8)
