@@ -137,7 +137,7 @@ def neighbours(
 
 
 def _binds(est: Estimate) -> str:
-    if est.memory_bytes_per_gpu > est.memory_capacity_bytes:
+    if est.out_of_memory:
         mem = memory_groups(est)
         top = max(mem, key=mem.__getitem__)
         return (

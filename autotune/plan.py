@@ -180,6 +180,14 @@ class ParallelPlan:
     recompute_modules: tuple[str, ...] = ()
     """With ``recompute=selective`` on Megatron: ``--recompute-modules`` (``RECOMPUTE_MODULES``); empty:
     Megatron's default ``core_attn``, the attention core (``costmodel.recompute_modules``)."""
+    offload_activation_layers: int = 0
+    """Megatron ``--cpu-offloading-num-layers N``: Transformer Engine's CPU offload context moves the stored
+    activations of N transformer layers to host memory in forward and brings them back for backward
+    (``costmodel.activations.offloaded_layers``). 0: none."""
+    precision_aware_optimizer: bool = False
+    """Megatron ``--use-precision-aware-optimizer`` (TE ``FusedAdam``): with bf16 parameters the fp32 master
+    copy keeps only its low 16 bits (``store_param_remainders``, on by default), 10 B of optimizer state
+    per parameter instead of 12 (``costmodel.states``)."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -258,7 +266,7 @@ _ENUM_FIELDS: dict[str, type[Enum]] = {
     "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm, "moe_dispatcher": MoeDispatcher,
 }
 _BOOL_FIELDS = {"sequence_parallel", "offload", "compile", "async_tp", "tp_comm_overlap",
-                "overlap_grad_reduce", "overlap_param_gather"}
+                "overlap_grad_reduce", "overlap_param_gather", "precision_aware_optimizer"}
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
@@ -296,6 +304,7 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         errors += _recompute_layers_errors(plan)
     if plan.recompute_modules:
         errors += _recompute_modules_errors(plan)
+    errors += _megatron_memory_option_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
         errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
@@ -321,6 +330,22 @@ def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
         return ["recompute-modules needs --recompute selective and --framework megatron "
                 "(Megatron's --recompute-granularity selective --recompute-modules)"]
     return []
+def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
+    """Activation offload and the precision-aware optimizer are Megatron options; Megatron's
+    ``TransformerConfig.__post_init__`` rejects CPU offloading with pipeline parallelism."""
+    n = plan.offload_activation_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return [f"offload-activation-layers must be a non-negative integer, got {n!r}"]
+    errors = []
+    if n and (plan.framework is not Framework.MEGATRON or plan.pp > 1):
+        errors.append("offload-activation-layers needs --framework megatron and --pp 1 (Megatron's "
+                      "--cpu-offloading-num-layers does not support pipeline parallelism)")
+    distributed = plan.sharding in (Sharding.ZERO1, Sharding.FSDP_FULL) or plan.dp * plan.cp == 1
+    if plan.precision_aware_optimizer and (plan.framework is not Framework.MEGATRON or not distributed):
+        errors.append("precision-aware-optimizer needs --framework megatron and its distributed optimizer "
+                      "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
+                      "--use-precision-aware-optimizer")
+    return errors
 
 
 def _recompute_layers_errors(plan: ParallelPlan) -> list[str]:

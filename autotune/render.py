@@ -20,7 +20,8 @@ _MEMORY_ROWS = (
     ("logits_bytes", "logits/loss"),
     ("prefetch_bytes", "gather buffers"),
     ("comm_buffer_bytes", "comm buckets"),
-    ("reserve_bytes", "runtime reserve"),
+    ("reserve_bytes", "CUDA/NCCL context"),
+    ("fragmentation_bytes", "allocator slack"),
 )
 _TIME_ROWS = (
     ("compute_s", "compute"),
@@ -114,7 +115,8 @@ def format_estimate(est: Estimate) -> str:
     lines.append(
         f"memory per GPU (worst rank)        {gib(est.memory_bytes_per_gpu)} "
         f"of {gib(est.memory_capacity_bytes)}"
-        f" ({est.memory_bytes_per_gpu / est.memory_capacity_bytes:.0%})"
+        f" ({est.memory_bytes_per_gpu / est.memory_capacity_bytes:.0%});"
+        f" allocated {gib(est.memory.needed_bytes)}"
     )
     mem = est.memory.as_dict()
     for key, label in _MEMORY_ROWS:

@@ -111,3 +111,12 @@ def test_console_script_has_no_traceback():
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "unknown model 'nope'" in proc.stderr
+
+
+def test_megatron_memory_options_reach_the_plan(capsys):
+    out = _estimate_json(capsys, "--model", "llama3-70b", "--gpus", "64", "--gpu", "gb200", "--framework",
+                         "megatron", "--sharding", "fsdp-full", "--micro-batch", "2", "--global-batch", "256",
+                         "--precision", "fp8", "--offload-activation-layers", "40",
+                         "--precision-aware-optimizer")
+    assert out["plan"]["offload_activation_layers"] == 40 and out["plan"]["precision_aware_optimizer"]
+    assert out["feasible"] and out["memory_breakdown"]["host_bytes_per_node"] > 0

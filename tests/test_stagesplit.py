@@ -88,7 +88,11 @@ def test_recompute_layers_prices_and_emits_megatrons_block_recompute():
     five = ParallelPlan(**base, recompute="full", recompute_layers=5)
     mem = [estimate(model, cluster, p).memory.activations_bytes for p in (none, five, all_layers)]
     assert mem[0] > mem[1] > mem[2]
-    assert estimate(model, cluster, five).feasible and not estimate(model, cluster, none).feasible
+    # the recipe's 5 layers fit even the reserved peak; with none the reserved peak passes the device (its
+    # allocated peak, 98 %, is what estimate judges: not out of memory, but beyond the search's headroom)
+    cap = cluster.gpu.memory_bytes
+    reserved = [estimate(model, cluster, p).memory_bytes_per_gpu for p in (five, none)]
+    assert reserved[0] < cap < reserved[1]
     text = megatron_args_text(five, model)
     assert "--recompute-method block\n" in text and "--recompute-num-layers 5\n" in text
     with pytest.raises(ConfigError, match="recompute-layers needs"):

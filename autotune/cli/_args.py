@@ -179,6 +179,10 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         g.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
                        help="with --recompute selective (megatron): Megatron's --recompute-modules "
                             "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)")
+        g.add_argument("--offload-activation-layers", type=_positive_int, metavar="N",
+                       help="megatron: activations of N layers to host memory (--cpu-offloading-num-layers)")
+        g.add_argument("--precision-aware-optimizer", action="store_true", default=False,
+                       help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer)")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -226,6 +230,8 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         cp_comm=args.cp_comm,
         moe_dispatcher=cast(MoeDispatcher, getattr(args, "moe_dispatcher", "alltoall")),
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
+        offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,
+        precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
     )
 
 

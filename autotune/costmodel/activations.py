@@ -41,7 +41,7 @@ from autotune.specs import ModelSpec
 __all__ = [
     "FLASH_ATTENTION", "DROPOUT", "Kernels", "kernels_for", "LayerShape", "norm_side_bytes", "tp_split_bytes",
     "attention_core_bytes", "op_sac_bytes", "layer_activation_bytes", "stage_activation_bytes",
-    "backward_working_bytes",
+    "offloaded_layers", "host_activation_bytes", "backward_working_bytes",
     "head_activation_bytes",
     "loss_stored_bytes", "loss_transient_bytes", "in_flight_microbatches", "microbatches_at_loss",
 ]
@@ -80,6 +80,16 @@ class Kernels:
     keeps its bf16 Q, K, V and output (the projection's fp8 input is a second copy of that output)."""
     routed_saved_h: int = 2
     """``h``-wide tensors an MoE block keeps per routed token copy (``moe.routed_saved_h_tensors``)."""
+    gathered_head_input: bool = False
+    """torch TP (torchtitan's and the trials' plan): the output layer is ``ColwiseParallel(input_layouts=
+    Shard(1))``, so under sequence parallelism its input is all-gathered first and ``F.linear`` saves the
+    gathered ``s b h`` tensor (``head_activation_bytes``)."""
+    compiled_loss: bool = False
+    """torchtitan compiles its cross-entropy with the model (torchtitan/components/loss.py
+    ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` when compile is on, since torchtitan bbb1b616e,
+    2025-04-02; ``compile.components`` defaults to model and loss in 0.2.2). Inductor's graph keeps only the
+    compute-dtype logits for backward and writes their gradient in one fused kernel
+    (``loss_stored_bytes``, ``loss_transient_bytes``)."""
 
 
 def kernels_for(plan: ParallelPlan) -> Kernels:
@@ -90,7 +100,9 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     peak with and without Float8 under op SAC + compile (docs/performance.md, Llama 3.1 8B: 76.8 vs 77.0 GiB
     on 8 H100s, 61.8 vs 62.0 GiB on 128)."""
     megatron = plan.framework is Framework.MEGATRON
-    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron,
+    torchtitan_compiled = plan.framework is Framework.FSDP and plan.compile and plan.tp == 1
+    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron, compiled_loss=torchtitan_compiled,
+                   gathered_head_input=plan.framework is Framework.FSDP,
                    op_sac=plan.framework is Framework.FSDP,
                    loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
                    fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
@@ -207,11 +219,30 @@ def stage_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, 
     others store everything."""
     tp, sp, rc = plan.tp, plan.sequence_parallel, plan.recompute
     full = layer_activation_bytes(x, tp=tp, sp=sp, recompute=rc, e=e, k=k)
+    layers = layers - offloaded_layers(plan, layers)
     if plan.recompute_layers is None or rc is not Recompute.FULL:
         return layers * full
     recomputed = min(float(layers), float(plan.recompute_layers * plan.virtual_stages))
     kept = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)
     return recomputed * full + (layers - recomputed) * kept
+
+
+def offloaded_layers(plan: ParallelPlan, layers: float) -> float:
+    """Blocks whose stored activations are in host memory at the peak (``plan.offload_activation_layers``).
+    Megatron hands ``cpu_offloading_num_layers`` to Transformer Engine's ``get_cpu_offload_context``
+    (megatron/core/transformer/transformer_block.py; transformer_engine/pytorch/cpu_offload.py
+    ``AsyncDoubleBufferGroupOffloadHandler``): the first N layers' saved tensors are copied to pinned host
+    memory while the next layer computes, and in backward each is reloaded one layer ahead. At the start of
+    backward the device holds the kept layers plus the offloaded layer being reloaded: N - 1 are away."""
+    n = min(float(plan.offload_activation_layers), float(layers))
+    return max(0.0, n - 1.0)
+
+
+def host_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, e: int, k: Kernels) -> float:
+    """Pinned host memory the offloaded layers' activations take for one GPU (``offloaded_layers``)."""
+    n = min(float(plan.offload_activation_layers), float(layers))
+    return n * layer_activation_bytes(x, tp=plan.tp, sp=plan.sequence_parallel, recompute=plan.recompute,
+                                      e=e, k=k)
 
 
 def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
@@ -240,20 +271,28 @@ def head_activation_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernel
                           last: bool) -> float:
     """Stored at the ends of the model per micro-batch (Korthikanti Sec. 4.3), logits excluded: the
     embedding's dropout mask on the first stage (token ids are negligible); the final norm's input,
-    ``x*rstd`` if unfused, and output (the output layer's input) on the last stage."""
+    ``x*rstd`` if unfused, and output (the output layer's input) on the last stage. With sequence
+    parallelism Megatron's output layer saves its local shard and gathers it again in backward
+    (megatron/core/tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``), torch TP
+    (``Kernels.gathered_head_input``) saves the all-gathered input whole."""
     side_div = tp if sp else 1
     sbh = x.s * x.b * x.h
     stored = sbh * k.mask_bytes / side_div if (first and k.dropout) else 0.0
     if last:
-        stored += sbh * e * (2 + (0 if k.fused_norm else 1)) / side_div
+        head_input_div = 1 if k.gathered_head_input else side_div
+        stored += sbh * e * ((1 + (0 if k.fused_norm else 1)) / side_div + 1 / head_input_div)
     return stored
 
 
-def loss_stored_bytes(x: LayerShape, *, tp: int) -> float:
+def loss_stored_bytes(x: LayerShape, *, tp: int, e: int = 2, k: Kernels | None = None) -> float:
     """Kept for the loss's backward per micro-batch on the last stage (Korthikanti Sec. 4.3: the
     cross-entropy works on fp32 logits): the fp32 (log-)softmax, 4 B per logit, vocab split by ``t``. The
-    logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs)."""
-    return x.s * x.b * x.vocab / tp * 4.0
+    logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs). A
+    compiled loss (``Kernels.compiled_loss``) keeps the ``e``-byte logits instead, recomputing the softmax
+    in backward: measured with ``saved_tensors_hooks`` (benchmarks/compiled_loss_saved.py: eager keeps one
+    fp32 logit-sized tensor, 4 B per logit; compiled the bf16 input, 2 B)."""
+    per_logit = float(e) if k is not None and k.compiled_loss else 4.0
+    return x.s * x.b * x.vocab / tp * per_logit
 
 
 def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float:
@@ -261,10 +300,12 @@ def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float
     gradients of the log-softmax output and of its input at once in backward (8 B per logit; the CPU
     cross-check's peak), more than the forward's ``e``-byte logits + fp32 copy. Megatron's fused
     vocab-parallel cross-entropy writes its gradient in place: only the logits (``e``) while the fp32
-    buffer is made. torch's ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py
-    ``_nll_loss_and_log_softmax_backward``) holds, beside the saved log-softmax, ``zeros_like(x)``,
-    ``exp(x)`` and their sum, then the product with the incoming gradient: 12 B per logit."""
-    if k.fused_cross_entropy:
+    buffer is made; so does a compiled loss (its backward allocates one ``e``-byte logit-sized buffer, the
+    generated code in benchmarks/compiled_loss_saved.py). torch's ``loss_parallel``
+    (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``) holds, beside the
+    saved log-softmax, ``zeros_like(x)``, ``exp(x)`` and their sum, then the product with the incoming
+    gradient: 12 B per logit."""
+    if k.fused_cross_entropy or k.compiled_loss:  # compiled: the one e-byte gradient buffer Inductor writes
         per_logit = float(e)
     else:
         per_logit = 12.0 if k.loss_parallel else max(8.0, e + 4.0)

@@ -48,7 +48,14 @@ class Estimate:
 
     @property
     def memory_bytes_per_gpu(self) -> float:
+        """Predicted peak as the device shows it (allocator reserved + context)."""
         return self.memory.total_bytes
+
+    @property
+    def out_of_memory(self) -> bool:
+        """The allocated peak alone exceeds the device (``MemoryBreakdown.needed_bytes``): the reserved
+        peak may pass the capacity, as the allocator gives back its cached slack before it fails."""
+        return self.memory.needed_bytes > self.memory_capacity_bytes
 
     @property
     def step_time_s(self) -> float:
@@ -77,7 +84,7 @@ class Estimate:
     @property
     def bottleneck(self) -> str:
         """What binds: memory when infeasible for memory, else the largest time term."""
-        if self.memory_bytes_per_gpu > self.memory_capacity_bytes:
+        if self.out_of_memory:
             return "memory"
         terms = {k: v for k, v in self.time.as_dict().items() if k in _TIME_LABELS}
         return _TIME_LABELS[max(terms, key=terms.__getitem__)]
@@ -106,9 +113,10 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Esti
     memory = memory_breakdown(model, cluster, plan)
     time = step_time(model, cluster, plan)
     capacity = cluster.gpu.memory_bytes
-    if memory.total_bytes > capacity:
+    if memory.needed_bytes > capacity:
         reasons.append(
-            f"out of memory: needs {memory.total_bytes / _GIB:.1f} GiB per GPU but "
+            f"out of memory: needs {memory.needed_bytes / _GIB:.1f} GiB per GPU allocated "
+            f"({memory.total_bytes / _GIB:.1f} GiB with allocator slack) but "
             f"{cluster.gpu.key} has {capacity / _GIB:.1f} GiB"
         )
     host = cluster.host_memory_bytes_per_node

@@ -17,10 +17,12 @@ unsharded gradients, accumulated from the first backward to the end-of-step redu
 gathered after each backward, with two more moments: the end of a backward (the whole stage gathered, one
 micro-batch's activations freed) and the reduction itself.
 
-Model states (``states.py``) and activations (``activations.py``) cite their sources; the runtime reserve
-below is a set of documented constants. Numbers assume bf16 mixed precision with fp32 master weights
-(``MIXED_BF16``; fp8 plans keep bf16 weights, and fp8 GEMM inputs where the framework saves them:
-``activations.kernels_for``); ``numerics=FP32``
+Model states (``states.py``) and activations (``activations.py``) cite their sources; the CUDA/NCCL context
+and the allocator slack below are measured constants. The total is the reserved peak as the device shows
+it; a plan is out of memory when the allocated peak (``MemoryBreakdown.needed_bytes``, the total less the
+slack the allocator gives back before it fails) exceeds the device. Numbers assume bf16 mixed precision
+with fp32 master weights (``MIXED_BF16``; fp8 plans keep bf16 weights, and fp8 GEMM inputs where the
+framework saves them: ``activations.kernels_for``); ``numerics=FP32``
 describes plain fp32 training, which is what the CPU cross-check (benchmarks/memory_crosscheck.py)
 measures.
 """
@@ -35,6 +37,7 @@ from autotune.costmodel.activations import (
     LayerShape,
     backward_working_bytes,
     head_activation_bytes,
+    host_activation_bytes,
     in_flight_microbatches,
     kernels_for,
     loss_stored_bytes,
@@ -61,7 +64,8 @@ from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_layers
 
 __all__ = [
-    "MemoryBreakdown", "memory_breakdown", "stage_memory", "reserve_bytes", "pipeline_p2p_bytes",
+    "MemoryBreakdown", "memory_breakdown", "stage_memory", "reserve_bytes", "fragmentation_bytes",
+    "pipeline_p2p_bytes",
     "KeptBytes", "deferred_reduce_bytes",
     "CUDA_CONTEXT_BYTES", "NCCL_CONTEXT_BYTES", "NCCL_BYTES_PER_COMMUNICATOR", "FRAGMENTATION_FRACTION",
     "CPU_RESERVE_BYTES",
@@ -110,14 +114,27 @@ class MemoryBreakdown:
     comm_buffer_bytes: float
     """DDP/ZeRO gradient buckets and other communication staging."""
     reserve_bytes: float
-    """CUDA context, NCCL, allocator fragmentation: documented constants."""
+    """CUDA context and NCCL: measured constants (a small constant on CPU trials)."""
     host_bytes_per_node: float = 0.0
     """Host memory the offloaded optimizer needs on one node."""
+    fragmentation_bytes: float = 0.0
+    """Caching-allocator slack: reserved but not allocated at the peak (``FRAGMENTATION_FRACTION``)."""
 
     @property
     def total_bytes(self) -> float:
+        """The caching allocator's reserved peak plus the CUDA/NCCL context: what the device shows."""
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.logits_bytes + self.prefetch_bytes + self.comm_buffer_bytes + self.reserve_bytes)
+                + self.logits_bytes + self.prefetch_bytes + self.comm_buffer_bytes + self.reserve_bytes
+                + self.fragmentation_bytes)
+
+    @property
+    def needed_bytes(self) -> float:
+        """What the step cannot run without: ``total_bytes`` less the allocator's cached slack. Before it
+        raises out-of-memory the caching allocator frees its cached blocks and retries
+        (c10/cuda/CUDACachingAllocator.cpp ``DeviceCachingAllocator::malloc``: ``alloc_block``, then
+        ``release_available_cached_blocks``, then ``release_cached_blocks``), so a step whose reserved
+        peak would pass the device still runs while its allocated bytes fit."""
+        return self.total_bytes - self.fragmentation_bytes
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -132,14 +149,19 @@ def pipeline_p2p_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics 
     return 2.0 * plan.seq_len / plan.cp * plan.micro_batch * model.hidden_size * numerics.compute_bytes / side
 
 
-def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan, transient_bytes: float) -> float:
+def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
     """CUDA context + NCCL (its first communicator, then one per parallel axis of degree > 1; HSDP has
-    two) + allocator fragmentation on the bytes that come and go; a small constant on CPU trials."""
+    two); a small constant on CPU trials."""
     if cluster.gpu.key == "cpu":
         return float(CPU_RESERVE_BYTES)
     axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp)) + (plan.sharding is Sharding.HSDP)
     nccl = (NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0
-    return CUDA_CONTEXT_BYTES + nccl + FRAGMENTATION_FRACTION * transient_bytes
+    return CUDA_CONTEXT_BYTES + nccl
+
+
+def fragmentation_bytes(cluster: ClusterSpec, transient_bytes: float) -> float:
+    """Caching-allocator slack on the bytes that come and go (``FRAGMENTATION_FRACTION``); none on CPU."""
+    return 0.0 if cluster.gpu.key == "cpu" else FRAGMENTATION_FRACTION * transient_bytes
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -202,7 +224,7 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, 
     in_flight = in_flight_microbatches(plan, rank=rank)
     stored = in_flight * (per_stage + head_first) + at_loss * head_last
     working = backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
-    one_logits = loss_stored_bytes(x, tp=t) if last else 0.0
+    one_logits = loss_stored_bytes(x, tp=t, e=e, k=k) if last else 0.0
     logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
     accumulated = kept.grads_bytes if plan.num_microbatches > in_flight else 0.0  # a backward ran earlier
     backward = _Moment(
@@ -259,8 +281,11 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, 
         weights_bytes=states.weights_bytes, gradients_bytes=states.gradients_bytes,
         optimizer_bytes=states.optimizer_bytes + peak.step_temp, activations_bytes=peak.activations,
         logits_bytes=peak.logits, prefetch_bytes=peak.prefetch, comm_buffer_bytes=comm,
-        reserve_bytes=reserve_bytes(cluster, plan, transient),
-        host_bytes_per_node=states.host_bytes * cluster.gpus_per_node)
+        reserve_bytes=reserve_bytes(cluster, plan),
+        host_bytes_per_node=(states.host_bytes + host_activation_bytes(
+            LayerShape.of(model, plan), plan, layers=layers, e=numerics.compute_bytes, k=k))
+        * cluster.gpus_per_node,
+        fragmentation_bytes=fragmentation_bytes(cluster, transient))
 
 
 def _states(model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics, *,

@@ -43,6 +43,7 @@ from autotune.specs import ModelSpec
 __all__ = [
     "Numerics", "MIXED_BF16", "FP32", "StateBytesPerParam", "ModelStates", "state_bytes_per_param",
     "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "megatron_grad_bytes",
+    "megatron_optimizer_bytes",
     "layer_params_per_gpu",
     "root_params_per_gpu", "stage_params_per_gpu", "vocab_split", "largest_module_params_per_gpu",
     "gathered_bytes",
@@ -122,7 +123,7 @@ def state_bytes_per_param(plan: ParallelPlan, numerics: Numerics) -> StateBytesP
                                   optimizer=8.0)
     if plan.framework is Framework.MEGATRON:
         return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=megatron_grad_bytes(plan),
-                                  grad_fp32_partition=0.0, optimizer=12.0)
+                                  grad_fp32_partition=0.0, optimizer=megatron_optimizer_bytes(plan))
     return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=c, grad_fp32_partition=4.0, optimizer=12.0)
 
 
@@ -134,6 +135,17 @@ def megatron_grad_bytes(plan: ParallelPlan) -> float:
     scripts/performance helpers: ``bf16_with_fp8_mixed()`` then ``grad_reduce_in_fp32 = False``) and the
     emitter writes ``--grad-reduce-in-bf16`` (autotune/emit/megatron.py)."""
     return 2.0 if plan.precision is Precision.FP8 else 4.0
+
+
+def megatron_optimizer_bytes(plan: ParallelPlan) -> float:
+    """Megatron's optimizer state per parameter: fp32 master + Adam moments, 12 B. With
+    ``--use-precision-aware-optimizer`` and bf16 parameters Transformer Engine's ``FusedAdam`` keeps only the
+    low 16 bits of each fp32 master weight (megatron/core/optimizer/optimizer_config.py
+    ``store_param_remainders``, default True; transformer_engine/pytorch/optimizers/fused_adam.py
+    ``_initialize_state(..., store_param_remainders)``): 2 + 8 = 10 B. Apex ``DistributedFusedAdam``, which
+    NeMo 1.0 runs, does the same (nemo/collections/nlp/models/language_modeling/megatron_base_model.py sets
+    ``store_param_remainders=True`` for a bf16 model with an fp32 optimizer)."""
+    return 10.0 if plan.precision_aware_optimizer and plan.precision is not Precision.FP16 else 12.0
 
 
 def state_shard_degree(plan: ParallelPlan) -> int:

@@ -217,6 +217,21 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
     return args
 
 
+def _memory_args(plan: ParallelPlan) -> list[list[str]]:
+    """Memory options of the plan (TransformerConfig / OptimizerConfig fields as flags): activation CPU
+    offload of N layers (the cost model prices activations only, as NeMo's performance scripts run it with
+    ``cpu_offloading_weights=False``; check that field's default in your Megatron version) and the
+    precision-aware optimizer (``costmodel.states.megatron_optimizer_bytes``)."""
+    args: list[list[str]] = []
+    if plan.offload_activation_layers:
+        args += [["--cpu-offloading"], ["--cpu-offloading-num-layers", str(plan.offload_activation_layers)]]
+    if plan.precision_aware_optimizer and not plan.offload:  # offload emits it with the hybrid optimizer
+        args.append(["--use-precision-aware-optimizer"])
+        if plan.sharding is Sharding.NONE:  # DP x CP = 1: the distributed optimizer shards over one rank
+            args.append(["--use-distributed-optimizer"])
+    return args
+
+
 def priced_args(plan: ParallelPlan) -> list[list[str]]:
     """Flags for what the cost model assumes and Megatron does not default to: no dropout (Megatron defaults
     to 0.1; ``costmodel/activations.py`` stores no dropout masks). The DP/TP overlaps the step-time model
@@ -244,6 +259,9 @@ def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:
     reason = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
     if reason:
         raise ConfigError(f"Megatron: {reason}")
+    if plan.offload_activation_layers >= model.num_layers:
+        raise ConfigError(f"Megatron: --cpu-offloading-num-layers {plan.offload_activation_layers} must be "
+                          f"below the {model.num_layers} layers (TransformerConfig)")
     if plan.global_batch % (plan.micro_batch * plan.dp):
         raise ConfigError(f"Megatron: --global-batch-size {plan.global_batch} is not divisible by "
                           f"--micro-batch-size x DP = {plan.micro_batch} x {plan.dp}")
@@ -257,7 +275,7 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     _check_rules(plan, model)
     batch = [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
     return (_parallel_args(plan, model) + batch + _model_args(model, plan.seq_len, plan.moe_dispatcher)
-            + _recompute_and_precision_args(plan) + priced_args(plan))
+            + _recompute_and_precision_args(plan) + _memory_args(plan) + priced_args(plan))
 
 
 def megatron_args_text(plan: ParallelPlan, model: ModelSpec) -> str:

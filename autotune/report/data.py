@@ -69,7 +69,7 @@ MEMORY_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("activations", ("activations_bytes", "logits_bytes")),
     ("gather buffers", ("prefetch_bytes",)),
     ("comm buckets", ("comm_buffer_bytes",)),
-    ("runtime reserve", ("reserve_bytes",)),
+    ("runtime reserve", ("reserve_bytes", "fragmentation_bytes")),
 )
 
 
