@@ -10,12 +10,24 @@ exposed. On a device without asynchronous collectives (the CPU trial device) not
 
 from __future__ import annotations
 
-from autotune.costmodel import comm, ncclsm
+from autotune.costmodel import comm, compute, ncclsm
 from autotune.costmodel.tpcomm import act_bytes
-from autotune.plan import CpComm, ParallelPlan
+from autotune.plan import CpComm, Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["cp_exposed_s"]
+__all__ = ["cp_exposed_s", "torch_ring_s", "MERGE_BYTES", "GRAD_ACC_BYTES"]
+
+MERGE_BYTES = 38.0
+"""HBM bytes per attention-output element of one ring step's merge in torch's ``_SDPAMerger._merge_one``
+(torch/distributed/tensor/experimental/_attention.py, torch 2.6 era), fp32 since ``convert_to_f32`` is on:
+cast the block output to fp32 (2 + 4), ``out - block_out`` (4 + 4 + 4), times the sigmoid of the LSE gap
+(4 + 4), subtracted from ``out`` (4 + 4 + 4); each an eager elementwise kernel. The slowest rank of the
+round-robin layout (the last) merges the whole output every step."""
+GRAD_ACC_BYTES = (10.0, 25.0)
+"""HBM bytes per (query-gradient, key/value-gradient) element of one backward ring step in torch's
+``_templated_ring_attention_backward``: fp32 ``grad_query += grad_query_`` (4 + 2 + 4); for K/V the
+fp32 accumulation into half the buffer and ``_partial_update``'s ``torch.cat`` of the whole (5 + 8), the
+``torch.cat`` that flattens dK/dV for the rotation (8) and the one that flattens K/V (4)."""
 
 
 def cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
@@ -36,6 +48,8 @@ def cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
     """
     if plan.cp <= 1:
         return 0.0
+    if plan.framework is Framework.FSDP and plan.cp_comm is not CpComm.A2A:
+        return torch_ring_s(model, cluster, plan, tokens, attn_fwd_s, attn_bwd_s)
     cp, link = plan.cp, comm.group_link(cluster, plan.cp, plan.tp)
     kv_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * act_bytes(cluster)
     overlap = 1.0 if cluster.gpu.async_collectives else 0.0
@@ -52,3 +66,40 @@ def cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
     exposed = (cp - 1) * (max(0.0, step - overlap * attn_fwd_s / cp)
                           + max(0.0, 2 * step - overlap * attn_bwd_s / cp))
     return exposed + ncclsm.hidden_comm_sm_s(cluster, (cp - 1) * 3 * step - exposed)
+
+
+def torch_ring_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
+                 attn_fwd_s: float, attn_bwd_s: float) -> float:
+    """Seconds torch's experimental context parallel (torchtitan's CP; torch/distributed/tensor/
+    experimental/_attention.py) adds to one block and micro-batch beyond the attention kernels:
+
+    - forward (``_templated_ring_attention``): K/V exchanged by the ``_RingRotater`` of ``plan.cp_comm``
+      (``_AllGatherRotater`` once, ``_AllToAllRotater`` per step, waited at the next step, so overlapped as
+      in ``cp_exposed_s``), and ``cp - 1`` merges of the step's output into the fp32 accumulator
+      (``MERGE_BYTES``), re-run when full recompute re-runs the forward;
+    - backward (``_templated_ring_attention_backward``): K/V rotated again, and dK/dV rotated by an
+      all-to-all ``dkv_rotater`` in fp32 (twice the bf16 K/V bytes) after every step, waited at the next
+      one; the last transfer has no step to hide behind; fp32 gradient accumulation (``GRAD_ACC_BYTES``).
+    Merges and accumulation are memory-bound kernels at ``compute.hbm_rate``."""
+    cp, link = plan.cp, comm.group_link(cluster, plan.cp, plan.tp)
+    kv_elems = 2 * tokens * model.kv_hidden_size / plan.tp
+    out_elems = tokens * model.hidden_size / plan.tp
+    kv_bytes = kv_elems * act_bytes(cluster)
+    overlap = 1.0 if cluster.gpu.async_collectives else 0.0
+    if plan.cp_comm is CpComm.ALLGATHER:
+        kv_fwd = comm.allgather_s(cp * kv_bytes, cp, link)
+        kv_exposed = max(0.0, kv_fwd - overlap * attn_fwd_s / cp)
+        kv_bwd_exposed = max(0.0, kv_fwd - overlap * attn_bwd_s / cp)
+    else:
+        kv_fwd = (cp - 1) * comm.p2p_s(kv_bytes, link)
+        kv_exposed = (cp - 1) * max(0.0, kv_fwd / (cp - 1) - overlap * attn_fwd_s / cp)
+        kv_bwd_exposed = (cp - 1) * max(0.0, kv_fwd / (cp - 1) - overlap * attn_bwd_s / cp)
+    dkv_step = comm.p2p_s(kv_elems * 4.0, link)
+    dkv_exposed = (cp - 1) * max(0.0, dkv_step - overlap * attn_bwd_s / cp) + dkv_step
+    reruns = 2 if plan.recompute is Recompute.FULL else 1
+    merge_bytes = out_elems * MERGE_BYTES * (cp - 1) * reruns
+    acc_bytes = cp * (out_elems * GRAD_ACC_BYTES[0] + kv_elems * GRAD_ACC_BYTES[1])
+    hbm_s = (merge_bytes + acc_bytes) / compute.hbm_rate(cluster)
+    comm_total = 2 * kv_fwd + cp * dkv_step
+    exposed = kv_exposed + kv_bwd_exposed + dkv_exposed
+    return hbm_s + exposed + ncclsm.hidden_comm_sm_s(cluster, max(0.0, comm_total - exposed))
