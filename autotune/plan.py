@@ -23,7 +23,7 @@ from autotune.stagesplit import split_error
 
 __all__ = [
     "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "CpComm",
-    "MoeDispatcher", "ParallelPlan",
+    "MoeDispatcher", "GradDtype", "ParallelPlan",
     "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan", "expert_errors",
 ]
 
@@ -102,6 +102,13 @@ class CpComm(_StrEnum):
     P2P = "p2p"                      # ring, overlapped step by step (Megatron p2p, torchtitan alltoall)
     ALLGATHER = "allgather"          # all K/V gathered at once (Megatron allgather, torchtitan allgather)
     A2A = "a2a"                      # DeepSpeed-Ulysses head/sequence all-to-all (Megatron a2a)
+
+
+class GradDtype(_StrEnum):
+    """Element type of Megatron's gradient buffer, which its DP reduction sends (``costmodel.states``)."""
+
+    FP32 = "fp32"                    # --accumulate-allreduce-grads-in-fp32 (Megatron's default under --bf16)
+    BF16 = "bf16"                    # --grad-reduce-in-bf16 (DDP grad_reduce_in_fp32=False)
 
 
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
@@ -188,11 +195,14 @@ class ParallelPlan:
     """Megatron ``--use-precision-aware-optimizer`` (TE ``FusedAdam``): with bf16 parameters the fp32 master
     copy keeps only its low 16 bits (``store_param_remainders``, on by default), 10 B of optimizer state
     per parameter instead of 12 (``costmodel.states``)."""
+    grad_reduce_dtype: GradDtype | None = None
+    """Megatron's gradient buffer and DP reduction dtype (``--grad-reduce-in-bf16`` for bf16). None: the
+    framework default as autotune emits it, fp32 except bf16 for fp8 plans (``costmodel.states``)."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
             value = getattr(self, name)
-            if not isinstance(value, enum):
+            if not isinstance(value, enum) and not (value is None and name in _OPTIONAL_ENUMS):
                 object.__setattr__(self, name, _coerce(name, value, "plan"))
         errors = plan_errors(self)
         if errors:
@@ -207,6 +217,14 @@ class ParallelPlan:
         """Ranks that hold the same experts of a stage (Megatron's expert-data-parallel group,
         ``megatron/core/parallel_state.py`` ``initialize_model_parallel``: world / (pp x etp x ep))."""
         return max(1, self.tp * self.dp * self.cp // (self.ep * self.etp))
+
+    @property
+    def megatron_grad_dtype(self) -> GradDtype:
+        """Megatron's gradient-buffer dtype: ``grad_reduce_dtype``, else bf16 for fp8 plans (NeMo's fp8
+        recipes) and fp32 otherwise (``costmodel.states.megatron_grad_bytes``)."""
+        if self.grad_reduce_dtype is not None:
+            return self.grad_reduce_dtype
+        return GradDtype.BF16 if self.precision is Precision.FP8 else GradDtype.FP32
 
     @property
     def num_microbatches(self) -> int:
@@ -264,12 +282,16 @@ class ParallelPlan:
 _ENUM_FIELDS: dict[str, type[Enum]] = {
     "sharding": Sharding, "recompute": Recompute, "schedule": Schedule, "precision": Precision,
     "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm, "moe_dispatcher": MoeDispatcher,
+    "grad_reduce_dtype": GradDtype,
 }
+_OPTIONAL_ENUMS = {"grad_reduce_dtype"}
 _BOOL_FIELDS = {"sequence_parallel", "offload", "compile", "async_tp", "tp_comm_overlap",
                 "overlap_grad_reduce", "overlap_param_gather", "precision_aware_optimizer"}
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
+    if key in _OPTIONAL_ENUMS and value is None:
+        return None
     if key in _ENUM_FIELDS:
         enum = _ENUM_FIELDS[key]
         try:
@@ -345,6 +367,9 @@ def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
         errors.append("precision-aware-optimizer needs --framework megatron and its distributed optimizer "
                       "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
                       "--use-precision-aware-optimizer")
+    if plan.grad_reduce_dtype is not None and plan.framework is not Framework.MEGATRON:
+        errors.append("grad-reduce-dtype needs --framework megatron (Megatron's --grad-reduce-in-bf16); "
+                      "FSDP2 reduces in fp32 and DeepSpeed in the 16-bit model dtype")
     return errors
 
 

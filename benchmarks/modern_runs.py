@@ -143,6 +143,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["compile"] = True
     if fw == "fsdp" and cp > 1:  # torchtitan's default context_parallel_rotate_method (config/job_config.py)
         extra["cp_comm"] = "allgather"
+    if row.get("grad_reduce_dtype") and fw == "megatron":  # the recipe's gradient dtype (data note)
+        extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
     precision = row.get("precision", "bf16")
     if precision == "fp8":
         extra["fp8_recipe"] = _RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))

@@ -58,7 +58,8 @@ def _plan(row: dict[str, Any]) -> ParallelPlan:
         micro_batch=row["micro_batch"], global_batch=row["global_batch"], seq_len=row["seq_len"],
         sharding=row["sharding"], recompute=_RECOMPUTE[row["recompute"]], precision=row["precision"],
         sequence_parallel=row["tp"] > 1, schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-        framework="megatron", moe_dispatcher=dispatcher(row), recompute_modules=recompute_modules(row))
+        framework="megatron", moe_dispatcher=dispatcher(row), recompute_modules=recompute_modules(row),
+        grad_reduce_dtype=row.get("grad_reduce_dtype"))
 
 
 def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:

@@ -120,3 +120,11 @@ def test_megatron_memory_options_reach_the_plan(capsys):
                          "--precision-aware-optimizer")
     assert out["plan"]["offload_activation_layers"] == 40 and out["plan"]["precision_aware_optimizer"]
     assert out["feasible"] and out["memory_breakdown"]["host_bytes_per_node"] > 0
+
+
+def test_grad_reduce_dtype_reaches_the_plan(capsys):
+    out = _estimate_json(capsys, "--model", "llama3-8b", "--gpus", "8", "--framework", "megatron",
+                         "--sharding", "zero1", "--grad-reduce-dtype", "bf16")
+    assert out["plan"]["grad_reduce_dtype"] == "bf16"
+    assert main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--grad-reduce-dtype", "bf16"]) == 2
+    assert "grad-reduce-dtype needs --framework megatron" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from autotune.plan import (
     CpComm,
     Fp8Recipe,
     Framework,
+    GradDtype,
     MoeDispatcher,
     ParallelPlan,
     Precision,
@@ -183,6 +184,9 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
                        help="megatron: activations of N layers to host memory (--cpu-offloading-num-layers)")
         g.add_argument("--precision-aware-optimizer", action="store_true", default=False,
                        help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer)")
+        g.add_argument("--grad-reduce-dtype", choices=[x.value for x in GradDtype], default=None,
+                       help="megatron: gradient buffer / DP reduction dtype (bf16: --grad-reduce-in-bf16); "
+                            "default fp32, bf16 with --precision fp8")
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -232,6 +236,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
         offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,
         precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
+        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None),
     )
 
 

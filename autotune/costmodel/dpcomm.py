@@ -16,6 +16,7 @@ from autotune.costmodel.states import (
     DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
     DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
     defers_grad_reduce,
+    megatron_grad_bytes,
 )
 from autotune.plan import Framework, ParallelPlan, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
@@ -56,7 +57,8 @@ PARAM_GATHER_BYTES = 2
 """Bytes per parameter of ZeRO/FSDP all-gathers (16-bit compute weights; ``GPUSpec.half_bytes`` on a device
 that runs 16-bit plans wider)."""
 GRAD_REDUCE_BYTES = {"megatron": 4, "fsdp": 4, "deepspeed": 2}
-"""Bytes per gradient element reduced over DP: Megatron reduces its fp32 ``main_grad`` buffer; torchtitan's
+"""Bytes per gradient element reduced over DP: Megatron reduces its ``main_grad`` buffer (fp32, or bf16 with
+``--grad-reduce-in-bf16``: ``states.megatron_grad_bytes``, which ``dp_comm`` uses); torchtitan's
 FSDP2 policy uses ``reduce_dtype=float32``; DeepSpeed's ``communication_data_type`` defaults to the 16-bit
 model dtype."""
 
@@ -173,9 +175,9 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     shard = plan.shard_degree * plan.cp
     link = comm.group_link(cluster, shard, plan.tp)
     widen = cluster.gpu.half_bytes / 2  # 2 on the CPU trial device, which runs 16-bit plans in fp32
-    grad_bytes = params * GRAD_REDUCE_BYTES[plan.framework.value]
-    if plan.framework is Framework.DEEPSPEED:  # 16-bit gradients (fp32 ones stay fp32)
-        grad_bytes *= widen
+    per_grad = (megatron_grad_bytes(plan) if plan.framework is Framework.MEGATRON  # its main_grad dtype
+                else GRAD_REDUCE_BYTES[plan.framework.value])
+    grad_bytes = params * per_grad * (widen if per_grad == 2 else 1)  # 16-bit gradients (fp32 ones stay)
     param_bytes = params * PARAM_GATHER_BYTES * widen
     sharding = plan.sharding
     gathers, reduces = collective_calls(model, plan, params, blocks)

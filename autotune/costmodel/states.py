@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.plan import Framework, ParallelPlan, Precision, Sharding
+from autotune.plan import Framework, GradDtype, ParallelPlan, Precision, Sharding
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -133,8 +133,11 @@ def megatron_grad_bytes(plan: ParallelPlan) -> float:
     buffer in megatron/core/distributed/param_and_grad_buffer.py); bf16 for fp8 plans, as NeMo's and
     Megatron-Bridge's fp8 performance recipes set ``grad_reduce_in_fp32 = False`` (NeMo
     scripts/performance helpers: ``bf16_with_fp8_mixed()`` then ``grad_reduce_in_fp32 = False``) and the
-    emitter writes ``--grad-reduce-in-bf16`` (autotune/emit/megatron.py)."""
-    return 2.0 if plan.precision is Precision.FP8 else 4.0
+    emitter writes ``--grad-reduce-in-bf16`` (autotune/emit/megatron.py). ``plan.grad_reduce_dtype`` sets it
+    for any precision: Megatron-Bridge's performance recipes set ``cfg.ddp.grad_reduce_in_fp32 = False`` for
+    bf16 too (scripts/performance/configs/gpt_oss/gpt_oss_llm_pretrain.py ``set_gpt_oss_common_configs``,
+    configs/deepseek ``set_deepseek_v3_common_configs``)."""
+    return 2.0 if plan.megatron_grad_dtype is GradDtype.BF16 else 4.0
 
 
 def megatron_optimizer_bytes(plan: ParallelPlan) -> float:

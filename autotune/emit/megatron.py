@@ -24,6 +24,7 @@ from __future__ import annotations
 from autotune.errors import ConfigError
 from autotune.plan import (
     Framework,
+    GradDtype,
     MoeDispatcher,
     ParallelPlan,
     Precision,
@@ -210,10 +211,11 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
         args.append(["--bf16"])
     if plan.precision is Precision.FP8:
         recipe = _FP8_RECIPE[str(plan.fp8_recipe)]
-        # bf16 gradient reduction as NeMo's fp8 recipes (states.py)
-        args += [["--fp8-format", "hybrid"], ["--fp8-recipe", recipe], ["--grad-reduce-in-bf16"]]
+        args += [["--fp8-format", "hybrid"], ["--fp8-recipe", recipe]]
         if recipe == "delayed":  # amax history: delayed scaling only
             args += [["--fp8-amax-history-len", "1024"], ["--fp8-amax-compute-algo", "max"]]
+    if plan.megatron_grad_dtype is GradDtype.BF16:  # bf16 main_grad buffer and DP reduction (states.py)
+        args.append(["--grad-reduce-in-bf16"])
     return args
 
 

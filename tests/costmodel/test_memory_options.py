@@ -86,6 +86,32 @@ def test_precision_aware_optimizer_keeps_16_bit_master_remainders():
         ParallelPlan(framework="megatron", dp=4, global_batch=8, seq_len=4096, precision_aware_optimizer=True)
 
 
+def test_bf16_grad_reduce_halves_megatron_gradients_and_their_reduction():
+    """Megatron-Bridge's gpt-oss perf recipes set ``grad_reduce_in_fp32 = False`` for bf16: the main_grad
+    buffer and the DP reduce-scatter are bf16 (--grad-reduce-in-bf16); fp8 plans default to it."""
+    from autotune.costmodel.dpcomm import dp_comm_s
+
+    model, cluster = load_model("llama3-8b"), make_cluster(gpu="h100-sxm", num_gpus=64)
+    plan = ParallelPlan(framework="megatron", dp=64, global_batch=128, seq_len=4096, sharding="zero1")
+    bf16 = plan.replace(grad_reduce_dtype="bf16")
+    base, half = memory_breakdown(model, cluster, plan), memory_breakdown(model, cluster, bf16)
+    assert half.gradients_bytes == pytest.approx(base.gradients_bytes / 2)
+    fp32_s, bf16_s = (sum(dp_comm_s(cluster, model, p, 1e9, 32)) for p in (plan, bf16))
+    assert bf16_s < fp32_s
+    assert ["--grad-reduce-in-bf16"] in megatron_args(bf16, model)
+    assert ["--grad-reduce-in-bf16"] not in megatron_args(plan, model)
+    fp8 = plan.replace(precision="fp8")
+    assert ["--grad-reduce-in-bf16"] in megatron_args(fp8, model)
+    assert ["--grad-reduce-in-bf16"] not in megatron_args(fp8.replace(grad_reduce_dtype="fp32"), model)
+    assert memory_breakdown(model, cluster, fp8.replace(grad_reduce_dtype="fp32")).gradients_bytes > \
+        memory_breakdown(model, cluster, fp8).gradients_bytes
+    with pytest.raises(ConfigError, match="grad-reduce-dtype"):
+        ParallelPlan(dp=8, global_batch=8, seq_len=4096, sharding="fsdp-full", grad_reduce_dtype="bf16")
+    with pytest.raises(ConfigError, match="grad_reduce_dtype"):
+        ParallelPlan.from_dict({"global_batch": 8, "seq_len": 4096, "framework": "megatron",
+                                "grad_reduce_dtype": "fp16"})
+
+
 def test_torchtitan_compile_keeps_compute_dtype_logits_for_its_loss():
     """torchtitan compiles the loss with the model: 2 B stored + 2 B gradient per logit instead of the eager
     4 + 8 (benchmarks/results/compiled_loss_saved.json); with TP the loss_parallel path is kept."""
