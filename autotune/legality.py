@@ -32,9 +32,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "plan_errors", "check_plan", "expert_errors", "tp_split_broken", "cp_seq_bad", "a2a_outside_megatron",
-    "a2a_heads_bad", "fp8_recipe_missing", "hsdp_group_bad", "nothing_to_shard", "offload_unsharded",
-    "megatron_fsdp_bad", "interleave_bad", "microbatch_broken", "deepspeed_broken", "expert_model_broken",
-    "expert_fold_broken",
+    "a2a_heads_bad", "fp8_recipe_missing", "hsdp_group_bad", "shard_ranks", "nothing_to_shard",
+    "offload_unsharded", "megatron_fsdp_bad", "interleave_bad", "microbatch_broken", "deepspeed_broken",
+    "expert_model_broken", "expert_fold_broken",
 ]
 
 
@@ -109,10 +109,7 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
                           f"and DP, got {s}")
     elif plan.hsdp_shard_size is not None:
         errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
-    # Megatron's distributed optimizer shards over DP x CP (megatron/core/optimizer/__init__.py:
-    # ``intra_dp_cp_group``), so CP > 1 gives it ranks to shard over at DP = 1
-    over = plan.dp * (plan.cp if plan.framework is Framework.MEGATRON else 1)
-    if nothing_to_shard(plan.sharding, over):
+    if nothing_to_shard(plan.sharding, shard_ranks(plan.framework, plan.dp, plan.cp)):
         errors.append(f"sharding {plan.sharding} needs DP > 1 (with DP=1 there is nothing to shard over)")
     if offload_unsharded(plan.offload, plan.sharding):
         errors.append("optimizer offload needs a sharded optimizer (zero1-3 or an FSDP mode)")
@@ -287,6 +284,12 @@ def fp8_recipe_missing(fw: Framework, precision: Precision, recipe: Fp8Recipe) -
 def hsdp_group_bad(size: int | None, dp: int) -> bool:
     """HSDP needs a shard-group size strictly between 1 and DP that divides DP."""
     return size is None or not 1 < size < dp or dp % size != 0
+
+
+def shard_ranks(fw: Framework, dp: int, cp: int) -> int:
+    """Ranks a sharded mode splits states over: DP, or DP x CP for Megatron's distributed optimizer
+    (megatron/core/optimizer/__init__.py: ``intra_dp_cp_group``), so CP > 1 gives it ranks at DP = 1."""
+    return dp * (cp if fw is Framework.MEGATRON else 1)
 
 
 def nothing_to_shard(sharding: Sharding, ranks: int) -> bool:

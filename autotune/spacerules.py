@@ -26,6 +26,7 @@ from autotune.legality import (
     microbatch_broken,
     nothing_to_shard,
     offload_unsharded,
+    shard_ranks,
     tp_split_broken,
 )
 from autotune.planenums import (
@@ -110,7 +111,7 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     sharding, fw = v.sharding, v.framework
     if sharding not in FRAMEWORK_SHARDING[fw]:
         return "the framework does not offer this sharding"
-    if nothing_to_shard(sharding, dp):  # DP alone, where check_plan lets Megatron shard over DP x CP
+    if nothing_to_shard(sharding, shard_ranks(fw, dp, cp)):
         return "sharding needs DP > 1"
     if sharding is Sharding.HSDP and hsdp_group_bad(v.hsdp_shard_size, dp):
         return "the HSDP shard group must divide DP (1 < size < DP)"
