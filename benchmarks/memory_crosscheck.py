@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import gc
 import json
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +32,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+
 from autotune.catalog import make_cluster
 from autotune.costmodel.activations import Kernels
 from autotune.costmodel.memory import MemoryBreakdown, memory_breakdown
-from autotune.costmodel.states import FP32, MIXED_BF16, Numerics
+from autotune.costmodel.states import FP32, Numerics
 from autotune.plan import ParallelPlan, Recompute, Sharding
 from autotune.specs import ModelSpec
 from autotune.trials.model import Transformer
@@ -201,143 +202,6 @@ def run_cpu(*, tiny: bool) -> list[dict[str, object]]:
     return rows
 
 
-def _unvalidated_plan(**fields: object) -> ParallelPlan:
-    """A plan ParallelPlan refuses as a search choice: FSDP over one rank (nothing to shard). The trials'
-    ``fsdp_at_dp1`` validation mode runs exactly this, and it is the only FSDP2 mixed-precision layout
-    one GPU can measure; the memory model handles shard degree 1 like any other."""
-    base = ParallelPlan(global_batch=1, seq_len=1)
-    defaults = {f: getattr(base, f) for f in ParallelPlan.__dataclass_fields__}
-    plan = object.__new__(ParallelPlan)
-    for name, value in {**defaults, **fields}.items():
-        object.__setattr__(plan, name, value)
-    return plan
-
-
-def _saved_bytes(fn, *args: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves for ``fn(*args)`` (parameters excluded)."""
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.nn.Parameter):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*args)
-    return sum(storages.values())
-
-
-def gpu_kernel_facts(device: str) -> dict[str, object]:
-    """Does F.rms_norm store only its input on this device (fused)? What does bf16 SDPA store?"""
-    b, s, h, heads = 2, 1024, 1024, 8
-    x = torch.randn(b, s, h, device=device, dtype=torch.bfloat16, requires_grad=True)
-    w = torch.nn.Parameter(torch.ones(h, device=device, dtype=torch.bfloat16))
-    norm_saved = _saved_bytes(lambda t: F.rms_norm(t, (h,), w), x)
-    q = torch.randn(b, heads, s, h // heads, device=device, dtype=torch.bfloat16, requires_grad=True)
-    k, v = q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_()
-    sdpa_saved = _saved_bytes(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), q, k, v)
-    return {"rms_norm_saved_bytes": norm_saved, "rms_norm_input_bytes": x.numel() * 2,
-            "rms_norm_fused": norm_saved < 1.5 * x.numel() * 2,
-            "sdpa_saved_bytes": sdpa_saved, "sdpa_qkvo_bytes": 4 * q.numel() * 2,
-            "sdpa_lse_bytes": 4 * b * heads * s}
-
-
-def gpu_cases() -> list[Case]:
-    spec = GPU_MODEL
-    cases = [Case(f"fsdp2 1 GPU, bf16, recompute {rc}", spec, _unvalidated_plan(
-        micro_batch=4, global_batch=4 * ACCUMULATION, seq_len=2048, sharding=Sharding.FSDP_FULL,
-        recompute=Recompute(rc))) for rc in ("none", "selective", "full")]
-    cases.append(Case("fsdp2 1 GPU, bf16, full recompute, short (step-bound)", spec, _unvalidated_plan(
-        micro_batch=1, global_batch=ACCUMULATION, seq_len=256, sharding=Sharding.FSDP_FULL,
-        recompute=Recompute.FULL)))
-    return cases
-
-
-def measure_gpu(case: Case, mesh, foreach: bool = True) -> dict[str, object]:
-    """FSDP2 (bf16 params, fp32 reduce) on a 1-rank NCCL mesh, as trials wrap it; allocator peaks."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    torch.manual_seed(0)
-    base, base_reserved = float(torch.cuda.memory_allocated()), float(torch.cuda.memory_reserved())
-    with torch.device("cuda"):
-        model = Transformer(case.spec)
-    if case.plan.recompute is not Recompute.NONE:
-        apply_ac(model, case.plan.recompute)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    opt = _adamw(model, foreach)
-    _train_step(model, opt, case.spec, case.plan, "cuda", False)  # optimizer states exist from here on
-    torch.cuda.synchronize()
-    leftover = float(torch.cuda.memory_allocated()) - base - _states_bytes(model, opt)
-    peaks: list[tuple[str, float]] = [("start", float(torch.cuda.memory_allocated()) - base)]
-    reserved: list[float] = []
-    torch.cuda.reset_peak_memory_stats()
-
-    def after(phase: str) -> None:  # the peak of each phase, then start the next one afresh
-        torch.cuda.synchronize()
-        peaks.append((phase, float(torch.cuda.max_memory_allocated()) - base))  # this case's bytes only
-        reserved.append(float(torch.cuda.max_memory_reserved()) - base_reserved)
-        torch.cuda.reset_peak_memory_stats()
-
-    _train_step(model, opt, case.spec, case.plan, "cuda", False, after)
-    out = {"Total": max(v for _, v in peaks), "reserved": max(reserved),
-           "phases_mib": [(name, v / _MIB) for name, v in peaks], "leftover_mib": leftover / _MIB}
-    del model, opt
-    gc.collect()  # FSDP2's hooks hold the model in reference cycles: free it before the next case
-    torch.cuda.empty_cache()
-    return out
-
-
-def _states_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
-    """Bytes of the (sharded) parameters and optimizer states: what must be allocated between steps."""
-    tensors = list(model.parameters()) + [t for st in opt.state.values() for t in st.values()
-                                          if isinstance(t, torch.Tensor)]
-    return float(sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in tensors))
-
-
-def run_gpu() -> dict[str, object]:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    torch.cuda.init()
-    (torch.ones(64, 64, device="cuda", dtype=torch.bfloat16) @ torch.ones(64, 64, device="cuda",
-                                                                         dtype=torch.bfloat16)).sum().item()
-    free, total = torch.cuda.mem_get_info()
-    context = total - free - torch.cuda.memory_reserved()
-    dist.init_process_group("nccl", rank=0, world_size=1, store=dist.HashStore(),
-                            device_id=torch.device("cuda", 0))
-    dist.all_reduce(torch.ones(1 << 20, device="cuda"))
-    torch.cuda.synchronize()
-    free, total = torch.cuda.mem_get_info()
-    nccl = total - free - torch.cuda.memory_reserved() - context
-    facts = gpu_kernel_facts("cuda")
-    kernels = Kernels(fused_norm=bool(facts["rms_norm_fused"]))
-    mesh = init_device_mesh("cuda", (1,))
-    rows = []
-    cases = gpu_cases()
-    for case, foreach in [(c, True) for c in cases] + [(cases[-1], False)]:
-        measured = measure_gpu(case, mesh, foreach)
-        numerics = dataclasses.replace(MIXED_BF16, foreach_adamw=foreach)
-        row = compare_totals(case, measured, predict(case, numerics, kernels, gpu="h200"))
-        if not foreach:
-            row["case"] += ", AdamW foreach=False"
-        row["reserved_mib"] = measured["reserved"] / _MIB
-        row["phases_mib"] = measured["phases_mib"]
-        row["leftover_mib"] = measured["leftover_mib"]
-        rows.append(row)
-    dist.destroy_process_group()
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context_bytes": context,
-            "nccl_world1_bytes": nccl, "kernel_facts": facts, "rows": rows}
-
-
-def compare_totals(case: Case, measured: dict[str, float], mem: MemoryBreakdown) -> dict[str, object]:
-    predicted = mem.total_bytes - mem.reserve_bytes
-    return {"case": case.name, "plan": case.plan.to_dict(), "predicted": mem.as_dict(),
-            "total_measured_mib": measured["Total"] / _MIB, "total_predicted_mib": predicted / _MIB,
-            "total_rel_error": (predicted - measured["Total"]) / measured["Total"]}
-
-
 def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
@@ -409,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     gpu_json = args.out / "memory_crosscheck_gpu.json"
     if args.gpu:
+        from benchmarks.memory_crosscheck_gpu import run_gpu  # imports this module: not at the top
+
         result = run_gpu()
         gpu_json.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))

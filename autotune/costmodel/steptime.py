@@ -3,8 +3,8 @@
 Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.stage_split``); collectives are
 timed by ``comm`` on the links ``comm.group_link`` assigns from the rank order ``pp, dp, cp, tp`` (outer to
 inner: TP stride 1, CP stride ``tp``, DP stride ``tp*cp``, PP stride ``tp*cp*dp``). Every term is one small
-function citing its source; the overhead constants below are the only knobs besides the per-GPU
-``gemm_efficiency`` in ``data/hardware.yaml``, and none is per model or per run. A probe profile or a
+function citing its source; the overhead constants below and in ``offload`` are the only knobs besides the
+per-GPU ``gemm_efficiency`` in ``data/hardware.yaml``, and none is per model or per run. A probe profile or a
 calibration (``autotune.calibrate``) changes the calibratable ones as data, never as module globals:
 ``GPUSpec.gemm_efficiency``, ``ClusterSpec.collective_efficiency``, ``dp_overlap_fraction``,
 ``step_overhead_s`` and ``microbatch_overhead_s``.
@@ -17,66 +17,37 @@ from typing import NamedTuple
 
 from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
-from autotune.costmodel.dpcomm import dp_comm_s, gathers_per_microbatch, zero3_gathers
+from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
 from autotune.costmodel.kernels import HBM_EFFICIENCY
+from autotune.costmodel.offload import (
+    HOST_ACCUMULATE_BYTES_PER_PARAM,
+    HOST_OPTIMIZER_BYTES_PER_S,
+    OPTIMIZER_BYTES_PER_PARAM,
+    PCIE_BYTES_PER_S,
+    TORCH_CPU_ADAMW_BYTES_PER_PARAM,
+    HostTraffic,
+    gpus_sharing_host,
+    host_traffic,
+    optimizer_s,
+)
 from autotune.costmodel.states import vocab_split
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "host_traffic", "step_time"]
+__all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "host_traffic", "step_time",
+           "OPTIMIZER_BYTES_PER_PARAM", "TORCH_CPU_ADAMW_BYTES_PER_PARAM", "HOST_OPTIMIZER_BYTES_PER_S",
+           "PCIE_BYTES_PER_S", "HOST_ACCUMULATE_BYTES_PER_PARAM", "HBM_EFFICIENCY"]
 
 DP_OVERLAP_FRACTION = 0.8
 """Share of the overlappable compute window during which DP/ZeRO/FSDP collectives run hidden. Below 1 because
 NCCL kernels take SMs and HBM bandwidth from the GEMMs they hide behind (PyTorch DDP paper, Li et al. 2020,
 Sec. 5: overlap recovers most but not all communication time). The first gather / last reduce of a window is
 always exposed (see ``_exposed_s``)."""
-OPTIMIZER_BYTES_PER_PARAM = 34
-"""HBM traffic of a fused mixed-precision AdamW step per parameter: read fp32 grad, master, m, v (16 B), write
-master, m, v (12 B) and the 16-bit weight (2 B), plus the grad-norm pass over the fp32 grad (4 B)."""
 ELEMENTWISE_BWD_FACTOR = 1.5
 """Backward/forward HBM traffic of elementwise kernels: the backward of ``y = f(x)`` reads ``x`` (or ``y``)
 and ``dy`` and writes ``dx`` (3 tensors) where the forward read 1 and wrote 1."""
-TORCH_CPU_ADAMW_BYTES_PER_PARAM = 80
-"""Host DRAM traffic per parameter of ``torch.optim.AdamW`` on CPU tensors, which Megatron's
-``--optimizer-cpu-offload`` runs (megatron/core/optimizer/__init__.py imports ``torch.optim.AdamW as
-CPUAdam``; cpu_offloading/hybrid_optimizer.py builds one per parameter with no ``fused``/``foreach``): torch
-picks foreach/fused only for CUDA tensors (torch/optim/optimizer.py ``_default_to_fused_or_foreach``), so
-the step is ``_single_tensor_adam``'s separate fp32 passes (torch/optim/adam.py): ``param.mul_`` (8 B),
-``exp_avg.lerp_`` (12), ``exp_avg_sq.mul_`` (8), ``.addcmul_`` (12), ``sqrt`` (8), ``/`` (8), ``add_``
-(8), ``param.addcdiv_`` (16). DeepSpeed's ``DeepSpeedCPUAdam`` (AVX, one fused pass) and FSDP2 with
-torchtitan's ``fused`` AdamW (torch's fused CPU kernel) stream ``OPTIMIZER_BYTES_PER_PARAM``."""
-HOST_OPTIMIZER_BYTES_PER_S = 100e9
-"""Host DRAM bandwidth PER NODE that host-side work streams at (the CPU Adam step, FSDP2's CPU gradient
-accumulation); the GPUs of a node share it, so host work is timed over all their shards. A 2-socket server
-has 2 x 8 channels x 25.6-38.4 GB/s = 410-614 GB/s theoretical (DDR4-3200 / DDR5-4800) and reaches 150-300
-GB/s STREAM; DeepSpeed's CPU-Adam (Ren et al. 2021, ZeRO-Offload Sec. 5.1) is memory-bound at roughly half
-of that, and the trials split the cores over the node's ranks (trials/runner.py ``OMP_NUM_THREADS``)."""
-PCIE_BYTES_PER_S = 20e9
-"""Host<->GPU copy bandwidth per GPU, each direction (PCIe is full duplex; H2D and D2H use separate copy
-engines): PCIe 4.0 x16 moves 20-25 GB/s pinned (nvbandwidth / bandwidthTest), 5.0 x16 ~50 GB/s for one GPU
-alone. With all GPUs of a node copying at once they share PCIe-switch uplinks and host DRAM (8 GPUs x 2
-directions x 20 GB/s = 320 GB/s is already a 2-socket server's STREAM), so 20 GB/s is kept on Gen5 hosts
-too."""
-HOST_ACCUMULATE_BYTES_PER_PARAM = 12
-"""Host DRAM traffic of FSDP2's CPU-side gradient accumulation ``grad += new_grad`` on fp32 shards: read 2 x
-4 B, write 4 B (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``)."""
-
-
-class HostTraffic(NamedTuple):
-    """Bytes one GPU moves to/from host memory per optimizer step under offload, by when they move."""
-
-    overlapped_h2d_bytes: float
-    """Host-to-device copies issued during the micro-batches (spread evenly), able to hide behind compute."""
-    overlapped_d2h_bytes: float
-    """Device-to-host copies issued during the micro-batches."""
-    step_bytes: float
-    """Copies outside the compute (gradients down before, parameters up after the host step), both ways."""
-    host_accumulate_bytes: float
-    """Host DRAM traffic of gradient accumulation done by the CPU (FSDP2), on the critical path."""
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimeBreakdown:
     """Seconds per optimizer step on the critical path, by cause. ``step_time_s`` is their sum."""
@@ -278,39 +249,6 @@ def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     return (body - experts) / plan.tp + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
 
 
-def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
-    """Host<->GPU bytes per step of one GPU under offload (none without), for ``shard_params`` parameters in
-    its optimizer shard, as each framework moves them with the configs autotune emits:
-
-    - FSDP2 ``CPUOffloadPolicy`` (PR pytorch#120256; ``_fsdp_param.py`` ``all_gather_inputs``,
-      ``_fsdp_collectives.py`` ``foreach_reduce``): every all-gather first copies the fp32 sharded parameter
-      to the GPU (4 B, cast to bf16 there), every reduce-scatter output (fp32, 4 B) goes to the host; from the
-      second micro-batch on the CPU adds it into the host gradient (blocking copy, ``+=`` on the host).
-    - DeepSpeed ``offload_optimizer`` (ZeRO-1/2 stage_1_and_2.py, ZeRO-3 stage3.py; no ``offload_param``):
-      with accumulation every micro-batch moves the 16-bit gradient partition to a pinned host buffer and,
-      from the second on, brings it back to add the new one on the GPU
-      (``async_accumulate_grad_in_cpu_via_gpu``, ``partition_grads``; ZeRO-1 reduces, and so does this,
-      only at the boundary); at the boundary the fp32 partition goes down (4 B), after the step the 16-bit
-      partition comes up (2 B).
-    - Megatron ``--optimizer-cpu-offload`` (HybridDeviceOptimizer): the fp32 ``main_grad`` shard goes down
-      (4 B) and the updated 16-bit shard comes up (2 B, cast on the host) once per step.
-    """
-    if not plan.offload:
-        return HostTraffic(0.0, 0.0, 0.0, 0.0)
-    m = plan.num_microbatches
-    if plan.framework is Framework.FSDP:
-        return HostTraffic(overlapped_h2d_bytes=m * gathers_per_microbatch(plan) * 4 * shard_params,
-                           overlapped_d2h_bytes=m * 4 * shard_params, step_bytes=0.0,
-                           host_accumulate_bytes=(m - 1) * HOST_ACCUMULATE_BYTES_PER_PARAM * shard_params)
-    step = (4 + 2) * shard_params
-    if plan.framework is Framework.MEGATRON or m == 1:
-        return HostTraffic(0.0, 0.0, step, 0.0)
-    if plan.zero_stage == 1:
-        return HostTraffic(0.0, 0.0, step + (2 + 2) * shard_params, 0.0)
-    return HostTraffic(overlapped_h2d_bytes=(m - 1) * 2 * shard_params,
-                       overlapped_d2h_bytes=m * 2 * shard_params, step_bytes=step, host_accumulate_bytes=0.0)
-
-
 def _offload_s(cluster: ClusterSpec, plan: ParallelPlan, traffic: HostTraffic, dp_per_mb_s: float,
                window_s: float, pieces: int) -> float:
     """Exposed seconds of offload traffic at ``PCIE_BYTES_PER_S`` per direction. Copies issued during a
@@ -324,26 +262,8 @@ def _offload_s(cluster: ClusterSpec, plan: ParallelPlan, traffic: HostTraffic, d
     overlap = _overlap_fraction(cluster)
     alone_s = _exposed_s(dp_per_mb_s, window_s, pieces, overlap)
     added_s = m * (_exposed_s(dp_per_mb_s + copy_s, window_s, pieces, overlap) - alone_s)
-    host_s = traffic.host_accumulate_bytes * _gpus_sharing_host(cluster, plan) / HOST_OPTIMIZER_BYTES_PER_S
+    host_s = traffic.host_accumulate_bytes * gpus_sharing_host(cluster, plan) / HOST_OPTIMIZER_BYTES_PER_S
     return added_s + traffic.step_bytes / PCIE_BYTES_PER_S + host_s
-
-
-def _gpus_sharing_host(cluster: ClusterSpec, plan: ParallelPlan) -> int:
-    return min(cluster.gpus_per_node, plan.world_size)
-
-
-def _optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) -> float:
-    """Optimizer step seconds. On GPU the AdamW step streams ``OPTIMIZER_BYTES_PER_PARAM`` per parameter of
-    this rank's optimizer shard through HBM. With offload (ZeRO-Offload, Ren et al. 2021) the step runs on the
-    host over the shards of all GPUs of a node at the node's ``HOST_OPTIMIZER_BYTES_PER_S`` (Megatron's torch
-    CPU AdamW: ``TORCH_CPU_ADAMW_BYTES_PER_PARAM``)."""
-    if not plan.offload:
-        hbm = cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
-        return shard_params * OPTIMIZER_BYTES_PER_PARAM / hbm
-    node_params = shard_params * _gpus_sharing_host(cluster, plan)
-    per_param = (TORCH_CPU_ADAMW_BYTES_PER_PARAM if plan.framework is Framework.MEGATRON
-                 else OPTIMIZER_BYTES_PER_PARAM)
-    return node_params * per_param / HOST_OPTIMIZER_BYTES_PER_S
 
 
 def recomputed_share(model: ModelSpec, plan: ParallelPlan) -> float:
@@ -408,7 +328,7 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
         pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(
             pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages), cluster.gpus_per_node,
             cluster.cores_per_node),
-        dp_comm_s=dp_exposed, optimizer_s=_optimizer_s(cluster, plan, shard), offload_s=offload_s,
+        dp_comm_s=dp_exposed, optimizer_s=optimizer_s(cluster, plan, shard), offload_s=offload_s,
         ep_comm_s=m * blocks * bt.ep_s,
         model_flops=model_flops, hardware_flops=model_flops + extra,
         dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s)

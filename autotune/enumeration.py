@@ -1,0 +1,152 @@
+"""Every legal plan of a space's choices, as micro-batch ladders; illegal combinations counted by rule.
+
+Plans that differ only in micro-batch form a ladder, smallest first (memory grows with it, so a caller can
+stop at the first plan that does not fit). Illegal combinations are never constructed; they are counted by
+the rule they break, first failing rule wins (``autotune.spacerules``). Knobs that do not matter in a
+combination are collapsed, not counted (schedule when PP = 1, virtual stages unless interleaved, the HSDP
+group size unless HSDP, sequence parallel when TP = 1). ``autotune.space`` re-exports these names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import product
+from typing import TYPE_CHECKING, Any
+
+from autotune.plan import ParallelPlan, Schedule, Sharding
+from autotune.spacerules import (
+    BATCH_RULE,
+    KNOBS,
+    Variant,
+    collapse,
+    layout_rule,
+    pipeline_rule,
+    plain,
+    variant_rule,
+)
+
+if TYPE_CHECKING:
+    from autotune.space import PlanContext
+
+__all__ = ["Ladder", "Tally", "enumerate_plans", "layout_dps"]
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """Legal plans that differ only in micro-batch, smallest first."""
+
+    fields: dict[str, Any]
+    micro_batches: tuple[int, ...]
+
+    def plan(self, micro_batch: int) -> ParallelPlan:
+        return ParallelPlan(micro_batch=micro_batch, **self.fields)
+
+
+@dataclass
+class Tally:
+    """What an enumeration saw: illegal combinations by rule, and the values legal plans use per knob."""
+
+    pruned: Counter[str] = field(default_factory=Counter)
+    legal_values: dict[str, set[Any]] = field(default_factory=lambda: {k: set() for k in KNOBS})
+    num_legal: int = 0
+
+    def count(self, reason: str, n: int) -> None:
+        if n:
+            self.pruned[reason] += n
+
+    def record(self, ladder: Ladder) -> None:
+        self.num_legal += len(ladder.micro_batches)
+        for knob in KNOBS:
+            if knob != "micro_batch":
+                self.legal_values[knob].add(ladder.fields[knob])
+        self.legal_values["micro_batch"].update(ladder.micro_batches)
+
+    def choices(self) -> dict[str, list[Any]]:
+        """The legal values as plain JSON/Optuna values, sorted: the categorical choices of the study."""
+        return {k: sorted((plain(v) for v in vs), key=lambda x: (x is not None, x))
+                for k, vs in self.legal_values.items()}
+
+
+def enumerate_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext,
+                    tally: Tally | None = None) -> Iterator[Ladder]:
+    """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``."""
+    tally = tally if tally is not None else Tally()
+    variants: dict[tuple[int, bool, int], list[Variant]] = {}
+    num_mbs = len(choices["micro_batch"])
+    for tp, pp, cp in product(choices["tp"], choices["pp"], choices["cp"]):
+        if ctx.dp is not None and tp * pp * cp * ctx.dp != ctx.cluster.num_gpus:
+            continue  # --dp pins the layout: other layouts are outside the space, not pruned
+        key = (tp, pp > 1, cp)
+        if key not in variants:
+            variants[key] = _variants(choices, *key)
+        reason = layout_rule(ctx, tp, pp, cp)
+        if reason:
+            tally.count(reason, len(variants[key]) * num_mbs)
+            continue
+        dp = ctx.cluster.num_gpus // (tp * pp * cp)
+        mbs = tuple(m for m in choices["micro_batch"] if ctx.global_batch % (dp * m) == 0)
+        tally.count(BATCH_RULE, len(variants[key]) * (num_mbs - len(mbs)))
+        if mbs:
+            yield from _ladders(ctx, variants[key], (tp, pp, cp, dp), mbs, tally)
+
+
+def _ladders(ctx: PlanContext, variants: list[Variant], layout: tuple[int, int, int, int],
+             mbs: tuple[int, ...], tally: Tally) -> Iterator[Ladder]:
+    tp, pp, cp, dp = layout
+    for v in variants:
+        reason = variant_rule(ctx, v, tp, pp, cp, dp)
+        if reason:
+            tally.count(reason, len(mbs))
+            continue
+        good = []
+        for m in mbs:
+            reason = pipeline_rule(v.schedule, pp, ctx.global_batch // (dp * m))
+            if reason:
+                tally.count(reason, 1)
+            else:
+                good.append(m)
+        if good:
+            ladder = Ladder({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "global_batch": ctx.global_batch,
+                             "seq_len": ctx.seq_len, **v._asdict()}, tuple(good))
+            tally.record(ladder)
+            yield ladder
+
+
+def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int) -> list[Variant]:
+    """The non-layout combinations, with knobs that do not matter here collapsed to their default."""
+    tp_gt1 = tp > 1
+    schedules = [(s, v) for s in choices["schedule"]
+                 for v in (choices["virtual_stages"] if s is Schedule.INTERLEAVED else (1,))]
+    schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
+    sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP
+    out = []
+    speeds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # (fw, sp, prec) -> the speed knobs that matter
+    for fw, sharding in product(choices["framework"], choices["sharding"]):
+        for hsdp in (choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,)):
+            rest = product(choices["offload"], schedules, choices["recompute"], sps, choices["precision"],
+                           choices["ep"], choices["etp"])
+            for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
+                v = Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp)
+                key = (fw, sp, prec)
+                if key not in speeds:  # collapse before multiplying: most combinations leave one value each
+                    collapsed = (collapse(v._replace(**dict(zip(_SPEED, speed, strict=True))), tp, cp)
+                                 for speed in product(*(choices[k] for k in _SPEED)))
+                    speeds[key] = list(dict.fromkeys(tuple(getattr(c, k) for k in _SPEED) for c in collapsed))
+                out += [v._replace(**dict(zip(_SPEED, speed, strict=True))) for speed in speeds[key]]
+    return list(dict.fromkeys(out))
+
+
+_SPEED = ("fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
+
+
+def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:
+    """DP degrees of the layouts that pass the layout rules (the global batch is not looked at)."""
+    dps = set()
+    for tp, pp, cp in product(choices["tp"], choices["pp"], choices["cp"]):
+        if not layout_rule(ctx, tp, pp, cp):
+            dp = ctx.cluster.num_gpus // (tp * pp * cp)
+            if ctx.dp is None or dp == ctx.dp:
+                dps.add(dp)
+    return dps

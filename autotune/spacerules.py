@@ -1,0 +1,185 @@
+"""The search space's knobs and the rules that prune their combinations, asked of ``autotune.legality``.
+
+The enumerator (``autotune.enumeration``) and the Optuna path (``space.plan_from_params``) check a
+combination before any ``ParallelPlan`` exists: the layout first, then the other knobs, then each
+micro-batch. Every rule is a predicate of ``autotune.legality`` (the one ``ParallelPlan`` and
+``check_plan`` use); this module only orders them and names each broken rule in a short reason, the key
+the tally counts by.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from autotune.legality import (
+    a2a_heads_bad,
+    a2a_outside_megatron,
+    cp_seq_bad,
+    deepspeed_broken,
+    expert_fold_broken,
+    expert_model_broken,
+    fp8_recipe_missing,
+    hsdp_group_bad,
+    interleave_bad,
+    megatron_fsdp_bad,
+    microbatch_broken,
+    nothing_to_shard,
+    offload_unsharded,
+    shard_ranks,
+    tp_split_broken,
+)
+from autotune.planenums import (
+    FRAMEWORK_SHARDING,
+    CpComm,
+    Fp8Recipe,
+    Framework,
+    Precision,
+    Recompute,
+    Schedule,
+    Sharding,
+)
+from autotune.stagesplit import split_error
+
+if TYPE_CHECKING:
+    from autotune.space import PlanContext
+
+__all__ = ["KNOBS", "BATCH_RULE", "Variant", "collapse", "layout_rule", "variant_rule", "pipeline_rule",
+           "plain"]
+
+KNOBS = ("tp", "pp", "cp", "micro_batch", "framework", "sharding", "hsdp_shard_size", "offload", "schedule",
+         "virtual_stages", "recompute", "sequence_parallel", "precision", "ep", "etp", "fp8_recipe",
+         "compile", "async_tp", "tp_comm_overlap", "cp_comm")
+
+BATCH_RULE = "global batch is not divisible by DP x micro-batch"
+
+
+class Variant(NamedTuple):
+    """Everything but the layout and the micro-batch."""
+
+    framework: Framework
+    sharding: Sharding
+    hsdp_shard_size: int | None
+    offload: bool
+    schedule: Schedule
+    virtual_stages: int
+    recompute: Recompute
+    sequence_parallel: bool
+    precision: Precision
+    ep: int = 1
+    etp: int = 1
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE
+    compile: bool = False
+    async_tp: bool = False
+    tp_comm_overlap: bool = False
+    cp_comm: CpComm = CpComm.P2P
+
+
+def collapse(v: Variant, tp: int, cp: int) -> Variant:
+    """Speed knobs that do not matter in this combination, at their defaults (as SP is without TP): the fp8
+    recipe without fp8, compile and async TP outside the torch framework (async TP also without TP or
+    compile), TP-comm overlap outside Megatron or without SP, the CP exchange without CP."""
+    torch_fw, fp8 = v.framework is Framework.FSDP, v.precision is Precision.FP8
+    return v._replace(
+        fp8_recipe=v.fp8_recipe if fp8 else Fp8Recipe.TENSORWISE,
+        compile=v.compile and torch_fw,
+        async_tp=v.async_tp and torch_fw and v.compile and tp > 1,
+        tp_comm_overlap=(v.tp_comm_overlap and v.framework is Framework.MEGATRON and v.sequence_parallel
+                         and tp > 1),
+        cp_comm=v.cp_comm if cp > 1 else CpComm.P2P)
+
+
+def layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
+    model = ctx.model
+    split = tp_split_broken(model, tp)
+    if split:
+        return _TP_SPLIT[split[0]]
+    if pp > model.num_layers:
+        return "PP exceeds the layers"
+    if ctx.cluster.num_gpus % (tp * pp * cp):
+        return "TP x PP x CP does not divide the GPU count"
+    if cp_seq_bad(ctx.seq_len, cp):
+        return "seq-len is not divisible by 2 x CP"
+    return None
+
+
+_TP_SPLIT = {"heads": "TP does not divide the attention heads", "kv-heads": "TP does not divide the KV heads",
+             "mlp": "TP does not divide the MLP width"}
+
+
+def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
+    sharding, fw = v.sharding, v.framework
+    if sharding not in FRAMEWORK_SHARDING[fw]:
+        return "the framework does not offer this sharding"
+    if nothing_to_shard(sharding, shard_ranks(fw, dp, cp)):
+        return "sharding needs DP > 1"
+    if sharding is Sharding.HSDP and hsdp_group_bad(v.hsdp_shard_size, dp):
+        return "the HSDP shard group must divide DP (1 < size < DP)"
+    if offload_unsharded(v.offload, sharding):
+        return "offload needs a sharded optimizer"
+    if megatron_fsdp_bad(fw, sharding, pp, v.offload):
+        return "Megatron-FSDP is priced without pipelining or offload"
+    if fw is Framework.DEEPSPEED and (broken := deepspeed_broken(
+            tp=tp, pp=pp, cp=cp, sharding=sharding, schedule=v.schedule, precision=v.precision,
+            sequence_parallel=v.sequence_parallel)):
+        return _DEEPSPEED[broken[0]]
+    if interleave_bad(v.schedule, pp, v.virtual_stages):
+        return "the interleaved schedule needs virtual stages >= 2"
+    if pp > 1 and split_error(ctx.model.num_layers, pp, v.virtual_stages, str(fw)):
+        return "the framework cannot split the layers into PP x virtual stages"
+    if not ctx.cluster.gpu.supports(str(v.precision)):
+        return "the GPU lacks this precision"
+    return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, cp)
+
+
+_DEEPSPEED = {"pipeline-zero": "DeepSpeed's pipeline engine rejects ZeRO-2/3",
+              "pipeline-tp": "DeepSpeed's pipeline engine fails with TP",
+              "pipeline-schedule": "DeepSpeed's pipeline engine runs 1F1B only",
+              "cp": "DeepSpeed has no context parallelism", "fp8": "DeepSpeed has no fp8 training path",
+              "sp": "DeepSpeed AutoTP has no sequence parallelism"}
+
+
+def _expert_rule(ctx: PlanContext, v: Variant, tp: int, cp: int, dp: int) -> str | None:
+    broken = expert_model_broken(ctx.model, v.framework, ep=v.ep, etp=v.etp, tp=tp,
+                                 sequence_parallel=v.sequence_parallel)
+    if broken:
+        return _EXPERT[broken[0]]
+    shard = 1 if v.sharding is Sharding.NONE else (v.hsdp_shard_size or dp)
+    fold = expert_fold_broken(v.framework, ep=v.ep, etp=v.etp, tp=tp, dp=dp, cp=cp, shard=shard,
+                              sharding=v.sharding)
+    return _EXPERT[fold] if fold else None
+
+
+_TORCHTITAN_EP = "torchtitan: EP must divide dp_shard x CP (x TP with ETP 1), ETP in {1, TP}"
+_EXPERT = {"dense": "EP/ETP > 1 on a dense model", "experts": "EP does not divide the routed experts",
+           "width": "ETP does not divide the expert width",
+           "megatron-sp": "Megatron MoE with TP > 1 needs sequence parallelism",
+           "megatron": "Megatron: EP x ETP does not divide TP x DP x CP",
+           "torchtitan-etp": _TORCHTITAN_EP, "torchtitan-borrow": _TORCHTITAN_EP,
+           "deepspeed-tp": "DeepSpeed-MoE is priced with TP = ETP = 1",
+           "deepspeed-dp": "DeepSpeed-MoE: EP does not divide DP",
+           "deepspeed-zero3": "DeepSpeed-MoE does not run with ZeRO-3"}
+
+
+def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
+    if fp8_recipe_missing(v.framework, v.precision, v.fp8_recipe):
+        return "the framework has no such fp8 recipe"
+    if a2a_outside_megatron(v.framework, cp, v.cp_comm):
+        return "cp-comm a2a runs in Megatron only"
+    if a2a_heads_bad(ctx.model, tp, cp, v.cp_comm):
+        return "cp-comm a2a needs TP x CP to divide the heads"
+    return None
+
+
+def pipeline_rule(schedule: Schedule, pp: int, num_microbatches: int) -> str | None:
+    broken = microbatch_broken(schedule, pp, num_microbatches)
+    return _PIPELINE[broken[0]] if broken else None
+
+
+_PIPELINE = {"too-few": "1F1B needs micro-batches per step >= PP",
+             "not-divisible": "interleaved needs micro-batches per step divisible by PP"}
+
+
+def plain(value: Any) -> Any:
+    """An enum member as its value (JSON and Optuna take plain values)."""
+    return value.value if isinstance(value, Enum) else value
