@@ -162,14 +162,19 @@ def load_model(name_or_path: str) -> ModelSpec:
         return model_from_dict(presets[name_or_path], name=name_or_path)
     path = Path(name_or_path)
     if path.is_dir():
-        hint = f"did you mean --model {path / 'config.json'}?" if (path / "config.json").is_file() else \
-            "pass its config.json"
+        hint = (
+            f"did you mean --model {path / 'config.json'}?"
+            if (path / "config.json").is_file()
+            else "pass its config.json"
+        )
         raise ConfigError(f"--model {name_or_path}: is a directory; {hint}")
     if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
         return model_from_dict(_read_mapping(path), name=str(path))
     known = model_names()
-    raise ConfigError(f"--model: unknown model {name_or_path!r}{_did_you_mean(name_or_path, known)}; known "
-                      f"presets: {', '.join(known)}, or a path to a Hugging Face config.json / YAML")
+    raise ConfigError(
+        f"--model: unknown model {name_or_path!r}{_did_you_mean(name_or_path, known)}; known "
+        f"presets: {', '.join(known)}, or a path to a Hugging Face config.json / YAML"
+    )
 
 
 def _did_you_mean(name: str, known: list[str]) -> str:
@@ -192,8 +197,9 @@ def _tflops(value: Any) -> float | None:
 def load_gpu(name: str) -> GPUSpec:
     gpus = _data("hardware.yaml")["gpus"]
     if name not in gpus:
-        raise ConfigError(f"--gpu: unknown GPU {name!r}{_did_you_mean(name, gpu_names())}; "
-                          f"known: {', '.join(gpu_names())}")
+        raise ConfigError(
+            f"--gpu: unknown GPU {name!r}{_did_you_mean(name, gpu_names())}; known: {', '.join(gpu_names())}"
+        )
     g = gpus[name]
     return GPUSpec(
         key=name,
@@ -215,8 +221,9 @@ def load_gpu(name: str) -> GPUSpec:
         async_collectives=bool(g.get("async_collectives", True)),
         gemm_shape_curve=_points(g.get("gemm_shape_curve")),
         fp8_gemm_scale=float(g.get("fp8_gemm_scale", 1.0)),
-        attention_curves=tuple((kernel, _points(c["fwd"]), _points(c["bwd"]))
-                               for kernel, c in (g.get("attention") or {}).items()),
+        attention_curves=tuple(
+            (kernel, _points(c["fwd"]), _points(c["bwd"])) for kernel, c in (g.get("attention") or {}).items()
+        ),
         tdp_w=g.get("tdp_w"),
         power_limit_w=g.get("power_limit_w"),
         sm_count=g.get("sm_count"),
@@ -287,13 +294,17 @@ def make_cluster(
     if isinstance(nics, bool) or not isinstance(nics, int) or nics <= 0:
         raise ConfigError(f"nics_per_node: must be a positive integer, got {nics!r}")
     if host_memory_gib is not None and not 0 < host_memory_gib <= _MAX_HOST_MEMORY_GIB:  # nan fails too
-        raise ConfigError(f"--host-memory-gib: host RAM per node must be in (0, {_MAX_HOST_MEMORY_GIB}] GiB, "
-                          f"got {host_memory_gib!r}")
+        raise ConfigError(
+            f"--host-memory-gib: host RAM per node must be in (0, {_MAX_HOST_MEMORY_GIB}] GiB, "
+            f"got {host_memory_gib!r}"
+        )
     domain = nvlink_domain_gpus if nvlink_domain_gpus is not None else spec.nvlink_domain_gpus
-    if domain is not None and (isinstance(domain, bool) or not isinstance(domain, int) or domain <= 0
-                               or domain % per_node):
-        raise ConfigError(f"nvlink_domain_gpus: must be a positive multiple of gpus_per_node {per_node}, "
-                          f"got {domain!r}")
+    if domain is not None and (
+        isinstance(domain, bool) or not isinstance(domain, int) or domain <= 0 or domain % per_node
+    ):
+        raise ConfigError(
+            f"nvlink_domain_gpus: must be a positive multiple of gpus_per_node {per_node}, got {domain!r}"
+        )
     return ClusterSpec(
         name=f"{num_gpus // per_node}x{per_node} {spec.key}",
         gpu=spec,

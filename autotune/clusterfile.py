@@ -42,15 +42,18 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     if isinstance(gpu, dict):  # a GPU described inline (usergpu)
         gpu = gpu_from_mapping(gpu, where=where)
     elif not isinstance(gpu, str):
-        raise ConfigError(f"{where}: missing key 'gpu' (one of {', '.join(gpu_names())}, or a mapping of "
-                          "GPU keys)")
+        raise ConfigError(
+            f"{where}: missing key 'gpu' (one of {', '.join(gpu_names())}, or a mapping of GPU keys)"
+        )
     nodes = int_field(cfg, "num_nodes", where)
     per_node = int_field(cfg, "gpus_per_node", where)
     host = cfg.get("host_memory_gib")
-    if host is not None and (isinstance(host, bool) or not isinstance(host, (int, float))
-                             or not 0 < host <= MAX_HOST_MEMORY_GIB):  # also rejects nan and inf
-        raise ConfigError(f"{where}: key 'host_memory_gib' must be a number in (0, {MAX_HOST_MEMORY_GIB}], "
-                          f"got {host!r}")
+    if host is not None and (
+        isinstance(host, bool) or not isinstance(host, (int, float)) or not 0 < host <= MAX_HOST_MEMORY_GIB
+    ):  # also rejects nan and inf
+        raise ConfigError(
+            f"{where}: key 'host_memory_gib' must be a number in (0, {MAX_HOST_MEMORY_GIB}], got {host!r}"
+        )
     for key in ("intra_node_link", "inter_node_link"):
         if key in cfg and not isinstance(cfg[key], str):
             raise ConfigError(f"{where}: key '{key}' must be a link name ({', '.join(link_names())})")

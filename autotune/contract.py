@@ -35,9 +35,14 @@ from typing import Any
 __all__ = ["ENV", "plan", "warmup_steps", "measure_steps", "tokens_per_step", "step", "report"]
 
 ENV = {
-    "trial_dir": "AUTOTUNE_TRIAL_DIR", "plan": "AUTOTUNE_PLAN", "ds_config": "AUTOTUNE_DS_CONFIG",
-    "accelerate_config": "AUTOTUNE_ACCELERATE_CONFIG", "warmup_steps": "AUTOTUNE_WARMUP_STEPS",
-    "measure_steps": "AUTOTUNE_MEASURE_STEPS", "result": "AUTOTUNE_RESULT", "progress": "AUTOTUNE_PROGRESS",
+    "trial_dir": "AUTOTUNE_TRIAL_DIR",
+    "plan": "AUTOTUNE_PLAN",
+    "ds_config": "AUTOTUNE_DS_CONFIG",
+    "accelerate_config": "AUTOTUNE_ACCELERATE_CONFIG",
+    "warmup_steps": "AUTOTUNE_WARMUP_STEPS",
+    "measure_steps": "AUTOTUNE_MEASURE_STEPS",
+    "result": "AUTOTUNE_RESULT",
+    "progress": "AUTOTUNE_PROGRESS",
 }
 """Contract field -> environment variable."""
 SCRIPT_CONFIGS = {"ds_config": "ds_config.json", "accelerate_config": "accelerate_fsdp.yaml"}
@@ -49,8 +54,10 @@ _step_times_s: list[float] = []
 def _env(key: str) -> str:
     value = os.environ.get(ENV[key])
     if not value:
-        raise RuntimeError(f"{ENV[key]} is not set: run this script through `autotune search --script` or a "
-                           "launcher autotune emit wrote (bash best/launch_torchrun.sh train.py)")
+        raise RuntimeError(
+            f"{ENV[key]} is not set: run this script through `autotune search --script` or a "
+            "launcher autotune emit wrote (bash best/launch_torchrun.sh train.py)"
+        )
     return value
 
 
@@ -86,14 +93,24 @@ def step(step_time_s: float, *, tokens: int | None = None) -> None:
     if not _rank0():
         return
     tokens = tokens if tokens is not None else tokens_per_step()
-    line = {"step": len(_step_times_s) - 1, "step_time_s": step_time_s, "time": time.time(),
-            "tokens_per_s": tokens / step_time_s}
+    line = {
+        "step": len(_step_times_s) - 1,
+        "step_time_s": step_time_s,
+        "time": time.time(),
+        "tokens_per_s": tokens / step_time_s,
+    }
     with Path(_env("progress")).open("a") as f:
         f.write(json.dumps(line) + "\n")
 
 
-def report(*, tokens_per_s: float | None = None, step_time_s: float | None = None,
-           peak_memory_bytes: float | None = None, loss: float | None = None, **extra: Any) -> None:
+def report(
+    *,
+    tokens_per_s: float | None = None,
+    step_time_s: float | None = None,
+    peak_memory_bytes: float | None = None,
+    loss: float | None = None,
+    **extra: Any,
+) -> None:
     """Write the trial's ``result.json`` (status ``ok``) from rank 0.
 
     ``step_time_s`` defaults to the median of the steps given to ``step``; ``tokens_per_s`` to
@@ -110,10 +127,18 @@ def report(*, tokens_per_s: float | None = None, step_time_s: float | None = Non
             raise ValueError("report() needs tokens_per_s, step_time_s, or steps recorded with step()")
         tokens_per_s = tokens_per_step() / step_time_s
     cov = statistics.pstdev(times) / statistics.fmean(times) if len(times) > 1 else None
-    result = {"status": "ok", "tokens_per_s": float(tokens_per_s), "step_time_s": step_time_s,
-              "step_time_cov": cov, "peak_memory_bytes": peak_memory_bytes, "mfu": None, "loss": loss,
-              "error": None, "wall_s": None,
-              "extra": {"source": "script", "step_times_s": times, **extra}}
+    result = {
+        "status": "ok",
+        "tokens_per_s": float(tokens_per_s),
+        "step_time_s": step_time_s,
+        "step_time_cov": cov,
+        "peak_memory_bytes": peak_memory_bytes,
+        "mfu": None,
+        "loss": loss,
+        "error": None,
+        "wall_s": None,
+        "extra": {"source": "script", "step_times_s": times, **extra},
+    }
     path = Path(_env("result"))
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")

@@ -65,12 +65,15 @@ class Tally:
 
     def choices(self) -> dict[str, list[Any]]:
         """The legal values as plain JSON/Optuna values, sorted: the categorical choices of the study."""
-        return {k: sorted((plain(v) for v in vs), key=lambda x: (x is not None, x))
-                for k, vs in self.legal_values.items()}
+        return {
+            k: sorted((plain(v) for v in vs), key=lambda x: (x is not None, x))
+            for k, vs in self.legal_values.items()
+        }
 
 
-def enumerate_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext,
-                    tally: Tally | None = None) -> Iterator[Ladder]:
+def enumerate_plans(
+    choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, tally: Tally | None = None
+) -> Iterator[Ladder]:
     """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``."""
     tally = tally if tally is not None else Tally()
     variants: dict[tuple[int, bool, int], list[Variant]] = {}
@@ -92,8 +95,13 @@ def enumerate_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext,
             yield from _ladders(ctx, variants[key], (tp, pp, cp, dp), mbs, tally)
 
 
-def _ladders(ctx: PlanContext, variants: list[Variant], layout: tuple[int, int, int, int],
-             mbs: tuple[int, ...], tally: Tally) -> Iterator[Ladder]:
+def _ladders(
+    ctx: PlanContext,
+    variants: list[Variant],
+    layout: tuple[int, int, int, int],
+    mbs: tuple[int, ...],
+    tally: Tally,
+) -> Iterator[Ladder]:
     tp, pp, cp, dp = layout
     for v in variants:
         reason = variant_rule(ctx, v, tp, pp, cp, dp)
@@ -108,8 +116,18 @@ def _ladders(ctx: PlanContext, variants: list[Variant], layout: tuple[int, int, 
             else:
                 good.append(m)
         if good:
-            ladder = Ladder({"tp": tp, "pp": pp, "dp": dp, "cp": cp, "global_batch": ctx.global_batch,
-                             "seq_len": ctx.seq_len, **v._asdict()}, tuple(good))
+            ladder = Ladder(
+                {
+                    "tp": tp,
+                    "pp": pp,
+                    "dp": dp,
+                    "cp": cp,
+                    "global_batch": ctx.global_batch,
+                    "seq_len": ctx.seq_len,
+                    **v._asdict(),
+                },
+                tuple(good),
+            )
             tally.record(ladder)
             yield ladder
 
@@ -117,22 +135,34 @@ def _ladders(ctx: PlanContext, variants: list[Variant], layout: tuple[int, int, 
 def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int) -> list[Variant]:
     """The non-layout combinations, with knobs that do not matter here collapsed to their default."""
     tp_gt1 = tp > 1
-    schedules = [(s, v) for s in choices["schedule"]
-                 for v in (choices["virtual_stages"] if s is Schedule.INTERLEAVED else (1,))]
+    schedules = [
+        (s, v)
+        for s in choices["schedule"]
+        for v in (choices["virtual_stages"] if s is Schedule.INTERLEAVED else (1,))
+    ]
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
     sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP
     out = []
     speeds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # (fw, sp, prec) -> the speed knobs that matter
     for fw, sharding in product(choices["framework"], choices["sharding"]):
-        for hsdp in (choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,)):
-            rest = product(choices["offload"], schedules, choices["recompute"], sps, choices["precision"],
-                           choices["ep"], choices["etp"])
+        for hsdp in choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,):
+            rest = product(
+                choices["offload"],
+                schedules,
+                choices["recompute"],
+                sps,
+                choices["precision"],
+                choices["ep"],
+                choices["etp"],
+            )
             for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
                 v = Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp)
                 key = (fw, sp, prec)
                 if key not in speeds:  # collapse before multiplying: most combinations leave one value each
-                    collapsed = (collapse(v._replace(**dict(zip(_SPEED, speed, strict=True))), tp, cp)
-                                 for speed in product(*(choices[k] for k in _SPEED)))
+                    collapsed = (
+                        collapse(v._replace(**dict(zip(_SPEED, speed, strict=True))), tp, cp)
+                        for speed in product(*(choices[k] for k in _SPEED))
+                    )
                     speeds[key] = list(dict.fromkeys(tuple(getattr(c, k) for k in _SPEED) for c in collapsed))
                 out += [v._replace(**dict(zip(_SPEED, speed, strict=True))) for speed in speeds[key]]
     return list(dict.fromkeys(out))

@@ -14,8 +14,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from autotune.costmodel.estimate import Estimate
 
-__all__ = ["DEFAULT_MEMORY_HEADROOM", "MAX_MEMORY_HEADROOM", "headroom_budget_bytes", "headroom_reason",
-           "headroom_excess_bytes", "room_left"]
+__all__ = [
+    "DEFAULT_MEMORY_HEADROOM",
+    "MAX_MEMORY_HEADROOM",
+    "headroom_budget_bytes",
+    "headroom_reason",
+    "headroom_excess_bytes",
+    "room_left",
+]
 
 DEFAULT_MEMORY_HEADROOM = 0.10
 """Share of device memory left free by a recommended plan (docs/memory_headroom.md)."""
@@ -38,13 +44,17 @@ def headroom_reason(est: Estimate, headroom: float) -> str | None:
     """Why a plan that fits the device is not recommended; None within the headroom."""
     if headroom_excess_bytes(est, headroom) <= 0:
         return None
-    return (f"above the memory headroom: needs {est.memory_bytes_per_gpu / _GIB:.1f} GiB per GPU, "
-            f"more than {1 - headroom:.0%} of {est.memory_capacity_bytes / _GIB:.1f} GiB "
-            f"(--memory-headroom {headroom:g})")
+    return (
+        f"above the memory headroom: needs {est.memory_bytes_per_gpu / _GIB:.1f} GiB per GPU, "
+        f"more than {1 - headroom:.0%} of {est.memory_capacity_bytes / _GIB:.1f} GiB "
+        f"(--memory-headroom {headroom:g})"
+    )
 
 
 def room_left(est: Estimate) -> str:
     """'12.3 GiB (15%) of 79.6 GiB free': what the plan leaves of the device."""
     free = est.memory_capacity_bytes - est.memory_bytes_per_gpu
-    return (f"{free / _GIB:.1f} GiB ({free / est.memory_capacity_bytes:.0%}) of "
-            f"{est.memory_capacity_bytes / _GIB:.1f} GiB free")
+    return (
+        f"{free / _GIB:.1f} GiB ({free / est.memory_capacity_bytes:.0%}) of "
+        f"{est.memory_capacity_bytes / _GIB:.1f} GiB free"
+    )

@@ -61,19 +61,22 @@ class HostProfile:
             fsdp_host_unit_s=self.fsdp_host_unit_s * scale,
             fsdp_host_bytes_per_s=self.fsdp_host_bytes_per_s / scale,
             zero3_host_module_s=self.zero3_host_module_s * scale,
-            zero3_host_bytes_per_s=self.zero3_host_bytes_per_s / scale)
+            zero3_host_bytes_per_s=self.zero3_host_bytes_per_s / scale,
+        )
 
 
 NO_HOST_TIME = HostProfile()
 """A GPU's: the device hides its host time."""
 
-_SCALAR_KEYS = {"op_overhead_us": ("op_overhead_s", 1e-6),
-                "dtensor_op_overhead_us": ("dtensor_op_overhead_s", 1e-6),
-                "dtensor_collective_overhead_us": ("dtensor_collective_overhead_s", 1e-6),
-                "fsdp_host_unit_us": ("fsdp_host_unit_s", 1e-6),
-                "fsdp_host_gb_s": ("fsdp_host_bytes_per_s", 1e9),
-                "zero3_host_module_us": ("zero3_host_module_s", 1e-6),
-                "zero3_host_gb_s": ("zero3_host_bytes_per_s", 1e9)}
+_SCALAR_KEYS = {
+    "op_overhead_us": ("op_overhead_s", 1e-6),
+    "dtensor_op_overhead_us": ("dtensor_op_overhead_s", 1e-6),
+    "dtensor_collective_overhead_us": ("dtensor_collective_overhead_s", 1e-6),
+    "fsdp_host_unit_us": ("fsdp_host_unit_s", 1e-6),
+    "fsdp_host_gb_s": ("fsdp_host_bytes_per_s", 1e9),
+    "zero3_host_module_us": ("zero3_host_module_s", 1e-6),
+    "zero3_host_gb_s": ("zero3_host_bytes_per_s", 1e9),
+}
 """Data key -> (field, unit in SI)."""
 _PER_OPERATOR = frozenset({"op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us"})
 """Written as seconds x 1e6 (the rest as seconds / unit), as profiles always were (byte for byte)."""
@@ -83,11 +86,15 @@ HOST_KEYS = frozenset({*_SCALAR_KEYS, "pipeline_action_us"})
 
 def host_profile(data: Mapping[str, Any], base: HostProfile = NO_HOST_TIME) -> HostProfile:
     """``base`` with the figures ``data`` lists (data-file units: ``*_us``, ``*_gb_s``)."""
-    fields: dict[str, Any] = {field: float(data[key]) * unit if key in data else getattr(base, field)
-                              for key, (field, unit) in _SCALAR_KEYS.items()}
+    fields: dict[str, Any] = {
+        field: float(data[key]) * unit if key in data else getattr(base, field)
+        for key, (field, unit) in _SCALAR_KEYS.items()
+    }
     fields["pipeline_action_overhead_s"] = (
         tuple((s, float(us) * 1e-6) for s, us in data["pipeline_action_us"].items())
-        if data.get("pipeline_action_us") else base.pipeline_action_overhead_s)
+        if data.get("pipeline_action_us")
+        else base.pipeline_action_overhead_s
+    )
     return HostProfile(**fields)
 
 
@@ -95,7 +102,8 @@ def host_keys(host: HostProfile) -> dict[str, Any]:
     """The data keys that ``host_profile`` turns back into ``host`` (its non-zero figures)."""
     keys: dict[str, Any] = {
         key: getattr(host, field) * 1e6 if key in _PER_OPERATOR else getattr(host, field) / unit
-        for key, (field, unit) in _SCALAR_KEYS.items()}
+        for key, (field, unit) in _SCALAR_KEYS.items()
+    }
     keys = {k: v for k, v in keys.items() if v}
     if host.pipeline_action_overhead_s:
         keys["pipeline_action_us"] = {k: v * 1e6 for k, v in host.pipeline_action_overhead_s}

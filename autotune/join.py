@@ -53,35 +53,55 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study_dir = StudyDir(runs_dir / name)
     if storage is None and not study_dir.db.exists():
-        raise ConfigError(f"no study '{name}' in {runs_dir}: pass --storage URL (the shared study's storage) "
-                          "or --out DIR")
+        raise ConfigError(
+            f"no study '{name}' in {runs_dir}: pass --storage URL (the shared study's storage) or --out DIR"
+        )
     url = storage or default_storage_url(study_dir)
     try:
-        study = optuna.load_study(study_name=name, storage=open_storage(url, heartbeat_s=heartbeat_s,
-                                                                        create=False),
-                                  pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1))
+        study = optuna.load_study(
+            study_name=name,
+            storage=open_storage(url, heartbeat_s=heartbeat_s, create=False),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1),
+        )
     except KeyError:
-        raise ConfigError(f"no study '{name}' in {_redact(url)}; create it once with autotune search ... "
-                          f"--study {name} --storage URL --create-only") from None
+        raise ConfigError(
+            f"no study '{name}' in {_redact(url)}; create it once with autotune search ... "
+            f"--study {name} --storage URL --create-only"
+        ) from None
     except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:  # unreachable, or no schema there
-        cause = str(e.__cause__ or e).strip().splitlines()[0][:200]      # (workers never create one)
-        raise ConfigError(f"cannot read study '{name}' from {_redact(url)}: {cause}; is the database up, and "
-                          "was the study created (autotune search ... --create-only)?") from None
+        cause = str(e.__cause__ or e).strip().splitlines()[0][:200]  # (workers never create one)
+        raise ConfigError(
+            f"cannot read study '{name}' from {_redact(url)}: {cause}; is the database up, and "
+            "was the study created (autotune search ... --create-only)?"
+        ) from None
     setup = study_setup(study)
     model, cluster = model_from_dict(setup["model"]), cluster_from_dict(setup["cluster"])
-    ctx = PlanContext(model=model, cluster=cluster, global_batch=setup["global_batch"],
-                      seq_len=setup["seq_len"], dp=setup["dp"])
+    ctx = PlanContext(
+        model=model,
+        cluster=cluster,
+        global_batch=setup["global_batch"],
+        seq_len=setup["seq_len"],
+        dp=setup["dp"],
+    )
     space = study.user_attrs["autotune_identity"]["space"]  # the study's categorical choices, as JSON
     study_space = SearchSpace(knobs={k: tuple(v) for k, v in space.items()}, source=f"study {name}")
     choices = resolve_choices(study_space, model, cluster)
     ranking = dataclasses.replace(rank_plans(choices, ctx), choices=space)  # suggest exactly those choices
     options = trial_options(workload=setup.get("workload"), script=setup.get("script"))
-    choice = get_backend(setup["backend"], cluster=cluster, device=setup["device"], options=options,
-                         executor=setup.get("executor", "local"))
+    choice = get_backend(
+        setup["backend"],
+        cluster=cluster,
+        device=setup["device"],
+        options=options,
+        executor=setup.get("executor", "local"),
+    )
     if setup["measures"] and not choice.backend.measures:
-        raise ConfigError(f"study '{name}' measures trials ({setup['backend']}); this node can only predict "
-                          f"({choice.note}): run the worker where the GPUs are")
+        raise ConfigError(
+            f"study '{name}' measures trials ({setup['backend']}); this node can only predict "
+            f"({choice.note}): run the worker where the GPUs are"
+        )
     # its own seed: workers that start together must not propose the same plans
     study.sampler = make_sampler(setup["seed"] + os.getpid(), len(study.trials))
-    return Joined(study=study, setup=setup, ranking=ranking, backend=choice.backend, url=url,
-                  study_dir=study_dir)
+    return Joined(
+        study=study, setup=setup, ranking=ranking, backend=choice.backend, url=url, study_dir=study_dir
+    )

@@ -31,17 +31,41 @@ if TYPE_CHECKING:
     from autotune.plan import ParallelPlan
 
 __all__ = [
-    "plan_errors", "check_plan", "expert_errors", "tp_split_broken", "cp_seq_bad", "a2a_outside_megatron",
-    "a2a_heads_bad", "fp8_recipe_missing", "hsdp_group_bad", "shard_ranks", "nothing_to_shard",
-    "offload_unsharded", "megatron_fsdp_bad", "interleave_bad", "microbatch_broken", "deepspeed_broken",
-    "expert_model_broken", "expert_fold_broken",
+    "plan_errors",
+    "check_plan",
+    "expert_errors",
+    "tp_split_broken",
+    "cp_seq_bad",
+    "a2a_outside_megatron",
+    "a2a_heads_bad",
+    "fp8_recipe_missing",
+    "hsdp_group_bad",
+    "shard_ranks",
+    "nothing_to_shard",
+    "offload_unsharded",
+    "megatron_fsdp_bad",
+    "interleave_bad",
+    "microbatch_broken",
+    "deepspeed_broken",
+    "expert_model_broken",
+    "expert_fold_broken",
 ]
 
 
 def plan_errors(plan: ParallelPlan) -> list[str]:
     """Rules that need only the plan. Each message names the flag and what would satisfy it."""
-    for name in ("tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len", "virtual_stages", "ep",
-                 "etp"):
+    for name in (
+        "tp",
+        "pp",
+        "dp",
+        "cp",
+        "micro_batch",
+        "global_batch",
+        "seq_len",
+        "virtual_stages",
+        "ep",
+        "etp",
+    ):
         value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return [f"{name.replace('_', '-')} must be a positive integer, got {value!r}"]
@@ -53,14 +77,18 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
     errors += _megatron_memory_option_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
-        errors.append(f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
-                      f"{plan.dp} x {plan.micro_batch} = {per_step}")
+        errors.append(
+            f"global batch {plan.global_batch} is not divisible by DP x micro-batch = "
+            f"{plan.dp} x {plan.micro_batch} = {per_step}"
+        )
     errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan) + expert_errors(plan)
     if plan.sequence_parallel and plan.tp == 1:
         errors.append("sequence parallel needs TP > 1 (it splits norms/dropout over the TP group)")
     if cp_seq_bad(plan.seq_len, plan.cp):
-        errors.append(f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
-                      "(load-balanced ring attention splits each sequence into 2*CP chunks)")
+        errors.append(
+            f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
+            "(load-balanced ring attention splits each sequence into 2*CP chunks)"
+        )
     return errors
 
 
@@ -69,9 +97,13 @@ def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
     if bad:
         return [f"recompute-modules: unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}"]
     if plan.recompute is not Recompute.SELECTIVE or plan.framework is not Framework.MEGATRON:
-        return ["recompute-modules needs --recompute selective and --framework megatron "
-                "(Megatron's --recompute-granularity selective --recompute-modules)"]
+        return [
+            "recompute-modules needs --recompute selective and --framework megatron "
+            "(Megatron's --recompute-granularity selective --recompute-modules)"
+        ]
     return []
+
+
 def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
     """Activation offload and the precision-aware optimizer are Megatron options; Megatron's
     ``TransformerConfig.__post_init__`` rejects CPU offloading with pipeline parallelism."""
@@ -80,16 +112,22 @@ def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
         return [f"offload-activation-layers must be a non-negative integer, got {n!r}"]
     errors = []
     if n and (plan.framework is not Framework.MEGATRON or plan.pp > 1):
-        errors.append("offload-activation-layers needs --framework megatron and --pp 1 (Megatron's "
-                      "--cpu-offloading-num-layers does not support pipeline parallelism)")
+        errors.append(
+            "offload-activation-layers needs --framework megatron and --pp 1 (Megatron's "
+            "--cpu-offloading-num-layers does not support pipeline parallelism)"
+        )
     distributed = plan.sharding in (Sharding.ZERO1, Sharding.FSDP_FULL) or plan.dp * plan.cp == 1
     if plan.precision_aware_optimizer and (plan.framework is not Framework.MEGATRON or not distributed):
-        errors.append("precision-aware-optimizer needs --framework megatron and its distributed optimizer "
-                      "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
-                      "--use-precision-aware-optimizer")
+        errors.append(
+            "precision-aware-optimizer needs --framework megatron and its distributed optimizer "
+            "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
+            "--use-precision-aware-optimizer"
+        )
     if plan.grad_reduce_dtype is not None and plan.framework is not Framework.MEGATRON:
-        errors.append("grad-reduce-dtype needs --framework megatron (Megatron's --grad-reduce-in-bf16); "
-                      "FSDP2 reduces in fp32 and DeepSpeed in the 16-bit model dtype")
+        errors.append(
+            "grad-reduce-dtype needs --framework megatron (Megatron's --grad-reduce-in-bf16); "
+            "FSDP2 reduces in fp32 and DeepSpeed in the 16-bit model dtype"
+        )
     return errors
 
 
@@ -98,8 +136,10 @@ def _recompute_layers_errors(plan: ParallelPlan) -> list[str]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         return [f"recompute-layers must be a positive integer, got {n!r}"]
     if plan.recompute is not Recompute.FULL or plan.framework is not Framework.MEGATRON:
-        return ["recompute-layers needs --recompute full and --framework megatron "
-                "(Megatron's --recompute-num-layers with --recompute-method block)"]
+        return [
+            "recompute-layers needs --recompute full and --framework megatron "
+            "(Megatron's --recompute-num-layers with --recompute-method block)"
+        ]
     return []
 
 
@@ -108,8 +148,9 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
     if plan.sharding is Sharding.HSDP:
         s = plan.hsdp_shard_size
         if hsdp_group_bad(s, plan.dp):
-            errors.append(f"hsdp needs a shard-group size that divides DP={plan.dp} strictly between 1 "
-                          f"and DP, got {s}")
+            errors.append(
+                f"hsdp needs a shard-group size that divides DP={plan.dp} strictly between 1 and DP, got {s}"
+            )
     elif plan.hsdp_shard_size is not None:
         errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
     if nothing_to_shard(plan.sharding, shard_ranks(plan.framework, plan.dp, plan.cp)):
@@ -130,8 +171,10 @@ def _pipeline_errors(plan: ParallelPlan) -> list[str]:
         m = plan.num_microbatches
         broken = microbatch_broken(plan.schedule, plan.pp, m)
         if "too-few" in broken:
-            errors.append(f"{plan.schedule} needs micro-batches per step >= PP: {m} < {plan.pp} "
-                          "(raise the global batch or lower the micro-batch)")
+            errors.append(
+                f"{plan.schedule} needs micro-batches per step >= PP: {m} < {plan.pp} "
+                "(raise the global batch or lower the micro-batch)"
+            )
         if "not-divisible" in broken:
             errors.append(f"interleaved needs micro-batches per step ({m}) divisible by PP ({plan.pp})")
     return errors
@@ -145,12 +188,20 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
         errors.append(f"framework {fw} does not offer sharding {plan.sharding} (it offers: {allowed})")
     errors += _knob_errors(plan)
     if megatron_fsdp_bad(fw, plan.sharding, plan.pp, plan.offload):
-        errors.append("Megatron-FSDP is priced without pipelining or optimizer offload (as Megatron-Bridge's "
-                      "recipes run it); use --pp 1 without --offload, or --sharding zero1")
+        errors.append(
+            "Megatron-FSDP is priced without pipelining or optimizer offload (as Megatron-Bridge's "
+            "recipes run it); use --pp 1 without --offload, or --sharding zero1"
+        )
     if fw is Framework.DEEPSPEED:
-        broken = deepspeed_broken(tp=plan.tp, pp=plan.pp, cp=plan.cp, sharding=plan.sharding,
-                                  schedule=plan.schedule, precision=plan.precision,
-                                  sequence_parallel=plan.sequence_parallel)
+        broken = deepspeed_broken(
+            tp=plan.tp,
+            pp=plan.pp,
+            cp=plan.cp,
+            sharding=plan.sharding,
+            schedule=plan.schedule,
+            precision=plan.precision,
+            sequence_parallel=plan.sequence_parallel,
+        )
         if "pipeline-zero" in broken:
             errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")
         if "pipeline-tp" in broken:
@@ -162,8 +213,9 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
         if "fp8" in broken:
             errors.append("DeepSpeed's engine has no fp8 training path; use bf16/fp16")
         if "sp" in broken:
-            errors.append("DeepSpeed AutoTP has no Megatron-style sequence parallelism; "
-                          "drop --sequence-parallel")
+            errors.append(
+                "DeepSpeed AutoTP has no Megatron-style sequence parallelism; drop --sequence-parallel"
+            )
     return errors
 
 
@@ -180,14 +232,19 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
     if plan.tp_comm_overlap and (fw is not Framework.MEGATRON or not plan.sequence_parallel):
         errors.append("tp-comm-overlap is Megatron/TE's and needs --sequence-parallel (TP > 1)")
     if a2a_outside_megatron(fw, plan.cp, plan.cp_comm):
-        errors.append("cp-comm a2a (Ulysses) needs --framework megatron; torchtitan rotates K/V by p2p or "
-                      "allgather")
+        errors.append(
+            "cp-comm a2a (Ulysses) needs --framework megatron; torchtitan rotates K/V by p2p or allgather"
+        )
     if plan.moe_dispatcher is not MoeDispatcher.ALLTOALL and fw is not Framework.MEGATRON:
-        errors.append(f"moe-dispatcher {plan.moe_dispatcher} is Megatron's flex dispatcher; use --framework "
-                      "megatron or moe-dispatcher alltoall")
+        errors.append(
+            f"moe-dispatcher {plan.moe_dispatcher} is Megatron's flex dispatcher; use --framework "
+            "megatron or moe-dispatcher alltoall"
+        )
     if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):
-        errors.append(f"framework {fw} always overlaps its DP collectives; only megatron can turn "
-                      "overlap-grad-reduce / overlap-param-gather off")
+        errors.append(
+            f"framework {fw} always overlaps its DP collectives; only megatron can turn "
+            "overlap-grad-reduce / overlap-param-gather off"
+        )
     return errors
 
 
@@ -196,30 +253,39 @@ def expert_errors(plan: ParallelPlan, framework: Framework | None = None) -> lis
     a stage's ``tp x dp x cp`` ranks."""
     ep, etp, fw = plan.ep, plan.etp, framework or plan.framework
     shard = plan.shard_degree if plan.sharding is not Sharding.NONE else 1
-    broken = expert_fold_broken(fw, ep=ep, etp=etp, tp=plan.tp, dp=plan.dp, cp=plan.cp, shard=shard,
-                                sharding=plan.sharding)
+    broken = expert_fold_broken(
+        fw, ep=ep, etp=etp, tp=plan.tp, dp=plan.dp, cp=plan.cp, shard=shard, sharding=plan.sharding
+    )
     if broken == "megatron":
-        return [f"Megatron needs EP x ETP = {ep} x {etp} to divide TP x DP x CP = "
-                f"{plan.tp * plan.dp * plan.cp} (expert parallelism folds into the dense ranks)"]
+        return [
+            f"Megatron needs EP x ETP = {ep} x {etp} to divide TP x DP x CP = "
+            f"{plan.tp * plan.dp * plan.cp} (expert parallelism folds into the dense ranks)"
+        ]
     if broken == "torchtitan-etp":
         return [f"torchtitan supports ETP = 1 or ETP = TP ({plan.tp}), got {etp}"]
     if broken == "torchtitan-borrow":
         borrow = shard * plan.cp * (plan.tp // etp)
-        return [f"torchtitan borrows EP from dp_shard x CP{' x TP' if etp == 1 else ''} = {borrow}; "
-                f"EP {ep} does not divide it"]
-    deepspeed = {"deepspeed-tp": "DeepSpeed-MoE is priced with TP = ETP = 1 here (its expert-slicing is not "
-                                 "modelled)",
-                 "deepspeed-dp": f"DeepSpeed-MoE needs EP {ep} to divide DP {plan.dp}",
-                 "deepspeed-zero3": "DeepSpeed-MoE does not run with ZeRO-3; use zero1/zero2"}
+        return [
+            f"torchtitan borrows EP from dp_shard x CP{' x TP' if etp == 1 else ''} = {borrow}; "
+            f"EP {ep} does not divide it"
+        ]
+    deepspeed = {
+        "deepspeed-tp": "DeepSpeed-MoE is priced with TP = ETP = 1 here (its expert-slicing is not modelled)",
+        "deepspeed-dp": f"DeepSpeed-MoE needs EP {ep} to divide DP {plan.dp}",
+        "deepspeed-zero3": "DeepSpeed-MoE does not run with ZeRO-3; use zero1/zero2",
+    }
     return [deepspeed[broken]] if broken in deepspeed else []
 
 
 def _expert_model_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
-    broken = expert_model_broken(model, plan.framework, ep=plan.ep, etp=plan.etp, tp=plan.tp,
-                                 sequence_parallel=plan.sequence_parallel)
+    broken = expert_model_broken(
+        model, plan.framework, ep=plan.ep, etp=plan.etp, tp=plan.tp, sequence_parallel=plan.sequence_parallel
+    )
     if "dense" in broken:
-        return [f"EP {plan.ep} / ETP {plan.etp} on {model.name}, a dense model: expert parallelism needs "
-                "routed experts; use --ep 1"]
+        return [
+            f"EP {plan.ep} / ETP {plan.etp} on {model.name}, a dense model: expert parallelism needs "
+            "routed experts; use --ep 1"
+        ]
     errors = []
     if "experts" in broken:
         errors.append(f"EP {plan.ep} does not divide the {model.num_experts} routed experts")
@@ -234,16 +300,20 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
     """Rules that need the model and the cluster; [] when the plan is legal."""
     errors: list[str] = []
     if plan.world_size != cluster.num_gpus:
-        errors.append(f"TP x PP x DP x CP = {plan.tp} x {plan.pp} x {plan.dp} x {plan.cp} = "
-                      f"{plan.world_size} does not equal the {cluster.num_gpus} GPUs")
+        errors.append(
+            f"TP x PP x DP x CP = {plan.tp} x {plan.pp} x {plan.dp} x {plan.cp} = "
+            f"{plan.world_size} does not equal the {cluster.num_gpus} GPUs"
+        )
     split_by_tp = tp_split_broken(model, plan.tp)
     if "heads" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
     if "kv-heads" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}")
     if a2a_heads_bad(model, plan.tp, plan.cp, plan.cp_comm):
-        errors.append(f"cp-comm a2a splits heads over TP x CP = {plan.tp * plan.cp}, which does not divide "
-                      f"{model.num_heads} heads; use --cp-comm p2p")
+        errors.append(
+            f"cp-comm a2a splits heads over TP x CP = {plan.tp * plan.cp}, which does not divide "
+            f"{model.num_heads} heads; use --cp-comm p2p"
+        )
     if "mlp" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
     split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
@@ -252,8 +322,10 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
     if not cluster.gpu.supports(str(plan.precision)):
         errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
     if "mla_up_proj" in plan.recompute_modules and not model.uses_mla:
-        errors.append("recompute-modules mla_up_proj needs a model with multi-latent attention "
-                      "(Megatron's transformer_config.py refuses it otherwise)")
+        errors.append(
+            "recompute-modules mla_up_proj needs a model with multi-latent attention "
+            "(Megatron's transformer_config.py refuses it otherwise)"
+        )
     return errors + _expert_model_errors(plan, model)
 
 
@@ -321,29 +393,47 @@ def microbatch_broken(schedule: Schedule, pp: int, num_microbatches: int) -> lis
     return broken + (["not-divisible"] if schedule is Schedule.INTERLEAVED and num_microbatches % pp else [])
 
 
-def deepspeed_broken(*, tp: int, pp: int, cp: int, sharding: Sharding, schedule: Schedule,
-                     precision: Precision, sequence_parallel: bool) -> list[str]:
+def deepspeed_broken(
+    *,
+    tp: int,
+    pp: int,
+    cp: int,
+    sharding: Sharding,
+    schedule: Schedule,
+    precision: Precision,
+    sequence_parallel: bool,
+) -> list[str]:
     """What DeepSpeed's engine does not run, in the order the rules are reported."""
-    rules = {"pipeline-zero": pp > 1 and zero_stage(sharding) > 1, "pipeline-tp": pp > 1 and tp > 1,
-             "pipeline-schedule": pp > 1 and schedule is not Schedule.ONE_F_ONE_B, "cp": cp > 1,
-             "fp8": precision is Precision.FP8, "sp": sequence_parallel}
+    rules = {
+        "pipeline-zero": pp > 1 and zero_stage(sharding) > 1,
+        "pipeline-tp": pp > 1 and tp > 1,
+        "pipeline-schedule": pp > 1 and schedule is not Schedule.ONE_F_ONE_B,
+        "cp": cp > 1,
+        "fp8": precision is Precision.FP8,
+        "sp": sequence_parallel,
+    }
     return [name for name, broken in rules.items() if broken]
 
 
-def expert_model_broken(model: ModelSpec, fw: Framework, *, ep: int, etp: int, tp: int,
-                        sequence_parallel: bool) -> list[str]:
+def expert_model_broken(
+    model: ModelSpec, fw: Framework, *, ep: int, etp: int, tp: int, sequence_parallel: bool
+) -> list[str]:
     """``dense`` (EP/ETP > 1 without routed experts), or what EP/ETP do not divide (``experts``,
     ``width``), and ``megatron-sp`` (megatron/training/arguments.py: MoE with TP needs sequence
     parallelism)."""
     if not model.is_moe:
         return ["dense"] if ep > 1 or etp > 1 else []
-    rules = {"experts": model.num_experts % ep != 0, "width": model.expert_ffn_hidden_size % etp != 0,
-             "megatron-sp": fw is Framework.MEGATRON and tp > 1 and not sequence_parallel}
+    rules = {
+        "experts": model.num_experts % ep != 0,
+        "width": model.expert_ffn_hidden_size % etp != 0,
+        "megatron-sp": fw is Framework.MEGATRON and tp > 1 and not sequence_parallel,
+    }
     return [name for name, broken in rules.items() if broken]
 
 
-def expert_fold_broken(fw: Framework, *, ep: int, etp: int, tp: int, dp: int, cp: int, shard: int,
-                       sharding: Sharding) -> str | None:
+def expert_fold_broken(
+    fw: Framework, *, ep: int, etp: int, tp: int, dp: int, cp: int, shard: int, sharding: Sharding
+) -> str | None:
     """The first way EP x ETP fails to fold into a stage's ``tp x dp x cp`` ranks (``shard``: the ranks
     the states are sharded over, 1 unsharded)."""
     if ep == 1 and etp == 1:

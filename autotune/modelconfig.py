@@ -21,21 +21,69 @@ from autotune.errors import ConfigError
 
 __all__ = ["PRICED_KEYS", "NEUTRAL_KEYS", "check_keys", "arch_fields", "is_gemma"]
 
-PRICED_KEYS = frozenset({
-    "model_type", "hidden_size", "n_embd", "num_hidden_layers", "n_layer", "num_attention_heads", "n_head",
-    "num_key_value_heads", "intermediate_size", "n_inner", "vocab_size", "max_position_embeddings",
-    "n_positions", "n_ctx", "tie_word_embeddings", "hidden_act", "activation_function", "hidden_activation",
-    "head_dim", "attention_bias", "num_local_experts", "num_experts", "n_routed_experts",
-    "num_experts_per_tok", "experts_per_token", "moe_intermediate_size", "shared_expert_intermediate_size",
-    "n_shared_experts",
-    "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers", "moe_layers",
-    "interleave_moe_layer_step", "intermediate_size_mlp", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-    "qk_nope_head_dim", "v_head_dim", "sliding_window", "use_sliding_window", "max_window_layers",
-    "layer_types", "attention_chunk_size", "no_rope_layers", "sliding_window_pattern", "source",
-    # refused unless they leave the cost unchanged (``_REFUSED``):
-    "num_nextn_predict_layers", "mlp_bias", "text_config", "vision_config",
-    "attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-})
+PRICED_KEYS = frozenset(
+    {
+        "model_type",
+        "hidden_size",
+        "n_embd",
+        "num_hidden_layers",
+        "n_layer",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "intermediate_size",
+        "n_inner",
+        "vocab_size",
+        "max_position_embeddings",
+        "n_positions",
+        "n_ctx",
+        "tie_word_embeddings",
+        "hidden_act",
+        "activation_function",
+        "hidden_activation",
+        "head_dim",
+        "attention_bias",
+        "num_local_experts",
+        "num_experts",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "experts_per_token",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "moe_layer_freq",
+        "decoder_sparse_step",
+        "mlp_only_layers",
+        "moe_layers",
+        "interleave_moe_layer_step",
+        "intermediate_size_mlp",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "sliding_window",
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "attention_chunk_size",
+        "no_rope_layers",
+        "sliding_window_pattern",
+        "source",
+        # refused unless they leave the cost unchanged (``_REFUSED``):
+        "num_nextn_predict_layers",
+        "mlp_bias",
+        "text_config",
+        "vision_config",
+        "attention_dropout",
+        "hidden_dropout",
+        "dropout",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+    }
+)
 """Keys that set the shape ``ModelSpec`` prices (or are refused when their value would need more)."""
 
 _POSITION = "position encoding variant: elementwise on Q/K, no parameters or GEMMs"
@@ -44,21 +92,78 @@ _ROUTING = "which experts a token picks, not how many (top-k is priced); balance
 _INIT = "numerics or initialisation only"
 _SCALAR = "a scalar or clamp inside a fused kernel: no GEMM, no saved tensor"
 NEUTRAL_KEYS: dict[str, str] = {
-    **dict.fromkeys(("rope_theta", "rope_scaling", "rope_parameters", "rope_interleave",
-                     "rope_local_base_freq", "no_rope_layer_interval", "initial_context_length"), _POSITION),
-    **dict.fromkeys(("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range",
-                     "initializer_factor"), _INIT),
-    **dict.fromkeys(("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "architectures",
-                     "transformers_version", "use_cache", "auto_map", "cache_implementation", "_name_or_path",
-                     "ep_size", "pretraining_tp", "summary_type", "summary_use_proj", "summary_activation",
-                     "summary_proj_to_labels", "summary_first_dropout", "task_specific_params"), _META),
-    **dict.fromkeys(("router_aux_loss_coef", "output_router_logits", "aux_loss_alpha", "seq_aux",
-                     "norm_topk_prob", "routed_scaling_factor", "scoring_func", "topk_method", "n_group",
-                     "topk_group", "router_jitter_noise"), _ROUTING),
-    **dict.fromkeys(("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar",
-                     "swiglu_limit", "swiglu_alpha", "attn_temperature_tuning", "floor_scale", "attn_scale",
-                     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"),
-                    _SCALAR),
+    **dict.fromkeys(
+        (
+            "rope_theta",
+            "rope_scaling",
+            "rope_parameters",
+            "rope_interleave",
+            "rope_local_base_freq",
+            "no_rope_layer_interval",
+            "initial_context_length",
+        ),
+        _POSITION,
+    ),
+    **dict.fromkeys(
+        ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range", "initializer_factor"),
+        _INIT,
+    ),
+    **dict.fromkeys(
+        (
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "torch_dtype",
+            "dtype",
+            "architectures",
+            "transformers_version",
+            "use_cache",
+            "auto_map",
+            "cache_implementation",
+            "_name_or_path",
+            "ep_size",
+            "pretraining_tp",
+            "summary_type",
+            "summary_use_proj",
+            "summary_activation",
+            "summary_proj_to_labels",
+            "summary_first_dropout",
+            "task_specific_params",
+        ),
+        _META,
+    ),
+    **dict.fromkeys(
+        (
+            "router_aux_loss_coef",
+            "output_router_logits",
+            "aux_loss_alpha",
+            "seq_aux",
+            "norm_topk_prob",
+            "routed_scaling_factor",
+            "scoring_func",
+            "topk_method",
+            "n_group",
+            "topk_group",
+            "router_jitter_noise",
+        ),
+        _ROUTING,
+    ),
+    **dict.fromkeys(
+        (
+            "attn_logit_softcapping",
+            "final_logit_softcapping",
+            "query_pre_attn_scalar",
+            "swiglu_limit",
+            "swiglu_alpha",
+            "attn_temperature_tuning",
+            "floor_scale",
+            "attn_scale",
+            "scale_attn_weights",
+            "scale_attn_by_inverse_layer_idx",
+            "reorder_and_upcast_attn",
+        ),
+        _SCALAR,
+    ),
     "use_qk_norm": "per-head RMSNorm on Q and K: 2 x head_dim parameters and elementwise work",
     "quantization_config": "the checkpoint's storage format; training runs at the plan's --precision",
 }
@@ -77,19 +182,27 @@ def check_keys(cfg: dict[str, Any], where: str) -> None:
     """Refuse a key autotune does not know, or a value of a known key it cannot price (one line each)."""
     for key in cfg:
         if key not in PRICED_KEYS and key not in NEUTRAL_KEYS:
-            raise ConfigError(f"{where}: key '{key}' is not one autotune prices; if it changes the model's "
-                              "shape or compute it cannot be planned here, else remove it")
+            raise ConfigError(
+                f"{where}: key '{key}' is not one autotune prices; if it changes the model's "
+                "shape or compute it cannot be planned here, else remove it"
+            )
     if "vision_config" in cfg or "text_config" in cfg:
-        raise ConfigError(f"{where}: key '{'vision_config' if 'vision_config' in cfg else 'text_config'}': "
-                          "multimodal configs are not priced; pass the text model's own config "
-                          "(e.g. its text_config, model_type llama4_text)")
+        raise ConfigError(
+            f"{where}: key '{'vision_config' if 'vision_config' in cfg else 'text_config'}': "
+            "multimodal configs are not priced; pass the text model's own config "
+            "(e.g. its text_config, model_type llama4_text)"
+        )
     for key in _DROPOUT:
         if cfg.get(key) not in (None, 0, 0.0):
-            raise ConfigError(f"{where}: key '{key}' = {cfg[key]!r}: dropout masks are not priced "
-                              "(activations.DROPOUT is off); set it to 0")
+            raise ConfigError(
+                f"{where}: key '{key}' = {cfg[key]!r}: dropout masks are not priced "
+                "(activations.DROPOUT is off); set it to 0"
+            )
     if cfg.get("num_nextn_predict_layers"):
-        raise ConfigError(f"{where}: key 'num_nextn_predict_layers' = {cfg['num_nextn_predict_layers']}: "
-                          "multi-token-prediction modules are not priced; set it to 0 to plan the main model")
+        raise ConfigError(
+            f"{where}: key 'num_nextn_predict_layers' = {cfg['num_nextn_predict_layers']}: "
+            "multi-token-prediction modules are not priced; set it to 0 to plan the main model"
+        )
     if cfg.get("mlp_bias"):
         raise ConfigError(f"{where}: key 'mlp_bias' = true is not priced; set it to false")
 
@@ -106,8 +219,9 @@ def _index_list(cfg: dict[str, Any], key: str, where: str, num_layers: int) -> l
     value = cfg.get(key)
     if value is None:
         return None
-    if not isinstance(value, list) or any(isinstance(i, bool) or not isinstance(i, int)
-                                          or not 0 <= i < num_layers for i in value):
+    if not isinstance(value, list) or any(
+        isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers for i in value
+    ):
         raise ConfigError(f"{where}: key '{key}' must be a list of layer indices 0..{num_layers - 1}")
     return value
 
@@ -129,8 +243,11 @@ def _moe_layers(cfg: dict[str, Any], where: str, num_layers: int) -> tuple[int, 
 
 
 def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
-    num = _int(cfg, "num_local_experts", where) or _int(cfg, "num_experts", where) or _int(
-        cfg, "n_routed_experts", where)
+    num = (
+        _int(cfg, "num_local_experts", where)
+        or _int(cfg, "num_experts", where)
+        or _int(cfg, "n_routed_experts", where)
+    )
     if not num:
         return {}
     top_k = _int(cfg, "num_experts_per_tok", where) or _int(cfg, "experts_per_token", where)
@@ -139,24 +256,35 @@ def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
     expert_ffn = _int(cfg, "moe_intermediate_size", where) or _int(cfg, "intermediate_size", where)
     if not expert_ffn:
         raise ConfigError(f"{where}: missing key 'moe_intermediate_size' (the width of one expert)")
-    shared = _int(cfg, "shared_expert_intermediate_size", where) or _int(cfg, "n_shared_experts",
-                                                                         where) * expert_ffn
+    shared = (
+        _int(cfg, "shared_expert_intermediate_size", where)
+        or _int(cfg, "n_shared_experts", where) * expert_ffn
+    )
     if str(cfg.get("model_type")) == "llama4_text":  # one shared expert as wide as a routed one
         shared = expert_ffn
     layers = _moe_layers(cfg, where, num_layers)
     if not layers:
-        raise ConfigError(f"{where}: the expert keys leave no MoE layer; check 'decoder_sparse_step', "
-                          "'first_k_dense_replace', 'mlp_only_layers'")
-    return {"num_experts": num, "experts_per_token": top_k, "expert_ffn_hidden_size": expert_ffn,
-            "shared_ffn_hidden_size": shared, "moe_layers": layers,
-            "expert_bias": str(cfg.get("model_type")) == "gpt_oss"}
+        raise ConfigError(
+            f"{where}: the expert keys leave no MoE layer; check 'decoder_sparse_step', "
+            "'first_k_dense_replace', 'mlp_only_layers'"
+        )
+    return {
+        "num_experts": num,
+        "experts_per_token": top_k,
+        "expert_ffn_hidden_size": expert_ffn,
+        "shared_ffn_hidden_size": shared,
+        "moe_layers": layers,
+        "expert_bias": str(cfg.get("model_type")) == "gpt_oss",
+    }
 
 
 def _mla_fields(cfg: dict[str, Any], where: str) -> dict[str, Any]:
     if not cfg.get("kv_lora_rank"):
         return {}
-    fields = {k: _int(cfg, k, where) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-                                               "qk_nope_head_dim", "v_head_dim")}
+    fields = {
+        k: _int(cfg, k, where)
+        for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    }
     for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
         if not fields[k]:
             raise ConfigError(f"{where}: MLA (kv_lora_rank) needs key '{k}' > 0")
@@ -169,8 +297,11 @@ def _local_layers(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str,
     if kind == "llama4_text" and cfg.get("attention_chunk_size"):
         rope = cfg.get("no_rope_layers")
         local = sum(bool(x) for x in rope) if isinstance(rope, list) else num_layers - num_layers // 4
-        return {"attention_window": _int(cfg, "attention_chunk_size", where), "num_local_layers": local,
-                "chunked_attention": True}
+        return {
+            "attention_window": _int(cfg, "attention_chunk_size", where),
+            "num_local_layers": local,
+            "chunked_attention": True,
+        }
     window = _int(cfg, "sliding_window", where)
     if not window or cfg.get("use_sliding_window") is False:
         return {}
@@ -193,8 +324,11 @@ def _local_layers(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str,
 
 def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
     """``ModelSpec`` keyword arguments beyond the dense core, read from ``cfg`` (keys already checked)."""
-    fields: dict[str, Any] = {**_moe_fields(cfg, where, num_layers), **_mla_fields(cfg, where),
-                              **_local_layers(cfg, where, num_layers)}
+    fields: dict[str, Any] = {
+        **_moe_fields(cfg, where, num_layers),
+        **_mla_fields(cfg, where),
+        **_local_layers(cfg, where, num_layers),
+    }
     head_dim = _int(cfg, "head_dim", where)
     if head_dim and head_dim * _int(cfg, "num_attention_heads", where) != cfg["hidden_size"]:
         fields["attention_head_dim"] = head_dim

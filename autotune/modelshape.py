@@ -23,9 +23,18 @@ if TYPE_CHECKING:
     from autotune.specs import ModelSpec
 
 __all__ = [
-    "attention_weight_params", "attention_activation_width", "dense_mlp_params", "routed_expert_params",
-    "moe_mlp_params", "block_params_sum", "gemm_params_per_layer", "active_ffn_per_layer",
-    "routed_width_per_layer", "attention_span_fraction", "qk_v_head_dims", "trial_model_gap",
+    "attention_weight_params",
+    "attention_activation_width",
+    "dense_mlp_params",
+    "routed_expert_params",
+    "moe_mlp_params",
+    "block_params_sum",
+    "gemm_params_per_layer",
+    "active_ffn_per_layer",
+    "routed_width_per_layer",
+    "attention_span_fraction",
+    "qk_v_head_dims",
+    "trial_model_gap",
 ]
 
 
@@ -102,8 +111,11 @@ def block_params_sum(model: ModelSpec) -> int:
     num_dense = model.num_layers - num_moe
     attn_bias = 2 * model.kv_hidden_size + model.num_heads * model.head_dim if model.attention_bias else 0
     per_layer = attention_weight_params(model) + _norm_params(model) + attn_bias
-    return (model.num_layers * per_layer + num_dense * (dense_mlp_params(model) + _gpt_biases(model))
-            + num_moe * moe_mlp_params(model))
+    return (
+        model.num_layers * per_layer
+        + num_dense * (dense_mlp_params(model) + _gpt_biases(model))
+        + num_moe * moe_mlp_params(model)
+    )
 
 
 def gemm_params_per_layer(model: ModelSpec) -> float:
@@ -113,8 +125,11 @@ def gemm_params_per_layer(model: ModelSpec) -> float:
     m, h = model.num_mlp_matrices, model.hidden_size
     num_moe = len(model.moe_layers)
     dense = (model.num_layers - num_moe) * dense_mlp_params(model)
-    moe = num_moe * (model.experts_per_token * m * h * model.expert_ffn_hidden_size
-                     + m * h * model.shared_ffn_hidden_size + h * model.num_experts)
+    moe = num_moe * (
+        model.experts_per_token * m * h * model.expert_ffn_hidden_size
+        + m * h * model.shared_ffn_hidden_size
+        + h * model.num_experts
+    )
     return attention_weight_params(model) + (dense + moe) / model.num_layers
 
 
@@ -136,10 +151,14 @@ def trial_model_gap(model: ModelSpec) -> str | None:
     """What the built-in trial workload (``autotune/trials/model.py``: a Llama/GPT block, an MoE layer
     (``trials/moe.py``) on ``moe_layers``, ``hidden / heads`` heads and global attention) would leave out of
     ``model``; None when it builds it as priced. Real trials of such a model would measure another model."""
-    gaps = [(model.expert_bias, "expert biases"), (model.uses_mla, "multi-head latent attention"),
-            (bool(model.attention_head_dim), "an explicit head_dim"),
-            (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
-            (model.attention_bias, "attention biases"), (model.num_layer_norms != 2, "Gemma-2's four norms")]
+    gaps = [
+        (model.expert_bias, "expert biases"),
+        (model.uses_mla, "multi-head latent attention"),
+        (bool(model.attention_head_dim), "an explicit head_dim"),
+        (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
+        (model.attention_bias, "attention biases"),
+        (model.num_layer_norms != 2, "Gemma-2's four norms"),
+    ]
     missing = [what for present, what in gaps if present]
     return ", ".join(missing) or None
 

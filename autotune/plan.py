@@ -39,10 +39,24 @@ from autotune.planenums import (
 )
 
 __all__ = [
-    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "CpComm",
-    "MoeDispatcher", "GradDtype", "ParallelPlan",
-    "MESH_ORDER", "FRAMEWORK_SHARDING", "plan_errors", "check_plan", "expert_errors",
-    "FP8_RECIPES", "RECOMPUTE_MODULES",
+    "MeshAxis",
+    "Sharding",
+    "Recompute",
+    "Schedule",
+    "Precision",
+    "Framework",
+    "Fp8Recipe",
+    "CpComm",
+    "MoeDispatcher",
+    "GradDtype",
+    "ParallelPlan",
+    "MESH_ORDER",
+    "FRAMEWORK_SHARDING",
+    "plan_errors",
+    "check_plan",
+    "expert_errors",
+    "FP8_RECIPES",
+    "RECOMPUTE_MODULES",
 ]
 
 
@@ -182,8 +196,10 @@ class ParallelPlan:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Enum) else v)
-                for f in dataclasses.fields(self)}
+        return {
+            f.name: (str(v) if isinstance(v := getattr(self, f.name), Enum) else v)
+            for f in dataclasses.fields(self)
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, where: str = "plan") -> ParallelPlan:
@@ -204,13 +220,27 @@ class ParallelPlan:
 
 
 _ENUM_FIELDS: dict[str, type[Enum]] = {
-    "sharding": Sharding, "recompute": Recompute, "schedule": Schedule, "precision": Precision,
-    "framework": Framework, "fp8_recipe": Fp8Recipe, "cp_comm": CpComm, "moe_dispatcher": MoeDispatcher,
+    "sharding": Sharding,
+    "recompute": Recompute,
+    "schedule": Schedule,
+    "precision": Precision,
+    "framework": Framework,
+    "fp8_recipe": Fp8Recipe,
+    "cp_comm": CpComm,
+    "moe_dispatcher": MoeDispatcher,
     "grad_reduce_dtype": GradDtype,
 }
 _OPTIONAL_ENUMS = {"grad_reduce_dtype"}
-_BOOL_FIELDS = {"sequence_parallel", "offload", "compile", "async_tp", "tp_comm_overlap",
-                "overlap_grad_reduce", "overlap_param_gather", "precision_aware_optimizer"}
+_BOOL_FIELDS = {
+    "sequence_parallel",
+    "offload",
+    "compile",
+    "async_tp",
+    "tp_comm_overlap",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "precision_aware_optimizer",
+}
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:
@@ -236,4 +266,3 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
-

@@ -8,8 +8,20 @@ from __future__ import annotations
 from enum import Enum
 
 __all__ = [
-    "MeshAxis", "Sharding", "Recompute", "Schedule", "Precision", "Framework", "Fp8Recipe", "CpComm",
-    "MoeDispatcher", "GradDtype", "MESH_ORDER", "FRAMEWORK_SHARDING", "FP8_RECIPES", "RECOMPUTE_MODULES",
+    "MeshAxis",
+    "Sharding",
+    "Recompute",
+    "Schedule",
+    "Precision",
+    "Framework",
+    "Fp8Recipe",
+    "CpComm",
+    "MoeDispatcher",
+    "GradDtype",
+    "MESH_ORDER",
+    "FRAMEWORK_SHARDING",
+    "FP8_RECIPES",
+    "RECOMPUTE_MODULES",
     "zero_stage",
 ]
 
@@ -31,25 +43,25 @@ MESH_ORDER: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.CP, MeshA
 
 
 class Sharding(_StrEnum):
-    NONE = "none"                    # DDP / ZeRO-0 / FSDP NO_SHARD: everything replicated over DP
-    ZERO1 = "zero1"                  # optimizer states sharded (Megatron distributed optimizer)
-    ZERO2 = "zero2"                  # + gradients
-    ZERO3 = "zero3"                  # + parameters
-    FSDP_FULL = "fsdp-full"          # FSDP FULL_SHARD: like ZeRO-3, reshard after forward
-    FSDP_GRAD_OP = "fsdp-grad-op"    # FSDP SHARD_GRAD_OP: params kept gathered between forward and backward
-    HSDP = "hsdp"                    # FULL_SHARD inside groups of hsdp_shard_size, replicated across groups
+    NONE = "none"  # DDP / ZeRO-0 / FSDP NO_SHARD: everything replicated over DP
+    ZERO1 = "zero1"  # optimizer states sharded (Megatron distributed optimizer)
+    ZERO2 = "zero2"  # + gradients
+    ZERO3 = "zero3"  # + parameters
+    FSDP_FULL = "fsdp-full"  # FSDP FULL_SHARD: like ZeRO-3, reshard after forward
+    FSDP_GRAD_OP = "fsdp-grad-op"  # FSDP SHARD_GRAD_OP: params kept gathered between forward and backward
+    HSDP = "hsdp"  # FULL_SHARD inside groups of hsdp_shard_size, replicated across groups
 
 
 class Recompute(_StrEnum):
     NONE = "none"
-    SELECTIVE = "selective"          # Korthikanti et al. 2022 Sec. 4.2: recompute the attention core only
-    FULL = "full"                    # recompute each transformer block in backward
+    SELECTIVE = "selective"  # Korthikanti et al. 2022 Sec. 4.2: recompute the attention core only
+    FULL = "full"  # recompute each transformer block in backward
 
 
 class Schedule(_StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"      # Narayanan et al. 2021 Sec. 2.2.2, needs virtual_stages >= 2
+    INTERLEAVED = "interleaved"  # Narayanan et al. 2021 Sec. 2.2.2, needs virtual_stages >= 2
 
 
 class Precision(_StrEnum):
@@ -59,7 +71,7 @@ class Precision(_StrEnum):
 
 
 class Framework(_StrEnum):
-    FSDP = "fsdp"                    # torchrun + FSDP2 / DTensor TP / torch.distributed.pipelining
+    FSDP = "fsdp"  # torchrun + FSDP2 / DTensor TP / torch.distributed.pipelining
     DEEPSPEED = "deepspeed"
     MEGATRON = "megatron"
 
@@ -67,34 +79,34 @@ class Framework(_StrEnum):
 class Fp8Recipe(_StrEnum):
     """How fp8 GEMM operands are scaled (``costmodel.kernels.FP8_CAST_BYTES`` prices each)."""
 
-    TENSORWISE = "tensorwise"        # one scale per tensor from its current amax (TE current scaling)
-    DELAYED = "delayed"              # one scale per tensor from an amax history (TE DelayedScaling)
-    ROWWISE = "rowwise"              # one scale per row (torchao rowwise)
-    BLOCKWISE = "blockwise"          # 1x128 / 128x128 tiles (TE Float8BlockScaling, DeepSeek-V3)
-    MX = "mx"                        # MXFP8, 32-element blocks (Blackwell)
+    TENSORWISE = "tensorwise"  # one scale per tensor from its current amax (TE current scaling)
+    DELAYED = "delayed"  # one scale per tensor from an amax history (TE DelayedScaling)
+    ROWWISE = "rowwise"  # one scale per row (torchao rowwise)
+    BLOCKWISE = "blockwise"  # 1x128 / 128x128 tiles (TE Float8BlockScaling, DeepSeek-V3)
+    MX = "mx"  # MXFP8, 32-element blocks (Blackwell)
 
 
 class MoeDispatcher(_StrEnum):
     """How MoE tokens reach their experts' ranks (``costmodel.moe.all_to_all_s`` prices each)."""
 
-    ALLTOALL = "alltoall"            # NCCL all-to-all, one copy per routed expert (Megatron alltoall)
-    DEEPEP = "deepep"                # Megatron flex + DeepEP: one copy per destination node over the NICs
-    HYBRIDEP = "hybridep"            # Megatron flex + HybridEP (a DeepEP-V1 branch): the same forwarding
+    ALLTOALL = "alltoall"  # NCCL all-to-all, one copy per routed expert (Megatron alltoall)
+    DEEPEP = "deepep"  # Megatron flex + DeepEP: one copy per destination node over the NICs
+    HYBRIDEP = "hybridep"  # Megatron flex + HybridEP (a DeepEP-V1 branch): the same forwarding
 
 
 class CpComm(_StrEnum):
     """How context parallelism exchanges keys and values (``costmodel.cpcomm`` prices each)."""
 
-    P2P = "p2p"                      # ring, overlapped step by step (Megatron p2p, torchtitan alltoall)
-    ALLGATHER = "allgather"          # all K/V gathered at once (Megatron allgather, torchtitan allgather)
-    A2A = "a2a"                      # DeepSpeed-Ulysses head/sequence all-to-all (Megatron a2a)
+    P2P = "p2p"  # ring, overlapped step by step (Megatron p2p, torchtitan alltoall)
+    ALLGATHER = "allgather"  # all K/V gathered at once (Megatron allgather, torchtitan allgather)
+    A2A = "a2a"  # DeepSpeed-Ulysses head/sequence all-to-all (Megatron a2a)
 
 
 class GradDtype(_StrEnum):
     """Element type of Megatron's gradient buffer, which its DP reduction sends (``costmodel.states``)."""
 
-    FP32 = "fp32"                    # --accumulate-allreduce-grads-in-fp32 (Megatron's default under --bf16)
-    BF16 = "bf16"                    # --grad-reduce-in-bf16 (DDP grad_reduce_in_fp32=False)
+    FP32 = "fp32"  # --accumulate-allreduce-grads-in-fp32 (Megatron's default under --bf16)
+    BF16 = "bf16"  # --grad-reduce-in-bf16 (DDP grad_reduce_in_fp32=False)
 
 
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {
@@ -107,8 +119,15 @@ optim_grads_params``, megatron/core/distributed/fsdp/), which Megatron-Bridge's 
 run for Llama 3 8B/70B/405B (scripts/performance/configs/llama: ``use_megatron_fsdp``)."""
 
 
-_ZERO_STAGE = {Sharding.NONE: 0, Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3,
-               Sharding.FSDP_FULL: 3, Sharding.FSDP_GRAD_OP: 2, Sharding.HSDP: 3}
+_ZERO_STAGE = {
+    Sharding.NONE: 0,
+    Sharding.ZERO1: 1,
+    Sharding.ZERO2: 2,
+    Sharding.ZERO3: 3,
+    Sharding.FSDP_FULL: 3,
+    Sharding.FSDP_GRAD_OP: 2,
+    Sharding.HSDP: 3,
+}
 
 
 def zero_stage(sharding: Sharding) -> int:
@@ -117,8 +136,9 @@ def zero_stage(sharding: Sharding) -> int:
 
 
 FP8_RECIPES: dict[Framework, frozenset[Fp8Recipe]] = {
-    Framework.MEGATRON: frozenset({Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.BLOCKWISE,
-                                   Fp8Recipe.MX}),
+    Framework.MEGATRON: frozenset(
+        {Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.BLOCKWISE, Fp8Recipe.MX}
+    ),
     Framework.FSDP: frozenset({Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE, Fp8Recipe.MX}),
     Framework.DEEPSPEED: frozenset(),
 }

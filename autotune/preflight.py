@@ -43,16 +43,22 @@ def check_trials_can_run(*, backend: str, device: str | None, executor: str, clu
     """``ConfigError`` when the real trials of ``--backend``/``--device``/``--executor`` cannot start here."""
     if executor == "slurm":
         if not (shutil.which("sbatch") or shutil.which("srun")):
-            raise ConfigError("--executor slurm: neither sbatch nor srun is on PATH; run on a Slurm login or "
-                              "compute node, or use --executor local")
+            raise ConfigError(
+                "--executor slurm: neither sbatch nor srun is on PATH; run on a Slurm login or "
+                "compute node, or use --executor local"
+            )
         return
     if importlib.util.find_spec("torch") is None:
-        raise ConfigError(f"--backend {backend}: torch is not installed for {sys.executable} (trials run "
-                          "python -m torch.distributed.run); install torch, or --backend simulate to plan")
+        raise ConfigError(
+            f"--backend {backend}: torch is not installed for {sys.executable} (trials run "
+            "python -m torch.distributed.run); install torch, or --backend simulate to plan"
+        )
     if backend == "deepspeed":
         if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError("--backend deepspeed: deepspeed is not installed here; pip install deepspeed, "
-                              "or --framework fsdp")
+            raise ConfigError(
+                "--backend deepspeed: deepspeed is not installed here; pip install deepspeed, "
+                "or --framework fsdp"
+            )
     if (device or "cuda") == "cuda":
         _check_cuda(backend, cluster)
 
@@ -63,8 +69,10 @@ def _check_cuda(backend: str, cluster: ClusterSpec) -> None:
     if have >= need:
         return
     here = "no CUDA GPU" if not have else f"{have} CUDA GPU(s)"
-    raise ConfigError(f"--backend {backend}: this node has {here} and each trial needs {need}; pass "
-                      "--device cpu to run the trials as CPU processes (gloo), or --backend simulate to plan")
+    raise ConfigError(
+        f"--backend {backend}: this node has {here} and each trial needs {need}; pass "
+        "--device cpu to run the trials as CPU processes (gloo), or --backend simulate to plan"
+    )
 
 
 def check_writable(path: str | Path, flag: str) -> None:

@@ -57,8 +57,11 @@ def remeasure(joined: Joined, plan: Any, trial_dir: Path, date: str) -> Any:
 
     model, cluster = joined.ranking.ctx.model, joined.ranking.ctx.cluster
     est = estimate(model, cluster, plan)
-    result = joined.backend.run(TrialRequest(model=model, cluster=cluster, plan=plan, trial_dir=trial_dir,
-                                             measure_steps=REMEASURE_STEPS))
+    result = joined.backend.run(
+        TrialRequest(
+            model=model, cluster=cluster, plan=plan, trial_dir=trial_dir, measure_steps=REMEASURE_STEPS
+        )
+    )
     number = _add_to_study(joined, plan, est, result, f"{date} {trial_dir.name}")
     return measurement(plan, result, est.tokens_per_s, number)
 
@@ -73,18 +76,30 @@ def _add_to_study(joined: Joined, plan: Any, est: Any, result: Any, tag: str) ->
     if any(params[k] not in choices[k] for k in params):  # a plan from the history outside today's space
         return None
     ok = result.ok and bool(result.tokens_per_s)
-    attrs = {Attr.PLAN.value: plan.to_dict(), Attr.SOURCE.value: "retune", "retune": tag,
-             Attr.PREDICTED.value: predicted_attrs(est),
-             **outcome_attrs(result, measured=joined.backend.measures)}
-    constraints = {"plan_rule_violations": 0.0,
-                   "memory_excess_bytes": est.memory_bytes_per_gpu - est.memory_capacity_bytes,
-                   "host_memory_excess_bytes": est.memory.host_bytes_per_node -
-                   joined.ranking.ctx.cluster.host_memory_bytes_per_node,
-                   "trial_failed": 0.0 if ok else 1.0}
-    joined.study.add_trial(create_trial(
-        state=TrialState.COMPLETE if ok else TrialState.FAIL, value=result.tokens_per_s if ok else None,
-        params=params, distributions={k: CategoricalDistribution(list(choices[k])) for k in params},
-        user_attrs=attrs, constraints=constraints))
+    attrs = {
+        Attr.PLAN.value: plan.to_dict(),
+        Attr.SOURCE.value: "retune",
+        "retune": tag,
+        Attr.PREDICTED.value: predicted_attrs(est),
+        **outcome_attrs(result, measured=joined.backend.measures),
+    }
+    constraints = {
+        "plan_rule_violations": 0.0,
+        "memory_excess_bytes": est.memory_bytes_per_gpu - est.memory_capacity_bytes,
+        "host_memory_excess_bytes": est.memory.host_bytes_per_node
+        - joined.ranking.ctx.cluster.host_memory_bytes_per_node,
+        "trial_failed": 0.0 if ok else 1.0,
+    }
+    joined.study.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE if ok else TrialState.FAIL,
+            value=result.tokens_per_s if ok else None,
+            params=params,
+            distributions={k: CategoricalDistribution(list(choices[k])) for k in params},
+            user_attrs=attrs,
+            constraints=constraints,
+        )
+    )
     mine = (t for t in reversed(joined.study.get_trials(deepcopy=False)) if t.user_attrs.get("retune") == tag)
     return int(next(mine).number)
 
@@ -101,13 +116,21 @@ def _warm_start(joined: Joined, history: list[dict[str, Any]], k: int) -> None:
         seen.append(plan)
         params = params_of(ParallelPlan.from_dict(plan))
         if all(params[knob] in joined.ranking.choices[knob] for knob in params):
-            joined.study.enqueue_trial(params, user_attrs={Attr.SOURCE.value: "history", "date": rec["date"]},
-                                       skip_if_exists=True)
+            joined.study.enqueue_trial(
+                params, user_attrs={Attr.SOURCE.value: "history", "date": rec["date"]}, skip_if_exists=True
+            )
 
 
-def new_trials(joined: Joined, history: list[dict[str, Any]], k: int, n_trials: int | None,
-               budget_s: float | None, start: float, *, log: Callable[[str], None] | None = None
-               ) -> tuple[int, list[Any]]:
+def new_trials(
+    joined: Joined,
+    history: list[dict[str, Any]],
+    k: int,
+    n_trials: int | None,
+    budget_s: float | None,
+    start: float,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> tuple[int, list[Any]]:
     """Queue the history's best plans and the cost model's top-K not yet run (a warm start), then run new
     trials within the budget; their measurements."""
     from autotune.search import StudyOptions, run_study
@@ -118,11 +141,19 @@ def new_trials(joined: Joined, history: list[dict[str, Any]], k: int, n_trials: 
     if n == 0 or (remaining is not None and remaining <= 0):
         return 0, []
     _warm_start(joined, history, k)
-    launched = run_study(joined.study, joined.ranking, joined.backend,
-                         StudyOptions(n_trials=n, timeout_s=remaining, top_k=k),
-                         trials_dir=joined.study_dir.trials, log=log)
-    new = [r for r in map(record_of, joined.study.get_trials(deepcopy=False)) if r.number > before
-           and r.value is not None and r.status == TrialStatus.OK and not r.is_duplicate]
+    launched = run_study(
+        joined.study,
+        joined.ranking,
+        joined.backend,
+        StudyOptions(n_trials=n, timeout_s=remaining, top_k=k),
+        trials_dir=joined.study_dir.trials,
+        log=log,
+    )
+    new = [
+        r
+        for r in map(record_of, joined.study.get_trials(deepcopy=False))
+        if r.number > before and r.value is not None and r.status == TrialStatus.OK and not r.is_duplicate
+    ]
     return launched, [_from_trial(joined, r) for r in new]
 
 
@@ -131,8 +162,12 @@ def _from_trial(joined: Joined, record: TrialRecord) -> Any:
     if path.exists():  # this host ran it: the per-step times give its noise
         result = TrialResult.read(path)
     else:
-        result = TrialResult(status=TrialStatus.OK, tokens_per_s=record.value, extra={"simulated": True},
-                             step_time_cov=record.measured.get("step_time_cov", 0.0))
+        result = TrialResult(
+            status=TrialStatus.OK,
+            tokens_per_s=record.value,
+            extra={"simulated": True},
+            step_time_cov=record.measured.get("step_time_cov", 0.0),
+        )
     plan = record.parallel_plan
     assert plan is not None  # OK trials were launched with their plan stored
     return measurement(plan, result, record.predicted.get("tokens_per_s"), record.number)

@@ -54,20 +54,34 @@ def gib(num_bytes: float) -> str:
 def model_info(model: ModelSpec) -> dict[str, Any]:
     """What autotune read from a model file, for ``estimate --json`` (``model``) and the text header."""
     info: dict[str, Any] = {
-        "name": model.name, "total_params": model.total_params, "active_params": model.active_params,
-        "num_layers": model.num_layers, "hidden_size": model.hidden_size, "num_heads": model.num_heads,
-        "num_kv_heads": model.num_kv_heads, "head_dim": model.head_dim, "vocab_size": model.vocab_size,
+        "name": model.name,
+        "total_params": model.total_params,
+        "active_params": model.active_params,
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_heads": model.num_heads,
+        "num_kv_heads": model.num_kv_heads,
+        "head_dim": model.head_dim,
+        "vocab_size": model.vocab_size,
         "attention": "mla" if model.uses_mla else "gqa" if model.num_kv_heads < model.num_heads else "mha",
-        "mlp": "gated" if model.gated_mlp else "gelu", "tie_embeddings": model.tie_embeddings,
+        "mlp": "gated" if model.gated_mlp else "gelu",
+        "tie_embeddings": model.tie_embeddings,
     }
     if model.num_local_layers:
-        info.update(local_attention_layers=model.num_local_layers, attention_window=model.attention_window,
-                    chunked_attention=model.chunked_attention)
+        info.update(
+            local_attention_layers=model.num_local_layers,
+            attention_window=model.attention_window,
+            chunked_attention=model.chunked_attention,
+        )
     if model.is_moe:
-        info.update(num_experts=model.num_experts, experts_per_token=model.experts_per_token,
-                    expert_ffn_hidden_size=model.expert_ffn_hidden_size,
-                    shared_ffn_hidden_size=model.shared_ffn_hidden_size, moe_layers=len(model.moe_layers),
-                    dense_layers=model.num_layers - len(model.moe_layers))
+        info.update(
+            num_experts=model.num_experts,
+            experts_per_token=model.experts_per_token,
+            expert_ffn_hidden_size=model.expert_ffn_hidden_size,
+            shared_ffn_hidden_size=model.shared_ffn_hidden_size,
+            moe_layers=len(model.moe_layers),
+            dense_layers=model.num_layers - len(model.moe_layers),
+        )
     return info
 
 
@@ -89,8 +103,12 @@ def plan_summary(plan: ParallelPlan) -> str:
     parts += ([f"EP{plan.ep}"] if plan.ep > 1 else []) + ([f"ETP{plan.etp}"] if plan.etp > 1 else [])
     parts.append(f"mbs{plan.micro_batch}x{plan.num_microbatches}")
     shard = str(plan.sharding) + (f"/{plan.hsdp_shard_size}" if plan.hsdp_shard_size else "")
-    parts += [shard, f"ac:{plan.recompute}" + (f"/{plan.recompute_layers}" if plan.recompute_layers else "")
-              + (f"[{'+'.join(plan.recompute_modules)}]" if plan.recompute_modules else "")]
+    parts += [
+        shard,
+        f"ac:{plan.recompute}"
+        + (f"/{plan.recompute_layers}" if plan.recompute_layers else "")
+        + (f"[{'+'.join(plan.recompute_modules)}]" if plan.recompute_modules else ""),
+    ]
     if plan.sequence_parallel:
         parts.append("SP")
     if plan.pp > 1:

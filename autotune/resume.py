@@ -24,8 +24,16 @@ from autotune.scaleout import fail_stale, owner_dead_here, requeue
 from autotune.trials.orphans import end_orphans
 from autotune.trials.result import TrialResult, TrialStatus
 
-__all__ = ["INTERRUPTED", "trial_dir_of", "finished_result", "adopt", "interrupted", "repair",
-           "first_trials", "ask_first"]
+__all__ = [
+    "INTERRUPTED",
+    "trial_dir_of",
+    "finished_result",
+    "adopt",
+    "interrupted",
+    "repair",
+    "first_trials",
+    "ask_first",
+]
 
 INTERRUPTED = "interrupted"
 """The ``status`` user attr of a trial stopped by a signal before it had a result."""
@@ -56,8 +64,9 @@ def adopt(study: optuna.Study, trial: optuna.Trial, trial_dir: Path, measured: b
     return True
 
 
-def interrupted(study: optuna.Study, trial: optuna.Trial, trial_dir: Path, measured: bool,
-                record: Record) -> str:
+def interrupted(
+    study: optuna.Study, trial: optuna.Trial, trial_dir: Path, measured: bool, record: Record
+) -> str:
     """A trial stopped by a signal: keep its result if it finished, else fail it and queue its plan again.
     Returns one line for the user."""
     if _state(study, trial._trial_id) is not TrialState.RUNNING:
@@ -82,16 +91,22 @@ def repair(study: optuna.Study, trials_dir: Path, measured: bool, record: Record
         if log and ended:
             log(f"trial {frozen.number}: its search had died; ended {len(ended)} process(es) it left")
         trial = optuna.Trial(study, frozen._trial_id)
-        if _state(study, frozen._trial_id) is TrialState.RUNNING and adopt(study, trial, trial_dir, measured,
-                                                                           record) and log:
+        if (
+            _state(study, frozen._trial_id) is TrialState.RUNNING
+            and adopt(study, trial, trial_dir, measured, record)
+            and log
+        ):
             log(f"trial {frozen.number}: finished after its search died; its result is kept")
     fail_stale(study)  # the others: FAIL, their plans queued again
 
 
 def first_trials(study: optuna.Study) -> list[int]:
     """Queued retries of trials that were stopped or died: the trial ids to run before anything else."""
-    return [t._trial_id for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-            if "failed_trial" in t.system_attrs]
+    return [
+        t._trial_id
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if "failed_trial" in t.system_attrs
+    ]
 
 
 def ask_first(study: optuna.Study, first: list[int]) -> optuna.Trial:

@@ -43,11 +43,33 @@ from autotune.plan import ParallelPlan
 from autotune.render import plan_summary
 from autotune.trials.result import TrialResult
 
-__all__ = ["Measurement", "Verdict", "environment", "measurement", "compare", "environment_drift",
-           "plan_diff", "read_history", "append_history", "record_of", "promote", "parse_budget", "KNOB_ENV"]
+__all__ = [
+    "Measurement",
+    "Verdict",
+    "environment",
+    "measurement",
+    "compare",
+    "environment_drift",
+    "plan_diff",
+    "read_history",
+    "append_history",
+    "record_of",
+    "promote",
+    "parse_budget",
+    "KNOB_ENV",
+]
 
-KNOB_ENV = ("AUTOTUNE_SLOWDOWN_MS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "NCCL_ALGO", "NCCL_PROTO",
-            "NCCL_IB_DISABLE", "NCCL_P2P_DISABLE", "NCCL_NET_GDR_LEVEL", "NCCL_SOCKET_IFNAME")
+KNOB_ENV = (
+    "AUTOTUNE_SLOWDOWN_MS",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_IB_DISABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_SOCKET_IFNAME",
+)
 """Environment variables that change a step's speed: recorded, and named when they drift."""
 _MEDIAN_SE = 1.2533  # sqrt(pi/2): standard error of a normal sample's median / that of its mean
 
@@ -92,12 +114,21 @@ class Verdict:
     message: str
 
 
-def measurement(plan: ParallelPlan, result: TrialResult, predicted: float | None,
-                trial: int | None = None) -> Measurement:
+def measurement(
+    plan: ParallelPlan, result: TrialResult, predicted: float | None, trial: int | None = None
+) -> Measurement:
     noise, steps = _noise(result)
-    return Measurement(plan=plan.to_dict(), summary=plan_summary(plan), status=str(result.status),
-                       tokens_per_s=result.tokens_per_s, predicted_tokens_per_s=predicted, noise_cov=noise,
-                       num_steps=steps, trial=trial, error=_first_line(result.error))
+    return Measurement(
+        plan=plan.to_dict(),
+        summary=plan_summary(plan),
+        status=str(result.status),
+        tokens_per_s=result.tokens_per_s,
+        predicted_tokens_per_s=predicted,
+        noise_cov=noise,
+        num_steps=steps,
+        trial=trial,
+        error=_first_line(result.error),
+    )
 
 
 def _first_line(text: str | None) -> str | None:
@@ -109,7 +140,7 @@ def _noise(result: TrialResult) -> tuple[float, int]:
     times = extra.get("step_times_s")
     if extra.get("simulated") or not times:
         return (float(result.step_time_cov or 0.0), 1)
-    measured = times[int(extra.get("warmup_steps", 0)):] or times
+    measured = times[int(extra.get("warmup_steps", 0)) :] or times
     median = statistics.median(measured)
     mad = statistics.median(abs(t - median) for t in measured)
     return (1.4826 * mad / median if median > 0 else 0.0, len(measured))
@@ -120,12 +151,19 @@ def environment() -> dict[str, Any]:
     """What tonight runs on: accelerator, driver, CUDA/NCCL, library versions, host, speed knobs."""
     from autotune.preflight import local_gpu_count
 
-    env: dict[str, Any] = {"gpu_name": None, "gpu_count": local_gpu_count(), "driver": _driver(),
-                           "cuda": None, "nccl": None, "torch": _version("torch"),
-                           "deepspeed": _version("deepspeed"), "python": platform.python_version(),
-                           "autotune": _version("autotune"),
-                           "hostname": socket.gethostname(),
-                           "knobs": {k: os.environ[k] for k in KNOB_ENV if k in os.environ}}
+    env: dict[str, Any] = {
+        "gpu_name": None,
+        "gpu_count": local_gpu_count(),
+        "driver": _driver(),
+        "cuda": None,
+        "nccl": None,
+        "torch": _version("torch"),
+        "deepspeed": _version("deepspeed"),
+        "python": platform.python_version(),
+        "autotune": _version("autotune"),
+        "hostname": socket.gethostname(),
+        "knobs": {k: os.environ[k] for k in KNOB_ENV if k in os.environ},
+    }
     if env["gpu_count"]:
         import torch
 
@@ -155,8 +193,13 @@ def _driver() -> str | None:
     if match:
         return match.group(1)
     if shutil.which("nvidia-smi"):
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=False).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
         return out.splitlines()[0].strip() if out.strip() else None
     return None
 
@@ -173,12 +216,17 @@ def _cpu_name() -> str:
 
 def environment_drift(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``"torch 2.12.0 -> 2.13.0"`` for every key (and speed knob) that changed."""
+
     def flat(env: dict[str, Any]) -> dict[str, Any]:
         knobs = env.get("knobs", {})
         return {**{k: v for k, v in env.items() if k != "knobs"}, **{k: knobs.get(k) for k in KNOB_ENV}}
+
     before, after = flat(old), flat(new)
-    return [f"{k} {_shown(before.get(k))} -> {_shown(after.get(k))}"
-            for k in after if before.get(k) != after.get(k)]
+    return [
+        f"{k} {_shown(before.get(k))} -> {_shown(after.get(k))}"
+        for k in after
+        if before.get(k) != after.get(k)
+    ]
 
 
 def _shown(value: Any) -> str:
@@ -186,33 +234,59 @@ def _shown(value: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- verdict
-def compare(last: dict[str, Any] | None, incumbent: Measurement | None, best: Measurement,
-            env: dict[str, Any], threshold: float) -> Verdict:
+def compare(
+    last: dict[str, Any] | None,
+    incumbent: Measurement | None,
+    best: Measurement,
+    env: dict[str, Any],
+    threshold: float,
+) -> Verdict:
     """Tonight against the last record (see the module docstring for the rule)."""
     if last is None:
-        return Verdict(kind="baseline", change=None, noise_band=0.0, cause=None,
-                       message=f"first record: {best.summary} at {best.tokens_per_s:,.0f} tokens/s")
+        return Verdict(
+            kind="baseline",
+            change=None,
+            noise_band=0.0,
+            cause=None,
+            message=f"first record: {best.summary} at {best.tokens_per_s:,.0f} tokens/s",
+        )
     then = Measurement.from_dict(last["best"])
     if incumbent is None or not incumbent.ok:
         why = incumbent.error or incumbent.status if incumbent else "not measured"
-        return Verdict(kind="regression", change=None, noise_band=0.0, cause=_cause(last, env),
-                       message=f"{then.summary} now fails ({why}); it ran at {then.tokens_per_s:,.0f} "
-                               "tokens/s")
+        return Verdict(
+            kind="regression",
+            change=None,
+            noise_band=0.0,
+            cause=_cause(last, env),
+            message=f"{then.summary} now fails ({why}); it ran at {then.tokens_per_s:,.0f} tokens/s",
+        )
     band = 2 * math.hypot(then.rel_se, incumbent.rel_se)
     change = incumbent.tokens_per_s / then.tokens_per_s - 1  # type: ignore[operator]
-    was = (f"{then.summary}: {then.tokens_per_s:,.0f} -> {incumbent.tokens_per_s:,.0f} tokens/s "
-           f"({change:+.1%}; noise band ±{band:.1%}, threshold {threshold:.0%})")
+    was = (
+        f"{then.summary}: {then.tokens_per_s:,.0f} -> {incumbent.tokens_per_s:,.0f} tokens/s "
+        f"({change:+.1%}; noise band ±{band:.1%}, threshold {threshold:.0%})"
+    )
     if math.log1p(change) < math.log1p(-threshold) - band:
-        return Verdict(kind="regression", change=change, noise_band=band, cause=_cause(last, env),
-                       message=f"slower beyond noise: {was}")
+        return Verdict(
+            kind="regression",
+            change=change,
+            noise_band=band,
+            cause=_cause(last, env),
+            message=f"slower beyond noise: {was}",
+        )
     if best.plan != incumbent.plan and best.ok:
         band_new = 2 * math.hypot(best.rel_se, incumbent.rel_se)
         gain = best.tokens_per_s / incumbent.tokens_per_s - 1  # type: ignore[operator]
         if math.log1p(gain) > math.log1p(threshold) + band_new:
-            return Verdict(kind="improvement", change=gain, noise_band=band_new, cause=None,
-                           message=f"{best.summary} runs {gain:+.1%} faster than {incumbent.summary} "
-                                   f"({best.tokens_per_s:,.0f} vs {incumbent.tokens_per_s:,.0f} tokens/s; "
-                                   f"noise band ±{band_new:.1%})")
+            return Verdict(
+                kind="improvement",
+                change=gain,
+                noise_band=band_new,
+                cause=None,
+                message=f"{best.summary} runs {gain:+.1%} faster than {incumbent.summary} "
+                f"({best.tokens_per_s:,.0f} vs {incumbent.tokens_per_s:,.0f} tokens/s; "
+                f"noise band ±{band_new:.1%})",
+            )
     return Verdict(kind="stable", change=change, noise_band=band, cause=None, message=was)
 
 
@@ -220,8 +294,10 @@ def _cause(last: dict[str, Any], env: dict[str, Any]) -> str:
     drift = environment_drift(last.get("environment", {}), env)
     if drift:
         return "environment drift: " + ", ".join(drift)
-    return ("no recorded environment change: suspect the hardware (clocks, thermals, a degraded link or "
-            "GPU), other jobs on the nodes, or the network/filesystem")
+    return (
+        "no recorded environment change: suspect the hardware (clocks, thermals, a degraded link or "
+        "GPU), other jobs on the nodes, or the network/filesystem"
+    )
 
 
 def plan_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -254,9 +330,16 @@ def append_history(path: Path, record: dict[str, Any]) -> None:
 
 def record_of(**fields: Any) -> dict[str, Any]:
     """A history record: measurements as dicts."""
-    return {k: (asdict(v) if isinstance(v, Measurement) else
-                [asdict(m) for m in v] if isinstance(v, list) and v and isinstance(v[0], Measurement) else v)
-            for k, v in fields.items()}
+    return {
+        k: (
+            asdict(v)
+            if isinstance(v, Measurement)
+            else [asdict(m) for m in v]
+            if isinstance(v, list) and v and isinstance(v[0], Measurement)
+            else v
+        )
+        for k, v in fields.items()
+    }
 
 
 def promote(best_dir: Path, plan: ParallelPlan, model: Any, cluster: Any, estimate: Any) -> list[Path]:

@@ -45,9 +45,25 @@ from autotune.trials.orphans import start_ticks as _start_ticks
 from autotune.trials.orphans import this_host as _host
 from autotune.urls import redact_url
 
-__all__ = ["DEFAULT_HEARTBEAT_S", "GRACE_FACTOR", "MAX_RETRY", "SETUP_ATTR", "open_storage", "beat",
-           "keep_alive", "fail_stale", "owner_dead_here", "requeue", "storage_error", "redact_url",
-           "describe_study", "study_setup", "make_setup", "model_from_dict", "cluster_from_dict"]
+__all__ = [
+    "DEFAULT_HEARTBEAT_S",
+    "GRACE_FACTOR",
+    "MAX_RETRY",
+    "SETUP_ATTR",
+    "open_storage",
+    "beat",
+    "keep_alive",
+    "fail_stale",
+    "owner_dead_here",
+    "requeue",
+    "storage_error",
+    "redact_url",
+    "describe_study",
+    "study_setup",
+    "make_setup",
+    "model_from_dict",
+    "cluster_from_dict",
+]
 
 DEFAULT_HEARTBEAT_S = 30
 """A RUNNING trial's heartbeat period; a dead worker's trial is failed ``GRACE_FACTOR`` periods later."""
@@ -61,8 +77,13 @@ _OWNER = "autotune_owner"
 _ASK_WARNING = "Heartbeat of storage is supposed to be used with Study.optimize"
 
 
-def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
-                 engine_kwargs: dict[str, Any] | None = None, create: bool = True) -> BaseStorage:
+def open_storage(
+    url: str,
+    *,
+    heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
+    engine_kwargs: dict[str, Any] | None = None,
+    create: bool = True,
+) -> BaseStorage:
     """The Optuna storage a URL names; RDB storages get heartbeats (``heartbeat_s=None``: none).
 
     ``create=False`` (workers) never creates the schema: only the study's creator does.
@@ -72,19 +93,27 @@ def open_storage(url: str, *, heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
     if url.startswith("journal://"):
         path = url.removeprefix("journal://")
         if not path.startswith("/"):
-            raise ConfigError(f"--storage {url}: a journal URL needs an absolute path (journal:///dir/file.log)")
+            raise ConfigError(
+                f"--storage {url}: a journal URL needs an absolute path (journal:///dir/file.log)"
+            )
         try:
             return _Journal(JournalFileBackend(path), heartbeat_s)
         except OSError as e:
             raise storage_error(url, e) from None
     if "://" not in url:
-        raise ConfigError(f"--storage {url!r}: expected a URL (sqlite:///..., postgresql+psycopg2://..., "
-                          "journal:///...)")
-    kwargs: dict[str, Any] = {"engine_kwargs": engine_kwargs or {"pool_pre_ping": True},
-                              "skip_table_creation": not create}
+        raise ConfigError(
+            f"--storage {url!r}: expected a URL (sqlite:///..., postgresql+psycopg2://..., journal:///...)"
+        )
+    kwargs: dict[str, Any] = {
+        "engine_kwargs": engine_kwargs or {"pool_pre_ping": True},
+        "skip_table_creation": not create,
+    }
     if heartbeat_s is not None:
-        kwargs.update(heartbeat_interval=heartbeat_s, grace_period=GRACE_FACTOR * heartbeat_s,
-                      heartbeat_stale_trial_callback=requeue)
+        kwargs.update(
+            heartbeat_interval=heartbeat_s,
+            grace_period=GRACE_FACTOR * heartbeat_s,
+            heartbeat_stale_trial_callback=requeue,
+        )
         # ask/tell is our loop (trials are subprocesses); keep_alive() beats for it, as optimize() would
         warnings.filterwarnings("ignore", message=_ASK_WARNING)
     with warnings.catch_warnings():
@@ -101,8 +130,10 @@ def storage_error(url: str, error: BaseException) -> ConfigError:
     """One line for a storage that cannot be opened or used: unreachable, no such path, no such dialect."""
     text = str(error.__cause__ or error).strip()
     cause = text.splitlines()[0][:200] if text else type(error).__name__
-    return ConfigError(f"--storage {redact_url(url)}: cannot use it ({cause}); is the database up, the path "
-                       "there and writable, and the URL one of sqlite:///, postgresql+psycopg2://, journal:///?")
+    return ConfigError(
+        f"--storage {redact_url(url)}: cannot use it ({cause}); is the database up, the path "
+        "there and writable, and the URL one of sqlite:///, postgresql+psycopg2://, journal:///?"
+    )
 
 
 class _Journal(JournalStorage):
@@ -158,8 +189,10 @@ def _beater(study: optuna.Study, trial: optuna.Trial) -> tuple[Any, int] | None:
         if native:
             storage.record_heartbeat(trial_id)
         else:
-            storage.set_trial_system_attr(trial_id, _JOURNAL_BEAT,
-                                          {"time": time.time(), "grace_s": GRACE_FACTOR * period})
+            storage.set_trial_system_attr(
+                trial_id, _JOURNAL_BEAT, {"time": time.time(), "grace_s": GRACE_FACTOR * period}
+            )
+
     return beat_now, period
 
 
@@ -177,8 +210,12 @@ def keep_alive(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
     beat_now, period = beater
     stop = threading.Event()
     beat_now()
-    thread = threading.Thread(target=_beat_until, args=(beat_now, period, stop), daemon=True,
-                              name=f"autotune-heartbeat-{trial.number}")
+    thread = threading.Thread(
+        target=_beat_until,
+        args=(beat_now, period, stop),
+        daemon=True,
+        name=f"autotune-heartbeat-{trial.number}",
+    )
     thread.start()
     try:
         yield
@@ -237,12 +274,21 @@ def requeue(study: optuna.Study, trial: FrozenTrial, *, charged: bool = True) ->
     history = [*trial.system_attrs.get("retry_history", []), *([trial.number] if charged else [])]
     if len(history) > MAX_RETRY:
         return
-    system = {k: v for k, v in trial.system_attrs.items()
-              if not k.startswith("constraints:") and k not in (_OWNER, _JOURNAL_BEAT)}
+    system = {
+        k: v
+        for k, v in trial.system_attrs.items()
+        if not k.startswith("constraints:") and k not in (_OWNER, _JOURNAL_BEAT)
+    }
     system |= {"failed_trial": trial.system_attrs.get("failed_trial", trial.number), "retry_history": history}
-    study.add_trial(optuna.create_trial(state=TrialState.WAITING, params=trial.params,
-                                        distributions=trial.distributions, user_attrs=trial.user_attrs,
-                                        system_attrs=system))
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs=trial.user_attrs,
+            system_attrs=system,
+        )
+    )
 
 
 def _failed(study: optuna.Study) -> set[int]:
@@ -259,8 +305,10 @@ def describe_study(study: optuna.Study, setup: dict[str, Any]) -> None:
 def study_setup(study: optuna.Study) -> dict[str, Any]:
     setup = study.user_attrs.get(SETUP_ATTR)
     if setup is None:
-        raise ConfigError(f"study '{study.study_name}' does not describe itself (no '{SETUP_ATTR}': made by "
-                          "an older autotune, or not by autotune); recreate it with autotune search")
+        raise ConfigError(
+            f"study '{study.study_name}' does not describe itself (no '{SETUP_ATTR}': made by "
+            "an older autotune, or not by autotune); recreate it with autotune search"
+        )
     return setup  # type: ignore[no-any-return]
 
 
@@ -278,8 +326,15 @@ _HOST_FIELDS = frozenset(f.name for f in dataclasses.fields(HostProfile))
 def cluster_from_dict(data: dict[str, Any]) -> ClusterSpec:
     def link(d: dict[str, Any]) -> LinkSpec:
         return LinkSpec(**{**d, "sources": tuple(d.get("sources", ()))})
-    return ClusterSpec(**{**data, "gpu": _gpu_from_dict(data["gpu"]), "intra_link": link(data["intra_link"]),
-                          "inter_link": link(data["inter_link"])})
+
+    return ClusterSpec(
+        **{
+            **data,
+            "gpu": _gpu_from_dict(data["gpu"]),
+            "intra_link": link(data["intra_link"]),
+            "inter_link": link(data["inter_link"]),
+        }
+    )
 
 
 def _gpu_from_dict(data: dict[str, Any]) -> GPUSpec:
@@ -288,13 +343,24 @@ def _gpu_from_dict(data: dict[str, Any]) -> GPUSpec:
     flat = {k: fields.pop(k) for k in list(fields) if k in _HOST_FIELDS}
     host = {**flat, **(fields.pop("host", None) or {})}
     host["pipeline_action_overhead_s"] = tuple(
-        (str(s), float(v)) for s, v in host.get("pipeline_action_overhead_s", ()))
+        (str(s), float(v)) for s, v in host.get("pipeline_action_overhead_s", ())
+    )
     return GPUSpec(**{**fields, "sources": tuple(fields.get("sources", ())), "host": HostProfile(**host)})
 
 
-def make_setup(*, model: ModelSpec, cluster: ClusterSpec, ctx: Any, backend: str, device: str | None,
-               measures: bool, seed: int, executor: str = "local", workload: str | None = None,
-               script: str | None = None) -> dict[str, Any]:
+def make_setup(
+    *,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    ctx: Any,
+    backend: str,
+    device: str | None,
+    measures: bool,
+    seed: int,
+    executor: str = "local",
+    workload: str | None = None,
+    script: str | None = None,
+) -> dict[str, Any]:
     """The study's self-description: ``autotune worker`` and ``autotune retune`` rebuild the search from it.
 
     ``backend`` is what was asked for, except that ``auto`` which only planned here is recorded as
@@ -302,7 +368,17 @@ def make_setup(*, model: ModelSpec, cluster: ClusterSpec, ctx: Any, backend: str
     ``script`` are the search's ``--executor``/``--workload``/``--script`` (a worker needs the same module or
     file path where it runs).
     """
-    return {"model": spec_dict(model), "cluster": spec_dict(cluster), "global_batch": ctx.global_batch,
-            "seq_len": ctx.seq_len, "dp": ctx.dp, "backend": backend if backend != "auto" or measures
-            else "simulate", "device": device, "measures": measures, "seed": seed, "executor": executor,
-            "workload": workload, "script": script}
+    return {
+        "model": spec_dict(model),
+        "cluster": spec_dict(cluster),
+        "global_batch": ctx.global_batch,
+        "seq_len": ctx.seq_len,
+        "dp": ctx.dp,
+        "backend": backend if backend != "auto" or measures else "simulate",
+        "device": device,
+        "measures": measures,
+        "seed": seed,
+        "executor": executor,
+        "workload": workload,
+        "script": script,
+    }

@@ -49,8 +49,18 @@ from autotune.trialrecord import Attr, TrialRecord, outcome_attrs, plan_key, pre
 from autotune.trials.request import TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 
-__all__ = ["Estimator", "Ranking", "StudyOptions", "plan_search", "rank_plans", "rule_of", "make_sampler",
-           "opening_plans", "run_study", "top_trials"]
+__all__ = [
+    "Estimator",
+    "Ranking",
+    "StudyOptions",
+    "plan_search",
+    "rank_plans",
+    "rule_of",
+    "make_sampler",
+    "opening_plans",
+    "run_study",
+    "top_trials",
+]
 
 Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
 ClusterAt = Callable[[int], ClusterSpec]
@@ -82,8 +92,13 @@ def rule_of(reason: str) -> str:
     return re.sub(r"\s*\b\d[\d.,]*\b", "", reason.split(":", 1)[0]).strip()
 
 
-def rank_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, estimator: Estimator = estimate,
-               *, first_fit: bool = False) -> Ranking:
+def rank_plans(
+    choices: Mapping[str, tuple[Any, ...]],
+    ctx: PlanContext,
+    estimator: Estimator = estimate,
+    *,
+    first_fit: bool = False,
+) -> Ranking:
     """Estimate every legal plan (stop at the first that fits with ``first_fit``)."""
     tally, feasible, closest = Tally(), [], None
     for ladder in enumerate_plans(choices, ctx, tally):
@@ -106,21 +121,37 @@ def rank_plans(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, estimat
         if first_fit and feasible:
             break
     feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
-    return Ranking(ctx=ctx, choices=tally.choices(), feasible=feasible, num_legal=tally.num_legal,
-                   pruned=dict(tally.pruned.most_common()), closest=closest)
+    return Ranking(
+        ctx=ctx,
+        choices=tally.choices(),
+        feasible=feasible,
+        num_legal=tally.num_legal,
+        pruned=dict(tally.pruned.most_common()),
+        closest=closest,
+    )
 
 
 def _overcommit(est: Estimate, ctx: PlanContext) -> float:
     """How far over its tightest memory (GPU or host) a plan is: 1.0 just fits."""
-    return max(est.memory_bytes_per_gpu / est.memory_capacity_bytes,
-               est.memory.host_bytes_per_node / ctx.cluster.host_memory_bytes_per_node)
+    return max(
+        est.memory_bytes_per_gpu / est.memory_capacity_bytes,
+        est.memory.host_bytes_per_node / ctx.cluster.host_memory_bytes_per_node,
+    )
 
 
-def plan_search(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, *, pins: Mapping[str, Any],
-                global_batch: int | None, seq_len: int, estimator: Estimator = estimate,
-                frameworks: Collection[Framework] | None = None,
-                cluster_at: ClusterAt | None = None,
-                memory_headroom: float = DEFAULT_MEMORY_HEADROOM) -> Ranking:
+def plan_search(
+    space: SearchSpace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    pins: Mapping[str, Any],
+    global_batch: int | None,
+    seq_len: int,
+    estimator: Estimator = estimate,
+    frameworks: Collection[Framework] | None = None,
+    cluster_at: ClusterAt | None = None,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+) -> Ranking:
     """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
 
     ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
@@ -141,22 +172,36 @@ def plan_search(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, *, p
     raise ConfigError(_fits_nowhere(ranking, space, pins, global_batch, estimator, cluster_at))
 
 
-def _only_frameworks(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, pins: Mapping[str, Any],
-                     frameworks: Collection[Framework]) -> SearchSpace:
+def _only_frameworks(
+    space: SearchSpace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    pins: Mapping[str, Any],
+    frameworks: Collection[Framework],
+) -> SearchSpace:
     wanted = resolve_choices(space, model, cluster, pins)["framework"]
     kept = tuple(f for f in wanted if f in frameworks)
     if not kept:
         asked, runs = ", ".join(map(str, wanted)), ", ".join(sorted(map(str, frameworks)))
-        raise ConfigError(f"framework {asked} cannot be measured here (this backend runs {runs}); "
-                          "use --backend simulate to plan it")
+        raise ConfigError(
+            f"framework {asked} cannot be measured here (this backend runs {runs}); "
+            "use --backend simulate to plan it"
+        )
     return dataclasses.replace(space, knobs={**space.knobs, "framework": kept})
 
 
-def _context(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, pins: Mapping[str, Any],
-             global_batch: int | None, seq_len: int) -> tuple[dict[str, tuple[Any, ...]], PlanContext]:
+def _context(
+    space: SearchSpace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    pins: Mapping[str, Any],
+    global_batch: int | None,
+    seq_len: int,
+) -> tuple[dict[str, tuple[Any, ...]], PlanContext]:
     choices = resolve_choices(space, model, cluster, pins)
-    ctx = PlanContext(model=model, cluster=cluster, global_batch=global_batch or 1, seq_len=seq_len,
-                      dp=pins.get("dp"))
+    ctx = PlanContext(
+        model=model, cluster=cluster, global_batch=global_batch or 1, seq_len=seq_len, dp=pins.get("dp")
+    )
     if global_batch is None:  # ~4M tokens, a multiple of the smallest DP a legal layout has
         smallest_dp = min(layout_dps(choices, ctx), default=1)
         ctx = dataclasses.replace(ctx, global_batch=default_global_batch(seq_len, smallest_dp))
@@ -166,24 +211,40 @@ def _context(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, pins: M
 def _batch_error(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> str:
     dps = sorted(layout_dps(choices, ctx))
     gb = ctx.global_batch
-    near = sorted({d * k for d in dps for k in range(max(1, gb // d - 2), gb // d + 4)},
-                  key=lambda x: (abs(x - gb), x))
-    fix = next((x for x in near[:24]
-                if any(enumerate_plans(choices, dataclasses.replace(ctx, global_batch=x)))), None)
+    near = sorted(
+        {d * k for d in dps for k in range(max(1, gb // d - 2), gb // d + 4)}, key=lambda x: (abs(x - gb), x)
+    )
+    fix = next(
+        (x for x in near[:24] if any(enumerate_plans(choices, dataclasses.replace(ctx, global_batch=x)))),
+        None,
+    )
     hint = f"; try --global-batch {fix}" if fix else ""
-    return (f"--global-batch {gb}: no DP x micro-batch of a legal layout divides it "
-            f"(DP can be {', '.join(map(str, dps))}){hint}")
+    return (
+        f"--global-batch {gb}: no DP x micro-batch of a legal layout divides it "
+        f"(DP can be {', '.join(map(str, dps))}){hint}"
+    )
 
 
-def _fits_nowhere(ranking: Ranking, space: SearchSpace, pins: Mapping[str, Any], global_batch: int | None,
-                  estimator: Estimator, cluster_at: ClusterAt | None) -> str:
+def _fits_nowhere(
+    ranking: Ranking,
+    space: SearchSpace,
+    pins: Mapping[str, Any],
+    global_batch: int | None,
+    estimator: Estimator,
+    cluster_at: ClusterAt | None,
+) -> str:
     ctx, closest = ranking.ctx, ranking.closest
     cluster = ctx.cluster
-    first = (closest.reasons[0] if closest.reasons else headroom_reason(closest, ctx.memory_headroom)) \
-        if closest else None
+    first = (
+        (closest.reasons[0] if closest.reasons else headroom_reason(closest, ctx.memory_headroom))
+        if closest
+        else None
+    )
     need = f" (the closest: {first})" if first else ""
-    head = (f"{ctx.model.name} fits nowhere on {cluster.num_gpus} {cluster.gpu.key}: "
-            f"every legal plan is infeasible{need}")
+    head = (
+        f"{ctx.model.name} fits nowhere on {cluster.num_gpus} {cluster.gpu.key}: "
+        f"every legal plan is infeasible{need}"
+    )
     if cluster_at is None:
         return head
     n = cluster.num_gpus
@@ -213,10 +274,17 @@ def make_sampler(seed: int, num_existing_trials: int = 0) -> optuna.samplers.Bas
     return optuna.samplers.TPESampler(seed=seed + num_existing_trials, multivariate=True, constant_liar=True)
 
 
-def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: StudyOptions, *,
-              trials_dir: Path, estimator: Estimator = estimate,
-              log: Callable[[str], None] | None = None,
-              refine: Callable[[optuna.Study], list[dict[str, Any]]] | None = None) -> int:
+def run_study(
+    study: optuna.Study,
+    ranking: Ranking,
+    backend: Backend,
+    options: StudyOptions,
+    *,
+    trials_dir: Path,
+    estimator: Estimator = estimate,
+    log: Callable[[str], None] | None = None,
+    refine: Callable[[optuna.Study], list[dict[str, Any]]] | None = None,
+) -> int:
     """Enqueue the top-K, then ask/tell until ``n_trials`` have launched, every feasible plan has run, or the
     timeout passes. Returns the number launched.
 
@@ -226,13 +294,19 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
     top_k = options.top_k if refine is None else min(options.top_k, 1)
     for opening in opening_plans(ranking.feasible, top_k):
         rank = ranking.feasible.index(opening) + 1
-        study.enqueue_trial(params_of(opening.plan), skip_if_exists=True,
-                            user_attrs={Attr.SOURCE.value: "cost model", "predicted_rank": rank})
+        study.enqueue_trial(
+            params_of(opening.plan),
+            skip_if_exists=True,
+            user_attrs={Attr.SOURCE.value: "cost model", "predicted_rank": rank},
+        )
     deadline = time.monotonic() + options.timeout_s if options.timeout_s else None
     repair(study, trials_dir, backend.measures, _record, log)  # what a killed search left: ended, kept
     first = first_trials(study)  # the plans that were running when a search stopped: they run first
-    tried = {key for r in map(record_of, study.get_trials(deepcopy=False))
-             if _was_launched(r) and (key := r.key) is not None}
+    tried = {
+        key
+        for r in map(record_of, study.get_trials(deepcopy=False))
+        if _was_launched(r) and (key := r.key) is not None
+    }
     launched = asks = repeats = 0
     while launched < options.n_trials and asks < 20 * options.n_trials + options.top_k + 50:
         if len(tried) >= len(ranking.feasible) or (deadline is not None and time.monotonic() > deadline):
@@ -252,26 +326,33 @@ def run_study(study: optuna.Study, ranking: Ranking, backend: Backend, options: 
                     repeats = 0
                 continue
             repeats = 0
-            request = TrialRequest(model=ranking.ctx.model, cluster=ranking.ctx.cluster, plan=plan,
-                                   trial_dir=trial_dir_of(trials_dir, trial.number),
-                                   timeout_s=options.trial_timeout_s)
+            request = TrialRequest(
+                model=ranking.ctx.model,
+                cluster=ranking.ctx.cluster,
+                plan=plan,
+                trial_dir=trial_dir_of(trials_dir, trial.number),
+                timeout_s=options.trial_timeout_s,
+            )
             with keep_alive(study, trial):
                 result = backend.run(request, _reporter(trial))
         except KeyboardInterrupt as e:  # a stop signal (autotune.interrupt): its processes are ended by now
-            e.resume_hint = interrupted(study, trial, trial_dir_of(trials_dir, trial.number),  # type: ignore
-                                        backend.measures, _record)
+            hint = interrupted(
+                study, trial, trial_dir_of(trials_dir, trial.number), backend.measures, _record
+            )
+            e.resume_hint = hint  # type: ignore[attr-defined]
             raise
         launched += 1
         tried.add(plan_key(est.plan))
         try:
             _record(study, trial, result, backend.measures)
         except optuna.exceptions.UpdateFinishedTrialError:  # its heartbeat came late: another worker failed
-            if log:                                          # it as stale and queued its plan again
+            if log:  # it as stale and queued its plan again
                 log(f"trial {trial.number}: failed as stale by another worker meanwhile; its plan runs again")
             continue
         for params in refine(study) if refine is not None else ():
-            study.enqueue_trial(params, user_attrs={Attr.SOURCE.value: "calibrated cost model"},
-                                skip_if_exists=True)
+            study.enqueue_trial(
+                params, user_attrs={Attr.SOURCE.value: "calibrated cost model"}, skip_if_exists=True
+            )
         if log:
             log(_progress_line(trial.number, plan, result))
     return launched
@@ -300,8 +381,9 @@ _MAX_REPEATS = 3
 def _enqueue_next_untried(study: optuna.Study, ranking: Ranking, tried: set[str]) -> None:
     est = next((e for e in ranking.feasible if plan_key(e.plan) not in tried), None)
     if est is not None:
-        study.enqueue_trial(params_of(est.plan),
-                            user_attrs={Attr.SOURCE.value: "cost model (sampler repeated)"})
+        study.enqueue_trial(
+            params_of(est.plan), user_attrs={Attr.SOURCE.value: "cost model (sampler repeated)"}
+        )
 
 
 def _was_launched(record: TrialRecord) -> bool:
@@ -309,8 +391,14 @@ def _was_launched(record: TrialRecord) -> bool:
     return status not in (TrialStatus.INFEASIBLE, INTERRUPTED) and not record.is_duplicate
 
 
-def _gate(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan | None, reason: str | None,
-          ctx: PlanContext, estimator: Estimator) -> Estimate | None:
+def _gate(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    plan: ParallelPlan | None,
+    reason: str | None,
+    ctx: PlanContext,
+    estimator: Estimator,
+) -> Estimate | None:
     """The one place a proposal is judged before it may launch; returns its estimate when feasible.
 
     Every proposal gets the same constraints, so the sampler learns where the boundary is:
@@ -352,8 +440,11 @@ def _reuse_finished(study: optuna.Study, trial: optuna.Trial, plan: ParallelPlan
             if attr.value in old.user_attrs:
                 trial.set_user_attr(attr.value, old.user_attrs[attr.value])
         trial.set_constraint("trial_failed", 0.0 if old.state is TrialState.COMPLETE else 1.0)
-        study.tell(trial, old.value if old.state is TrialState.COMPLETE else None,
-                   state=None if old.state is TrialState.COMPLETE else TrialState.PRUNED)
+        study.tell(
+            trial,
+            old.value if old.state is TrialState.COMPLETE else None,
+            state=None if old.state is TrialState.COMPLETE else TrialState.PRUNED,
+        )
         return True
     return False
 
@@ -362,6 +453,7 @@ def _reporter(trial: optuna.Trial) -> Callable[[int, float], bool]:
     def report(step: int, tokens_per_s: float) -> bool:
         trial.report(tokens_per_s, step)
         return trial.should_prune()
+
     return report
 
 
@@ -385,7 +477,9 @@ def _progress_line(number: int, plan: ParallelPlan, result: TrialResult) -> str:
 
 def top_trials(study: optuna.Study, k: int) -> list[FrozenTrial]:
     """Feasible finished trials, best value first (duplicates of one plan shown once)."""
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if not record_of(t).is_duplicate and all(v <= 0 for v in t.constraints.values())]
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if not record_of(t).is_duplicate and all(v <= 0 for v in t.constraints.values())
+    ]
     return sorted(done, key=lambda t: t.value, reverse=True)[:k]  # type: ignore[arg-type, return-value]
-

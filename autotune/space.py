@@ -56,21 +56,42 @@ from autotune.stagesplit import pipeline_degree_ok
 from autotune.userfile import read_text
 
 __all__ = [
-    "KNOBS", "BATCH_RULE", "Rule", "SearchSpace", "PlanContext", "Ladder", "Tally", "load_space",
-    "resolve_choices", "enumerate_plans", "layout_dps", "suggest_plan", "plan_from_params", "params_of",
+    "KNOBS",
+    "BATCH_RULE",
+    "Rule",
+    "SearchSpace",
+    "PlanContext",
+    "Ladder",
+    "Tally",
+    "load_space",
+    "resolve_choices",
+    "enumerate_plans",
+    "layout_dps",
+    "suggest_plan",
+    "plan_from_params",
+    "params_of",
 ]
 
-_ENUMS: dict[str, type[Enum]] = {"framework": Framework, "sharding": Sharding, "schedule": Schedule,
-                                 "recompute": Recompute, "precision": Precision, "fp8_recipe": Fp8Recipe,
-                                 "cp_comm": CpComm}
+_ENUMS: dict[str, type[Enum]] = {
+    "framework": Framework,
+    "sharding": Sharding,
+    "schedule": Schedule,
+    "recompute": Recompute,
+    "precision": Precision,
+    "fp8_recipe": Fp8Recipe,
+    "cp_comm": CpComm,
+}
 _BOOLS = frozenset({"offload", "sequence_parallel", "compile", "async_tp", "tp_comm_overlap"})
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelPlan) if f.name in KNOBS}
 _RULES = ("divisors_of_gpus_per_node", "divisors_of_layers", "powers_of_two", "divisors_of_experts")
-_NOT_KNOBS = {"dp": "DP is derived: GPUs / (tp x pp x cp); pin it with --dp",
-              "global_batch": "the global batch is yours, never tuned: pass --global-batch",
-              "seq_len": "the sequence length is yours, never tuned: pass --seq-len"}
+_NOT_KNOBS = {
+    "dp": "DP is derived: GPUs / (tp x pp x cp); pin it with --dp",
+    "global_batch": "the global batch is yours, never tuned: pass --global-batch",
+    "seq_len": "the sequence length is yours, never tuned: pass --seq-len",
+}
 _SPACES_DIR = Path(str(resources.files("autotune.search_spaces")))
 """The top-level search_spaces/ folder, shipped inside the package as ``autotune.search_spaces``."""
+
 
 class Rule(NamedTuple):
     """Candidates computed from the model and cluster, bounded by ``min``/``max``."""
@@ -126,8 +147,10 @@ def load_space(name_or_path: str | None = None) -> SearchSpace:
 
 def _parse_list(key: str, value: Any, where: str) -> tuple[Any, ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"{where}: knob '{key}' must be a non-empty list of values or a rule mapping "
-                          f"({{rule: ...}}), got {value!r}")
+        raise ConfigError(
+            f"{where}: knob '{key}' must be a non-empty list of values or a rule mapping "
+            f"({{rule: ...}}), got {value!r}"
+        )
     return tuple(dict.fromkeys(_parse_value(key, v, where) for v in value))
 
 
@@ -154,15 +177,17 @@ def _parse_rule(key: str, value: dict[str, Any], where: str) -> Rule:
     if extra:
         raise ConfigError(f"{where}: knob '{key}' has unknown rule key '{extra[0]}'; allowed: rule, min, max")
     if value.get("rule") not in _RULES:
-        raise ConfigError(f"{where}: knob '{key}' has unknown rule {value.get('rule')!r}; "
-                          f"allowed: {', '.join(_RULES)}")
+        raise ConfigError(
+            f"{where}: knob '{key}' has unknown rule {value.get('rule')!r}; allowed: {', '.join(_RULES)}"
+        )
     bounds = {b: _parse_value(key, value[b], where) for b in ("min", "max") if b in value}
     return Rule(value["rule"], **bounds)
 
 
 # ---------------------------------------------------------------------------------------------- choices
-def resolve_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
-                    pins: Mapping[str, Any] | None = None) -> dict[str, tuple[Any, ...]]:
+def resolve_choices(
+    space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, pins: Mapping[str, Any] | None = None
+) -> dict[str, tuple[Any, ...]]:
     """Concrete candidates per knob: rules evaluated, pins (``--tp 8``) replacing the space's values."""
     pins = {k: v for k, v in (pins or {}).items() if v is not None and k in KNOBS}
     out: dict[str, tuple[Any, ...]] = {}
@@ -176,12 +201,15 @@ def resolve_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec,
             out[knob] = tuple(_parse_value(knob, v, space.source) if v is not None else v for v in values)
         if knob in ("ep", "etp") and not model.is_moe:  # expert parallelism is only offered for MoE models
             if out[knob] != (1,) and knob in pins:
-                raise ConfigError(f"--{knob} {pins[knob]}: {model.name} is a dense model (no routed "
-                                  "experts); expert parallelism needs an MoE model")
+                raise ConfigError(
+                    f"--{knob} {pins[knob]}: {model.name} is a dense model (no routed "
+                    "experts); expert parallelism needs an MoE model"
+                )
             out[knob] = (1,)
         if not out[knob]:
-            raise ConfigError(f"{space.source}: knob '{knob}' has no candidates for {model.name} "
-                              f"on {cluster.name}")
+            raise ConfigError(
+                f"{space.source}: knob '{knob}' has no candidates for {model.name} on {cluster.name}"
+            )
     return out
 
 
@@ -202,8 +230,9 @@ def _rule_values(rule: Rule, model: ModelSpec, cluster: ClusterSpec) -> tuple[in
 
 
 # ---------------------------------------------------------------------------------------------- Optuna
-def suggest_plan(trial: Any, choices: Mapping[str, list[Any]],
-                 ctx: PlanContext) -> tuple[ParallelPlan | None, str | None]:
+def suggest_plan(
+    trial: Any, choices: Mapping[str, list[Any]], ctx: PlanContext
+) -> tuple[ParallelPlan | None, str | None]:
     """One ``suggest_categorical`` per knob (fixed choices); ``(plan, None)`` or ``(None, rule broken)``."""
     params = {knob: trial.suggest_categorical(knob, list(choices[knob])) for knob in KNOBS}
     return plan_from_params(params, ctx)
@@ -220,21 +249,39 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
     dp = ctx.cluster.num_gpus // (tp * pp * cp)
     if ctx.global_batch % (dp * mbs):
         return None, BATCH_RULE
-    v: dict[str, Any] = {k: _parse_value(k, params[k], "trial") if params[k] is not None else None
-                         for k in Variant._fields}
+    v: dict[str, Any] = {
+        k: _parse_value(k, params[k], "trial") if params[k] is not None else None for k in Variant._fields
+    }
     interleaved = pp > 1 and v["schedule"] is Schedule.INTERLEAVED
-    variant = collapse(Variant(**{
-        **v, "schedule": v["schedule"] if pp > 1 else Schedule.ONE_F_ONE_B,
-        "virtual_stages": v["virtual_stages"] if interleaved else 1,
-        "hsdp_shard_size": v["hsdp_shard_size"] if v["sharding"] is Sharding.HSDP else None,
-        "sequence_parallel": v["sequence_parallel"] and tp > 1}), tp, cp)
-    reason = (variant_rule(ctx, variant, tp, pp, cp, dp)
-              or pipeline_rule(variant.schedule, pp, ctx.global_batch // (dp * mbs)))
+    variant = collapse(
+        Variant(
+            **{
+                **v,
+                "schedule": v["schedule"] if pp > 1 else Schedule.ONE_F_ONE_B,
+                "virtual_stages": v["virtual_stages"] if interleaved else 1,
+                "hsdp_shard_size": v["hsdp_shard_size"] if v["sharding"] is Sharding.HSDP else None,
+                "sequence_parallel": v["sequence_parallel"] and tp > 1,
+            }
+        ),
+        tp,
+        cp,
+    )
+    reason = variant_rule(ctx, variant, tp, pp, cp, dp) or pipeline_rule(
+        variant.schedule, pp, ctx.global_batch // (dp * mbs)
+    )
     if reason:
         return None, reason
     try:
-        return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs, global_batch=ctx.global_batch,
-                            seq_len=ctx.seq_len, **variant._asdict()), None
+        return ParallelPlan(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=cp,
+            micro_batch=mbs,
+            global_batch=ctx.global_batch,
+            seq_len=ctx.seq_len,
+            **variant._asdict(),
+        ), None
     except ConfigError as e:  # a plan-only rule spacerules does not prune by (a test catches it)
         return None, str(e)
 

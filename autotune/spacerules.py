@@ -44,12 +44,39 @@ from autotune.stagesplit import split_error
 if TYPE_CHECKING:
     from autotune.space import PlanContext
 
-__all__ = ["KNOBS", "BATCH_RULE", "Variant", "collapse", "layout_rule", "variant_rule", "pipeline_rule",
-           "plain"]
+__all__ = [
+    "KNOBS",
+    "BATCH_RULE",
+    "Variant",
+    "collapse",
+    "layout_rule",
+    "variant_rule",
+    "pipeline_rule",
+    "plain",
+]
 
-KNOBS = ("tp", "pp", "cp", "micro_batch", "framework", "sharding", "hsdp_shard_size", "offload", "schedule",
-         "virtual_stages", "recompute", "sequence_parallel", "precision", "ep", "etp", "fp8_recipe",
-         "compile", "async_tp", "tp_comm_overlap", "cp_comm")
+KNOBS = (
+    "tp",
+    "pp",
+    "cp",
+    "micro_batch",
+    "framework",
+    "sharding",
+    "hsdp_shard_size",
+    "offload",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+    "ep",
+    "etp",
+    "fp8_recipe",
+    "compile",
+    "async_tp",
+    "tp_comm_overlap",
+    "cp_comm",
+)
 
 BATCH_RULE = "global batch is not divisible by DP x micro-batch"
 
@@ -84,9 +111,11 @@ def collapse(v: Variant, tp: int, cp: int) -> Variant:
         fp8_recipe=v.fp8_recipe if fp8 else Fp8Recipe.TENSORWISE,
         compile=v.compile and torch_fw,
         async_tp=v.async_tp and torch_fw and v.compile and tp > 1,
-        tp_comm_overlap=(v.tp_comm_overlap and v.framework is Framework.MEGATRON and v.sequence_parallel
-                         and tp > 1),
-        cp_comm=v.cp_comm if cp > 1 else CpComm.P2P)
+        tp_comm_overlap=(
+            v.tp_comm_overlap and v.framework is Framework.MEGATRON and v.sequence_parallel and tp > 1
+        ),
+        cp_comm=v.cp_comm if cp > 1 else CpComm.P2P,
+    )
 
 
 def layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
@@ -103,8 +132,11 @@ def layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
     return None
 
 
-_TP_SPLIT = {"heads": "TP does not divide the attention heads", "kv-heads": "TP does not divide the KV heads",
-             "mlp": "TP does not divide the MLP width"}
+_TP_SPLIT = {
+    "heads": "TP does not divide the attention heads",
+    "kv-heads": "TP does not divide the KV heads",
+    "mlp": "TP does not divide the MLP width",
+}
 
 
 def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
@@ -119,9 +151,17 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "offload needs a sharded optimizer"
     if megatron_fsdp_bad(fw, sharding, pp, v.offload):
         return "Megatron-FSDP is priced without pipelining or offload"
-    if fw is Framework.DEEPSPEED and (broken := deepspeed_broken(
-            tp=tp, pp=pp, cp=cp, sharding=sharding, schedule=v.schedule, precision=v.precision,
-            sequence_parallel=v.sequence_parallel)):
+    if fw is Framework.DEEPSPEED and (
+        broken := deepspeed_broken(
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            sharding=sharding,
+            schedule=v.schedule,
+            precision=v.precision,
+            sequence_parallel=v.sequence_parallel,
+        )
+    ):
         return _DEEPSPEED[broken[0]]
     if interleave_bad(v.schedule, pp, v.virtual_stages):
         return "the interleaved schedule needs virtual stages >= 2"
@@ -132,33 +172,42 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, cp)
 
 
-_DEEPSPEED = {"pipeline-zero": "DeepSpeed's pipeline engine rejects ZeRO-2/3",
-              "pipeline-tp": "DeepSpeed's pipeline engine fails with TP",
-              "pipeline-schedule": "DeepSpeed's pipeline engine runs 1F1B only",
-              "cp": "DeepSpeed has no context parallelism", "fp8": "DeepSpeed has no fp8 training path",
-              "sp": "DeepSpeed AutoTP has no sequence parallelism"}
+_DEEPSPEED = {
+    "pipeline-zero": "DeepSpeed's pipeline engine rejects ZeRO-2/3",
+    "pipeline-tp": "DeepSpeed's pipeline engine fails with TP",
+    "pipeline-schedule": "DeepSpeed's pipeline engine runs 1F1B only",
+    "cp": "DeepSpeed has no context parallelism",
+    "fp8": "DeepSpeed has no fp8 training path",
+    "sp": "DeepSpeed AutoTP has no sequence parallelism",
+}
 
 
 def _expert_rule(ctx: PlanContext, v: Variant, tp: int, cp: int, dp: int) -> str | None:
-    broken = expert_model_broken(ctx.model, v.framework, ep=v.ep, etp=v.etp, tp=tp,
-                                 sequence_parallel=v.sequence_parallel)
+    broken = expert_model_broken(
+        ctx.model, v.framework, ep=v.ep, etp=v.etp, tp=tp, sequence_parallel=v.sequence_parallel
+    )
     if broken:
         return _EXPERT[broken[0]]
     shard = 1 if v.sharding is Sharding.NONE else (v.hsdp_shard_size or dp)
-    fold = expert_fold_broken(v.framework, ep=v.ep, etp=v.etp, tp=tp, dp=dp, cp=cp, shard=shard,
-                              sharding=v.sharding)
+    fold = expert_fold_broken(
+        v.framework, ep=v.ep, etp=v.etp, tp=tp, dp=dp, cp=cp, shard=shard, sharding=v.sharding
+    )
     return _EXPERT[fold] if fold else None
 
 
 _TORCHTITAN_EP = "torchtitan: EP must divide dp_shard x CP (x TP with ETP 1), ETP in {1, TP}"
-_EXPERT = {"dense": "EP/ETP > 1 on a dense model", "experts": "EP does not divide the routed experts",
-           "width": "ETP does not divide the expert width",
-           "megatron-sp": "Megatron MoE with TP > 1 needs sequence parallelism",
-           "megatron": "Megatron: EP x ETP does not divide TP x DP x CP",
-           "torchtitan-etp": _TORCHTITAN_EP, "torchtitan-borrow": _TORCHTITAN_EP,
-           "deepspeed-tp": "DeepSpeed-MoE is priced with TP = ETP = 1",
-           "deepspeed-dp": "DeepSpeed-MoE: EP does not divide DP",
-           "deepspeed-zero3": "DeepSpeed-MoE does not run with ZeRO-3"}
+_EXPERT = {
+    "dense": "EP/ETP > 1 on a dense model",
+    "experts": "EP does not divide the routed experts",
+    "width": "ETP does not divide the expert width",
+    "megatron-sp": "Megatron MoE with TP > 1 needs sequence parallelism",
+    "megatron": "Megatron: EP x ETP does not divide TP x DP x CP",
+    "torchtitan-etp": _TORCHTITAN_EP,
+    "torchtitan-borrow": _TORCHTITAN_EP,
+    "deepspeed-tp": "DeepSpeed-MoE is priced with TP = ETP = 1",
+    "deepspeed-dp": "DeepSpeed-MoE: EP does not divide DP",
+    "deepspeed-zero3": "DeepSpeed-MoE does not run with ZeRO-3",
+}
 
 
 def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
@@ -176,8 +225,10 @@ def pipeline_rule(schedule: Schedule, pp: int, num_microbatches: int) -> str | N
     return _PIPELINE[broken[0]] if broken else None
 
 
-_PIPELINE = {"too-few": "1F1B needs micro-batches per step >= PP",
-             "not-divisible": "interleaved needs micro-batches per step divisible by PP"}
+_PIPELINE = {
+    "too-few": "1F1B needs micro-batches per step >= PP",
+    "not-divisible": "interleaved needs micro-batches per step divisible by PP",
+}
 
 
 def plain(value: Any) -> Any:

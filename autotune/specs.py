@@ -196,8 +196,9 @@ class GPUSpec:
     fp8_gemm_scale: float = 1.0
     """fp8 GEMM efficiency (of the fp8 peak) as a multiple of the 16-bit one at half the intensity: an fp8
     tile does twice the FLOPs per fixed cost, so it needs twice the problem to fill the GPU as well."""
-    attention_curves: tuple[tuple[str, tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]],
-                            ...] = ()
+    attention_curves: tuple[
+        tuple[str, tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]], ...
+    ] = ()
     """Per attention kernel (``cudnn``, ``fa2``, ``fa3``): forward and backward fraction of the 16-bit peak
     by key length, points ``(seq, fraction)`` at head dim 128 (``costmodel.kernels.attention_rates``).
     Empty: the attention core runs at ``gemm_efficiency`` with ``compute.FLASH_BWD_SLOWDOWN``."""
@@ -217,8 +218,12 @@ class GPUSpec:
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""
-        return {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops,
-                "fp32": self.fp32_flops}[precision]
+        return {
+            "bf16": self.bf16_flops,
+            "fp16": self.fp16_flops,
+            "fp8": self.fp8_flops,
+            "fp32": self.fp32_flops,
+        }[precision]
 
     def supports(self, precision: str) -> bool:
         return self.peak_flops(precision) is not None

@@ -40,8 +40,17 @@ if TYPE_CHECKING:  # plan.py imports this module for its legality check
     from autotune.plan import ParallelPlan
 
 __all__ = [
-    "StageSplit", "split_layers", "split_error", "pipeline_degree_ok",
-    "UNIFORM", "ACCOUNT_BOTH", "ACCOUNT_LOSS", "FIRST_LAST", "LAYOUT", "TORCHTITAN", "DEEPSPEED",
+    "StageSplit",
+    "split_layers",
+    "split_error",
+    "pipeline_degree_ok",
+    "UNIFORM",
+    "ACCOUNT_BOTH",
+    "ACCOUNT_LOSS",
+    "FIRST_LAST",
+    "LAYOUT",
+    "TORCHTITAN",
+    "DEEPSPEED",
     "megatron_layout",
 ]
 
@@ -65,7 +74,7 @@ class StageSplit:
 
     def rank_layers(self, rank: int) -> int:
         """Blocks pipeline rank ``rank`` holds over its ``v`` chunks."""
-        return sum(self.chunk_layers[rank::self.pp])
+        return sum(self.chunk_layers[rank :: self.pp])
 
     @property
     def first_rank_layers(self) -> int:
@@ -149,8 +158,10 @@ def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
         return best[1]
     even, extra = divmod(num_layers + 2, chunks)
     if even < 1:  # an end chunk may hold the embedding or the loss alone (Megatron's "...|L" example)
-        return (f"Megatron cannot split {num_layers} layers into PP x virtual stages = {pp} x {v}: more "
-                "chunks than blocks + embedding + loss")
+        return (
+            f"Megatron cannot split {num_layers} layers into PP x virtual stages = {pp} x {v}: more "
+            "chunks than blocks + embedding + loss"
+        )
     layers = [even + (0 < i <= extra) for i in range(chunks)]  # left-over blocks after the first chunk
     layers[0] -= 1
     layers[-1] -= 1
@@ -160,8 +171,10 @@ def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
 def megatron_layout(split: StageSplit) -> str:
     """``--pipeline-model-parallel-layout`` of ``split``: its chunks in stage order (module docstring)."""
     last = len(split.chunk_layers) - 1
-    return "|".join(("E" if i == 0 else "") + "t" * n + ("L" if i == last else "")
-                    for i, n in enumerate(split.chunk_layers))
+    return "|".join(
+        ("E" if i == 0 else "") + "t" * n + ("L" if i == last else "")
+        for i, n in enumerate(split.chunk_layers)
+    )
 
 
 def _torchtitan(num_layers: int, pp: int, v: int) -> StageSplit | str:

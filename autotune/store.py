@@ -84,10 +84,18 @@ def default_storage_url(study_dir: StudyDir) -> str:
     return f"sqlite:///{study_dir.db}"
 
 
-def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict[str, Any], resume: bool,
-               force: bool, sampler: optuna.samplers.BaseSampler,
-               pruner: optuna.pruners.BasePruner | None = None,
-               heartbeat_s: int | None = DEFAULT_HEARTBEAT_S) -> tuple[optuna.Study, StudyDir, str]:
+def open_study(
+    *,
+    name: str,
+    runs_dir: Path,
+    storage: str | None,
+    identity: dict[str, Any],
+    resume: bool,
+    force: bool,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner | None = None,
+    heartbeat_s: int | None = DEFAULT_HEARTBEAT_S,
+) -> tuple[optuna.Study, StudyDir, str]:
     """Create the study, or reopen it with ``resume``; ``force`` replaces an existing one.
 
     Checks everything before writing anything: an existing study without ``resume``/``force``, or one made
@@ -98,8 +106,18 @@ def open_study(*, name: str, runs_dir: Path, storage: str | None, identity: dict
     url = storage or default_storage_url(study_dir)
     identity = json.loads(json.dumps(identity))  # as it reads back from JSON
     try:
-        return _open(study_dir, url, name, storage=storage, identity=identity, resume=resume, force=force,
-                     sampler=sampler, pruner=pruner, heartbeat_s=heartbeat_s)
+        return _open(
+            study_dir,
+            url,
+            name,
+            storage=storage,
+            identity=identity,
+            resume=resume,
+            force=force,
+            sampler=sampler,
+            pruner=pruner,
+            heartbeat_s=heartbeat_s,
+        )
     except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
         raise storage_error(url, e) from None
 
@@ -111,20 +129,33 @@ def check_study_name(name: str) -> None:
     if len(name) > _MAX_NAME:
         raise ConfigError(f"--study: a name of {len(name)} characters; use at most {_MAX_NAME}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise ConfigError(f"--study {name!r}: start with a letter or digit, then letters, digits, '.', '_' "
-                          "and '-' only (a name, not a path: --out DIR says where)")
+        raise ConfigError(
+            f"--study {name!r}: start with a letter or digit, then letters, digits, '.', '_' "
+            "and '-' only (a name, not a path: --out DIR says where)"
+        )
 
 
-def _open(study_dir: StudyDir, url: str, name: str, *, storage: str | None, identity: dict[str, Any],
-          resume: bool, force: bool, sampler: optuna.samplers.BaseSampler,
-          pruner: optuna.pruners.BasePruner | None,
-          heartbeat_s: int | None) -> tuple[optuna.Study, StudyDir, str]:
+def _open(
+    study_dir: StudyDir,
+    url: str,
+    name: str,
+    *,
+    storage: str | None,
+    identity: dict[str, Any],
+    resume: bool,
+    force: bool,
+    sampler: optuna.samplers.BaseSampler,
+    pruner: optuna.pruners.BasePruner | None,
+    heartbeat_s: int | None,
+) -> tuple[optuna.Study, StudyDir, str]:
     existing = _existing_identity(study_dir, url, name, own_storage=storage is None)
     if existing is not None and not force:
         _check_same(name, existing, identity)
         if not resume:
-            raise ConfigError(f"study '{name}' already exists ({study_dir.root}); pass --resume to add "
-                              "trials to it, --force to start over, or --study NEW")
+            raise ConfigError(
+                f"study '{name}' already exists ({study_dir.root}); pass --resume to add "
+                "trials to it, --force to start over, or --study NEW"
+            )
     if existing is not None and force:
         _remove(study_dir, url, name, own_storage=storage is None)
     writable_dir(study_dir.root, "--out")
@@ -132,8 +163,14 @@ def _open(study_dir: StudyDir, url: str, name: str, *, storage: str | None, iden
     for attempt in range(_CREATE_ATTEMPTS):
         try:
             backend = open_storage(url, heartbeat_s=heartbeat_s, engine_kwargs=engine)  # scaleout: heartbeats
-            study = optuna.create_study(study_name=name, storage=backend, load_if_exists=True,
-                                        direction="maximize", sampler=sampler, pruner=pruner)
+            study = optuna.create_study(
+                study_name=name,
+                storage=backend,
+                load_if_exists=True,
+                direction="maximize",
+                sampler=sampler,
+                pruner=pruner,
+            )
             break
         except (ConfigError, SQLAlchemyError):  # another search created the schema at the same moment
             if storage is not None or attempt == _CREATE_ATTEMPTS - 1:  # (only its own SQLite is retried)
@@ -156,8 +193,9 @@ def _connect_sqlite(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def _existing_identity(study_dir: StudyDir, url: str, name: str, *,
-                       own_storage: bool) -> dict[str, Any] | None:
+def _existing_identity(
+    study_dir: StudyDir, url: str, name: str, *, own_storage: bool
+) -> dict[str, Any] | None:
     """What an existing study of this name is for; None when there is none."""
     if study_dir.marker.exists():
         data = json.loads(study_dir.marker.read_text())
@@ -165,8 +203,9 @@ def _existing_identity(study_dir: StudyDir, url: str, name: str, *,
     if own_storage and study_dir.db.exists():  # another search is creating it now (its marker comes last)
         return _identity_in(url, name, missing=None)
     if study_dir.root.exists() and any(study_dir.root.iterdir()):
-        raise ConfigError(f"{study_dir.root} exists and is not an autotune study; "
-                          "choose another --study or --out")
+        raise ConfigError(
+            f"{study_dir.root} exists and is not an autotune study; choose another --study or --out"
+        )
     if own_storage:
         return None
     return _identity_in(url, name, missing={"model": "(not an autotune study)"})
@@ -191,8 +230,10 @@ def _check_same(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
             detail = f"a different search space (knob '{knob}': {was} vs {new[key][knob]})"
         else:
             detail = f"{key} {old.get(key)!r}, this run asks for {new[key]!r}"
-        raise ConfigError(f"study '{name}' was made for {old.get('model')} on {old.get('cluster')} with "
-                          f"{detail}; use another --study (or --force to replace it)")
+        raise ConfigError(
+            f"study '{name}' was made for {old.get('model')} on {old.get('cluster')} with "
+            f"{detail}; use another --study (or --force to replace it)"
+        )
 
 
 def _remove(study_dir: StudyDir, url: str, name: str, *, own_storage: bool) -> None:

@@ -24,8 +24,16 @@ if TYPE_CHECKING:
 
     from autotune.costmodel import Estimate
 
-__all__ = ["Attr", "FAILED", "MEASURED_FIELDS", "TrialRecord", "record_of", "plan_key", "predicted_attrs",
-           "outcome_attrs"]
+__all__ = [
+    "Attr",
+    "FAILED",
+    "MEASURED_FIELDS",
+    "TrialRecord",
+    "record_of",
+    "plan_key",
+    "predicted_attrs",
+    "outcome_attrs",
+]
 
 
 class Attr(str, Enum):
@@ -105,14 +113,20 @@ def record_of(trial: FrozenTrial) -> TrialRecord:
     """The record of one Optuna trial (missing keys: an older or not yet judged trial)."""
     attrs = trial.user_attrs
     duplicate = attrs.get(Attr.DUPLICATE_OF.value)
-    return TrialRecord(number=trial.number, value=trial.value, state=trial.state.name.lower(),
-                       plan=attrs.get(Attr.PLAN.value), predicted=attrs.get(Attr.PREDICTED.value, {}),
-                       measured=attrs.get(Attr.MEASURED.value, {}),
-                       status=attrs.get(Attr.STATUS.value),
-                       value_source=attrs.get(Attr.VALUE_SOURCE.value), error=attrs.get(Attr.ERROR.value),
-                       reason=attrs.get(Attr.REASON.value),
-                       duplicate_of=None if duplicate is None else int(duplicate),
-                       source=attrs.get(Attr.SOURCE.value))
+    return TrialRecord(
+        number=trial.number,
+        value=trial.value,
+        state=trial.state.name.lower(),
+        plan=attrs.get(Attr.PLAN.value),
+        predicted=attrs.get(Attr.PREDICTED.value, {}),
+        measured=attrs.get(Attr.MEASURED.value, {}),
+        status=attrs.get(Attr.STATUS.value),
+        value_source=attrs.get(Attr.VALUE_SOURCE.value),
+        error=attrs.get(Attr.ERROR.value),
+        reason=attrs.get(Attr.REASON.value),
+        duplicate_of=None if duplicate is None else int(duplicate),
+        source=attrs.get(Attr.SOURCE.value),
+    )
 
 
 def plan_key(plan: ParallelPlan) -> str:
@@ -124,19 +138,27 @@ def plan_key(plan: ParallelPlan) -> str:
 
 def predicted_attrs(est: Estimate) -> dict[str, Any]:
     """``Attr.PREDICTED``: the cost model's figures for a plan."""
-    return {"tokens_per_s": est.tokens_per_s, "mfu": est.mfu, "step_time_s": est.step_time_s,
-            "memory_bytes_per_gpu": est.memory_bytes_per_gpu, "bottleneck": est.bottleneck,
-            "memory_capacity_bytes": est.memory_capacity_bytes}
+    return {
+        "tokens_per_s": est.tokens_per_s,
+        "mfu": est.mfu,
+        "step_time_s": est.step_time_s,
+        "memory_bytes_per_gpu": est.memory_bytes_per_gpu,
+        "bottleneck": est.bottleneck,
+        "memory_capacity_bytes": est.memory_capacity_bytes,
+    }
 
 
 def outcome_attrs(result: TrialResult, *, measured: bool) -> dict[str, Any]:
     """``Attr.STATUS``, ``VALUE_SOURCE``, ``MEASURED`` (measuring backends) and ``ERROR`` of a finished trial,
     in the order they are written."""
-    attrs: dict[str, Any] = {Attr.STATUS.value: str(result.status),
-                             Attr.VALUE_SOURCE.value: "measured" if measured else "predicted"}
+    attrs: dict[str, Any] = {
+        Attr.STATUS.value: str(result.status),
+        Attr.VALUE_SOURCE.value: "measured" if measured else "predicted",
+    }
     if measured:
-        attrs[Attr.MEASURED.value] = {k: v for k, v in result.to_dict().items()
-                                      if k in MEASURED_FIELDS and v is not None}
+        attrs[Attr.MEASURED.value] = {
+            k: v for k, v in result.to_dict().items() if k in MEASURED_FIELDS and v is not None
+        }
     if result.error:
         attrs[Attr.ERROR.value] = result.error
     return attrs

@@ -30,8 +30,9 @@ def read_text(path: str | Path, flag: str, *, missing: str = "pass an existing f
     except OSError as e:
         raise ConfigError(f"{where}: cannot read ({e.strerror}); {missing}") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}: not a UTF-8 text file (byte {e.start}: {e.reason}); pass a JSON or "
-                          "YAML file") from None
+        raise ConfigError(
+            f"{where}: not a UTF-8 text file (byte {e.start}: {e.reason}); pass a JSON or YAML file"
+        ) from None
 
 
 def writable_dir(path: str | Path, flag: str) -> Path:
@@ -44,8 +45,9 @@ def writable_dir(path: str | Path, flag: str) -> Path:
     except FileExistsError:
         raise ConfigError(f"{flag} {path}: exists and is not a directory; pass a directory") from None
     except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot write there ({e.strerror}); pass a writable "
-                          "directory") from None
+        raise ConfigError(
+            f"{flag} {path}: cannot write there ({e.strerror}); pass a writable directory"
+        ) from None
     return where
 
 

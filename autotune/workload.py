@@ -68,8 +68,9 @@ class Workload:
 def _split(target: str) -> tuple[str, str]:
     module, sep, attr = target.partition(":")
     if not sep or not module or not attr or not all(p.isidentifier() for p in (*module.split("."), attr)):
-        raise ConfigError(f"--workload {target!r}: expected MODULE:FUNCTION, e.g. "
-                          "examples.custom_workload.build:build")
+        raise ConfigError(
+            f"--workload {target!r}: expected MODULE:FUNCTION, e.g. examples.custom_workload.build:build"
+        )
     return module, attr
 
 
@@ -88,8 +89,10 @@ def load_builder(target: str) -> Callable[..., Workload]:
     builder = getattr(module, attr, None)
     if not callable(builder):
         what = "is not callable" if builder is not None else "does not exist"
-        raise ConfigError(f"--workload {target!r}: {module_name}.{attr} {what}; expected "
-                          "build(spec, plan, device) -> autotune.workload.Workload")
+        raise ConfigError(
+            f"--workload {target!r}: {module_name}.{attr} {what}; expected "
+            "build(spec, plan, device) -> autotune.workload.Workload"
+        )
     return builder  # type: ignore[no-any-return]
 
 

@@ -40,8 +40,14 @@ def main() -> None:
     rank = torch.distributed.get_rank()
     for step in range(args.steps):
         for micro in range(gas):
-            x, y = synthetic_batch(spec, batch=mbs * torch.distributed.get_world_size(), seq_len=args.seq_len,
-                                   step=step * gas + micro, seed=0, rows=slice(rank * mbs, (rank + 1) * mbs))
+            x, y = synthetic_batch(
+                spec,
+                batch=mbs * torch.distributed.get_world_size(),
+                seq_len=args.seq_len,
+                step=step * gas + micro,
+                seed=0,
+                rows=slice(rank * mbs, (rank + 1) * mbs),
+            )
             engine.backward(lm_loss(engine(x), y))
             engine.step()
 

@@ -15,8 +15,13 @@ from typing import Any
 def init_one_rank(port: int) -> None:
     """A one-rank gloo process group (DeepSpeed and FSDP2 need one), one thread as a CPU trial rank runs."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", str(port)),
-                      RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=os.environ.get("MASTER_PORT", str(port)),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+    )
     import torch
     import torch.distributed as dist
 
@@ -57,8 +62,9 @@ def parse_args(doc: str, results: Path) -> argparse.Namespace:
     return ap.parse_args()
 
 
-def alternate(cases: Sequence[tuple[str, Callable[[], float]]], repeats: int
-              ) -> tuple[dict[str, list[float]], dict[str, float]]:
+def alternate(
+    cases: Sequence[tuple[str, Callable[[], float]]], repeats: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Every case once per repeat, in turn (slow drifts of a shared machine hit all alike); the runs and
     their medians by case name."""
     runs: dict[str, list[float]] = {}

@@ -52,12 +52,18 @@ def main() -> None:
             record |= {"status": "error", "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
         else:
             warm = config.warmup_steps
-            record |= {"status": str(result.status), "step_time_s": result.step_time_s,
-                       "step_times_s": result.extra["step_times_s"][warm:] if result.extra else None,
-                       "step_time_cov": result.step_time_cov}
+            record |= {
+                "status": str(result.status),
+                "step_time_s": result.step_time_s,
+                "step_times_s": result.extra["step_times_s"][warm:] if result.extra else None,
+                "step_time_cov": result.step_time_cov,
+            }
         gc.collect()
-        record |= {"in_process_s": time.perf_counter() - start, "load_avg": list(os.getloadavg()),
-                   "time": time.time()}
+        record |= {
+            "in_process_s": time.perf_counter() - start,
+            "load_avg": list(os.getloadavg()),
+            "time": time.time(),
+        }
         if rank == 0:
             with out.open("a") as f:
                 f.write(json.dumps(record) + "\n")

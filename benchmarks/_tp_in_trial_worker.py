@@ -48,8 +48,12 @@ def main() -> None:
         if e.key.startswith("gloo:") or e.key == "_c10d_functional::wait_tensor":
             ops[e.key][0] += e.cpu_time_total * 1e-6 / PROFILED  # seconds per step
             ops[e.key][1] += e.count / PROFILED
-    row = {"rank": dist.get_rank(), "plain_step_s": plain[WARMUP:], "profiled_step_s": profiled,
-           "ops": {k: {"s_per_step": v[0], "calls_per_step": v[1]} for k, v in sorted(ops.items())}}
+    row = {
+        "rank": dist.get_rank(),
+        "plain_step_s": plain[WARMUP:],
+        "profiled_step_s": profiled,
+        "ops": {k: {"s_per_step": v[0], "calls_per_step": v[1]} for k, v in sorted(ops.items())},
+    }
     rows: list = [None] * dist.get_world_size()
     dist.all_gather_object(rows, row)
     if dist.get_rank() == 0:

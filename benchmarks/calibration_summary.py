@@ -43,9 +43,11 @@ def _tau(d: dict[str, Any] | None) -> str:
 
 def _repeats(meta: dict[str, Any]) -> str:
     """Repeats per plan x measured steps per run, per group of cells where they differ."""
+
     def runs(c: dict[str, Any]) -> str:
         steps = c.get("measure_steps", meta.get("measure_steps", 8))
         return f"{c.get('repeats', meta.get('repeats', 2))} repeats x {steps}"
+
     per_cell = {c["cell"]: runs(c) for c in meta["cells"]}
     kinds = sorted(set(per_cell.values()))
     if len(kinds) <= 1:
@@ -148,15 +150,20 @@ def _splits(d: dict[str, Any] | None) -> str:
     if not d:
         return "n/a"
     t, m = d["kendall_tau"], d["mape"]
-    return (f"{t['median']:+.2f} / {m['median']:.1%} [{t['min']:+.2f}..{t['max']:+.2f} / "
-            f"{m['min']:.0%}..{m['max']:.0%}]")
+    return (
+        f"{t['median']:+.2f} / {m['median']:.1%} [{t['min']:+.2f}..{t['max']:+.2f} / "
+        f"{m['min']:.0%}..{m['max']:.0%}]"
+    )
 
 
 def _factor(name: str, value: float) -> str:
     if name.endswith("_s"):
         return f"{name.removesuffix('_s')} {value * 1e3:.1f} ms"
-    return f"{name.removesuffix('_efficiency').removesuffix('_fraction')} {value:.2g}" if value > 1e-6 else \
-        f"{name.removesuffix('_efficiency').removesuffix('_fraction')} 0"
+    return (
+        f"{name.removesuffix('_efficiency').removesuffix('_fraction')} {value:.2g}"
+        if value > 1e-6
+        else f"{name.removesuffix('_efficiency').removesuffix('_fraction')} 0"
+    )
 
 
 def replay_section() -> list[str]:
@@ -168,7 +175,8 @@ def replay_section() -> list[str]:
         f"(median over {rep.get('seeds', 20)} seeds; trial-seconds in brackets; grid and DeepSpeed are "
         "deterministic). Target: autotune <= 25 % of grid's trials, median <= 3.",
         "",
-        "| cell | space | plans | within 5 % | " + " | ".join(STRATEGIES)
+        "| cell | space | plans | within 5 % | "
+        + " | ".join(STRATEGIES)
         + " | autotune / grid | autotune_profile / grid |",
         "|---|---|---|---|" + "---|" * (len(STRATEGIES) + 2),
     ]
@@ -176,10 +184,17 @@ def replay_section() -> list[str]:
         cols = []
         for s in STRATEGIES:
             v = c.get(s)
-            cols.append("" if v is None else "never" if v["median_trials"] == float("inf")
-                        else f"{_num(v['median_trials'])} ({_num(v['median_trial_s'])} s)")
-        ratios = [f"{c[k]['median_trials'] / c['grid']['median_trials']:.0%}" if c.get(k) else ""
-                  for k in ("autotune", "autotune_profile")]
+            cols.append(
+                ""
+                if v is None
+                else "never"
+                if v["median_trials"] == float("inf")
+                else f"{_num(v['median_trials'])} ({_num(v['median_trial_s'])} s)"
+            )
+        ratios = [
+            f"{c[k]['median_trials'] / c['grid']['median_trials']:.0%}" if c.get(k) else ""
+            for k in ("autotune", "autotune_profile")
+        ]
         lines.append(
             f"| {c['cell']} | {c['space']} | {c['num_plans']} | {c['num_good']} | "
             + " | ".join(cols)
@@ -196,13 +211,16 @@ def probe_repeat_section(rep: dict[str, Any]) -> list[str]:
         return []
     profiles = [*RESULTS.glob("profiles/cpu-*.yaml"), *RESULTS.glob("probe_repeats/*/cpu-*.yaml")]
     effs = sorted(yaml.safe_load(p.read_text())["gpu_overrides"]["gemm_efficiency"] for p in profiles)
-    lines = [f"The probe is noisy on this VM (GEMM efficiency {effs[0]:.2f}-{effs[-1]:.2f} over the "
-             "committed and the repeated probes): the same replay with profiles from repeated `autotune "
-             "probe` runs (`python "
-             "benchmarks/search_replay.py --profiles DIR --out FILE`; profiles under "
-             "`results/probe_repeats/`), `autotune_profile` trials and / grid:", "",
-             "| cell | space | " + " | ".join(name for name, _ in runs) + " |",
-             "|---|---|" + "---|" * len(runs)]
+    lines = [
+        f"The probe is noisy on this VM (GEMM efficiency {effs[0]:.2f}-{effs[-1]:.2f} over the "
+        "committed and the repeated probes): the same replay with profiles from repeated `autotune "
+        "probe` runs (`python "
+        "benchmarks/search_replay.py --profiles DIR --out FILE`; profiles under "
+        "`results/probe_repeats/`), `autotune_profile` trials and / grid:",
+        "",
+        "| cell | space | " + " | ".join(name for name, _ in runs) + " |",
+        "|---|---|" + "---|" * len(runs),
+    ]
     for i, c in enumerate(rep["cells"]):
         cols = []
         for _, r in runs:
@@ -293,10 +311,14 @@ def readme_block() -> str:
             continue
         taus = sorted(c["after_held_out"]["kendall_tau"] or 0 for c in cells)
         mapes = sorted(c["after_held_out"]["mape"] for c in cells)
-        ceil = sorted(c["repeat_ceiling"]["kendall_tau"] for c in cells
-                      if c["repeat_ceiling"]["kendall_tau"] is not None) or [0.0]
-        ceil_mape = sorted(c["repeat_ceiling"]["mape"] for c in cells
-                           if c["repeat_ceiling"]["mape"] is not None)
+        ceil = sorted(
+            c["repeat_ceiling"]["kendall_tau"]
+            for c in cells
+            if c["repeat_ceiling"]["kendall_tau"] is not None
+        ) or [0.0]
+        ceil_mape = sorted(
+            c["repeat_ceiling"]["mape"] for c in cells if c["repeat_ceiling"]["mape"] is not None
+        )
         lines += [
             f"| CPU landscape, {how}: step-time Kendall tau after calibration, held-out, per cell | >= 0.8 | "
             f"{taus[0]:.2f} - {taus[-1]:.2f} ({sum(t >= 0.8 for t in taus)} of {len(taus)} cells; "
@@ -313,17 +335,20 @@ def readme_block() -> str:
                 f"| CPU landscape, {how}: held-out tau / MAPE, median of {split[0]['splits']} random splits "
                 f"per cell | >= 0.8 / <= 10 % | tau {st[0]:.2f} - {st[-1]:.2f} "
                 f"({sum(t >= 0.8 for t in st)} of {len(st)}); MAPE {sm[0]:.1%} - {sm[-1]:.1%} "
-                f"({sum(m <= 0.10 for m in sm)} of {len(sm)}) |")
+                f"({sum(m <= 0.10 for m in sm)} of {len(sm)}) |"
+            )
     pairs = probe_pairs(fid)
     if len({probe for _, probe in pairs}) > 1:
         ok, mean, (cell, probe, worst) = pairs_stats(pairs)
         runs = sorted({probe for _, probe in pairs})
         day = re.compile(r"\d{4}-\d\d-\d\d")
         days = {m.group() for m in map(day.search, runs) if m}
-        lines.append(f"| CPU landscape, probe-profile base, each of {len(runs)} probe runs "
-                     f"({len(days)} days): held-out tau / MAPE, median of the splits, per cell "
-                     f"| >= 0.8 / <= 10 % | {ok} of {len(pairs)} cell x probe pairs; mean MAPE {mean:.1%}, "
-                     f"worst {worst:.1%} ({cell}, {probe}) |")
+        lines.append(
+            f"| CPU landscape, probe-profile base, each of {len(runs)} probe runs "
+            f"({len(days)} days): held-out tau / MAPE, median of the splits, per cell "
+            f"| >= 0.8 / <= 10 % | {ok} of {len(pairs)} cell x probe pairs; mean MAPE {mean:.1%}, "
+            f"worst {worst:.1%} ({cell}, {probe}) |"
+        )
     for c in (c for c in fid["cells"] if c["cell"].startswith("h200")):
         lines += [
             f"| {c['cell']}: held-out MAPE before -> after the fit | | {c['before_held_out']['mape']:.0%} -> "

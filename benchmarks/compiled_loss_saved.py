@@ -36,8 +36,11 @@ def _saved(fn) -> tuple[list[dict], list[str]]:
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if t.numel() >= B * S * V:
-            saved[t.untyped_storage().data_ptr()] = {"shape": list(t.shape), "dtype": str(t.dtype),
-                                                     "bytes_per_logit": t.element_size()}
+            saved[t.untyped_storage().data_ptr()] = {
+                "shape": list(t.shape),
+                "dtype": str(t.dtype),
+                "bytes_per_logit": t.element_size(),
+            }
         return t
 
     def step() -> None:
@@ -57,9 +60,13 @@ def main() -> int:
     compiled, code = _saved(torch.compile(_loss))
     shape = re.compile(rf"empty_strided\w*\(\((?:1, )?{S}, {V}\)[^)]*\), (torch\.\w+)\)")
     buffers = [m.group(1) for c in code for m in shape.finditer(c)]
-    result = {"torch": torch.__version__, "logits": [B, S, V],
-              "eager_saved": eager, "compiled_saved": compiled,
-              "compiled_logit_sized_buffers_allocated": buffers}
+    result = {
+        "torch": torch.__version__,
+        "logits": [B, S, V],
+        "eager_saved": eager,
+        "compiled_saved": compiled,
+        "compiled_logit_sized_buffers_allocated": buffers,
+    }
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0

@@ -222,8 +222,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if importlib.util.find_spec("tabulate") is None:  # deepspeed --autotuning asserts on it and exits 1
-        sys.exit("ds_autotuning.py: DeepSpeed Autotuning needs `tabulate`; run `pip install tabulate` "
-                 "(deepspeed[autotuning]) and rerun; benchmarks/results/ds_autotuning.json is unchanged")
+        sys.exit(
+            "ds_autotuning.py: DeepSpeed Autotuning needs `tabulate`; run `pip install tabulate` "
+            "(deepspeed[autotuning]) and rerun; benchmarks/results/ds_autotuning.json is unchanged"
+        )
     WORK.mkdir(parents=True, exist_ok=True)
     load_before = list(os.getloadavg())
     ds = run_deepspeed_autotuning()

@@ -60,8 +60,11 @@ def _observations(rows: list[dict[str, Any]]) -> list[Observation]:
 def repeat_ceiling(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """tau and MAPE of one measurement of the plans against another: the median of the first half of each
     plan's repeats against that of the second (repeat 1 against 2; with 4, repeats 1-2 against 3-4)."""
-    pairs = [_halves([run["step_time_s"] for run in r["runs"]]) for r in rows
-             if r["status"] == "ok" and len(r["runs"]) >= 2]
+    pairs = [
+        _halves([run["step_time_s"] for run in r["runs"]])
+        for r in rows
+        if r["status"] == "ok" and len(r["runs"]) >= 2
+    ]
     if len(pairs) < 2:
         return {"kendall_tau": None, "mape": None, "num_plans": len(pairs)}
     a, b = zip(*pairs, strict=True)
@@ -75,7 +78,7 @@ def repeat_ceiling(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _halves(times: list[float]) -> tuple[float, float]:
     """The median of the first half of the repeats and that of the second (an odd last repeat left out)."""
     half = len(times) // 2
-    return statistics.median(times[:half]), statistics.median(times[half:2 * half])
+    return statistics.median(times[:half]), statistics.median(times[half : 2 * half])
 
 
 def evaluate(cell: str, seed: int, profile: Path | None) -> dict[str, Any] | None:
@@ -114,9 +117,11 @@ def held_out_splits(cell: str, splits: int, profile: Path | None) -> dict[str, A
     held = [r["after_held_out"] for r in runs if r]
     taus = [h["kendall_tau"] for h in held if h["kendall_tau"] is not None]
     mapes = [h["mape"] for h in held]
-    return {"splits": splits,
-            "kendall_tau": {"median": statistics.median(taus), "min": min(taus), "max": max(taus)},
-            "mape": {"median": statistics.median(mapes), "min": min(mapes), "max": max(mapes)}}
+    return {
+        "splits": splits,
+        "kendall_tau": {"median": statistics.median(taus), "min": min(taus), "max": max(taus)},
+        "mape": {"median": statistics.median(mapes), "min": min(mapes), "max": max(mapes)},
+    }
 
 
 def gpu_cells(seed: int) -> list[dict[str, Any]]:
@@ -127,25 +132,42 @@ def gpu_cells(seed: int) -> list[dict[str, Any]]:
     cluster = make_cluster(num_gpus=1, gpu=data["gpu_catalog"])
     out = []
     for fsdp in ("none", "fsdp-full"):
-        obs = [Observation(plan=ParallelPlan(micro_batch=r["micro_batch"], global_batch=r["micro_batch"],
-                                             seq_len=data["seq_len"], recompute=r["recompute"]),
-                           measured_s=r["step_time_s"], label=r["config"])
-               for r in data["results"] if r["status"] == "ok" and r["fsdp"] == fsdp]
+        obs = [
+            Observation(
+                plan=ParallelPlan(
+                    micro_batch=r["micro_batch"],
+                    global_batch=r["micro_batch"],
+                    seq_len=data["seq_len"],
+                    recompute=r["recompute"],
+                ),
+                measured_s=r["step_time_s"],
+                label=r["config"],
+            )
+            for r in data["results"]
+            if r["status"] == "ok" and r["fsdp"] == fsdp
+        ]
         shuffled = list(obs)
         random.Random(seed).shuffle(shuffled)
-        train, test = shuffled[: len(obs) // 2], shuffled[len(obs) // 2:]
+        train, test = shuffled[: len(obs) // 2], shuffled[len(obs) // 2 :]
         result = fit(model, cluster, train)
-        out.append({"cell": f"h200 llama-1b, FSDP {fsdp} (gpu_validate)",
-                    "base": f"catalog {cluster.gpu.key}",
-                    "num_plans": len(obs), "num_fit": len(train), "num_held_out": len(test),
-                    "before_all": fidelity(model, cluster, obs).as_dict(),
-                    "after_fit_half": result.after.as_dict(),
-                    "before_held_out": fidelity(model, cluster, test).as_dict(),
-                    "after_held_out": fidelity(model, result.factors.apply(cluster), test).as_dict(),
-                    "after_all_fit_all": fit(model, cluster, obs).after.as_dict(),
-                    "factors": result.factors.as_dict(), "fitted": list(result.fitted),
-                    "unidentified": list(result.unidentified),
-                    "repeat_ceiling": {"kendall_tau": None, "mape": None, "num_plans": 0}})
+        out.append(
+            {
+                "cell": f"h200 llama-1b, FSDP {fsdp} (gpu_validate)",
+                "base": f"catalog {cluster.gpu.key}",
+                "num_plans": len(obs),
+                "num_fit": len(train),
+                "num_held_out": len(test),
+                "before_all": fidelity(model, cluster, obs).as_dict(),
+                "after_fit_half": result.after.as_dict(),
+                "before_held_out": fidelity(model, cluster, test).as_dict(),
+                "after_held_out": fidelity(model, result.factors.apply(cluster), test).as_dict(),
+                "after_all_fit_all": fit(model, cluster, obs).after.as_dict(),
+                "factors": result.factors.as_dict(),
+                "fitted": list(result.fitted),
+                "unidentified": list(result.unidentified),
+                "repeat_ceiling": {"kendall_tau": None, "mape": None, "num_plans": 0},
+            }
+        )
     return out
 
 
@@ -155,8 +177,11 @@ def main() -> None:
     ap.add_argument("--splits", type=int, default=10, help="random halvings for the held-out median")
     ap.add_argument("--profiles", type=Path, default=PROFILES, help="where cpu-<N>rank.yaml are")
     ap.add_argument("--out", type=Path, default=RESULTS / "fidelity.json")
-    ap.add_argument("--cells", default=",".join(CELLS),
-                    help="only these (comma-separated); the other cells' rows of --out are kept")
+    ap.add_argument(
+        "--cells",
+        default=",".join(CELLS),
+        help="only these (comma-separated); the other cells' rows of --out are kept",
+    )
     args = ap.parse_args()
     repeat = args.profiles.resolve() != PROFILES.resolve()
     only = args.cells.split(",")

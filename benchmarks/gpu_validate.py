@@ -49,8 +49,16 @@ from autotune.trials.worker import init_distributed, run_trial  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 
-LLAMA_1B = ModelSpec(name="llama-1b (gpu_validate)", hidden_size=2048, num_layers=18, num_heads=16,
-                     num_kv_heads=8, ffn_hidden_size=5632, vocab_size=32000, max_seq_len=2048)
+LLAMA_1B = ModelSpec(
+    name="llama-1b (gpu_validate)",
+    hidden_size=2048,
+    num_layers=18,
+    num_heads=16,
+    num_kv_heads=8,
+    ffn_hidden_size=5632,
+    vocab_size=32000,
+    max_seq_len=2048,
+)
 """~1.0B parameters: TinyLlama-1.1B's widths with 18 layers."""
 SEQ_LEN = 2048
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -75,9 +83,14 @@ def _predict(model: ModelSpec, gpu: str, plan: ParallelPlan) -> dict[str, Any] |
 
         est = estimate(model, make_cluster(num_gpus=1, gpu=gpu), plan)
         mem = est.memory
-        return {"step_time_s": est.step_time_s, "memory_bytes": mem.total_bytes,
-                "memory_allocated_bytes": mem.total_bytes - mem.reserve_bytes,
-                "memory_breakdown": mem.as_dict(), "feasible": est.feasible, "reasons": list(est.reasons)}
+        return {
+            "step_time_s": est.step_time_s,
+            "memory_bytes": mem.total_bytes,
+            "memory_allocated_bytes": mem.total_bytes - mem.reserve_bytes,
+            "memory_breakdown": mem.as_dict(),
+            "feasible": est.feasible,
+            "reasons": list(est.reasons),
+        }
     except Exception as e:  # a cost model under construction must not stop the measurements
         return {"error": f"{type(e).__name__}: {e}"}
 
@@ -88,8 +101,9 @@ def _err(predicted: float | None, measured: float | None) -> float | None:
     return (predicted - measured) / measured
 
 
-def _measure(model: ModelSpec, plan: ParallelPlan, cfg: TrialConfig, device: torch.device,
-             trial_dir: Path) -> TrialResult:
+def _measure(
+    model: ModelSpec, plan: ParallelPlan, cfg: TrialConfig, device: torch.device, trial_dir: Path
+) -> TrialResult:
     trial_dir.mkdir(parents=True, exist_ok=True)
     (trial_dir / "progress.jsonl").unlink(missing_ok=True)
     try:
@@ -102,17 +116,25 @@ def _measure(model: ModelSpec, plan: ParallelPlan, cfg: TrialConfig, device: tor
     return result
 
 
-def _row(name: str, mbs: int, recompute: str, fsdp: bool, result: TrialResult,
-         pred: dict[str, Any] | None) -> dict[str, Any]:
+def _row(
+    name: str, mbs: int, recompute: str, fsdp: bool, result: TrialResult, pred: dict[str, Any] | None
+) -> dict[str, Any]:
     extra = result.extra or {}
     pred = pred or {}
     return {
-        "config": name, "micro_batch": mbs, "recompute": recompute, "fsdp": "fsdp-full" if fsdp else "none",
-        "status": str(result.status), "error": result.error,
-        "step_time_s": result.step_time_s, "step_time_cov": result.step_time_cov,
-        "tokens_per_s": result.tokens_per_s, "mfu": result.mfu,
+        "config": name,
+        "micro_batch": mbs,
+        "recompute": recompute,
+        "fsdp": "fsdp-full" if fsdp else "none",
+        "status": str(result.status),
+        "error": result.error,
+        "step_time_s": result.step_time_s,
+        "step_time_cov": result.step_time_cov,
+        "tokens_per_s": result.tokens_per_s,
+        "mfu": result.mfu,
         "peak_allocated_bytes": result.peak_memory_bytes,
-        "peak_reserved_bytes": extra.get("peak_reserved_bytes"), "loss": result.loss,
+        "peak_reserved_bytes": extra.get("peak_reserved_bytes"),
+        "loss": result.loss,
         "predicted": pred,
         "step_time_error": _err(pred.get("step_time_s"), result.step_time_s),
         "allocated_error": _err(pred.get("memory_allocated_bytes"), result.peak_memory_bytes),
@@ -125,25 +147,46 @@ def _fmt(value: float | None, scale: float = 1.0, spec: str = ".3f") -> str:
 
 
 def _markdown(doc: dict[str, Any]) -> str:
-    lines = [f"# GPU validation: {doc['model']['name']} on {doc['environment']['device_name']}", "",
-             f"{doc['model']['num_params'] / 1e9:.2f}B parameters, seq {doc['seq_len']}, {doc['precision']}, "
-             f"{doc['warmup_steps']} warm-up + {doc['measure_steps']} measured steps, world size 1. "
-             "Error = (predicted - measured) / measured. FSDP at world size 1 is predicted as sharding "
-             "none (a plan cannot shard over one rank). Predicted allocated = estimate less its fixed "
-             "reserve.", "",
-             "| plan | status | step s | pred s | err | alloc GiB | pred GiB | err | reserved GiB | pred GiB "
-             "| err | tok/s | MFU |", "|" + "---|" * 13]
+    lines = [
+        f"# GPU validation: {doc['model']['name']} on {doc['environment']['device_name']}",
+        "",
+        f"{doc['model']['num_params'] / 1e9:.2f}B parameters, seq {doc['seq_len']}, {doc['precision']}, "
+        f"{doc['warmup_steps']} warm-up + {doc['measure_steps']} measured steps, world size 1. "
+        "Error = (predicted - measured) / measured. FSDP at world size 1 is predicted as sharding "
+        "none (a plan cannot shard over one rank). Predicted allocated = estimate less its fixed "
+        "reserve.",
+        "",
+        "| plan | status | step s | pred s | err | alloc GiB | pred GiB | err | reserved GiB | pred GiB "
+        "| err | tok/s | MFU |",
+        "|" + "---|" * 13,
+    ]
     for r in doc["results"]:
         p = r["predicted"] or {}
-        lines.append("| " + " | ".join([
-            r["config"], r["status"], _fmt(r["step_time_s"]), _fmt(p.get("step_time_s")),
-            _fmt(r["step_time_error"], 0.01, "+.0f") + "%" if r["step_time_error"] is not None else "-",
-            _fmt(r["peak_allocated_bytes"], GIB, ".2f"), _fmt(p.get("memory_allocated_bytes"), GIB, ".2f"),
-            _fmt(r["allocated_error"], 0.01, "+.0f") + "%" if r["allocated_error"] is not None else "-",
-            _fmt(r["peak_reserved_bytes"], GIB, ".2f"), _fmt(p.get("memory_bytes"), GIB, ".2f"),
-            _fmt(r["reserved_error"], 0.01, "+.0f") + "%" if r["reserved_error"] is not None else "-",
-            _fmt(r["tokens_per_s"], 1.0, ".0f"), _fmt(r["mfu"], 0.01, ".1f") + "%" if r["mfu"] else "-",
-        ]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["config"],
+                    r["status"],
+                    _fmt(r["step_time_s"]),
+                    _fmt(p.get("step_time_s")),
+                    _fmt(r["step_time_error"], 0.01, "+.0f") + "%"
+                    if r["step_time_error"] is not None
+                    else "-",
+                    _fmt(r["peak_allocated_bytes"], GIB, ".2f"),
+                    _fmt(p.get("memory_allocated_bytes"), GIB, ".2f"),
+                    _fmt(r["allocated_error"], 0.01, "+.0f") + "%"
+                    if r["allocated_error"] is not None
+                    else "-",
+                    _fmt(r["peak_reserved_bytes"], GIB, ".2f"),
+                    _fmt(p.get("memory_bytes"), GIB, ".2f"),
+                    _fmt(r["reserved_error"], 0.01, "+.0f") + "%" if r["reserved_error"] is not None else "-",
+                    _fmt(r["tokens_per_s"], 1.0, ".0f"),
+                    _fmt(r["mfu"], 0.01, ".1f") + "%" if r["mfu"] else "-",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -164,18 +207,28 @@ def _flash_gqa(model: ModelSpec, device: torch.device) -> str:
 
 def _environment(device: torch.device, model: ModelSpec) -> dict[str, Any]:
     on_gpu = device.type == "cuda"
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "device_name": torch.cuda.get_device_name(device) if on_gpu else f"CPU ({platform.machine()})",
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
-            "sdpa_flash_gqa": _flash_gqa(model, device) if on_gpu else "n/a"}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "device_name": torch.cuda.get_device_name(device) if on_gpu else f"CPU ({platform.machine()})",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "sdpa_flash_gqa": _flash_gqa(model, device) if on_gpu else "n/a",
+    }
 
 
 def _init_single_rank(device_pref: str) -> torch.device:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
-                       "LOCAL_RANK": "0"}.items():
+    for key, value in {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+    }.items():
         os.environ.setdefault(key, value)
     return init_distributed(device_pref)
 
@@ -183,8 +236,12 @@ def _init_single_rank(device_pref: str) -> torch.device:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="CPU smoke test: tiny model, two configs")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="default: benchmarks/results (GPU run), runs/gpu_validate_dry (--dry-run)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: benchmarks/results (GPU run), runs/gpu_validate_dry (--dry-run)",
+    )
     parser.add_argument("--trials-dir", type=Path, default=ROOT / "runs" / "gpu_validate")
     parser.add_argument("--gpu", default="h200", help="catalog GPU for the prediction and the MFU peak")
     parser.add_argument("--warmup", type=int, default=3)
@@ -202,21 +259,36 @@ def main(argv: list[str] | None = None) -> int:
     name = "gpu_validate_dry" if args.dry_run else "gpu_validate"
     doc: dict[str, Any] = {
         "model": {**dataclasses.asdict(model), "num_params": model.num_params},
-        "seq_len": seq_len, "precision": "fp32" if args.dry_run else "bf16", "gpu_catalog": gpu,
-        "warmup_steps": args.warmup, "measure_steps": args.steps, "environment": _environment(device, model),
-        "results": [], "skipped": []}
+        "seq_len": seq_len,
+        "precision": "fp32" if args.dry_run else "bf16",
+        "gpu_catalog": gpu,
+        "warmup_steps": args.warmup,
+        "measure_steps": args.steps,
+        "environment": _environment(device, model),
+        "results": [],
+        "skipped": [],
+    }
     for mbs, recompute, fsdp in _configs(args.dry_run):
         label = _name(mbs, recompute, fsdp)
         if time.monotonic() - start > args.budget_s:
             doc["skipped"].append({"config": label, "why": f"time budget {args.budget_s:g} s spent"})
             continue
         plan = ParallelPlan(micro_batch=mbs, global_batch=mbs, seq_len=seq_len, recompute=recompute)
-        cfg = TrialConfig(model=model, warmup_steps=args.warmup, measure_steps=args.steps,
-                          peak_flops_per_gpu=peak, device=device.type, fsdp_at_dp1=fsdp)
+        cfg = TrialConfig(
+            model=model,
+            warmup_steps=args.warmup,
+            measure_steps=args.steps,
+            peak_flops_per_gpu=peak,
+            device=device.type,
+            fsdp_at_dp1=fsdp,
+        )
         result = _measure(model, plan, cfg, device, args.trials_dir / label)
         doc["results"].append(_row(label, mbs, recompute, fsdp, result, _predict(model, gpu, plan)))
-        print(f"{label}: {result.status} step {_fmt(result.step_time_s)} s "
-              f"peak {_fmt(result.peak_memory_bytes, GIB, '.2f')} GiB", flush=True)
+        print(
+            f"{label}: {result.status} step {_fmt(result.step_time_s)} s "
+            f"peak {_fmt(result.peak_memory_bytes, GIB, '.2f')} GiB",
+            flush=True,
+        )
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -137,8 +137,11 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def importers_of(target: str, root: Path = ROOT) -> list[str]:
     """Modules outside node `target` that import it (e.g. who imports `cli`)."""
-    return sorted(module for module, names in module_imports(root).items()
-                  if _node(module) != target and any(_node(name) == target for name in names))
+    return sorted(
+        module
+        for module, names in module_imports(root).items()
+        if _node(module) != target and any(_node(name) == target for name in names)
+    )
 
 
 def main() -> int:

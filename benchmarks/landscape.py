@@ -77,9 +77,13 @@ WARMUP_STEPS, MEASURE_STEPS = 2, 8
 LAUNCH_OVERHEAD_S = 3.5
 """What a standalone trial adds to the in-process time: workers started (2.5-2.8 s) + tail (0.9 s),
 benchmarks/results/trial_overhead.json. Used for trial-seconds in the search replay."""
-CUTS: dict[str, tuple[Any, ...]] = {"cp": (1,), "offload": (False,), "recompute": (Recompute.NONE,),
-                                    "schedule": (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
-                                    "virtual_stages": (2,)}
+CUTS: dict[str, tuple[Any, ...]] = {
+    "cp": (1,),
+    "offload": (False,),
+    "recompute": (Recompute.NONE,),
+    "schedule": (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED),
+    "virtual_stages": (2,),
+}
 CELLS = tuple(f"{m}-{n}-{b}" for n in (2, 4) for b in ("torchrun", "deepspeed") for m in ("tiny", "small"))
 """Smallest cells first, so that a budget that runs out leaves whole cells measured."""
 
@@ -98,8 +102,14 @@ def cell_ranking(cell: str, pins: dict[str, Any] | None = None, profile: Path | 
     cluster = make_cluster(num_gpus=n, gpu="cpu", gpus_per_node=n)
     if profile is not None:
         cluster = with_profile(cluster, profile)
-    return plan_search(space, load_model(model_name), cluster, pins=pins or {},
-                       global_batch=SEQS_PER_RANK * n, seq_len=SEQ_LEN)
+    return plan_search(
+        space,
+        load_model(model_name),
+        cluster,
+        pins=pins or {},
+        global_batch=SEQS_PER_RANK * n,
+        seq_len=SEQ_LEN,
+    )
 
 
 def result_path(cell: str) -> Path:
@@ -121,20 +131,29 @@ def replace_cells(out: Path, key: str, rows: list[dict[str, Any]], cells: list[s
     return sorted(kept + rows, key=lambda r: order.get(r["cell"], len(order)))  # stable sort
 
 
-def _todo(cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[str, int]],
-          measure_steps: int) -> list[dict]:
+def _todo(
+    cell: str, plans: list[ParallelPlan], repeats: int, done: set[tuple[str, int]], measure_steps: int
+) -> list[dict]:
     model = load_model(cell.split("-")[0])
-    config = TrialConfig(model=model, warmup_steps=WARMUP_STEPS, measure_steps=measure_steps,
-                         device="cpu").to_dict()
+    config = TrialConfig(
+        model=model, warmup_steps=WARMUP_STEPS, measure_steps=measure_steps, device="cpu"
+    ).to_dict()
     order = list(range(len(plans)))
     random.Random(cell).shuffle(order)
     items = []
     for rep in range(repeats):
-        for i in (order if rep % 2 == 0 else order[::-1]):
+        for i in order if rep % 2 == 0 else order[::-1]:
             key = plan_key(plans[i])
             if (key, rep) not in done:
-                items.append({"key": key, "repeat": rep, "plan": plans[i].to_dict(), "config": config,
-                              "trial_dir": str(WORK / "trials" / cell / f"{i:04d}-r{rep}")})
+                items.append(
+                    {
+                        "key": key,
+                        "repeat": rep,
+                        "plan": plans[i].to_dict(),
+                        "config": config,
+                        "trial_dir": str(WORK / "trials" / cell / f"{i:04d}-r{rep}"),
+                    }
+                )
     return items
 
 
@@ -155,13 +174,29 @@ def _launch(cell: str, chunk: list[dict], raw: Path) -> None:
     nproc = int(cell.split("-")[1])
     todo = WORK / f"{cell}.todo.json"
     todo.write_text(json.dumps(chunk))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(ROOT / "benchmarks" / "_landscape_worker.py"), str(todo), str(raw)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(ROOT / "benchmarks" / "_landscape_worker.py"),
+        str(todo),
+        str(raw),
+    ]
     before = len(_records(raw))
     with (WORK / f"{cell}.stderr.log").open("ab") as log:
         try:
-            subprocess.run(cmd, env=_env(nproc), stdout=log, stderr=log, timeout=120 + 45 * len(chunk),
-                           start_new_session=True, check=False)
+            subprocess.run(
+                cmd,
+                env=_env(nproc),
+                stdout=log,
+                stderr=log,
+                timeout=120 + 45 * len(chunk),
+                start_new_session=True,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             pass  # torchrun was killed; its workers die with it (PR_SET_PDEATHSIG in the trial worker)
     new = _records(raw)[before:]
@@ -169,9 +204,19 @@ def _launch(cell: str, chunk: list[dict], raw: Path) -> None:
         return  # all done, or the worker recorded the plan that failed and stopped
     missing = chunk[len(new)]  # the plan running when the launch hung or crashed: an error, not retried
     with raw.open("a") as f:
-        f.write(json.dumps({"key": missing["key"], "repeat": missing["repeat"], "status": "error",
-                            "error": "no result (hang or crash; launch stopped)",
-                            "load_avg": list(os.getloadavg()), "time": time.time()}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "key": missing["key"],
+                    "repeat": missing["repeat"],
+                    "status": "error",
+                    "error": "no result (hang or crash; launch stopped)",
+                    "load_avg": list(os.getloadavg()),
+                    "time": time.time(),
+                }
+            )
+            + "\n"
+        )
 
 
 def _next_launch(cell: str, todo: list[dict]) -> list[dict]:
@@ -192,8 +237,9 @@ def _next_launch(cell: str, todo: list[dict]) -> list[dict]:
     return todo[:1]
 
 
-def measure_cell(cell: str, repeats: int, deadline: float,
-                 measure_steps: int = MEASURE_STEPS) -> dict[str, Any]:
+def measure_cell(
+    cell: str, repeats: int, deadline: float, measure_steps: int = MEASURE_STEPS
+) -> dict[str, Any]:
     ranking = cell_ranking(cell)
     plans = [e.plan for e in ranking.feasible]
     raw = WORK / f"{cell}.raw.jsonl"
@@ -206,11 +252,19 @@ def measure_cell(cell: str, repeats: int, deadline: float,
     _write(cell, plans, records)
     loads = sorted(r["load_avg"][0] for r in records) or [math.nan]
     times = [r["time"] for r in records] or [math.nan]
-    return {"cell": cell, "repeats": repeats, "measure_steps": measure_steps, "num_legal": ranking.num_legal,
-            "num_plans": len(plans), "num_runs": len(records),
-            "runs_ok": sum(r["status"] == "ok" for r in records), "first_run": _stamp(min(times)),
-            "last_run": _stamp(max(times)), "measuring_s": max(times) - min(times),
-            "load_avg_1min": {"min": loads[0], "median": statistics.median(loads), "max": loads[-1]}}
+    return {
+        "cell": cell,
+        "repeats": repeats,
+        "measure_steps": measure_steps,
+        "num_legal": ranking.num_legal,
+        "num_plans": len(plans),
+        "num_runs": len(records),
+        "runs_ok": sum(r["status"] == "ok" for r in records),
+        "first_run": _stamp(min(times)),
+        "last_run": _stamp(max(times)),
+        "measuring_s": max(times) - min(times),
+        "load_avg_1min": {"min": loads[0], "median": statistics.median(loads), "max": loads[-1]},
+    }
 
 
 def _stamp(t: float) -> str:
@@ -228,8 +282,18 @@ def _write(cell: str, plans: list[ParallelPlan], records: list[dict[str, Any]]) 
         status = "ok" if ok and len(ok) == len(runs) else (runs[-1]["status"] if runs else "not_measured")
         step = statistics.median(r["step_time_s"] for r in ok) if ok else None
         wall = statistics.median(r["in_process_s"] for r in ok) + LAUNCH_OVERHEAD_S if ok else None
-        lines.append(json.dumps({"key": plan_key(plan), "plan": plan.to_dict(), "status": status,
-                                 "step_time_s": step, "trial_wall_s": wall, "runs": runs}))
+        lines.append(
+            json.dumps(
+                {
+                    "key": plan_key(plan),
+                    "plan": plan.to_dict(),
+                    "status": status,
+                    "step_time_s": step,
+                    "trial_wall_s": wall,
+                    "runs": runs,
+                }
+            )
+        )
     result_path(cell).write_text("\n".join(lines) + "\n")
 
 
@@ -246,18 +310,28 @@ def main() -> None:
     cells = [measure_cell(c, args.repeats, deadline, args.measure_steps) for c in args.cells.split(",")]
     import torch
 
-    meta = {"cells": cells, "seq_len": SEQ_LEN, "seqs_per_rank": SEQS_PER_RANK,
-            "warmup_steps": WARMUP_STEPS, "measure_steps": args.measure_steps, "plans_per_launch": 1,
-            "launch_overhead_s": LAUNCH_OVERHEAD_S, "cuts": {k: [str(getattr(v, "value", v)) for v in vs]
-                                                             for k, vs in CUTS.items()},
-            "cpus": os.cpu_count(), "torch": torch.__version__,
-            "python": platform.python_version(), "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    meta = {
+        "cells": cells,
+        "seq_len": SEQ_LEN,
+        "seqs_per_rank": SEQS_PER_RANK,
+        "warmup_steps": WARMUP_STEPS,
+        "measure_steps": args.measure_steps,
+        "plans_per_launch": 1,
+        "launch_overhead_s": LAUNCH_OVERHEAD_S,
+        "cuts": {k: [str(getattr(v, "value", v)) for v in vs] for k, vs in CUTS.items()},
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     meta_path = RESULTS / "landscape_meta.json"
     if meta_path.exists() and args.cells != ",".join(CELLS):  # a partial rerun keeps the other cells' rows
         old = json.loads(meta_path.read_text())  # older files kept repeats and steps once for every cell
         legacy = {"repeats": old.get("repeats", 2), "measure_steps": old.get("measure_steps", MEASURE_STEPS)}
-        meta["cells"] = [c if c in cells else {**legacy, **c}
-                         for c in replace_cells(meta_path, "cells", cells, args.cells.split(","))]
+        meta["cells"] = [
+            c if c in cells else {**legacy, **c}
+            for c in replace_cells(meta_path, "cells", cells, args.cells.split(","))
+        ]
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     for c in cells:
         rows = load_landscape(c["cell"])

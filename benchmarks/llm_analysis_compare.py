@@ -43,37 +43,60 @@ from autotune.specs import ClusterSpec, ModelSpec  # noqa: E402
 from benchmarks import published_runs as pr  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-_LA_GPU = {"a100-80gb": "a100-sxm-80gb", "a100-40gb": "a100-sxm-40gb", "v100": "v100-sxm-32gb",
-           "h100-sxm": "h100-sxm-80gb"}
+_LA_GPU = {
+    "a100-80gb": "a100-sxm-80gb",
+    "a100-40gb": "a100-sxm-40gb",
+    "v100": "v100-sxm-32gb",
+    "h100-sxm": "h100-sxm-80gb",
+}
 _ZERO = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp-full": 3, "fsdp-grad-op": 2, "hsdp": 3}
 
 
-def _llm_analysis_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, flash: bool,
-                    efficiency: bool) -> float:
+def _llm_analysis_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, flash: bool, efficiency: bool
+) -> float:
     """llm-analysis's ``latency_per_iter`` for the row (raises what llm-analysis raises)."""
     from llm_analysis import analysis as la
     from llm_analysis.config import GPUConfig, ModelConfig, ParallelismConfig
 
     gpu_file = Path(la.__file__).parent / "gpu_configs" / f"{_LA_GPU[cluster.gpu.key]}.json"
     gpu = GPUConfig(**json.loads(gpu_file.read_text()))
-    mcfg = ModelConfig(name=model.name, num_layers=model.num_layers, n_head=model.num_heads,
-                       hidden_dim=model.hidden_size, vocab_size=model.vocab_size, max_seq_len=plan.seq_len,
-                       num_key_value_heads=model.num_kv_heads, ffn_embed_dim=model.ffn_hidden_size,
-                       expansion_ratio=model.ffn_hidden_size / model.hidden_size)
-    par = ParallelismConfig(tp_size=plan.tp, pp_size=plan.pp, dp_size=plan.dp,
-                            sp_size=plan.tp if plan.sequence_parallel else 1)
-    kwargs = ({"flops_efficiency": cluster.gpu.gemm_efficiency, "hbm_memory_efficiency": HBM_EFFICIENCY}
-              if efficiency else {})
+    mcfg = ModelConfig(
+        name=model.name,
+        num_layers=model.num_layers,
+        n_head=model.num_heads,
+        hidden_dim=model.hidden_size,
+        vocab_size=model.vocab_size,
+        max_seq_len=plan.seq_len,
+        num_key_value_heads=model.num_kv_heads,
+        ffn_embed_dim=model.ffn_hidden_size,
+        expansion_ratio=model.ffn_hidden_size / model.hidden_size,
+    )
+    par = ParallelismConfig(
+        tp_size=plan.tp, pp_size=plan.pp, dp_size=plan.dp, sp_size=plan.tp if plan.sequence_parallel else 1
+    )
+    kwargs = (
+        {"flops_efficiency": cluster.gpu.gemm_efficiency, "hbm_memory_efficiency": HBM_EFFICIENCY}
+        if efficiency
+        else {}
+    )
     analysis = la.LLMAnalysis(mcfg, gpu, parallelism_config=par, **kwargs)
-    recompute = {"none": la.ActivationRecomputation.NONE, "selective": la.ActivationRecomputation.SELECTIVE,
-                 "full": la.ActivationRecomputation.FULL}[str(plan.recompute)]
+    recompute = {
+        "none": la.ActivationRecomputation.NONE,
+        "selective": la.ActivationRecomputation.SELECTIVE,
+        "full": la.ActivationRecomputation.FULL,
+    }[str(plan.recompute)]
     with contextlib.redirect_stdout(io.StringIO()):
-        out = analysis.training(batch_size_per_gpu=plan.micro_batch,
-                                gradient_accumulation_steps=plan.num_microbatches,
-                                global_batch_size=plan.global_batch, seq_len=plan.seq_len,
-                                activation_recomputation=recompute,
-                                ds_zero=la.DSZeRO(_ZERO[str(plan.sharding)]),
-                                flash_attn=flash, mlp_gated_linear_units=model.gated_mlp)
+        out = analysis.training(
+            batch_size_per_gpu=plan.micro_batch,
+            gradient_accumulation_steps=plan.num_microbatches,
+            global_batch_size=plan.global_batch,
+            seq_len=plan.seq_len,
+            activation_recomputation=recompute,
+            ds_zero=la.DSZeRO(_ZERO[str(plan.sharding)]),
+            flash_attn=flash,
+            mlp_gated_linear_units=model.gated_mlp,
+        )
     return float(out["latency_per_iter"])
 
 
@@ -88,9 +111,15 @@ def compare_row(row: dict[str, Any]) -> dict[str, Any] | None:
     peak = cluster.gpu.peak_flops(str(plan.precision)) or 0.0
     _, _, measured_s = pr._measured_time(row, vocab, peak)
     flash = pr._software(row)["flash_attention"]
-    out = {"id": row["id"], "setup": outcome.setup, "metric": outcome.metric, "measured": outcome.measured,
-           "autotune": outcome.predicted, "autotune_error": outcome.error,
-           "excluded": bool(outcome.excluded or row["id"] in pr.EXCLUDED)}
+    out = {
+        "id": row["id"],
+        "setup": outcome.setup,
+        "metric": outcome.metric,
+        "measured": outcome.measured,
+        "autotune": outcome.predicted,
+        "autotune_error": outcome.error,
+        "excluded": bool(outcome.excluded or row["id"] in pr.EXCLUDED),
+    }
     for col, eff in (("llm_analysis", True), ("llm_analysis_peak", False)):
         try:
             seconds = _llm_analysis_s(model, cluster, plan, flash, eff)
@@ -113,11 +142,14 @@ def main() -> None:
     rows = [r for r in (compare_row(row) for row in yaml.safe_load(pr.DATA.read_text())) if r]
     kept = [r for r in rows if not r["excluded"]]
     common = [r for r in kept if r["llm_analysis_error"] is not None]
-    stats = {"rows": len(kept), "rows_llm_analysis_ran": len(common),
-             "autotune_median_abs_error_all": _median_abs(kept, "autotune"),
-             "autotune_median_abs_error_common": _median_abs(common, "autotune"),
-             "llm_analysis_median_abs_error_common": _median_abs(common, "llm_analysis"),
-             "llm_analysis_peak_median_abs_error_common": _median_abs(common, "llm_analysis_peak")}
+    stats = {
+        "rows": len(kept),
+        "rows_llm_analysis_ran": len(common),
+        "autotune_median_abs_error_all": _median_abs(kept, "autotune"),
+        "autotune_median_abs_error_common": _median_abs(common, "autotune"),
+        "llm_analysis_median_abs_error_common": _median_abs(common, "llm_analysis"),
+        "llm_analysis_peak_median_abs_error_common": _median_abs(common, "llm_analysis_peak"),
+    }
     out = RESULTS / "llm_analysis_compare.json"
     out.write_text(json.dumps({"stats": stats, "rows": rows}, indent=2) + "\n")
     print(json.dumps(stats, indent=2))

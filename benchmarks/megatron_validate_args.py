@@ -27,16 +27,37 @@ from autotune.emit import emit_all
 from autotune.plan import ParallelPlan
 
 PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
-    "70b-tp8-pp4-interleaved-sp": ("70b", 64, dict(tp=8, pp=4, dp=2, global_batch=512, seq_len=4096,
-                                                   sharding="zero1", sequence_parallel=True,
-                                                   recompute="selective", schedule="interleaved",
-                                                   virtual_stages=5)),
-    "gpt3-175b-tp8-pp8-full": ("gpt3-175b", 64, dict(tp=8, pp=8, global_batch=64, seq_len=2048,
-                                                     recompute="full")),
-    "llama3-8b-tp2-dp4-zero1": ("llama3-8b", 8, dict(tp=2, dp=4, global_batch=64, seq_len=4096,
-                                                     sharding="zero1")),
-    "llama3-8b-cp2-dp4-zero1": ("llama3-8b", 8, dict(cp=2, dp=4, global_batch=64, seq_len=8192,
-                                                     sharding="zero1")),
+    "70b-tp8-pp4-interleaved-sp": (
+        "70b",
+        64,
+        dict(
+            tp=8,
+            pp=4,
+            dp=2,
+            global_batch=512,
+            seq_len=4096,
+            sharding="zero1",
+            sequence_parallel=True,
+            recompute="selective",
+            schedule="interleaved",
+            virtual_stages=5,
+        ),
+    ),
+    "gpt3-175b-tp8-pp8-full": (
+        "gpt3-175b",
+        64,
+        dict(tp=8, pp=8, global_batch=64, seq_len=2048, recompute="full"),
+    ),
+    "llama3-8b-tp2-dp4-zero1": (
+        "llama3-8b",
+        8,
+        dict(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero1"),
+    ),
+    "llama3-8b-cp2-dp4-zero1": (
+        "llama3-8b",
+        8,
+        dict(cp=2, dp=4, global_batch=64, seq_len=8192, sharding="zero1"),
+    ),
     "7b-dp8-zero1": ("7b", 8, dict(dp=8, global_batch=64, seq_len=4096, sharding="zero1")),
 }
 _CHILD = """
@@ -69,14 +90,21 @@ def _launch_env(best: Path) -> dict[str, str]:
 
 
 def _validate(megatron_lm: Path, argv: list[str], env: dict[str, str], world: int) -> dict:
-    child_env = {**env, "MEGATRON_LM": str(megatron_lm), "MEGATRON_ARGV": json.dumps(argv),
-                 "WORLD_SIZE": str(world), "RANK": "0", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([sys.executable, "-c", _CHILD], env=child_env, capture_output=True, text=True,
-                          timeout=300)
+    child_env = {
+        **env,
+        "MEGATRON_LM": str(megatron_lm),
+        "MEGATRON_ARGV": json.dumps(argv),
+        "WORLD_SIZE": str(world),
+        "RANK": "0",
+        "PYTHONWARNINGS": "ignore",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=child_env, capture_output=True, text=True, timeout=300
+    )
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if not lines:
         return {"ok": False, "error": (done.stderr or done.stdout)[-800:]}
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def run(megatron_lm: Path) -> dict:
@@ -87,8 +115,11 @@ def run(megatron_lm: Path) -> dict:
             emit_all(plan, load_model(model), make_cluster(num_gpus=gpus), None, tmp)
             argv = shlex.split((Path(tmp) / "megatron_args.txt").read_text()) + _DATA_FLAGS
             env = {**os.environ, **_launch_env(Path(tmp))}
-        row = {"plan": plan.to_dict(), "env_sets": env.get("CUDA_DEVICE_MAX_CONNECTIONS"),
-               "as_emitted": _validate(megatron_lm, argv, env, gpus)}
+        row = {
+            "plan": plan.to_dict(),
+            "env_sets": env.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "as_emitted": _validate(megatron_lm, argv, env, gpus),
+        }
         if plan.tp > 1 or plan.cp > 1:
             bare = {k: v for k, v in env.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
             row["without_env"] = _validate(megatron_lm, argv, bare, gpus)
@@ -106,8 +137,9 @@ def main() -> int:
         p.error(f"--megatron-lm {args.megatron_lm}: no megatron/training/arguments.py")
     rows = run(args.megatron_lm)
     if args.out:
-        args.out.write_text(json.dumps({"megatron_lm": "core_v0.16.1", "device_arch": 9, "plans": rows},
-                                       indent=2) + "\n")
+        args.out.write_text(
+            json.dumps({"megatron_lm": "core_v0.16.1", "device_arch": 9, "plans": rows}, indent=2) + "\n"
+        )
     ok = all(r["as_emitted"]["ok"] and not r.get("without_env", {"ok": False})["ok"] for r in rows.values())
     return 0 if ok else 1
 

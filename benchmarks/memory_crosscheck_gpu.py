@@ -63,20 +63,45 @@ def gpu_kernel_facts(device: str) -> dict[str, object]:
     q = torch.randn(b, heads, s, h // heads, device=device, dtype=torch.bfloat16, requires_grad=True)
     k, v = q.detach().clone().requires_grad_(), q.detach().clone().requires_grad_()
     sdpa_saved = _saved_bytes(lambda *t: F.scaled_dot_product_attention(*t, is_causal=True), q, k, v)
-    return {"rms_norm_saved_bytes": norm_saved, "rms_norm_input_bytes": x.numel() * 2,
-            "rms_norm_fused": norm_saved < 1.5 * x.numel() * 2,
-            "sdpa_saved_bytes": sdpa_saved, "sdpa_qkvo_bytes": 4 * q.numel() * 2,
-            "sdpa_lse_bytes": 4 * b * heads * s}
+    return {
+        "rms_norm_saved_bytes": norm_saved,
+        "rms_norm_input_bytes": x.numel() * 2,
+        "rms_norm_fused": norm_saved < 1.5 * x.numel() * 2,
+        "sdpa_saved_bytes": sdpa_saved,
+        "sdpa_qkvo_bytes": 4 * q.numel() * 2,
+        "sdpa_lse_bytes": 4 * b * heads * s,
+    }
 
 
 def gpu_cases() -> list[Case]:
     spec = GPU_MODEL
-    cases = [Case(f"fsdp2 1 GPU, bf16, recompute {rc}", spec, _unvalidated_plan(
-        micro_batch=4, global_batch=4 * ACCUMULATION, seq_len=2048, sharding=Sharding.FSDP_FULL,
-        recompute=Recompute(rc))) for rc in ("none", "selective", "full")]
-    cases.append(Case("fsdp2 1 GPU, bf16, full recompute, short (step-bound)", spec, _unvalidated_plan(
-        micro_batch=1, global_batch=ACCUMULATION, seq_len=256, sharding=Sharding.FSDP_FULL,
-        recompute=Recompute.FULL)))
+    cases = [
+        Case(
+            f"fsdp2 1 GPU, bf16, recompute {rc}",
+            spec,
+            _unvalidated_plan(
+                micro_batch=4,
+                global_batch=4 * ACCUMULATION,
+                seq_len=2048,
+                sharding=Sharding.FSDP_FULL,
+                recompute=Recompute(rc),
+            ),
+        )
+        for rc in ("none", "selective", "full")
+    ]
+    cases.append(
+        Case(
+            "fsdp2 1 GPU, bf16, full recompute, short (step-bound)",
+            spec,
+            _unvalidated_plan(
+                micro_batch=1,
+                global_batch=ACCUMULATION,
+                seq_len=256,
+                sharding=Sharding.FSDP_FULL,
+                recompute=Recompute.FULL,
+            ),
+        )
+    )
     return cases
 
 
@@ -109,8 +134,12 @@ def measure_gpu(case: Case, mesh, foreach: bool = True) -> dict[str, object]:
         torch.cuda.reset_peak_memory_stats()
 
     _train_step(model, opt, case.spec, case.plan, "cuda", False, after)
-    out = {"Total": max(v for _, v in peaks), "reserved": max(reserved),
-           "phases_mib": [(name, v / _MIB) for name, v in peaks], "leftover_mib": leftover / _MIB}
+    out = {
+        "Total": max(v for _, v in peaks),
+        "reserved": max(reserved),
+        "phases_mib": [(name, v / _MIB) for name, v in peaks],
+        "leftover_mib": leftover / _MIB,
+    }
     del model, opt
     gc.collect()  # FSDP2's hooks hold the model in reference cycles: free it before the next case
     torch.cuda.empty_cache()
@@ -119,8 +148,9 @@ def measure_gpu(case: Case, mesh, foreach: bool = True) -> dict[str, object]:
 
 def _states_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
     """Bytes of the (sharded) parameters and optimizer states: what must be allocated between steps."""
-    tensors = list(model.parameters()) + [t for st in opt.state.values() for t in st.values()
-                                          if isinstance(t, torch.Tensor)]
+    tensors = list(model.parameters()) + [
+        t for st in opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)
+    ]
     return float(sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in tensors))
 
 
@@ -128,12 +158,15 @@ def run_gpu() -> dict[str, object]:
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.cuda.init()
-    (torch.ones(64, 64, device="cuda", dtype=torch.bfloat16) @ torch.ones(64, 64, device="cuda",
-                                                                         dtype=torch.bfloat16)).sum().item()
+    (
+        torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+        @ torch.ones(64, 64, device="cuda", dtype=torch.bfloat16)
+    ).sum().item()
     free, total = torch.cuda.mem_get_info()
     context = total - free - torch.cuda.memory_reserved()
-    dist.init_process_group("nccl", rank=0, world_size=1, store=dist.HashStore(),
-                            device_id=torch.device("cuda", 0))
+    dist.init_process_group(
+        "nccl", rank=0, world_size=1, store=dist.HashStore(), device_id=torch.device("cuda", 0)
+    )
     dist.all_reduce(torch.ones(1 << 20, device="cuda"))
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
@@ -154,12 +187,23 @@ def run_gpu() -> dict[str, object]:
         row["leftover_mib"] = measured["leftover_mib"]
         rows.append(row)
     dist.destroy_process_group()
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "context_bytes": context,
-            "nccl_world1_bytes": nccl, "kernel_facts": facts, "rows": rows}
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "context_bytes": context,
+        "nccl_world1_bytes": nccl,
+        "kernel_facts": facts,
+        "rows": rows,
+    }
 
 
 def compare_totals(case: Case, measured: dict[str, float], mem: MemoryBreakdown) -> dict[str, object]:
     predicted = mem.total_bytes - mem.reserve_bytes
-    return {"case": case.name, "plan": case.plan.to_dict(), "predicted": mem.as_dict(),
-            "total_measured_mib": measured["Total"] / _MIB, "total_predicted_mib": predicted / _MIB,
-            "total_rel_error": (predicted - measured["Total"]) / measured["Total"]}
+    return {
+        "case": case.name,
+        "plan": case.plan.to_dict(),
+        "predicted": mem.as_dict(),
+        "total_measured_mib": measured["Total"] / _MIB,
+        "total_predicted_mib": predicted / _MIB,
+        "total_rel_error": (predicted - measured["Total"]) / measured["Total"],
+    }

@@ -86,9 +86,15 @@ def _gpu(row: dict[str, Any]) -> GPUSpec:
         return gpu_from_mapping(gpu, where=row["id"])
     note = _GPU_NOTE.search(str(row.get("gpu_note") or ""))
     if note:
-        return gpu_from_mapping({"base": gpu, "memory_gib": int(note["mem"]),
-                                 "memory_bandwidth_gb_s": float(note["bw"]) * 1000,
-                                 "power_limit_w": int(note["w"])}, where=row["id"])
+        return gpu_from_mapping(
+            {
+                "base": gpu,
+                "memory_gib": int(note["mem"]),
+                "memory_bandwidth_gb_s": float(note["bw"]) * 1000,
+                "power_limit_w": int(note["w"]),
+            },
+            where=row["id"],
+        )
     return load_gpu(gpu)
 
 
@@ -124,7 +130,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
     vp = int(row.get("vp") or 1)
     fw = {"torchtitan": "fsdp"}.get(row.get("framework", "megatron"), row.get("framework", "megatron"))
     sharding = _SHARDING.get(row.get("sharding"), row.get("sharding")) or (
-        "zero1" if fw == "megatron" and dp > 1 else "none")
+        "zero1" if fw == "megatron" and dp > 1 else "none"
+    )
     if sharding == "zero1" and dp == 1:
         sharding = "none"
     knobs = {k: v for k, v in (row.get("knobs") or {}).items() if v is not None}
@@ -155,12 +162,23 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         if "interleaved" in str(row["id"]):
             vp = 2  # an assumption: two stages per rank
     vp_schedule = "interleaved" if vp > 1 else "1f1b"
-    return ParallelPlan(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mbs,
-                        global_batch=int(row.get("global_batch") or row["gbs"]),
-                        seq_len=int(row.get("seq_len") or row["seq"]), sharding=sharding,
-                        recompute=_RECOMPUTE.get(str(row.get("recompute")), row.get("recompute")),
-                        sequence_parallel=tp > 1, schedule=vp_schedule,
-                        virtual_stages=vp, precision=precision, framework=fw, **extra)
+    return ParallelPlan(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        micro_batch=mbs,
+        global_batch=int(row.get("global_batch") or row["gbs"]),
+        seq_len=int(row.get("seq_len") or row["seq"]),
+        sharding=sharding,
+        recompute=_RECOMPUTE.get(str(row.get("recompute")), row.get("recompute")),
+        sequence_parallel=tp > 1,
+        schedule=vp_schedule,
+        virtual_stages=vp,
+        precision=precision,
+        framework=fw,
+        **extra,
+    )
 
 
 def _measured(row: dict[str, Any], model: ModelSpec) -> float:
@@ -183,8 +201,10 @@ def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
     if ("power limit" in note and "not stated" in note) or "'power limited'" in note:
         return f"the source's cards run at an unstated power limit ({note})"
     if plan.fp8_recipe.value == "rowwise" and plan.tp > 1 and str(plan.precision) == "fp8":
-        return ("torchtitan#1207: vanilla-TP float8 rowwise runs below its bf16 baseline (the benchmark's "
-                "own note)")
+        return (
+            "torchtitan#1207: vanilla-TP float8 rowwise runs below its bf16 baseline (the benchmark's "
+            "own note)"
+        )
     return ""
 
 
@@ -198,9 +218,11 @@ def predict_row(row: dict[str, Any]) -> Outcome:
     vp = f"v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
     recipe = f"/{row.get('fp8_recipe', '')}" if plan.precision == "fp8" else ""
     knobs = ",".join(k for k, v in (row.get("knobs") or {}).items() if v)
-    setup = (f"{cluster.gpu.name} x{plan.world_size} TP{plan.tp} PP{plan.pp}{vp} CP{plan.cp} DP{plan.dp} "
-             f"mbs{plan.micro_batch} seq{plan.seq_len} {plan.precision}{recipe} "
-             f"ac:{row.get('recompute', 'none')} {plan.framework} {knobs} attn:{kernel}")
+    setup = (
+        f"{cluster.gpu.name} x{plan.world_size} TP{plan.tp} PP{plan.pp}{vp} CP{plan.cp} DP{plan.dp} "
+        f"mbs{plan.micro_batch} seq{plan.seq_len} {plan.precision}{recipe} "
+        f"ac:{row.get('recompute', 'none')} {plan.framework} {knobs} attn:{kernel}"
+    )
     table = re.split(r"[,(]", str(row.get("source", "")))[0].strip()
     group = f"{row.get('model') or row['id']} | {cluster.gpu.name} x{plan.world_size} | {table}"
     parts = {k: round(v, 4) for k, v in t.as_dict().items() if v and k.endswith("_s")}
@@ -246,8 +268,10 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float:
     pairs = list(itertools.combinations(range(len(xs)), 2))
     if not pairs:
         return float("nan")
-    s = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0
-             else 0) for i, j in pairs)
+    s = sum(
+        (1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0)
+        for i, j in pairs
+    )
     untied_x = sum(1 for i, j in pairs if xs[i] != xs[j])
     untied_y = sum(1 for i, j in pairs if ys[i] != ys[j])
     return s / math.sqrt(untied_x * untied_y) if untied_x and untied_y else float("nan")
@@ -258,35 +282,55 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     groups: dict[str, list[Outcome]] = {}
     for o in outcomes:
         groups.setdefault(o.group, []).append(o)
-    taus = {g: kendall_tau([o.predicted for o in os], [o.measured for o in os])
-            for g, os in groups.items() if len(os) >= 2}
-    return {"rows": len(outcomes), "median_abs_error": statistics.median(errs) if errs else float("nan"),
-            "beyond_30pct": [o.id for o in outcomes if abs(o.error) > OUTLIER],
-            "beyond_30pct_unexplained": [o.id for o in outcomes if abs(o.error) > OUTLIER and not o.reason],
-            "kendall_tau": taus}
+    taus = {
+        g: kendall_tau([o.predicted for o in os], [o.measured for o in os])
+        for g, os in groups.items()
+        if len(os) >= 2
+    }
+    return {
+        "rows": len(outcomes),
+        "median_abs_error": statistics.median(errs) if errs else float("nan"),
+        "beyond_30pct": [o.id for o in outcomes if abs(o.error) > OUTLIER],
+        "beyond_30pct_unexplained": [o.id for o in outcomes if abs(o.error) > OUTLIER and not o.reason],
+        "kendall_tau": taus,
+    }
 
 
 def _markdown(outcomes: list[Outcome], skipped: list[tuple[str, str]], stats: dict[str, Any]) -> str:
-    lines = ["# Step-time model vs published H100/H200/B200 runs", "",
-             "Generated by `python benchmarks/modern_runs.py` from benchmarks/data/modern_runs*.yaml "
-             "(sources per row there). Error = predicted tokens/s per GPU / measured - 1.", "",
-             f"**Rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%; beyond 30%: "
-             f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named "
-             "reason).**",
-             "", "Kendall tau-b within groups sharing model and cluster:", ""]
+    lines = [
+        "# Step-time model vs published H100/H200/B200 runs",
+        "",
+        "Generated by `python benchmarks/modern_runs.py` from benchmarks/data/modern_runs*.yaml "
+        "(sources per row there). Error = predicted tokens/s per GPU / measured - 1.",
+        "",
+        f"**Rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%; beyond 30%: "
+        f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named "
+        "reason).**",
+        "",
+        "Kendall tau-b within groups sharing model and cluster:",
+        "",
+    ]
     lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]
     before = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
     if before:
         errs = [abs(v) for k, v in before.items() if k in {o.id for o in outcomes}]
-        lines += ["", f"Before issue 22 (commit 704b6b1, same rows): median |error| "
-                  f"{100 * statistics.median(errs):.1f}%, beyond 30%: {sum(e > OUTLIER for e in errs)} of "
-                  f"{len(errs)}."]
-    lines += ["", "| row | setup | measured tok/s/GPU | predicted | error | before | reason |",
-              "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"Before issue 22 (commit 704b6b1, same rows): median |error| "
+            f"{100 * statistics.median(errs):.1f}%, beyond 30%: {sum(e > OUTLIER for e in errs)} of "
+            f"{len(errs)}.",
+        ]
+    lines += [
+        "",
+        "| row | setup | measured tok/s/GPU | predicted | error | before | reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         was = f"{100 * before[o.id]:+.0f}%" if o.id in before else ""
-        lines.append(f"| {o.id} | {o.setup} | {o.measured:,.0f} | {o.predicted:,.0f} | {100 * o.error:+.1f}% "
-                     f"| {was} | {o.reason} |")
+        lines.append(
+            f"| {o.id} | {o.setup} | {o.measured:,.0f} | {o.predicted:,.0f} | {100 * o.error:+.1f}% "
+            f"| {was} | {o.reason} |"
+        )
     if skipped:
         lines += ["", f"Not predicted ({len(skipped)} rows):", ""]
         lines += [f"- {rid}: {why}" for rid, why in skipped]
@@ -307,9 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     stats = summarize(outcomes)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "modern_runs.md").write_text(_markdown(outcomes, skipped, stats))
-    (args.out / "modern_runs.json").write_text(json.dumps(
-        {"summary": stats, "rows": [dataclasses.asdict(o) | {"error": o.error} for o in outcomes],
-         "not_predicted": dict(skipped)}, indent=1) + "\n")
+    (args.out / "modern_runs.json").write_text(
+        json.dumps(
+            {
+                "summary": stats,
+                "rows": [dataclasses.asdict(o) | {"error": o.error} for o in outcomes],
+                "not_predicted": dict(skipped),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(_markdown(outcomes, skipped, stats))
     return 0
 

@@ -64,8 +64,15 @@ def run(name: str, model: ModelSpec, root: Path) -> dict[str, object]:
     plan = ParallelPlan(global_batch=4, seq_len=SEQ, **LAYOUTS[name])
     if plan.world_size == 4:
         plan = plan.replace(global_batch=8)
-    request = TrialRequest(model=model, cluster=make_cluster(num_gpus=plan.world_size, gpu="cpu"), plan=plan,
-                           trial_dir=root / name, timeout_s=300, warmup_steps=WARMUP, measure_steps=MEASURE)
+    request = TrialRequest(
+        model=model,
+        cluster=make_cluster(num_gpus=plan.world_size, gpu="cpu"),
+        plan=plan,
+        trial_dir=root / name,
+        timeout_s=300,
+        warmup_steps=WARMUP,
+        measure_steps=MEASURE,
+    )
     backend_cls = DeepSpeedBackend if plan.framework is Framework.DEEPSPEED else TorchrunBackend
     result = backend_cls(device="cpu", seed=SEED, lr=LR).run(request)
     if result.error:
@@ -73,8 +80,15 @@ def run(name: str, model: ModelSpec, root: Path) -> dict[str, object]:
     got, want = result.extra["losses"], reference(model, plan.global_batch)
     diffs = [abs(a - b) for a, b in zip(got, want, strict=True)]
     rel = max(d / abs(w) for d, w in zip(diffs, want, strict=True))
-    return {"layout": name, "plan": LAYOUTS[name], "ranks": plan.world_size, "losses": got, "reference": want,
-            "max_abs_diff": max(diffs), "max_rel_diff": rel}
+    return {
+        "layout": name,
+        "plan": LAYOUTS[name],
+        "ranks": plan.world_size,
+        "losses": got,
+        "reference": want,
+        "max_abs_diff": max(diffs),
+        "max_rel_diff": rel,
+    }
 
 
 def main() -> None:
@@ -89,19 +103,33 @@ def main() -> None:
             rows.append(run(name, model, Path(tmp)))
             took = time.time() - start
             print(f"{name}: {rows[-1].get('max_abs_diff', rows[-1].get('error'))} ({took:.0f} s)", flush=True)
-    out = {"model": "tiny-moe", "seed": SEED, "lr": LR, "seq_len": SEQ, "steps": WARMUP + MEASURE,
-           "torch": torch.__version__, "rows": rows}
+    out = {
+        "model": "tiny-moe",
+        "seed": SEED,
+        "lr": LR,
+        "seq_len": SEQ,
+        "steps": WARMUP + MEASURE,
+        "torch": torch.__version__,
+        "rows": rows,
+    }
     (RESULTS / "moe_parity.json").write_text(json.dumps(out, indent=1) + "\n")
-    lines = ["# MoE trial loss parity (benchmarks/moe_parity.py)", "",
-             f"tiny-moe, real torchrun CPU trials on gloo, {WARMUP + MEASURE} AdamW steps, torch "
-             f"{torch.__version__}: per-step loss against one process with the same weights and batches.", "",
-             "| layout | ranks | plan | max abs loss diff | max rel diff |", "|---|---|---|---|---|"]
+    lines = [
+        "# MoE trial loss parity (benchmarks/moe_parity.py)",
+        "",
+        f"tiny-moe, real torchrun CPU trials on gloo, {WARMUP + MEASURE} AdamW steps, torch "
+        f"{torch.__version__}: per-step loss against one process with the same weights and batches.",
+        "",
+        "| layout | ranks | plan | max abs loss diff | max rel diff |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['layout']} | | {r['plan']} | error: {r['error']} | |")
         else:
-            lines.append(f"| {r['layout']} | {r['ranks']} | {r['plan']} | {r['max_abs_diff']:.2e} | "
-                         f"{r['max_rel_diff']:.2e} |")
+            lines.append(
+                f"| {r['layout']} | {r['ranks']} | {r['plan']} | {r['max_abs_diff']:.2e} | "
+                f"{r['max_rel_diff']:.2e} |"
+            )
     (RESULTS / "moe_parity.md").write_text("\n".join(lines) + "\n")
 
 

@@ -54,12 +54,26 @@ def _model(row: dict[str, Any]):
 def _plan(row: dict[str, Any]) -> ParallelPlan:
     vp = row.get("vp") or 1
     return ParallelPlan(
-        tp=row["tp"], pp=row["pp"], cp=row["cp"], dp=row["dp"], ep=row["ep"], etp=row.get("etp") or 1,
-        micro_batch=row["micro_batch"], global_batch=row["global_batch"], seq_len=row["seq_len"],
-        sharding=row["sharding"], recompute=_RECOMPUTE[row["recompute"]], precision=row["precision"],
-        sequence_parallel=row["tp"] > 1, schedule="interleaved" if vp > 1 else "1f1b", virtual_stages=vp,
-        framework="megatron", moe_dispatcher=dispatcher(row), recompute_modules=recompute_modules(row),
-        grad_reduce_dtype=row.get("grad_reduce_dtype"))
+        tp=row["tp"],
+        pp=row["pp"],
+        cp=row["cp"],
+        dp=row["dp"],
+        ep=row["ep"],
+        etp=row.get("etp") or 1,
+        micro_batch=row["micro_batch"],
+        global_batch=row["global_batch"],
+        seq_len=row["seq_len"],
+        sharding=row["sharding"],
+        recompute=_RECOMPUTE[row["recompute"]],
+        precision=row["precision"],
+        sequence_parallel=row["tp"] > 1,
+        schedule="interleaved" if vp > 1 else "1f1b",
+        virtual_stages=vp,
+        framework="megatron",
+        moe_dispatcher=dispatcher(row),
+        recompute_modules=recompute_modules(row),
+        grad_reduce_dtype=row.get("grad_reduce_dtype"),
+    )
 
 
 def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
@@ -68,8 +82,8 @@ def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
     if row["recompute"] != "selective":
         return ()
     text = f"{row.get('notes', '')} {row.get('recompute_detail', '')}".replace(
-        "--recompute-modules", "recompute_modules").replace(
-        "recompute of layernorm and MoE activation", "recompute_modules: ['layernorm', 'moe_act']")
+        "--recompute-modules", "recompute_modules"
+    ).replace("recompute of layernorm and MoE activation", "recompute_modules: ['layernorm', 'moe_act']")
     found = [w for m in _RECOMPUTE_MODULES.finditer(text) for w in re.findall(r"\w+", m.group(1))]
     return tuple(dict.fromkeys(w for w in found if w in RECOMPUTE_MODULES))
 
@@ -102,11 +116,15 @@ def _skip_reason(row: dict[str, Any]) -> str | None:
 
 
 _UNPRICED = {
-    "recompute_modules": "recompute {}", "fine_grained_activation_offloading": "activation offload",
-    "use_precision_aware_optimizer": "precision-aware optimizer", "fp8_param_gather": "fp8 param gather",
-    "moe_a2a_overlap": "EP a2a overlap", "overlap_moe_expert_parallel_comm": "EP a2a overlap",
+    "recompute_modules": "recompute {}",
+    "fine_grained_activation_offloading": "activation offload",
+    "use_precision_aware_optimizer": "precision-aware optimizer",
+    "fp8_param_gather": "fp8 param gather",
+    "moe_a2a_overlap": "EP a2a overlap",
+    "overlap_moe_expert_parallel_comm": "EP a2a overlap",
     "cuda_graph_impl": "CUDA graphs",
-    "moe_paged_stash": "paged stash", "delay_wgrad_compute": "delayed wgrad",
+    "moe_paged_stash": "paged stash",
+    "delay_wgrad_compute": "delayed wgrad",
 }
 """Recipe settings (row notes) that a ParallelPlan cannot express: what each row ran beyond its plan."""
 _RECOMPUTE_MODULES = re.compile(r"recompute[_-]modules'?(?::|=)? ?\[?([\w', ]+)\]?")
@@ -124,9 +142,11 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
             continue
         out.append(label.format(m.group(1)) if key != "recompute_modules" else "")
     text = text.replace("--recompute-modules", "recompute_modules").replace(
-        "recompute of layernorm and MoE activation", "recompute_modules: ['layernorm', 'moe_act']")
-    modules = {w for m in _RECOMPUTE_MODULES.finditer(text)
-               for w in re.findall(r"\w+", m.group(1))} - {"core_attn"}
+        "recompute of layernorm and MoE activation", "recompute_modules: ['layernorm', 'moe_act']"
+    )
+    modules = {w for m in _RECOMPUTE_MODULES.finditer(text) for w in re.findall(r"\w+", m.group(1))} - {
+        "core_attn"
+    }
     out = [x for x in out if x]
     if "Token-DROP" in text:  # padded to capacity: token_dispatcher.py skips the host sync (moehost)
         out.append("token drop")
@@ -154,18 +174,33 @@ def predict(row: dict[str, Any]) -> dict[str, Any]:
     pred = est.tokens_per_s_per_gpu
     t = est.time.as_dict()
     flex = "flex" in str(row.get("notes", "")) or "deepep" in row["id"]
-    return {"id": row["id"], "gpu": row["gpu"], "gpus": row["num_gpus"], "layout": _layout(row),
-            "precision": row["precision"], "metric": metric, "measured": meas, "predicted": pred,
-            "error": pred / meas - 1, "flex_dispatcher": flex, "legal": not est.reasons,
-            "reasons": list(est.reasons), "ep_comm_share": t["ep_comm_s"] / t["step_time_s"],
-            "mfu": est.mfu, "memory_gib": est.memory_bytes_per_gpu / 1024**3, "unpriced": unpriced_knobs(row)}
+    return {
+        "id": row["id"],
+        "gpu": row["gpu"],
+        "gpus": row["num_gpus"],
+        "layout": _layout(row),
+        "precision": row["precision"],
+        "metric": metric,
+        "measured": meas,
+        "predicted": pred,
+        "error": pred / meas - 1,
+        "flex_dispatcher": flex,
+        "legal": not est.reasons,
+        "reasons": list(est.reasons),
+        "ep_comm_share": t["ep_comm_s"] / t["step_time_s"],
+        "mfu": est.mfu,
+        "memory_gib": est.memory_bytes_per_gpu / 1024**3,
+        "unpriced": unpriced_knobs(row),
+    }
 
 
 def _layout(row: dict[str, Any]) -> str:
     vp = f" vp{row['vp']}" if row.get("vp") else ""
-    return (f"tp{row['tp']} pp{row['pp']}{vp} cp{row['cp']} ep{row['ep']} dp{row['dp']} "
-            f"mbs{row['micro_batch']} gbs{row['global_batch']} s{row['seq_len']} {row['recompute']}"
-            + (f"[{'+'.join(recompute_modules(row))}]" if recompute_modules(row) else ""))
+    return (
+        f"tp{row['tp']} pp{row['pp']}{vp} cp{row['cp']} ep{row['ep']} dp{row['dp']} "
+        f"mbs{row['micro_batch']} gbs{row['global_batch']} s{row['seq_len']} {row['recompute']}"
+        + (f"[{'+'.join(recompute_modules(row))}]" if recompute_modules(row) else "")
+    )
 
 
 def run() -> dict[str, Any]:
@@ -180,10 +215,14 @@ def run() -> dict[str, Any]:
             results.append(predict(row))
         except ConfigError as e:
             skipped.append({"id": row["id"], "reason": str(e)})
-    stats = {"rows": len(rows), "skipped": len(skipped), **_stats(results),
-             "ran_but_called_oom": sum(any("out of memory" in x for x in r["reasons"]) for r in results),
-             "ran_but_called_illegal": sum(bool(r["reasons"]) for r in results),
-             "h100": _stats([r for r in results if r["gpu"] == "h100-sxm"])}
+    stats = {
+        "rows": len(rows),
+        "skipped": len(skipped),
+        **_stats(results),
+        "ran_but_called_oom": sum(any("out of memory" in x for x in r["reasons"]) for r in results),
+        "ran_but_called_illegal": sum(bool(r["reasons"]) for r in results),
+        "h100": _stats([r for r in results if r["gpu"] == "h100-sxm"]),
+    }
     return {"stats": stats, "results": results, "skipped": skipped}
 
 
@@ -191,32 +230,43 @@ def _stats(results: list[dict[str, Any]]) -> dict[str, Any]:
     errors = [abs(r["error"]) for r in results]
     if not errors:
         return {"priced": 0}
-    return {"priced": len(results), "median_abs_error": statistics.median(errors),
-            "mean_abs_error": statistics.fmean(errors), "within_15pct": sum(e <= 0.15 for e in errors),
-            "median_signed_error": statistics.median(r["error"] for r in results)}
+    return {
+        "priced": len(results),
+        "median_abs_error": statistics.median(errors),
+        "mean_abs_error": statistics.fmean(errors),
+        "within_15pct": sum(e <= 0.15 for e in errors),
+        "median_signed_error": statistics.median(r["error"] for r in results),
+    }
 
 
 def markdown(doc: dict[str, Any]) -> str:
     s = doc["stats"]
-    lines = ["# Published MoE training runs: predicted vs measured", "",
-             "Generated by `python benchmarks/moe_runs.py` from the `moe: true` rows of "
-             "benchmarks/data/modern_runs.yaml (method and fixed assumptions: the script's docstring).", "",
-             f"{s['priced']} of {s['rows']} rows priced, {s['skipped']} not set up. "
-             f"Median |error| {s['median_abs_error']:.1%}, mean {s['mean_abs_error']:.1%}, "
-             f"median signed {s['median_signed_error']:+.1%}; {s['within_15pct']} rows within 15 %. "
-             f"H100 rows: {s['h100']['priced']}, median |error| {s['h100']['median_abs_error']:.1%}, "
-             f"median signed {s['h100']['median_signed_error']:+.1%}, "
-             f"{s['h100']['within_15pct']} within 15 %. Rows that ran but are called out of memory: "
-             f"{s['ran_but_called_oom']}; illegal for any reason: {s['ran_but_called_illegal']}. The last "
-             "column lists what each row's recipe ran that a plan cannot express (`unpriced_knobs`).",
-             "",
-             "| run | GPU | GPUs | layout | prec | measured tok/s/GPU | predicted | error | EP a2a share | "
-             "flex | legal | recipe beyond the plan |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Published MoE training runs: predicted vs measured",
+        "",
+        "Generated by `python benchmarks/moe_runs.py` from the `moe: true` rows of "
+        "benchmarks/data/modern_runs.yaml (method and fixed assumptions: the script's docstring).",
+        "",
+        f"{s['priced']} of {s['rows']} rows priced, {s['skipped']} not set up. "
+        f"Median |error| {s['median_abs_error']:.1%}, mean {s['mean_abs_error']:.1%}, "
+        f"median signed {s['median_signed_error']:+.1%}; {s['within_15pct']} rows within 15 %. "
+        f"H100 rows: {s['h100']['priced']}, median |error| {s['h100']['median_abs_error']:.1%}, "
+        f"median signed {s['h100']['median_signed_error']:+.1%}, "
+        f"{s['h100']['within_15pct']} within 15 %. Rows that ran but are called out of memory: "
+        f"{s['ran_but_called_oom']}; illegal for any reason: {s['ran_but_called_illegal']}. The last "
+        "column lists what each row's recipe ran that a plan cannot express (`unpriced_knobs`).",
+        "",
+        "| run | GPU | GPUs | layout | prec | measured tok/s/GPU | predicted | error | EP a2a share | "
+        "flex | legal | recipe beyond the plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in doc["results"]:
-        lines.append(f"| {r['id']} | {r['gpu']} | {r['gpus']} | {r['layout']} | {r['precision']} | "
-                     f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} | "
-                     f"{r['ep_comm_share']:.0%} | {'yes' if r['flex_dispatcher'] else ''} | "
-                     f"{'yes' if r['legal'] else r['reasons'][0]} | {', '.join(r['unpriced'])} |")
+        lines.append(
+            f"| {r['id']} | {r['gpu']} | {r['gpus']} | {r['layout']} | {r['precision']} | "
+            f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} | "
+            f"{r['ep_comm_share']:.0%} | {'yes' if r['flex_dispatcher'] else ''} | "
+            f"{'yes' if r['legal'] else r['reasons'][0]} | {', '.join(r['unpriced'])} |"
+        )
     lines += ["", "## Not set up", ""] + [f"- {x['id']}: {x['reason']}" for x in doc["skipped"]]
     return "\n".join(lines) + "\n"
 

@@ -37,43 +37,83 @@ from autotune.specs import ClusterSpec, ModelSpec
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data" / "published_runs.yaml"
 
-_SC21_SCRIPT = ("NVIDIA/Megatron-LM examples/sc21/run_table_1.sh @79a3bb6bf2 (the paper's reproduction "
-                "script): MBS={mbs}, {vp}")
+_SC21_SCRIPT = (
+    "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh @79a3bb6bf2 (the paper's reproduction "
+    "script): MBS={mbs}, {vp}"
+)
 _SC21_T1 = {  # id suffix: (micro_batch, virtual_stages) from --num-layers-per-virtual-pipeline-stage
-    "1.7b": (16, 1), "3.6b": (16, 1), "7.5b": (16, 1), "18.4b": (8, 1), "39.1b": (4, 1), "76.1b": (2, 3),
-    "145.6b": (2, 2), "310.1b": (1, 2), "529.6b": (1, 3), "1008.0b": (1, 1),
+    "1.7b": (16, 1),
+    "3.6b": (16, 1),
+    "7.5b": (16, 1),
+    "18.4b": (8, 1),
+    "39.1b": (4, 1),
+    "76.1b": (2, 3),
+    "145.6b": (2, 2),
+    "310.1b": (1, 2),
+    "529.6b": (1, 3),
+    "1008.0b": (1, 1),
 }
-_GPT2_VOCAB = ("vocab 51200: GPT-2 BPE (50257) padded by Megatron to a multiple of 128 x TP "
-               "(--make-vocab-size-divisible-by)")
-_V1_WHY = ("micro_batch = global_batch / dp: Megatron v1 (2020) had no gradient accumulation "
-           "(--batch-size is per DP rank); recompute full: without it the activations alone (Korthikanti "
-           "Eq. 1, 24 layers) exceed the GPU memory at this batch, and the published TFLOP/s equal Eq. 3 "
-           "(which counts the recompute forward) applied to the printed iteration time")
-_MTNLG_WHY = ("micro_batch 1 (not stated; the 530B model on the same Selene nodes ran MBS=1 in the "
-              "Megatron SC21 scripts), recompute full (the printed 126/121/113 TFLOP/s equal Eq. 3, which "
-              "counts the recompute forward, for the printed iteration times), DeepSpeed pipeline = "
-              "non-interleaved 1F1B, ZeRO-1 (the only stage DeepSpeed's pipeline engine accepts); "
-              + _GPT2_VOCAB)
-_APPC_WHY = ("modelled as selective recompute + SP: App. C only skips recompute for some micro-batches "
-             "(+{} MFU)")
+_GPT2_VOCAB = (
+    "vocab 51200: GPT-2 BPE (50257) padded by Megatron to a multiple of 128 x TP "
+    "(--make-vocab-size-divisible-by)"
+)
+_V1_WHY = (
+    "micro_batch = global_batch / dp: Megatron v1 (2020) had no gradient accumulation "
+    "(--batch-size is per DP rank); recompute full: without it the activations alone (Korthikanti "
+    "Eq. 1, 24 layers) exceed the GPU memory at this batch, and the published TFLOP/s equal Eq. 3 "
+    "(which counts the recompute forward) applied to the printed iteration time"
+)
+_MTNLG_WHY = (
+    "micro_batch 1 (not stated; the 530B model on the same Selene nodes ran MBS=1 in the "
+    "Megatron SC21 scripts), recompute full (the printed 126/121/113 TFLOP/s equal Eq. 3, which "
+    "counts the recompute forward, for the printed iteration times), DeepSpeed pipeline = "
+    "non-interleaved 1F1B, ZeRO-1 (the only stage DeepSpeed's pipeline engine accepts); " + _GPT2_VOCAB
+)
+_APPC_WHY = (
+    "modelled as selective recompute + SP: App. C only skips recompute for some micro-batches (+{} MFU)"
+)
 
 ASSUMPTIONS: dict[str, tuple[dict[str, Any], str]] = {
-    **{f"megatron-sc21-t1-{k}": ({"micro_batch": mbs, "virtual_stages": vp},
-                                 _SC21_SCRIPT.format(mbs=mbs, vp=f"{vp} virtual stages" if vp > 1 else
-                                                     "no interleaving"))
-       for k, (mbs, vp) in _SC21_T1.items()},
-    **{f"megatron2020-{k}": ({"micro_batch": "gbs/dp", "recompute": "full"}, _V1_WHY) for k in (
-        "dgx2-v100-1B", "dgxa100-1B", "dgxa100-dp128-1B", "dgx2-v100-2B", "dgxa100-2B", "dgxa100-dp128-2B",
-        "dgx2-v100-4B", "dgxa100-4B", "dgxa100-dp128-4B", "dgx2-v100-8B", "dgxa100-8B", "dgxa100-dp128-8B")},
-    **{f"mtnlg-530b-{n}gpu": ({"micro_batch": 1, "recompute": "full", "vocab": 51200, "zero_stage": 1},
-                              _MTNLG_WHY) for n in (2240, 2800, 3360)},
+    **{
+        f"megatron-sc21-t1-{k}": (
+            {"micro_batch": mbs, "virtual_stages": vp},
+            _SC21_SCRIPT.format(mbs=mbs, vp=f"{vp} virtual stages" if vp > 1 else "no interleaving"),
+        )
+        for k, (mbs, vp) in _SC21_T1.items()
+    },
+    **{
+        f"megatron2020-{k}": ({"micro_batch": "gbs/dp", "recompute": "full"}, _V1_WHY)
+        for k in (
+            "dgx2-v100-1B",
+            "dgxa100-1B",
+            "dgxa100-dp128-1B",
+            "dgx2-v100-2B",
+            "dgxa100-2B",
+            "dgxa100-dp128-2B",
+            "dgx2-v100-4B",
+            "dgxa100-4B",
+            "dgxa100-dp128-4B",
+            "dgx2-v100-8B",
+            "dgxa100-8B",
+            "dgxa100-dp128-8B",
+        )
+    },
+    **{
+        f"mtnlg-530b-{n}gpu": (
+            {"micro_batch": 1, "recompute": "full", "vocab": 51200, "zero_stage": 1},
+            _MTNLG_WHY,
+        )
+        for n in (2240, 2800, 3360)
+    },
     "megatron-readme-gpt3-175b-1024gpu": (
         {"vocab": 51200},
-        _GPT2_VOCAB + "; non-interleaved 1F1B (the interleaved schedule came with the April 2021 paper)"),
+        _GPT2_VOCAB + "; non-interleaved 1F1B (the interleaved schedule came with the April 2021 paper)",
+    ),
     "gpt-neox-20b-96gpu": (
         {"vocab": 50432},
         "vocab 50432 (GPT-NeoX-20B tokenizer as padded in its released config); TFLOP/s as Narayanan "
-        "Eq. 3: gpt-neox megatron/logging.py get_flops uses it with ckpt_activations_factor 4"),
+        "Eq. 3: gpt-neox megatron/logging.py get_flops uses it with ckpt_activations_factor 4",
+    ),
     "korthikanti-appC-175B-microbatch-level-recompute": ({}, _APPC_WHY.format("0.7%")),
     "korthikanti-appC-530B-microbatch-level-recompute": ({}, _APPC_WHY.format("0.4%")),
 }
@@ -85,21 +125,31 @@ _ZERO3_WHY = (
     "parameter per step of 16-bit gathers (forward, recompute, backward) and gradient reduce-scatter then "
     "moved at {bw174:.0f}-{bw530:.0f} GB/s per GPU, the per-GPU NIC share, whereas NCCL rings over whole "
     "DGX nodes reach the node's 8 NICs (NVIDIA/nccl#1048) as FSDP2 does in the torchtitan 70B rows. The "
-    "model times NCCL, not that implementation; shown for reference")
-EXCLUDED: dict[str, str] = {f"megatron-sc21-t2-zero-3-{k}": "" for k in (
-    "174b-384gpu", "174b-768gpu", "174b-1536gpu", "529b-640gpu", "529b-1120gpu", "529b-2240gpu")}
+    "model times NCCL, not that implementation; shown for reference"
+)
+EXCLUDED: dict[str, str] = {
+    f"megatron-sc21-t2-zero-3-{k}": ""
+    for k in ("174b-384gpu", "174b-768gpu", "174b-1536gpu", "529b-640gpu", "529b-1120gpu", "529b-2240gpu")
+}
 
 
 def _zero3_reason(rows: dict[str, dict[str, Any]]) -> str:
     """The ZeRO-3 exclusion, with the iteration times computed from the rows themselves (Eq. 3)."""
+
     def seconds(key: str) -> float:
         row = rows[f"megatron-sc21-t2-zero-3-{key}"]
         tflops = row["measured"]["tflops_per_gpu"]
         return _eq3_flops(row, int(row["vocab"])) / (tflops * 1e12 * row["num_gpus"])
-    return _ZERO3_WHY.format(t768=seconds("174b-768gpu"), t1536=seconds("174b-1536gpu"),
-                             u1120=seconds("529b-1120gpu"), u2240=seconds("529b-2240gpu"),
-                             bw174=8 * 174.6e9 / seconds("174b-1536gpu") / 1e9,
-                             bw530=8 * 529.6e9 / seconds("529b-2240gpu") / 1e9)
+
+    return _ZERO3_WHY.format(
+        t768=seconds("174b-768gpu"),
+        t1536=seconds("174b-1536gpu"),
+        u1120=seconds("529b-1120gpu"),
+        u2240=seconds("529b-2240gpu"),
+        bw174=8 * 174.6e9 / seconds("174b-1536gpu") / 1e9,
+        bw530=8 * 529.6e9 / seconds("529b-2240gpu") / 1e9,
+    )
+
 
 FLASH_FROM_YEAR = 2023
 """Runs published before 2023 used attention kernels that materialise the ``s x s`` scores: FlashAttention
@@ -144,8 +194,10 @@ def _software(row: dict[str, Any]) -> dict[str, bool]:
     """step_time's software switches for the row's era (``FLASH_FROM_YEAR``, ``ASYNC_TP_FROM_YEAR``)."""
     year = _year(row)
     nvidia_megatron = row["id"].startswith(("megatron", "korthikanti"))
-    return {"flash_attention": year >= FLASH_FROM_YEAR,
-            "tp_backward_overlap": nvidia_megatron and year >= ASYNC_TP_FROM_YEAR}
+    return {
+        "flash_attention": year >= FLASH_FROM_YEAR,
+        "tp_backward_overlap": nvidia_megatron and year >= ASYNC_TP_FROM_YEAR,
+    }
 
 
 def _gpu_key(row: dict[str, Any]) -> str:
@@ -172,18 +224,28 @@ def _cluster(row: dict[str, Any]) -> ClusterSpec:
         link, nics = "ib-edr-100", 4
     elif "4x ConnectX-6" in notes:
         link, nics = "ib-hdr-200", 4
-    return make_cluster(num_gpus=n, gpu=gpu, gpus_per_node=min(n, per_node), inter_node=link,
-                        nics_per_node=nics)
+    return make_cluster(
+        num_gpus=n, gpu=gpu, gpus_per_node=min(n, per_node), inter_node=link, nics_per_node=nics
+    )
 
 
 def _model(row: dict[str, Any], vocab: int) -> ModelSpec:
     h = int(row["hidden"])
     llama = "llama" in str(row["model_name"]).lower()
     heads = int(row["heads"])
-    return ModelSpec(name=row["id"], hidden_size=h, num_layers=int(row["layers"]), num_heads=heads,
-                     num_kv_heads=int(row.get("kv_heads") or heads), ffn_hidden_size=int(row["ffn_hidden"]),
-                     vocab_size=vocab, max_seq_len=int(row["seq_len"]), tie_embeddings=not llama,
-                     gated_mlp=llama, bias=not llama)
+    return ModelSpec(
+        name=row["id"],
+        hidden_size=h,
+        num_layers=int(row["layers"]),
+        num_heads=heads,
+        num_kv_heads=int(row.get("kv_heads") or heads),
+        ffn_hidden_size=int(row["ffn_hidden"]),
+        vocab_size=vocab,
+        max_seq_len=int(row["seq_len"]),
+        tie_embeddings=not llama,
+        gated_mlp=llama,
+        bias=not llama,
+    )
 
 
 def _recompute(text: Any) -> str | None:
@@ -205,11 +267,21 @@ def _plan(row: dict[str, Any], fill: dict[str, Any]) -> ParallelPlan:
     framework = "fsdp" if fsdp else "deepspeed" if zero == 3 else "megatron"
     precision = "fp16" if "fp16" in str(row["precision"]) and "bf16" not in str(row["precision"]) else "bf16"
     return ParallelPlan(
-        tp=int(row["tp"]), pp=int(row["pp"]), dp=dp, cp=int(row.get("cp") or 1), micro_batch=int(mbs),
-        global_batch=int(row["global_batch"]), seq_len=int(row["seq_len"]), sharding=sharding,
+        tp=int(row["tp"]),
+        pp=int(row["pp"]),
+        dp=dp,
+        cp=int(row.get("cp") or 1),
+        micro_batch=int(mbs),
+        global_batch=int(row["global_batch"]),
+        seq_len=int(row["seq_len"]),
+        sharding=sharding,
         recompute=fill.get("recompute") or _recompute(row["recompute"]) or "none",
-        sequence_parallel=bool(row.get("sequence_parallel")), virtual_stages=vp,
-        schedule="interleaved" if vp > 1 else "1f1b", precision=precision, framework=framework)
+        sequence_parallel=bool(row.get("sequence_parallel")),
+        virtual_stages=vp,
+        schedule="interleaved" if vp > 1 else "1f1b",
+        precision=precision,
+        framework=framework,
+    )
 
 
 def _eq3_flops(row: dict[str, Any], vocab: int) -> float:
@@ -270,16 +342,20 @@ def _layer_ms(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, softwa
     return 1e3 * block_times(model, cluster, plan, **software).total_s
 
 
-_TORCHTITAN_SAC_WHY = ("torchtitan's selective AC is not Korthikanti's: 'layer' fully recomputes every "
-                       "2nd block (selective_ac_option default '2'), predicted as the mean of none and full; "
-                       "'op' recomputes every second matmul (wk, wo, w3) and all elementwise ops, not SDPA")
+_TORCHTITAN_SAC_WHY = (
+    "torchtitan's selective AC is not Korthikanti's: 'layer' fully recomputes every "
+    "2nd block (selective_ac_option default '2'), predicted as the mean of none and full; "
+    "'op' recomputes every second matmul (wk, wo, w3) and all elementwise ops, not SDPA"
+)
 
 
 def _torchtitan_sac_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, sac: str) -> float:
     """Step time under torchtitan's selective AC variants (pp=1: every block is on the one rank)."""
     if "layer" in sac:
-        return 0.5 * (step_time(model, cluster, plan.replace(recompute="none")).step_time_s
-                      + step_time(model, cluster, plan.replace(recompute="full")).step_time_s)
+        return 0.5 * (
+            step_time(model, cluster, plan.replace(recompute="none")).step_time_s
+            + step_time(model, cluster, plan.replace(recompute="full")).step_time_s
+        )
     return step_time(model, cluster, plan.replace(recompute="selective")).step_time_s  # op SAC (fsdp)
 
 
@@ -294,25 +370,43 @@ def predict_row(row: dict[str, Any]) -> Outcome | str:
     if not vocab:
         return "vocabulary not stated"
     model, cluster, plan = _model(row, vocab), _cluster(row), _plan(row, fill)
-    setup = (f"{cluster.gpu.key} x{cluster.num_gpus} TP{plan.tp} PP{plan.pp}"
-             f"{'v' + str(plan.virtual_stages) if plan.virtual_stages > 1 else ''} DP{plan.dp} "
-             f"mbs{plan.micro_batch}x{plan.num_microbatches} {plan.sharding} ac:{plan.recompute}"
-             f"{' SP' if plan.sequence_parallel else ''}")
+    setup = (
+        f"{cluster.gpu.key} x{cluster.num_gpus} TP{plan.tp} PP{plan.pp}"
+        f"{'v' + str(plan.virtual_stages) if plan.virtual_stages > 1 else ''} DP{plan.dp} "
+        f"mbs{plan.micro_batch}x{plan.num_microbatches} {plan.sharding} ac:{plan.recompute}"
+        f"{' SP' if plan.sequence_parallel else ''}"
+    )
     peak = cluster.gpu.peak_flops(str(plan.precision)) or 0.0
     if per_layer:
         measured = row["measured"]["layer_fwd_bwd_ms"]
         predicted = _layer_ms(model, cluster, plan, _software(row))
-        return Outcome(row["id"], "ms/layer fwd+bwd", measured, predicted, measured / predicted - 1, setup,
-                       why, EXCLUDED.get(row["id"], ""))
+        return Outcome(
+            row["id"],
+            "ms/layer fwd+bwd",
+            measured,
+            predicted,
+            measured / predicted - 1,
+            setup,
+            why,
+            EXCLUDED.get(row["id"], ""),
+        )
     metric, measured, measured_s = _measured_time(row, vocab, peak)
     tb = step_time(model, cluster, plan, **_software(row))
     predicted_s = tb.step_time_s
     sac = str(row.get("recompute", ""))
     if "torchtitan" in str(row.get("source", "")) and sac.startswith("selective ("):
         predicted_s, why = _torchtitan_sac_s(model, cluster, plan, sac), _TORCHTITAN_SAC_WHY
-    return Outcome(row["id"], metric, measured, _to_metric(metric, predicted_s, row, vocab, peak),
-                   measured_s / predicted_s - 1, setup, why, EXCLUDED.get(row["id"], ""),
-                   {k: round(v, 4) for k, v in tb.as_dict().items() if k.endswith("_s")})
+    return Outcome(
+        row["id"],
+        metric,
+        measured,
+        _to_metric(metric, predicted_s, row, vocab, peak),
+        measured_s / predicted_s - 1,
+        setup,
+        why,
+        EXCLUDED.get(row["id"], ""),
+        {k: round(v, 4) for k, v in tb.as_dict().items() if k.endswith("_s")},
+    )
 
 
 def compare(path: Path = DATA) -> tuple[list[Outcome], dict[str, str]]:
@@ -354,19 +448,26 @@ _NOTES = """## How to read the residuals
 
 
 def _markdown(outcomes: list[Outcome], skipped: dict[str, str], stats: dict[str, float]) -> str:
-    lines = ["# Step-time model vs published training runs", "",
-             "Generated by `python benchmarks/published_runs.py` from `benchmarks/data/published_runs.yaml` "
-             "(sources per row there).",
-             "Error = predicted throughput / measured throughput - 1, in the row's own metric and FLOPs "
-             "convention.", "",
-             f"**Included rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%, "
-             f"max |error| {100 * stats['max_abs_error']:.1f}%.**", "",
-             "| row | setup | metric | measured | predicted | error | note |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Step-time model vs published training runs",
+        "",
+        "Generated by `python benchmarks/published_runs.py` from `benchmarks/data/published_runs.yaml` "
+        "(sources per row there).",
+        "Error = predicted throughput / measured throughput - 1, in the row's own metric and FLOPs "
+        "convention.",
+        "",
+        f"**Included rows: {stats['rows']}; median |error| {100 * stats['median_abs_error']:.1f}%, "
+        f"max |error| {100 * stats['max_abs_error']:.1f}%.**",
+        "",
+        "| row | setup | metric | measured | predicted | error | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         note = f"EXCLUDED: {o.excluded}" if o.excluded else o.assumption
-        lines.append(f"| {o.id} | {o.setup} | {o.metric} | {o.measured:.4g} | {o.predicted:.4g} | "
-                     f"{100 * o.error:+.1f}% | {note} |")
+        lines.append(
+            f"| {o.id} | {o.setup} | {o.metric} | {o.measured:.4g} | {o.predicted:.4g} | "
+            f"{100 * o.error:+.1f}% | {note} |"
+        )
     lines += ["", "## Rows not predicted", ""]
     lines += [f"- `{k}`: {v}" for k, v in skipped.items()]
     return "\n".join(lines + ["", _NOTES]) + "\n"
@@ -380,12 +481,16 @@ def main(argv: list[str] | None = None) -> int:
     stats = summary(outcomes)
     for o in outcomes:
         flag = " (excluded)" if o.excluded else ""
-        print(f"{o.id:58s} {o.metric:18s} measured {o.measured:9.4g} predicted {o.predicted:9.4g} "
-              f"{100 * o.error:+6.1f}%{flag}")
+        print(
+            f"{o.id:58s} {o.metric:18s} measured {o.measured:9.4g} predicted {o.predicted:9.4g} "
+            f"{100 * o.error:+6.1f}%{flag}"
+        )
     for k, v in skipped.items():
         print(f"{k:58s} skipped: {v}")
-    print(f"included {stats['rows']}: median |error| {100 * stats['median_abs_error']:.1f}%, "
-          f"max {100 * stats['max_abs_error']:.1f}%")
+    print(
+        f"included {stats['rows']}: median |error| {100 * stats['median_abs_error']:.1f}%, "
+        f"max {100 * stats['max_abs_error']:.1f}%"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "published_runs.md").write_text(_markdown(outcomes, skipped, stats))
     payload = {"summary": stats, "rows": [o.__dict__ for o in outcomes], "skipped": skipped}

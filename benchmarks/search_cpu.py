@@ -37,9 +37,33 @@ BACKENDS = ("torchrun", "deepspeed")
 
 
 def _search(backend: str, trials: int, runs: Path) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "autotune", "search", "--model", "tiny", "--gpus", "4", "--gpu", "cpu",
-            "--device", "cpu", "--backend", backend, "--trials", str(trials), "--global-batch", "16",
-            "--seq-len", "128", "--study", backend, "--out", str(runs), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        "4",
+        "--gpu",
+        "cpu",
+        "--device",
+        "cpu",
+        "--backend",
+        backend,
+        "--trials",
+        str(trials),
+        "--global-batch",
+        "16",
+        "--seq-len",
+        "128",
+        "--study",
+        backend,
+        "--out",
+        str(runs),
+        "--json",
+    ]
     load_before = [round(x, 2) for x in os.getloadavg()]
     start = time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -52,14 +76,22 @@ def _search(backend: str, trials: int, runs: Path) -> dict[str, Any]:
     statuses = collections.Counter(r.shown_status for r in records if not r.is_duplicate)
     trial_wall = [r.measured["wall_s"] for r in records if "wall_s" in r.measured]
     best = out["top"][0]
-    return {"command": " ".join(argv[1:]), "wall_s": wall_s, "load_before": load_before,
-            "load_after": [round(x, 2) for x in os.getloadavg()],
-            "launched": out["trials"]["launched_this_run"], "statuses": dict(statuses),
-            "median_trial_wall_s": sorted(trial_wall)[len(trial_wall) // 2] if trial_wall else None,
-            "best": {"plan": best["plan"], "measured_tokens_per_s": best["measured_tokens_per_s"],
-                     "predicted_tokens_per_s": best["predicted_tokens_per_s"]},
-            "top": out["top"], "summary_md_has_measured": "## Measured" in (
-                runs / backend / "best" / "summary.md").read_text()}
+    return {
+        "command": " ".join(argv[1:]),
+        "wall_s": wall_s,
+        "load_before": load_before,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "launched": out["trials"]["launched_this_run"],
+        "statuses": dict(statuses),
+        "median_trial_wall_s": sorted(trial_wall)[len(trial_wall) // 2] if trial_wall else None,
+        "best": {
+            "plan": best["plan"],
+            "measured_tokens_per_s": best["measured_tokens_per_s"],
+            "predicted_tokens_per_s": best["predicted_tokens_per_s"],
+        },
+        "top": out["top"],
+        "summary_md_has_measured": "## Measured" in (runs / backend / "best" / "summary.md").read_text(),
+    }
 
 
 def _plan_line(plan: dict[str, Any]) -> str:
@@ -70,26 +102,40 @@ def _plan_line(plan: dict[str, Any]) -> str:
 
 
 def _markdown(doc: dict[str, Any]) -> str:
-    lines = ["# Real-trial search on the CPU (`tiny`, 4 gloo ranks, 16 x 128 tokens per step)", "",
-             f"{doc['date']}, {doc['cpus']} CPUs. `autotune search ... --trials {doc['trials']}` per "
-             "backend; predicted = the cost model for the catalog `cpu` device (order of magnitude, not "
-             "calibrated).", "",
-             "| backend | wall s | launched | statuses | median trial s | best measured plan "
-             "| measured tok/s | predicted tok/s | measured / predicted | load before -> after |",
-             "|" + "---|" * 10]
+    lines = [
+        "# Real-trial search on the CPU (`tiny`, 4 gloo ranks, 16 x 128 tokens per step)",
+        "",
+        f"{doc['date']}, {doc['cpus']} CPUs. `autotune search ... --trials {doc['trials']}` per "
+        "backend; predicted = the cost model for the catalog `cpu` device (order of magnitude, not "
+        "calibrated).",
+        "",
+        "| backend | wall s | launched | statuses | median trial s | best measured plan "
+        "| measured tok/s | predicted tok/s | measured / predicted | load before -> after |",
+        "|" + "---|" * 10,
+    ]
     for name, r in doc["backends"].items():
         b = r["best"]
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))
-        lines.append(f"| {name} | {r['wall_s']:.0f} | {r['launched']} | {statuses} "
-                     f"| {r['median_trial_wall_s'] or 0:.1f} | {_plan_line(b['plan'])} "
-                     f"| {b['measured_tokens_per_s']:,.0f} | {b['predicted_tokens_per_s']:,.0f} "
-                     f"| {b['measured_tokens_per_s'] / b['predicted_tokens_per_s']:.2f} "
-                     f"| {r['load_before'][0]} -> {r['load_after'][0]} |")
+        lines.append(
+            f"| {name} | {r['wall_s']:.0f} | {r['launched']} | {statuses} "
+            f"| {r['median_trial_wall_s'] or 0:.1f} | {_plan_line(b['plan'])} "
+            f"| {b['measured_tokens_per_s']:,.0f} | {b['predicted_tokens_per_s']:,.0f} "
+            f"| {b['measured_tokens_per_s'] / b['predicted_tokens_per_s']:.2f} "
+            f"| {r['load_before'][0]} -> {r['load_after'][0]} |"
+        )
     for name, r in doc["backends"].items():
-        lines += ["", f"## {name}: top measured plans", "", "| plan | measured tok/s | predicted tok/s |",
-                  "|---|---|---|"]
-        lines += [f"| {_plan_line(row['plan'])} | {row['measured_tokens_per_s'] or 0:,.0f} "
-                  f"| {row['predicted_tokens_per_s']:,.0f} |" for row in r["top"]]
+        lines += [
+            "",
+            f"## {name}: top measured plans",
+            "",
+            "| plan | measured tok/s | predicted tok/s |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {_plan_line(row['plan'])} | {row['measured_tokens_per_s'] or 0:,.0f} "
+            f"| {row['predicted_tokens_per_s']:,.0f} |"
+            for row in r["top"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -103,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends:
             doc["backends"][backend] = _search(backend, args.trials, Path(tmp))
-            print(backend, json.dumps({k: v for k, v in doc["backends"][backend].items() if k != "top"}),
-                  flush=True)
+            print(
+                backend,
+                json.dumps({k: v for k, v in doc["backends"][backend].items() if k != "top"}),
+                flush=True,
+            )
     doc["date"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "search_cpu.json").write_text(json.dumps(doc, indent=2) + "\n")

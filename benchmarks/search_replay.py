@@ -101,8 +101,12 @@ class Replay:
         if row["status"] != "ok":
             return TrialResult(status=TrialStatus.ERROR, error=row["status"], wall_s=0.0)
         tokens = row["plan"]["global_batch"] * row["plan"]["seq_len"]
-        return TrialResult(status=TrialStatus.OK, tokens_per_s=tokens / row["step_time_s"],
-                           step_time_s=row["step_time_s"], wall_s=0.0)
+        return TrialResult(
+            status=TrialStatus.OK,
+            tokens_per_s=tokens / row["step_time_s"],
+            step_time_s=row["step_time_s"],
+            wall_s=0.0,
+        )
 
     def result(self) -> tuple[int, float]:
         return self.trials, self.seconds
@@ -128,8 +132,9 @@ def _until_found(replay: Replay, order: Iterator[str]) -> tuple[float, float]:
     return math.inf, math.inf
 
 
-def run_autotune(ranking: Ranking, land: Landscape, seed: int,
-                 refiner: Refiner | None) -> tuple[float, float]:
+def run_autotune(
+    ranking: Ranking, land: Landscape, seed: int, refiner: Refiner | None
+) -> tuple[float, float]:
     """``autotune search`` as it runs trials: ``run_study`` with the online recalibration (``refiner``), or
     without it (the cost model's top 5, then TPE) when ``refiner`` is None."""
     replay = Replay(land)
@@ -157,8 +162,11 @@ def _tpe_order(ranking: Ranking, land: Landscape, seed: int) -> Iterator[str]:
         if key not in tried:
             yield key  # launched; the generator's consumer raises _Found when it is good
             row = land.rows[key]
-            tried[key] = row["plan"]["global_batch"] * row["plan"]["seq_len"] / row["step_time_s"] \
-                if row["status"] == "ok" else None
+            tried[key] = (
+                row["plan"]["global_batch"] * row["plan"]["seq_len"] / row["step_time_s"]
+                if row["status"] == "ok"
+                else None
+            )
         value = tried[key]
         study.tell(trial, value) if value is not None else study.tell(trial, state=TrialState.FAIL)
 
@@ -181,6 +189,7 @@ def grid_order(land: Landscape) -> list[str]:
     def sort_key(key: str) -> tuple:
         params = json.loads(key)
         return tuple(params[k] for k in lead) + tuple(str(params[k]) for k in rest)
+
     return sorted(land.rows, key=sort_key)
 
 
@@ -237,9 +246,14 @@ def run_deepspeed(land: Landscape) -> tuple[float, float]:
 def _summary(values: list[tuple[float, float]]) -> dict[str, Any]:
     trials = [t for t, _ in values]
     secs = [s for _, s in values]
-    return {"median_trials": statistics.median(trials), "mean_trials": statistics.fmean(trials),
-            "max_trials": max(trials), "median_trial_s": statistics.median(secs), "runs": len(values),
-            "trials": trials}
+    return {
+        "median_trials": statistics.median(trials),
+        "mean_trials": statistics.fmean(trials),
+        "max_trials": max(trials),
+        "median_trial_s": statistics.median(secs),
+        "runs": len(values),
+        "trials": trials,
+    }
 
 
 def _ds_keep(plan: dict[str, Any]) -> bool:
@@ -259,15 +273,21 @@ def replay_cell(cell: str, seeds: int, subspace: bool, profiles: Path = PROFILES
     profile = profiles / f"cpu-{cell.split('-')[1]}rank.yaml"
     pins = {"tp": 1, "pp": 1} if subspace else None
     profiled = cell_ranking(cell, pins, profile) if profile.exists() else None
-    out = {"cell": cell, "space": "deepspeed-covered" if subspace else "full", "num_plans": len(land.rows),
-           "num_good": sum(land.good(k) for k in land.rows), "best_step_s": land.best_s,
-           "autotune": _summary([run_autotune(ranking, land, s, None) for s in range(seeds)]),
-           "autotune_recalibrate": _summary([run_autotune(ranking, land, s, refiner) for s in range(seeds)]),
-           "autotune_profile": _summary([run_autotune(profiled, land, s, None) for s in range(seeds)])
-           if profiled else None,
-           "tpe": _summary([run_tpe(ranking, land, s) for s in range(seeds)]),
-           "random": _summary([run_random(land, s) for s in range(seeds)]),
-           "grid": _summary([_until_found(Replay(land), iter(grid_order(land)))])}
+    out = {
+        "cell": cell,
+        "space": "deepspeed-covered" if subspace else "full",
+        "num_plans": len(land.rows),
+        "num_good": sum(land.good(k) for k in land.rows),
+        "best_step_s": land.best_s,
+        "autotune": _summary([run_autotune(ranking, land, s, None) for s in range(seeds)]),
+        "autotune_recalibrate": _summary([run_autotune(ranking, land, s, refiner) for s in range(seeds)]),
+        "autotune_profile": _summary([run_autotune(profiled, land, s, None) for s in range(seeds)])
+        if profiled
+        else None,
+        "tpe": _summary([run_tpe(ranking, land, s) for s in range(seeds)]),
+        "random": _summary([run_random(land, s) for s in range(seeds)]),
+        "grid": _summary([_until_found(Replay(land), iter(grid_order(land)))]),
+    }
     if subspace:
         out["deepspeed"] = _summary([run_deepspeed(land)])
     return out
@@ -277,10 +297,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--out", type=Path, default=RESULTS / "search_replay.json")
-    ap.add_argument("--profiles", type=Path, default=PROFILES,
-                    help="directory of the probe profiles cpu-<N>rank.yaml (autotune_profile)")
-    ap.add_argument("--cells", default=",".join(CELLS),
-                    help="only these (comma-separated); the other cells' rows of --out are kept")
+    ap.add_argument(
+        "--profiles",
+        type=Path,
+        default=PROFILES,
+        help="directory of the probe profiles cpu-<N>rank.yaml (autotune_profile)",
+    )
+    ap.add_argument(
+        "--cells",
+        default=",".join(CELLS),
+        help="only these (comma-separated); the other cells' rows of --out are kept",
+    )
     args = ap.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     only = args.cells.split(",")
@@ -292,13 +319,38 @@ def main() -> None:
             res = replay_cell(cell, args.seeds, subspace, args.profiles)
             if res:
                 results.append(res)
-                print(cell, res["space"], {k: res[k]["median_trials"] for k in
-                                           ("autotune", "autotune_profile", "autotune_recalibrate", "tpe",
-                                            "random", "grid", "deepspeed") if res.get(k)})
+                print(
+                    cell,
+                    res["space"],
+                    {
+                        k: res[k]["median_trials"]
+                        for k in (
+                            "autotune",
+                            "autotune_profile",
+                            "autotune_recalibrate",
+                            "tpe",
+                            "random",
+                            "grid",
+                            "deepspeed",
+                        )
+                        if res.get(k)
+                    },
+                )
     if only != list(CELLS):
         results = replace_cells(args.out, "cells", results, only)
-    args.out.write_text(json.dumps({"within": WITHIN, "seeds": args.seeds, "top_k": TOP_K,
-                                    "profiles": str(args.profiles), "cells": results}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "within": WITHIN,
+                "seeds": args.seeds,
+                "top_k": TOP_K,
+                "profiles": str(args.profiles),
+                "cells": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -26,11 +26,17 @@ import time
 from pathlib import Path
 
 CASES = [
-    {"name": "llama3-405b on 16,384 H100", "budget_s": 10.0,
-     "argv": ["--model", "llama3-405b", "--gpus", "16384"]},
+    {
+        "name": "llama3-405b on 16,384 H100",
+        "budget_s": 10.0,
+        "argv": ["--model", "llama3-405b", "--gpus", "16384"],
+    },
     {"name": "70b on 16 H100", "budget_s": 3.0, "argv": ["--model", "70b", "--gpus", "16"]},
-    {"name": "llama3-405b on 16,384 H100, global batch 2048 (16M tokens)", "budget_s": None,
-     "argv": ["--model", "llama3-405b", "--gpus", "16384", "--global-batch", "2048"]},
+    {
+        "name": "llama3-405b on 16,384 H100, global batch 2048 (16M tokens)",
+        "budget_s": None,
+        "argv": ["--model", "llama3-405b", "--gpus", "16384", "--global-batch", "2048"],
+    },
 ]
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,8 +44,18 @@ _ROOT = Path(__file__).resolve().parent.parent
 def run_once(argv: list[str]) -> tuple[float, float, dict]:
     """One end-to-end run: (wall s, CPU s of the child, its --json output)."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "autotune", "search", *argv, "--backend", "simulate", "--out", out,
-               "--json"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            *argv,
+            "--backend",
+            "simulate",
+            "--out",
+            out,
+            "--json",
+        ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False)
@@ -56,30 +72,43 @@ def measure(case: dict, repeat: int) -> dict:
     walls, cpus, out = [r[0] for r in runs], [r[1] for r in runs], runs[-1][2]
     budget = case["budget_s"]
     return {
-        "case": case["name"], "command": "autotune search " + " ".join(case["argv"]) + " --backend simulate",
-        "budget_s": budget, "wall_s_min": min(walls), "wall_s_median": statistics.median(walls),
-        "cpu_s_median": statistics.median(cpus), "walls_s": walls,
+        "case": case["name"],
+        "command": "autotune search " + " ".join(case["argv"]) + " --backend simulate",
+        "budget_s": budget,
+        "wall_s_min": min(walls),
+        "wall_s_median": statistics.median(walls),
+        "cpu_s_median": statistics.median(cpus),
+        "walls_s": walls,
         "within_budget": None if budget is None else min(walls) <= budget,
-        "legal_plans": out["num_legal_plans"], "feasible_plans": out["num_feasible_plans"],
+        "legal_plans": out["num_legal_plans"],
+        "feasible_plans": out["num_feasible_plans"],
         "pruned_combinations": sum(out["pruned_by_reason"].values()),
         "pruned_by_reason": out["pruned_by_reason"],
-        "best_plan": out["plan"], "best_tokens_per_s": out["tokens_per_s"], "best_mfu": out["mfu"],
+        "best_plan": out["plan"],
+        "best_tokens_per_s": out["tokens_per_s"],
+        "best_mfu": out["mfu"],
     }
 
 
 def _markdown(result: dict) -> str:
-    lines = ["# `autotune search` speed (planning mode)", "",
-             f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}, Python "
-             f"{result['machine']['python']}; load average {result['load_before']} before, "
-             f"{result['load_after']} after; commit {result['commit']}.", "",
-             "| case | budget | fastest | median wall | median CPU | legal plans | fit | pruned |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# `autotune search` speed (planning mode)",
+        "",
+        f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}, Python "
+        f"{result['machine']['python']}; load average {result['load_before']} before, "
+        f"{result['load_after']} after; commit {result['commit']}.",
+        "",
+        "| case | budget | fastest | median wall | median CPU | legal plans | fit | pruned |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["cases"]:
         budget = f"{r['budget_s']:.0f} s" if r["budget_s"] else "-"
         verdict = "" if r["within_budget"] is None else (" ok" if r["within_budget"] else " OVER")
-        lines.append(f"| {r['case']} | {budget} | {r['wall_s_min']:.2f} s{verdict} | "
-                     f"{r['wall_s_median']:.2f} s | {r['cpu_s_median']:.2f} s | {r['legal_plans']:,} | "
-                     f"{r['feasible_plans']:,} | {r['pruned_combinations']:,} |")
+        lines.append(
+            f"| {r['case']} | {budget} | {r['wall_s_min']:.2f} s{verdict} | "
+            f"{r['wall_s_median']:.2f} s | {r['cpu_s_median']:.2f} s | {r['legal_plans']:,} | "
+            f"{r['feasible_plans']:,} | {r['pruned_combinations']:,} |"
+        )
     for r in result["cases"]:
         lines += ["", f"## {r['case']}", "", f"`{r['command']}`", "", "Pruned by reason:", ""]
         lines += [f"- {n:,} {reason}" for reason, n in r["pruned_by_reason"].items()]
@@ -91,14 +120,21 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=_ROOT / "benchmarks" / "results")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True,
-                            text=True, check=False).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True, check=False
+    ).stdout.strip()
     load_before = [round(x, 2) for x in os.getloadavg()]
     cases = [measure(case, args.repeat) for case in CASES]
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     load_after = [round(x, 2) for x in os.getloadavg()]
-    result = {"commit": commit, "load_before": load_before, "load_after": load_after,
-              "machine": machine, "repeat": args.repeat, "cases": cases}
+    result = {
+        "commit": commit,
+        "load_before": load_before,
+        "load_after": load_after,
+        "machine": machine,
+        "repeat": args.repeat,
+        "cases": cases,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "search_speed.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "search_speed.md").write_text(_markdown(result))

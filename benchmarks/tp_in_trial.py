@@ -35,18 +35,42 @@ from autotune.probe.profile import with_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILE = RESULTS / "profiles" / "cpu-4rank.yaml"
-BASE = {"pp": 1, "cp": 1, "micro_batch": 2, "global_batch": 8, "seq_len": 64, "sharding": "none",
-        "recompute": "none", "schedule": "1f1b", "virtual_stages": 1, "offload": False, "precision": "bf16",
-        "framework": "fsdp"}
-PLANS = [{"tp": 2, "dp": 2, "sequence_parallel": False}, {"tp": 2, "dp": 2, "sequence_parallel": True},
-         {"tp": 4, "dp": 1, "sequence_parallel": False}, {"tp": 4, "dp": 1, "sequence_parallel": True}]
+BASE = {
+    "pp": 1,
+    "cp": 1,
+    "micro_batch": 2,
+    "global_batch": 8,
+    "seq_len": 64,
+    "sharding": "none",
+    "recompute": "none",
+    "schedule": "1f1b",
+    "virtual_stages": 1,
+    "offload": False,
+    "precision": "bf16",
+    "framework": "fsdp",
+}
+PLANS = [
+    {"tp": 2, "dp": 2, "sequence_parallel": False},
+    {"tp": 2, "dp": 2, "sequence_parallel": True},
+    {"tp": 4, "dp": 1, "sequence_parallel": False},
+    {"tp": 4, "dp": 1, "sequence_parallel": True},
+]
 
 
 def _launch(plan: dict[str, Any], out: Path) -> None:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-           str(ROOT / "benchmarks" / "_tp_in_trial_worker.py"), json.dumps(plan), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "4",
+        str(ROOT / "benchmarks" / "_tp_in_trial_worker.py"),
+        json.dumps(plan),
+        str(out),
+    ]
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=600)
 
 
@@ -58,22 +82,31 @@ def _summary(plan: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]
         return med(r["ops"].get(name, {}).get(key, 0.0) for r in ranks)
 
     p = ParallelPlan.from_dict(plan)
-    model, cluster = load_model("tiny"), with_profile(make_cluster(num_gpus=4, gpu="cpu", gpus_per_node=4),
-                                                     PROFILE)
+    model, cluster = (
+        load_model("tiny"),
+        with_profile(make_cluster(num_gpus=4, gpu="cpu", gpus_per_node=4), PROFILE),
+    )
     b = step_time(model, cluster, p)
     ar_s, ar_n = op("gloo:all_reduce", "s_per_step"), op("gloo:all_reduce", "calls_per_step")
     ag_s, ag_n = op("gloo:all_gather", "s_per_step"), op("gloo:all_gather", "calls_per_step")
     plain = med(max(r["plain_step_s"][i] for r in run["ranks"]) for run in runs for i in range(3))
     profiled = med(max(r["profiled_step_s"][i] for r in run["ranks"]) for run in runs for i in range(3))
-    return {"plan": {k: plan[k] for k in ("tp", "dp", "sequence_parallel")},
-            "step_s": plain, "profiled_step_s": profiled, "profiler_slowdown": profiled / plain,
-            "gloo_all_reduce": {"s_per_step": ar_s, "calls_per_step": ar_n,
-                                "s_per_call": ar_s / max(ar_n, 1)},
-            "gloo_all_gather": {"s_per_step": ag_s, "calls_per_step": ag_n,
-                                "s_per_call": ag_s / max(ag_n, 1)},
-            "gloo_share_of_profiled_step": (ar_s + ag_s) / profiled,
-            "model": {"step_s": b.step_time_s, "tp_comm_s": b.tp_comm_s, "dp_comm_s": b.dp_comm_s,
-                      "overhead_s": b.overhead_s, "compute_s": b.compute_s}}
+    return {
+        "plan": {k: plan[k] for k in ("tp", "dp", "sequence_parallel")},
+        "step_s": plain,
+        "profiled_step_s": profiled,
+        "profiler_slowdown": profiled / plain,
+        "gloo_all_reduce": {"s_per_step": ar_s, "calls_per_step": ar_n, "s_per_call": ar_s / max(ar_n, 1)},
+        "gloo_all_gather": {"s_per_step": ag_s, "calls_per_step": ag_n, "s_per_call": ag_s / max(ag_n, 1)},
+        "gloo_share_of_profiled_step": (ar_s + ag_s) / profiled,
+        "model": {
+            "step_s": b.step_time_s,
+            "tp_comm_s": b.tp_comm_s,
+            "dp_comm_s": b.dp_comm_s,
+            "overhead_s": b.overhead_s,
+            "compute_s": b.compute_s,
+        },
+    }
 
 
 def main() -> None:
@@ -92,13 +125,27 @@ def main() -> None:
             runs = [json.loads(line) for line in out.read_text().splitlines()]
             rows.append(_summary(plan, runs))
             r, ar, ag = rows[-1], rows[-1]["gloo_all_reduce"], rows[-1]["gloo_all_gather"]
-            print(r["plan"], f"step {r['step_s'] * 1e3:.0f} ms (model {r['model']['step_s'] * 1e3:.0f});",
-                  f"gloo AR {ar['s_per_call'] * 1e3:.2f} ms x {ar['calls_per_step']:.0f},",
-                  f"AG {ag['s_per_call'] * 1e3:.2f} ms x {ag['calls_per_step']:.0f};",
-                  f"model tp_comm {r['model']['tp_comm_s'] * 1e3:.0f} ms")
-    args.out.write_text(json.dumps({"command": "python benchmarks/tp_in_trial.py", "launches": args.launches,
-                                    "profile": str(PROFILE.relative_to(ROOT)), "load_before": load_before,
-                                    "load_after": list(os.getloadavg()), "plans": rows}, indent=2) + "\n")
+            print(
+                r["plan"],
+                f"step {r['step_s'] * 1e3:.0f} ms (model {r['model']['step_s'] * 1e3:.0f});",
+                f"gloo AR {ar['s_per_call'] * 1e3:.2f} ms x {ar['calls_per_step']:.0f},",
+                f"AG {ag['s_per_call'] * 1e3:.2f} ms x {ag['calls_per_step']:.0f};",
+                f"model tp_comm {r['model']['tp_comm_s'] * 1e3:.0f} ms",
+            )
+    args.out.write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/tp_in_trial.py",
+                "launches": args.launches,
+                "profile": str(PROFILE.relative_to(ROOT)),
+                "load_before": load_before,
+                "load_after": list(os.getloadavg()),
+                "plans": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ def _hard_timeout(request):
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
 
+
 # Reasons that stay skips under CI: CI never has a GPU (the issue says so), and systemd is not PID 1 there.
 ALLOWED_IN_CI = ("needs a CUDA device", "systemd-analyze is not installed")
 

@@ -39,8 +39,13 @@ def free_port() -> int:
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out: str, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         value = fn(rank, world_size, *args)
@@ -69,8 +74,9 @@ def _spawn(fn: Callable[..., Any], world_size: int, args: tuple, timeout_s: floa
         return [pickle.loads(Path(out, f"{r}.pkl").read_bytes()) for r in range(world_size)]
 
 
-def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0,
-                 retries: int = 3) -> list[Any]:
+def run_on_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0, retries: int = 3
+) -> list[Any]:
     """``[fn(0, ws, *args), ..., fn(ws-1, ws, *args)]``, each in its own process on one gloo group."""
     for attempt in range(retries):
         results = _spawn(fn, world_size, args, timeout_s)

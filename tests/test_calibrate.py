@@ -37,8 +37,12 @@ def setup():
     model = load_model("7b")
     cluster = make_cluster(num_gpus=16, gpu="h100-sxm", inter_node="100gbe")
     ranking = plan_search(
-        load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1, "compile": True},
-        global_batch=64, seq_len=4096
+        load_space("fsdp"),
+        model,
+        cluster,
+        pins={"offload": False, "cp": 1, "compile": True},
+        global_batch=64,
+        seq_len=4096,
     )
     plans = [e.plan for e in ranking.feasible][:40]
     return model, cluster, plans
@@ -223,8 +227,9 @@ def cpu_setup():
     FSDP2 hooks) are a large part of each step, as on the landscape."""
     model = load_model("tiny")
     cluster = make_cluster(num_gpus=4, gpu="cpu", gpus_per_node=4)
-    ranking = plan_search(load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1},
-                          global_batch=16, seq_len=128)
+    ranking = plan_search(
+        load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1}, global_batch=16, seq_len=128
+    )
     plans = random.Random(0).sample([e.plan for e in ranking.feasible], 30)
     assert {p.tp > 1 for p in plans} == {True, False} and any(p.pp > 1 for p in plans)
     return model, cluster, plans
@@ -233,8 +238,9 @@ def cpu_setup():
 @pytest.mark.slow
 def test_a_host_that_runs_slower_than_when_probed_is_fitted_as_the_host_scale(cpu_setup):
     model, cluster, plans = cpu_setup
-    slow_host = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
-                        host_scale=1.8)
+    slow_host = Factors(
+        gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0, host_scale=1.8
+    )
     result = fit(model, cluster, _observe(model, cluster, plans, slow_host, noise=0.02))
     assert "host_scale" in result.fitted
     assert result.factors.host_scale == pytest.approx(1.8, rel=0.1)
@@ -250,8 +256,9 @@ def test_groups_queueing_on_shared_cores_are_fitted_as_the_shared_core_latency(c
     share (plans with one world-sized group and with pairs tell it apart from the latency scale)."""
     model, catalog, plans = cpu_setup
     cluster = dataclasses.replace(catalog, cores_per_node=2)
-    queued = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
-                     shared_core_latency=0.6)
+    queued = Factors(
+        gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0, shared_core_latency=0.6
+    )
     exact = fit(model, cluster, _observe(model, cluster, plans, queued))
     assert exact.factors.shared_core_latency == pytest.approx(0.6, rel=1e-3)
     # with 1 % noise it is still asked for, though loosely pinned: the pairs' latency is a small part of these
@@ -270,8 +277,9 @@ def test_a_scale_the_data_pushes_to_its_search_limit_is_not_kept(cpu_setup, monk
     but a factor stuck on its limit describes no machine, so the scale stays out (the DeepSpeed head-to-head's
     5 trials used to end at host scale 0.1, collective efficiency 0.03)."""
     model, cluster, plans = cpu_setup
-    slow_host = Factors(gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0,
-                        host_scale=1.8)
+    slow_host = Factors(
+        gemm_efficiency=0.5, collective_efficiency=0.7, dp_overlap_fraction=0.0, host_scale=1.8
+    )
     obs = _observe(model, cluster, plans, slow_host, noise=0.02)
     assert "host_scale" in fit(model, cluster, obs).fitted
     monkeypatch.setitem(BOUNDS, "host_scale", (0.1, 1.2))
@@ -284,11 +292,21 @@ def test_five_measured_deepspeed_trials_do_not_fit_a_host_scale_on_its_limit():
     """The 5 trials of benchmarks/ds_autotuning.py's autotune study (2026-12-03, tiny, 2 CPU ranks, catalog
     ``cpu``): step times as measured. The AIC alone kept the host scale at 0.1."""
     model, cluster = load_model("tiny"), make_cluster(num_gpus=2, gpu="cpu")
-    measured = {("zero1", 2): 52.13, ("zero2", 2): 56.14, ("none", 2): 40.96, ("zero1", 1): 60.72,
-                ("none", 1): 34.89}
+    measured = {
+        ("zero1", 2): 52.13,
+        ("zero2", 2): 56.14,
+        ("none", 2): 40.96,
+        ("zero1", 1): 60.72,
+        ("none", 1): 34.89,
+    }
     plan = {"dp": 2, "global_batch": 4, "seq_len": 64, "framework": "deepspeed"}
-    obs = [Observation(plan=ParallelPlan.from_dict({**plan, "micro_batch": mb, "sharding": sharding}),
-                       measured_s=ms / 1e3) for (sharding, mb), ms in measured.items()]
+    obs = [
+        Observation(
+            plan=ParallelPlan.from_dict({**plan, "micro_batch": mb, "sharding": sharding}),
+            measured_s=ms / 1e3,
+        )
+        for (sharding, mb), ms in measured.items()
+    ]
     result = fit(model, cluster, obs)
     assert result.fitted == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
     assert result.after.mape < result.before.mape
@@ -304,7 +322,9 @@ def test_the_host_scale_moves_every_host_term_and_nothing_else(cpu_setup):
     assert scaled.host.fsdp_host_unit_s == 2 * cluster.gpu.host.fsdp_host_unit_s > 0
     assert scaled.host.zero3_host_bytes_per_s == cluster.gpu.host.zero3_host_bytes_per_s / 2 > 0
     assert (scaled.bf16_flops, scaled.memory_bandwidth_bytes_per_s) == (
-        cluster.gpu.bf16_flops, cluster.gpu.memory_bandwidth_bytes_per_s)
+        cluster.gpu.bf16_flops,
+        cluster.gpu.memory_bandwidth_bytes_per_s,
+    )
 
 
 @pytest.mark.slow
@@ -322,10 +342,17 @@ def test_a_cpu_calibration_on_a_probe_profile_loads_back_with_every_measured_ter
         "intra_node_link: {bw_gb_s: 2.5, latency_us: 900}\n"
         "intra_node_collectives: {all_gather: {bw_gb_s: 3.0, latency_us: 450},\n"
         "  reduce_scatter: {bw_gb_s: 2.0, latency_us: 800}}\n"
-        "cluster: {collective_efficiency: 1.0, dp_overlap_fraction: 0.0, cores_per_node: 2}\n")
+        "cluster: {collective_efficiency: 1.0, dp_overlap_fraction: 0.0, cores_per_node: 2}\n"
+    )
     cluster = with_profile(catalog, probe)
-    truth = Factors(gemm_efficiency=0.6, collective_efficiency=0.8, dp_overlap_fraction=0.0,
-                    host_scale=1.5, latency_scale=1.3, shared_core_latency=0.5)
+    truth = Factors(
+        gemm_efficiency=0.6,
+        collective_efficiency=0.8,
+        dp_overlap_fraction=0.0,
+        host_scale=1.5,
+        latency_scale=1.3,
+        shared_core_latency=0.5,
+    )
     obs = _observe(model, cluster, plans, truth, noise=0.02)
     study, root = _fake_study(tmp_path, "cpu", model, cluster, obs)
     block = calibrate_study(study, model, cluster, root)
@@ -335,9 +362,12 @@ def test_a_cpu_calibration_on_a_probe_profile_loads_back_with_every_measured_ter
     assert reloaded.cores_per_node == 2
     assert reloaded.shared_core_latency == pytest.approx(calibrated.shared_core_latency)
     assert calibrated.shared_core_latency > 0
-    pairs = [(f.name, getattr(spec, f.name), getattr(other, f.name))
-             for spec, other in ((calibrated.gpu, reloaded.gpu), (calibrated.gpu.host, reloaded.gpu.host))
-             for f in dataclasses.fields(spec) if f.name not in ("sources", "host")]
+    pairs = [
+        (f.name, getattr(spec, f.name), getattr(other, f.name))
+        for spec, other in ((calibrated.gpu, reloaded.gpu), (calibrated.gpu.host, reloaded.gpu.host))
+        for f in dataclasses.fields(spec)
+        if f.name not in ("sources", "host")
+    ]
     for name, want, got in pairs:
         if isinstance(want, float):
             assert got == pytest.approx(want), name
@@ -347,7 +377,9 @@ def test_a_cpu_calibration_on_a_probe_profile_loads_back_with_every_measured_ter
             assert got == want, name
     assert [op for op, *_ in reloaded.collective_scales] == ["all_gather", "reduce_scatter"]
     assert [x for _, *xs in reloaded.collective_scales for x in xs] == pytest.approx(
-        [x for _, *xs in calibrated.collective_scales for x in xs])
+        [x for _, *xs in calibrated.collective_scales for x in xs]
+    )
     for o in obs:
-        assert predict_s(model, reloaded, o.plan) == pytest.approx(predict_s(model, calibrated, o.plan),
-                                                                   rel=1e-6)
+        assert predict_s(model, reloaded, o.plan) == pytest.approx(
+            predict_s(model, calibrated, o.plan), rel=1e-6
+        )

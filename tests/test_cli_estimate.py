@@ -92,8 +92,10 @@ def test_human_output_shows_both_breakdowns(capsys):
         ),
         (["--model", "7b", "--gpus", "8", "--host-memory-gib", "nan"], "--host-memory-gib: host RAM"),
         (["--model", "7b", "--gpus", "8", "--host-memory-gib", "-5"], "--host-memory-gib: host RAM"),
-        (["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--moe-dispatcher", "deepep"],
-         "moe-dispatcher deepep is Megatron's flex dispatcher"),
+        (
+            ["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--moe-dispatcher", "deepep"],
+            "moe-dispatcher deepep is Megatron's flex dispatcher",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):
@@ -114,17 +116,46 @@ def test_console_script_has_no_traceback():
 
 
 def test_megatron_memory_options_reach_the_plan(capsys):
-    out = _estimate_json(capsys, "--model", "llama3-70b", "--gpus", "64", "--gpu", "gb200", "--framework",
-                         "megatron", "--sharding", "fsdp-full", "--micro-batch", "2", "--global-batch", "256",
-                         "--precision", "fp8", "--offload-activation-layers", "40",
-                         "--precision-aware-optimizer")
+    out = _estimate_json(
+        capsys,
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "64",
+        "--gpu",
+        "gb200",
+        "--framework",
+        "megatron",
+        "--sharding",
+        "fsdp-full",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "256",
+        "--precision",
+        "fp8",
+        "--offload-activation-layers",
+        "40",
+        "--precision-aware-optimizer",
+    )
     assert out["plan"]["offload_activation_layers"] == 40 and out["plan"]["precision_aware_optimizer"]
     assert out["feasible"] and out["memory_breakdown"]["host_bytes_per_node"] > 0
 
 
 def test_grad_reduce_dtype_reaches_the_plan(capsys):
-    out = _estimate_json(capsys, "--model", "llama3-8b", "--gpus", "8", "--framework", "megatron",
-                         "--sharding", "zero1", "--grad-reduce-dtype", "bf16")
+    out = _estimate_json(
+        capsys,
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--framework",
+        "megatron",
+        "--sharding",
+        "zero1",
+        "--grad-reduce-dtype",
+        "bf16",
+    )
     assert out["plan"]["grad_reduce_dtype"] == "bf16"
     assert main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--grad-reduce-dtype", "bf16"]) == 2
     assert "grad-reduce-dtype needs --framework megatron" in capsys.readouterr().err

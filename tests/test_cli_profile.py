@@ -104,8 +104,20 @@ def test_a_missing_profile_is_one_line_exit_2(capsys, tmp_path):
 
 
 def test_scale_applies_the_profile_at_every_count(capsys, profile):
-    argv = ["scale", "--model", "tiny", "--gpu", "cpu", "--gpus", "1,2", "--global-batch", "8", "--seq-len",
-            "64", "--json"]
+    argv = [
+        "scale",
+        "--model",
+        "tiny",
+        "--gpu",
+        "cpu",
+        "--gpus",
+        "1,2",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "64",
+        "--json",
+    ]
     assert main(argv) == 0
     without = json.loads(capsys.readouterr().out)
     assert main([*argv, "--profile", str(profile)]) == 0

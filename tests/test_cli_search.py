@@ -9,9 +9,20 @@ import pytest
 
 from autotune.cli import main
 
-_ESTIMATE_KEYS = {"feasible", "reasons", "memory_bytes_per_gpu", "memory_breakdown", "step_time_s",
-                  "time_breakdown", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "tflops_per_gpu",
-                  "bottleneck", "plan"}
+_ESTIMATE_KEYS = {
+    "feasible",
+    "reasons",
+    "memory_bytes_per_gpu",
+    "memory_breakdown",
+    "step_time_s",
+    "time_breakdown",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "tflops_per_gpu",
+    "bottleneck",
+    "plan",
+}
 
 
 def _search(capsys, tmp_path, *argv):
@@ -53,8 +64,22 @@ def test_text_shows_the_table_the_pruned_reasons_and_that_it_only_planned(capsys
 
 @pytest.mark.slow
 def test_more_trials_than_top_k_let_tpe_propose(capsys, tmp_path):
-    out = _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--top", "2",
-                "--trials", "8", "--backend", "simulate")
+    out = _json(
+        capsys,
+        tmp_path,
+        "--model",
+        "7b",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--top",
+        "2",
+        "--trials",
+        "8",
+        "--backend",
+        "simulate",
+    )
     assert out["trials"]["launched_this_run"] == 8
     assert out["trials"]["total"] >= 8
 
@@ -74,12 +99,25 @@ def test_resume_adds_trials_and_a_new_run_needs_resume_or_force(capsys, tmp_path
 
 @pytest.mark.slow
 def test_a_study_name_for_another_model_is_refused_and_left_alone(capsys, tmp_path):
-    _json(capsys, tmp_path, "--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s2",
-          "--top", "1")
+    _json(
+        capsys,
+        tmp_path,
+        "--model",
+        "7b",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "64",
+        "--study",
+        "s2",
+        "--top",
+        "1",
+    )
     study_dir = tmp_path / "runs" / "s2"
     before = _contents(study_dir)
-    code, _, err = _search(capsys, tmp_path, "--model", "13b", "--gpus", "8", "--global-batch", "64",
-                           "--study", "s2", "--resume")
+    code, _, err = _search(
+        capsys, tmp_path, "--model", "13b", "--gpus", "8", "--global-batch", "64", "--study", "s2", "--resume"
+    )
     assert code == 2 and "study 's2' was made for 7b" in err and len(err.strip().splitlines()) == 1
     assert _contents(study_dir) == before
 
@@ -91,17 +129,27 @@ def _contents(study_dir):
     return files, [(t.number, t.state, t.value, t.params) for t in study.trials]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "70b", "--gpus", "12", "--gpus-per-node", "8"], "not a multiple of --gpus-per-node 8"),
-    (["--model", "70b", "--gpus", "16", "--tp", "8", "--pp", "1", "--cp", "1", "--global-batch", "3"],
-     "--global-batch 3: no DP x micro-batch of a legal layout divides it (DP can be 2); try --global-batch"),
-    pytest.param(["--model", "70b", "--gpus", "1"], "70b fits nowhere on 1 h100-sxm", marks=pytest.mark.slow),
-    (["--model", "70b", "--gpus", "16", "--tp", "16"], "TP does not divide the KV heads"),
-    (["--model", "7b", "--gpus", "8", "--resume", "--force"], "pass one"),
-    (["--model", "7b", "--gpus", "8", "--space", "SPACE"], "unknown knob 'zero_stage'; allowed: tp, pp"),
-    (["--model", "7b", "--gpus", "8", "--framework", "megatron", "--backend", "torchrun"],
-     "cannot be measured here"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "70b", "--gpus", "12", "--gpus-per-node", "8"], "not a multiple of --gpus-per-node 8"),
+        (
+            ["--model", "70b", "--gpus", "16", "--tp", "8", "--pp", "1", "--cp", "1", "--global-batch", "3"],
+            "--global-batch 3: no DP x micro-batch of a legal layout divides it (DP can be 2); "
+            "try --global-batch",
+        ),
+        pytest.param(
+            ["--model", "70b", "--gpus", "1"], "70b fits nowhere on 1 h100-sxm", marks=pytest.mark.slow
+        ),
+        (["--model", "70b", "--gpus", "16", "--tp", "16"], "TP does not divide the KV heads"),
+        (["--model", "7b", "--gpus", "8", "--resume", "--force"], "pass one"),
+        (["--model", "7b", "--gpus", "8", "--space", "SPACE"], "unknown knob 'zero_stage'; allowed: tp, pp"),
+        (
+            ["--model", "7b", "--gpus", "8", "--framework", "megatron", "--backend", "torchrun"],
+            "cannot be measured here",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, argv, message):
     space = tmp_path / "bad.yaml"
     space.write_text("tp: [1, 2]\nzero_stage: [1, 2]\n")

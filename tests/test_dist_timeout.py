@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-HANGS = '''
+HANGS = """
 import time
 
 import pytest
@@ -23,18 +23,25 @@ def test_named_timeout():
 @pytest.mark.dist
 def test_default_timeout():
     time.sleep(30)
-'''
+"""
 
 
 @pytest.mark.slow  # two inner tests hang for the 1 s SIGALRM allows
 def test_a_hanging_dist_test_fails_with_a_timeout_error(tmp_path):
     (tmp_path / "conftest.py").write_text((Path(__file__).with_name("conftest.py")).read_text())
     (tmp_path / "test_hangs.py").write_text(HANGS)
+
     # HANG_FACTOR 1: the named 1 s stays 1 s; 0.004: the default DIST_TIMEOUT_S (300 s) becomes 1 s
     def run(name: str, factor: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "AUTOTUNE_HANG_FACTOR": factor, "AUTOTUNE_CI_STRICT": "0"}
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", name],
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", name],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     named, default = run("named", "1"), run("default", "0.004")
     for proc in (named, default):

@@ -40,11 +40,16 @@ def test_an_oom_plan_gets_the_changes_that_free_the_most_memory_feasible_first()
     assert feasible == sorted(feasible, reverse=True)
 
 
-@pytest.mark.parametrize("plan", [
-    _plan(tp=2, pp=2, dp=4, sharding="fsdp-full", sequence_parallel=True),
-    _plan(tp=1, pp=4, dp=4, schedule="interleaved", virtual_stages=2, sharding="zero1", framework="megatron"),
-    _plan(tp=4, dp=4, sharding="zero2", framework="deepspeed", offload=True),
-])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        _plan(tp=2, pp=2, dp=4, sharding="fsdp-full", sequence_parallel=True),
+        _plan(
+            tp=1, pp=4, dp=4, schedule="interleaved", virtual_stages=2, sharding="zero1", framework="megatron"
+        ),
+        _plan(tp=4, dp=4, sharding="zero2", framework="deepspeed", offload=True),
+    ],
+)
 def test_neighbours_are_legal_and_change_one_knob(plan):
     model, cluster = load_model("7b"), make_cluster(num_gpus=16)
     found = list(neighbours(plan, model, cluster))
@@ -72,8 +77,26 @@ def test_cli_explains_the_plan_file_a_search_wrote(tmp_path, capsys):
 
 
 def test_cli_flags_like_estimate_and_bad_input(capsys):
-    assert main(["explain", "--model", "70b", "--gpus", "16", "--tp", "8", "--sharding", "fsdp-full",
-                 "--global-batch", "512", "--seq-len", "4096"]) == 0
+    assert (
+        main(
+            [
+                "explain",
+                "--model",
+                "70b",
+                "--gpus",
+                "16",
+                "--tp",
+                "8",
+                "--sharding",
+                "fsdp-full",
+                "--global-batch",
+                "512",
+                "--seq-len",
+                "4096",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "what would help most (memory freed" in out and "optimizer offload on" in out
     assert main(["explain", "--model", "7b", "--gpus", "8", "--tp", "3"]) == 2

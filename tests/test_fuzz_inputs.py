@@ -161,11 +161,32 @@ def test_bad_cli_values_exit_2_with_one_line(flag, value):
         assert len(lines) == 1 and "Traceback" not in err.getvalue(), err.getvalue()
 
 
-_GOOD_SPACE = {"tp": {"rule": "divisors_of_gpus_per_node"}, "pp": [1, 2], "micro_batch": [1, 2],
-               "sharding": ["none", "fsdp-full"], "recompute": ["none", "full"], "offload": [False, True]}
-_KNOB_NAMES = st.sampled_from(["tp", "pp", "cp", "micro_batch", "sharding", "recompute", "offload",
-                               "framework", "schedule", "precision", "dp", "global_batch", "tensor_parallel",
-                               "\x85bad"])
+_GOOD_SPACE = {
+    "tp": {"rule": "divisors_of_gpus_per_node"},
+    "pp": [1, 2],
+    "micro_batch": [1, 2],
+    "sharding": ["none", "fsdp-full"],
+    "recompute": ["none", "full"],
+    "offload": [False, True],
+}
+_KNOB_NAMES = st.sampled_from(
+    [
+        "tp",
+        "pp",
+        "cp",
+        "micro_batch",
+        "sharding",
+        "recompute",
+        "offload",
+        "framework",
+        "schedule",
+        "precision",
+        "dp",
+        "global_batch",
+        "tensor_parallel",
+        "\x85bad",
+    ]
+)
 
 
 @st.composite
@@ -184,8 +205,21 @@ def _broken_space(draw):
     return space
 
 
-_KNOB_NAMES_SET = {"tp", "pp", "cp", "micro_batch", "framework", "sharding", "hsdp_shard_size", "offload",
-                   "schedule", "virtual_stages", "recompute", "sequence_parallel", "precision"}
+_KNOB_NAMES_SET = {
+    "tp",
+    "pp",
+    "cp",
+    "micro_batch",
+    "framework",
+    "sharding",
+    "hsdp_shard_size",
+    "offload",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "sequence_parallel",
+    "precision",
+}
 
 
 @_SETTINGS

@@ -20,8 +20,9 @@ def test_every_bundled_space_recommends_within_the_headroom(space, model, gpus, 
     (70B on 16 A100s with the Megatron space: its best plan needs 99 % of the GPU)."""
     spec, cluster = load_model(model), make_cluster(gpu=gpu, num_gpus=gpus)
     try:
-        ranking = plan_search(load_space(space), spec, cluster, pins={}, global_batch=None,
-                              seq_len=default_seq_len(spec))
+        ranking = plan_search(
+            load_space(space), spec, cluster, pins={}, global_batch=None, seq_len=default_seq_len(spec)
+        )
     except ConfigError as e:
         assert "above the memory headroom" in str(e)
         return
@@ -39,8 +40,12 @@ def test_headroom_turns_a_tight_plan_away_and_says_why():
     assert headroom_reason(tight, 0.0) is None
     reason = headroom_reason(tight, 1 - share + 0.01)
     assert reason and reason.startswith("above the memory headroom")
-    ctx = ranking.ctx.__class__(**{**{f: getattr(ranking.ctx, f) for f in ranking.ctx.__dataclass_fields__},
-                                   "memory_headroom": 1 - share + 0.01})
+    ctx = ranking.ctx.__class__(
+        **{
+            **{f: getattr(ranking.ctx, f) for f in ranking.ctx.__dataclass_fields__},
+            "memory_headroom": 1 - share + 0.01,
+        }
+    )
     again = rank_plans(resolve_choices(space, spec, cluster, pins), ctx)
     assert tight.plan not in [e.plan for e in again.feasible]
     assert "above the memory headroom" in again.pruned

@@ -21,7 +21,8 @@ def test_the_graph_sees_a_cycle_and_an_upward_import(tmp_path):
     (root / "trials" / "__init__.py").write_text("")
     (root / "trials" / "runner.py").write_text("def f():\n    from autotune.backends import base\n")
     (root / "backends.py").write_text("from autotune.trials import runner\nfrom autotune.cli import x\n")
-    (root / "specs.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                   "    from autotune.backends import y\n")
+    (root / "specs.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from autotune.backends import y\n"
+    )
     assert cycles(package_graph(root)) == [["backends", "trials"]]
     assert importers_of("cli", root) == ["autotune.backends"]

@@ -15,13 +15,20 @@ CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 PRESETS = yaml.safe_load((Path(__file__).parents[1] / "autotune" / "data" / "models.yaml").read_text())
 
 
-@pytest.mark.parametrize(("name", "total_b", "active_b"), [
-    # published: Mistral AI (Mixtral blog: 46.7B / 12.9B), Qwen3 model cards, DeepSeek-V3 report (671B / 37B,
-    # main model), Gemma 2 report (27.2B), Mistral-7B card (7.24B), Llama 3.1 card (8.03B)
-    ("mixtral-8x7b", 46.7, 12.9), ("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22),
-    ("deepseek-v3", 671, 37), ("gemma2-27b", 27.2, 27.2), ("mistral-7b", 7.24, 7.24),
-    ("llama3.1-8b", 8.03, 8.03),
-])
+@pytest.mark.parametrize(
+    ("name", "total_b", "active_b"),
+    [
+        # published: Mistral AI (Mixtral blog: 46.7B / 12.9B), Qwen3 model cards, DeepSeek-V3 report
+        # (671B / 37B, main model), Gemma 2 report (27.2B), Mistral-7B card (7.24B), Llama 3.1 card (8.03B)
+        ("mixtral-8x7b", 46.7, 12.9),
+        ("qwen3-30b-a3b", 30.5, 3.3),
+        ("qwen3-235b-a22b", 235, 22),
+        ("deepseek-v3", 671, 37),
+        ("gemma2-27b", 27.2, 27.2),
+        ("mistral-7b", 7.24, 7.24),
+        ("llama3.1-8b", 8.03, 8.03),
+    ],
+)
 def test_presets_match_published_total_and_active(name, total_b, active_b):
     model = load_model(name)
     assert model.total_params / 1e9 == pytest.approx(total_b, rel=0.02)
@@ -40,8 +47,10 @@ def test_published_configs_of_other_families():
     assert 105 < scout.total_params / 1e9 < 109
     assert (scout.num_local_layers, scout.chunked_attention, scout.shared_ffn_hidden_size) == (36, True, 8192)
     qwen2 = load_model(str(CONFIGS / "qwen1.5-moe-a2.7b.json"))  # model card: 14.3B total, 2.7B active
-    assert (qwen2.total_params / 1e9, qwen2.active_params / 1e9) == (pytest.approx(14.3, rel=0.02),
-                                                                    pytest.approx(2.7, rel=0.02))
+    assert (qwen2.total_params / 1e9, qwen2.active_params / 1e9) == (
+        pytest.approx(14.3, rel=0.02),
+        pytest.approx(2.7, rel=0.02),
+    )
     v2 = load_model(str(CONFIGS / "deepseek-v2-lite.json"))  # DeepSeek-V2 paper: V2-Lite 15.7B total
     assert v2.total_params / 1e9 == pytest.approx(15.7, rel=0.01)
     assert (v2.q_lora_rank, v2.kv_lora_rank, v2.moe_layers[0], len(v2.moe_layers)) == (0, 512, 1, 26)
@@ -80,15 +89,18 @@ def test_every_published_key_is_priced_or_known_neutral(name, cfg):
     model_from_dict(cfg, name=name)  # and reads without a refusal
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
-    ({"attention_dropout": 0.1}, "attention_dropout"),
-    ({"mlp_bias": True}, "mlp_bias"),
-    ({"vision_config": {}}, "vision_config"),
-    ({"sinkhorn_iterations": 3}, "sinkhorn_iterations"),
-    ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
-    ({"first_k_dense_replace": 61}, "no MoE layer"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
+        ({"attention_dropout": 0.1}, "attention_dropout"),
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"vision_config": {}}, "vision_config"),
+        ({"sinkhorn_iterations": 3}, "sinkhorn_iterations"),
+        ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
+        ({"first_k_dense_replace": 61}, "no MoE layer"),
+    ],
+)
 def test_unpriceable_keys_are_refused_in_one_line(change, message):
     with pytest.raises(ConfigError, match=message) as err:
         model_from_dict({**PRESETS["deepseek-v3"], **change}, name="ds")
@@ -99,6 +111,7 @@ def test_spec_round_trips_through_asdict():
     import dataclasses
 
     from autotune.specs import ModelSpec
+
     ds = load_model("deepseek-v3")
     data = json.loads(json.dumps(dataclasses.asdict(ds)))
     assert ModelSpec(**data) == ds
@@ -109,6 +122,7 @@ def test_plan_file_config_rebuilds_the_spec(name):
     import dataclasses
 
     from autotune.emit.planfile import model_to_config
+
     model = load_model(name)
     again = model_from_dict(model_to_config(model), name=model.name)
     assert dataclasses.asdict(again) == dataclasses.asdict(model)

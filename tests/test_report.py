@@ -44,9 +44,15 @@ class _MeasuringBackend:
         if factor is None:
             return TrialResult(status=TrialStatus.OOM, error="CUDA out of memory (fake)", wall_s=1.0)
         est = estimate(request.model, request.cluster, request.plan)
-        return TrialResult(status=TrialStatus.OK, tokens_per_s=est.tokens_per_s * factor,
-                           step_time_s=est.step_time_s / factor, step_time_cov=0.01,
-                           peak_memory_bytes=est.memory_bytes_per_gpu * 0.9, mfu=est.mfu * factor, wall_s=1.0)
+        return TrialResult(
+            status=TrialStatus.OK,
+            tokens_per_s=est.tokens_per_s * factor,
+            step_time_s=est.step_time_s / factor,
+            step_time_cov=0.01,
+            peak_memory_bytes=est.memory_bytes_per_gpu * 0.9,
+            mfu=est.mfu * factor,
+            wall_s=1.0,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +60,28 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     with pytest.MonkeyPatch.context() as mp:
         backend = _MeasuringBackend()
-        mp.setattr("autotune.backends.registry.get_backend",
-                   lambda *a, **k: BackendChoice(backend=backend, frameworks=None))
+        mp.setattr(
+            "autotune.backends.registry.get_backend",
+            lambda *a, **k: BackendChoice(backend=backend, frameworks=None),
+        )
         assert main(["search", *_ARGV, "--trials", "3", "--out", str(out), "--quiet"]) == 0
-    assert main(["search", *_ARGV, "--resume", "--backend", "simulate", "--trials", "4", "--out", str(out),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                *_ARGV,
+                "--resume",
+                "--backend",
+                "simulate",
+                "--trials",
+                "4",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -83,13 +106,24 @@ def test_the_report_has_measured_and_predicted_rows_and_the_model_error(report):
     assert report["failed_trials"] and next(iter(report["failed_trials"])).startswith("oom")
     pruned = report["pruned_enumeration"]
     assert pruned and all(isinstance(n, int) for n in pruned.values())
-    assert all(row["dollars_per_mtok"] == pytest.approx(2.5 * 8 / 3600 / row["tokens_per_s"] * 1e6)
-               for row in report["top"])
+    assert all(
+        row["dollars_per_mtok"] == pytest.approx(2.5 * 8 / 3600 / row["tokens_per_s"] * 1e6)
+        for row in report["top"]
+    )
     assert report["pareto"] and report["importances"]
     top = report["top"][0]
-    assert set(top["time_breakdown_s"]) == {"compute", "recompute", "TP comm", "CP comm", "PP bubble + p2p",
-                                            "exposed DP comm", "optimizer", "offload", "host overhead",
-                                            "EP all-to-all"}
+    assert set(top["time_breakdown_s"]) == {
+        "compute",
+        "recompute",
+        "TP comm",
+        "CP comm",
+        "PP bubble + p2p",
+        "exposed DP comm",
+        "optimizer",
+        "offload",
+        "host overhead",
+        "EP all-to-all",
+    }
 
 
 @pytest.mark.slow
@@ -107,9 +141,15 @@ def test_the_html_is_self_contained_and_every_figure_is_a_valid_png(runs, report
         Image.open(io.BytesIO(data)).verify()
         pixels = matplotlib.image.imread(io.BytesIO(data), format="png")
         assert pixels.shape[0] > 200 and pixels.shape[1] > 300
-    for words in ("Top plans", "Where the step time goes", "Throughput vs memory headroom", "Kendall tau",
-                  "Proposals pruned without launching", "Trials that launched and failed",
-                  "optuna-dashboard"):
+    for words in (
+        "Top plans",
+        "Where the step time goes",
+        "Throughput vs memory headroom",
+        "Kendall tau",
+        "Proposals pruned without launching",
+        "Trials that launched and failed",
+        "optuna-dashboard",
+    ):
         assert words in html
 
 
@@ -162,8 +202,9 @@ def test_the_stacked_time_groups_add_up_to_the_step_time_with_a_calibrated_overh
     from autotune.plan import ParallelPlan
     from autotune.report import time_groups
 
-    cluster = dataclasses.replace(make_cluster(num_gpus=8, gpu="h100-sxm"), step_overhead_s=0.05,
-                                  microbatch_overhead_s=0.01)
+    cluster = dataclasses.replace(
+        make_cluster(num_gpus=8, gpu="h100-sxm"), step_overhead_s=0.05, microbatch_overhead_s=0.01
+    )
     plan = ParallelPlan(dp=8, global_batch=64, micro_batch=2, seq_len=4096)
     est = estimate(load_model("7b"), cluster, plan)
     groups = time_groups(est)
@@ -184,8 +225,26 @@ def test_kendall_tau_and_the_pareto_front():
 @pytest.mark.slow
 def test_a_real_cpu_search_reports_its_measurement(tmp_path, capsys):
     """Two gloo processes measure one plan for real (~15 s), then the report shows it as measured."""
-    argv = ["search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--trials", "1", "--top", "1",
-            "--global-batch", "8", "--study", "cpu", "--out", str(tmp_path), "--quiet"]
+    argv = [
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        "2",
+        "--device",
+        "cpu",
+        "--trials",
+        "1",
+        "--top",
+        "1",
+        "--global-batch",
+        "8",
+        "--study",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--quiet",
+    ]
     assert main(argv) == 0
     capsys.readouterr()
     assert main(["report", "cpu", "--out", str(tmp_path), "--json"]) == 0

@@ -42,8 +42,9 @@ def _quiet_optuna():
 def _fake_trial(trial_dir):
     """An orphaned agent and its rank, both naming ``trial_dir``, in agents.json as the runner records."""
     trial_dir.mkdir(parents=True)
-    agent = subprocess.Popen([sys.executable, "-c", _AGENT, "--trial-dir", str(trial_dir)],
-                             start_new_session=True)
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _AGENT, "--trial-dir", str(trial_dir)], start_new_session=True
+    )
     deadline = time.monotonic() + 60
     while len(live_trial_pids(trial_dir)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -63,11 +64,21 @@ def test_end_orphans_ends_the_agents_group_and_its_ranks(tmp_path):
 
 def test_a_reused_pid_is_never_signalled(tmp_path):
     """agents.json names a pid with another start time (the pid was reused): that process is left alone."""
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                                 start_new_session=True)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
+    )
     try:
-        tmp_path.joinpath(AGENTS_FILE).write_text(json.dumps(
-            [{"host": this_host(), "pid": bystander.pid, "start": str(int(start_ticks(bystander.pid)) - 1)}]))
+        tmp_path.joinpath(AGENTS_FILE).write_text(
+            json.dumps(
+                [
+                    {
+                        "host": this_host(),
+                        "pid": bystander.pid,
+                        "start": str(int(start_ticks(bystander.pid)) - 1),
+                    }
+                ]
+            )
+        )
         assert end_orphans(tmp_path, grace_s=0.5) == []
         assert bystander.poll() is None
     finally:
@@ -85,15 +96,22 @@ def _dead_owner(study, trial):
 def _killed_mid_trial(tmp_path, *, finished: bool):
     """A study whose search died during trial 0 (the cost model's #1 plan), with 2 more plans queued."""
     study, ranking = optuna.create_study(direction="maximize"), _ranking()
-    run_study(study, ranking, RecordingBackend(), StudyOptions(n_trials=0, top_k=3), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        RecordingBackend(),
+        StudyOptions(n_trials=0, top_k=3),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     trial = study.ask()
     beat(study, trial)
     _dead_owner(study, trial)
     agent = _fake_trial(tmp_path / f"{trial.number:05d}")
     if finished:
-        TrialResult(status=TrialStatus.OK, tokens_per_s=1234.0).write(tmp_path / f"{trial.number:05d}" /
-                                                                       "result.json")
+        TrialResult(status=TrialStatus.OK, tokens_per_s=1234.0).write(
+            tmp_path / f"{trial.number:05d}" / "result.json"
+        )
     return study, ranking, trial, agent
 
 
@@ -102,8 +120,14 @@ def test_resume_after_sigkill_ends_the_orphans_and_runs_the_dead_trials_plan_fir
     study, ranking, trial, agent = _killed_mid_trial(tmp_path, finished=False)
     dead_plan = study.trials[trial.number].system_attrs["fixed_params"]
     backend = RecordingBackend()
-    run_study(study, ranking, backend, StudyOptions(n_trials=1, top_k=3), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        backend,
+        StudyOptions(n_trials=1, top_k=3),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     agent.wait(timeout=10)
     assert live_trial_pids(tmp_path / f"{trial.number:05d}") == []
     assert study.trials[trial.number].state is TrialState.FAIL
@@ -116,8 +140,14 @@ def test_resume_after_sigkill_ends_the_orphans_and_runs_the_dead_trials_plan_fir
 def test_resume_keeps_a_result_the_orphan_finished(tmp_path):
     study, ranking, trial, agent = _killed_mid_trial(tmp_path, finished=True)
     backend = RecordingBackend()
-    run_study(study, ranking, backend, StudyOptions(n_trials=1, top_k=3), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        backend,
+        StudyOptions(n_trials=1, top_k=3),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     agent.wait(timeout=10)
     kept = study.trials[trial.number]
     assert kept.state is TrialState.COMPLETE and kept.value == 1234.0 and kept.user_attrs["adopted"]
@@ -127,15 +157,23 @@ def test_resume_keeps_a_result_the_orphan_finished(tmp_path):
 @pytest.mark.slow
 def test_a_result_written_as_the_signal_came_is_kept(tmp_path):
     """The trial had finished (rank 0 wrote result.json) when SIGTERM came: its measurement is kept."""
+
     class FinishedThenStopped(RecordingBackend):
         def run(self, request, report=None):
             request.trial_dir.mkdir(parents=True)
             TrialResult(status=TrialStatus.OK, tokens_per_s=99.0).write(request.trial_dir / "result.json")
             raise KeyboardInterrupt
+
     study = optuna.create_study(direction="maximize")
     with pytest.raises(KeyboardInterrupt) as stopped:
-        run_study(study, _ranking(), FinishedThenStopped(), StudyOptions(n_trials=1, top_k=1),
-                  trials_dir=tmp_path, estimator=fake_estimate)
+        run_study(
+            study,
+            _ranking(),
+            FinishedThenStopped(),
+            StudyOptions(n_trials=1, top_k=1),
+            trials_dir=tmp_path,
+            estimator=fake_estimate,
+        )
     assert "its result is kept" in stopped.value.resume_hint
     (trial,) = study.trials
     assert trial.state is TrialState.COMPLETE and trial.value == 99.0
@@ -168,8 +206,11 @@ def test_stops_by_signal_do_not_spend_the_retry_budget():
     from autotune.scaleout import MAX_RETRY, requeue
 
     study = optuna.create_study()
-    study.add_trial(optuna.create_trial(state=TrialState.FAIL, params={"tp": 1},
-                                        distributions={"tp": IntDistribution(1, 8)}))
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.FAIL, params={"tp": 1}, distributions={"tp": IntDistribution(1, 8)}
+        )
+    )
     for _ in range(MAX_RETRY + 2):  # user stops: each re-queued, none charged
         requeue(study, study.trials[-1], charged=False)
         assert study.trials[-1].state is TrialState.WAITING

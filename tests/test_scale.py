@@ -18,8 +18,17 @@ _GB = 1e9
 
 
 def _scale(model, counts, *, global_batch=1024, pins=None, **link):
-    return scale(load_model(model), counts, lambda n: make_cluster(num_gpus=n, **link), space=load_space(),
-                 global_batch=global_batch, seq_len=4096, pins=pins, tokens=1e12, price_per_gpu_hour=2.0)
+    return scale(
+        load_model(model),
+        counts,
+        lambda n: make_cluster(num_gpus=n, **link),
+        space=load_space(),
+        global_batch=global_batch,
+        seq_len=4096,
+        pins=pins,
+        tokens=1e12,
+        price_per_gpu_hour=2.0,
+    )
 
 
 @pytest.mark.slow
@@ -73,8 +82,26 @@ def test_parse_tokens():
 @pytest.mark.slow
 def test_cli_json_and_plot(tmp_path, capsys):
     plot = tmp_path / "scale.png"
-    code = main(["scale", "--model", "7b", "--gpus", "8,16", "--inter-node", "1gbe", "--nics-per-node", "1",
-                 "--tokens", "1T", "--price-per-gpu-hour", "2", "--json", "--plot", str(plot)])
+    code = main(
+        [
+            "scale",
+            "--model",
+            "7b",
+            "--gpus",
+            "8,16",
+            "--inter-node",
+            "1gbe",
+            "--nics-per-node",
+            "1",
+            "--tokens",
+            "1T",
+            "--price-per-gpu-hour",
+            "2",
+            "--json",
+            "--plot",
+            str(plot),
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["smallest_fit"] == 8 and out["first_below"] == 16 and "exposed DP comm" in out["why"]

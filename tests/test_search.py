@@ -39,9 +39,16 @@ def fake_memory(model, cluster, plan):
         states /= 4
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     acts = 40.0 * tokens * model.hidden_size * model.num_layers / plan.pp / plan.tp
-    return MemoryBreakdown(weights_bytes=states, gradients_bytes=0.0, optimizer_bytes=0.0,
-                           activations_bytes=acts * _ACT[str(plan.recompute)], logits_bytes=0.0,
-                           prefetch_bytes=0.0, comm_buffer_bytes=0.0, reserve_bytes=2 * 2**30)
+    return MemoryBreakdown(
+        weights_bytes=states,
+        gradients_bytes=0.0,
+        optimizer_bytes=0.0,
+        activations_bytes=acts * _ACT[str(plan.recompute)],
+        logits_bytes=0.0,
+        prefetch_bytes=0.0,
+        comm_buffer_bytes=0.0,
+        reserve_bytes=2 * 2**30,
+    )
 
 
 def fake_step_time(model, cluster, plan):
@@ -51,19 +58,35 @@ def fake_step_time(model, cluster, plan):
     bubble = compute * (plan.pp - 1) / (plan.num_microbatches * plan.virtual_stages)
     tp_comm = compute * 0.03 * (plan.tp - 1) * (8 if plan.tp > cluster.gpus_per_node else 1)
     tp_comm /= plan.micro_batch
-    return TimeBreakdown(compute_s=compute, recompute_s=0.0, tp_comm_s=tp_comm,
-                         cp_comm_s=0.02 * compute * plan.cp, pp_p2p_s=0.0, pp_bubble_s=bubble,
-                         dp_comm_s=0.01 * compute * (plan.zero_stage == 3), optimizer_s=0.0,
-                         offload_s=0.5 * compute * plan.offload, model_flops=flops, hardware_flops=flops)
+    return TimeBreakdown(
+        compute_s=compute,
+        recompute_s=0.0,
+        tp_comm_s=tp_comm,
+        cp_comm_s=0.02 * compute * plan.cp,
+        pp_p2p_s=0.0,
+        pp_bubble_s=bubble,
+        dp_comm_s=0.01 * compute * (plan.zero_stage == 3),
+        optimizer_s=0.0,
+        offload_s=0.5 * compute * plan.offload,
+        model_flops=flops,
+        hardware_flops=flops,
+    )
 
 
 def fake_estimate(model, cluster, plan):
     memory = fake_memory(model, cluster, plan)
     fits = memory.total_bytes <= cluster.gpu.memory_bytes
     reasons = () if fits else (f"out of memory: needs {memory.total_bytes} bytes",)
-    return Estimate(plan=plan, feasible=fits, reasons=reasons, memory=memory,
-                    memory_capacity_bytes=cluster.gpu.memory_bytes, time=fake_step_time(model, cluster, plan),
-                    num_gpus=plan.world_size, peak_flops_per_gpu=cluster.gpu.bf16_flops)
+    return Estimate(
+        plan=plan,
+        feasible=fits,
+        reasons=reasons,
+        memory=memory,
+        memory_capacity_bytes=cluster.gpu.memory_bytes,
+        time=fake_step_time(model, cluster, plan),
+        num_gpus=plan.world_size,
+        peak_flops_per_gpu=cluster.gpu.bf16_flops,
+    )
 
 
 class RecordingBackend:
@@ -83,8 +106,16 @@ class RecordingBackend:
 
 def _ranking(model="13b", gpus=8, space=None, **kw):
     model, cluster = load_model(model), make_cluster(num_gpus=gpus, gpu=kw.pop("gpu", "h100-sxm"))
-    return plan_search(space or load_space(), model, cluster, pins=kw.pop("pins", {}),
-                       global_batch=kw.pop("gb", 64), seq_len=4096, estimator=fake_estimate, **kw)
+    return plan_search(
+        space or load_space(),
+        model,
+        cluster,
+        pins=kw.pop("pins", {}),
+        global_batch=kw.pop("gb", 64),
+        seq_len=4096,
+        estimator=fake_estimate,
+        **kw,
+    )
 
 
 def _study(seed=0):
@@ -114,9 +145,13 @@ def test_micro_batch_cutoff_loses_no_feasible_plan():
 
 def _brute_force_feasible(ranking):
     from autotune.space import enumerate_plans
+
     choices = resolve_choices(load_space(), ranking.ctx.model, ranking.ctx.cluster)
-    ests = [fake_estimate(ranking.ctx.model, ranking.ctx.cluster, ladder.plan(m))
-            for ladder in enumerate_plans(choices, ranking.ctx) for m in ladder.micro_batches]
+    ests = [
+        fake_estimate(ranking.ctx.model, ranking.ctx.cluster, ladder.plan(m))
+        for ladder in enumerate_plans(choices, ranking.ctx)
+        for m in ladder.micro_batches
+    ]
     fits = (e for e in ests if e.feasible and headroom_reason(e, ranking.ctx.memory_headroom) is None)
     return sorted(fits, key=lambda e: e.tokens_per_s, reverse=True)
 
@@ -126,8 +161,14 @@ def test_the_search_never_launches_an_infeasible_plan(tmp_path):
     ranking = _ranking()
     backend = RecordingBackend()
     study = _study()
-    launched = run_study(study, ranking, backend, StudyOptions(n_trials=25, top_k=3), trials_dir=tmp_path,
-                         estimator=fake_estimate)
+    launched = run_study(
+        study,
+        ranking,
+        backend,
+        StudyOptions(n_trials=25, top_k=3),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     assert launched == len(backend.plans) == 25
     assert all(fake_estimate(ranking.ctx.model, ranking.ctx.cluster, p).feasible for p in backend.plans)
     rejected = [t for t in study.trials if t.user_attrs.get("status") == "infeasible"]
@@ -151,10 +192,13 @@ def test_opening_plans_cover_the_layouts_before_the_next_best_of_one():
     # one per layout, each the best predicted of its layout, layouts in the order of their best plan
     assert [(e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp) for e in heads] == layouts
     for e in heads:
-        same = [f for f in feasible if (f.plan.tp, f.plan.pp, f.plan.dp, f.plan.cp)
-                == (e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp)]
+        same = [
+            f
+            for f in feasible
+            if (f.plan.tp, f.plan.pp, f.plan.dp, f.plan.cp) == (e.plan.tp, e.plan.pp, e.plan.dp, e.plan.cp)
+        ]
         assert e is same[0]
-    rest = opening[len(layouts):]
+    rest = opening[len(layouts) :]
     assert rest == [e for e in feasible if e not in heads]  # then by predicted rank
     assert opening_plans(feasible, 1) == feasible[:1]  # the best plan is always measured first
 
@@ -163,14 +207,26 @@ def test_opening_plans_cover_the_layouts_before_the_next_best_of_one():
 def test_top_k_is_enqueued_first_and_only_once(tmp_path):
     ranking = _ranking()
     study = _study()
-    run_study(study, ranking, RecordingBackend(), StudyOptions(n_trials=3, top_k=3), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        RecordingBackend(),
+        StudyOptions(n_trials=3, top_k=3),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     first = study.trials[:3]
     opening = opening_plans(ranking.feasible, 3)
     assert [t.params for t in first] == [params_of(e.plan) for e in opening]
     assert [t.user_attrs["predicted_rank"] for t in first] == [ranking.feasible.index(e) + 1 for e in opening]
-    run_study(study, ranking, RecordingBackend(), StudyOptions(n_trials=0, top_k=3), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        RecordingBackend(),
+        StudyOptions(n_trials=0, top_k=3),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # skip_if_exists: not queued again
 
 
@@ -180,20 +236,34 @@ def test_tpe_finds_the_measured_best_when_the_cost_model_misranks_it(tmp_path):
 
     177 feasible plans; 40 trials at random would find the best with p ~ 0.2. Seeded TPE finds it.
     """
-    space = SearchSpace(knobs={"tp": (1, 2, 4, 8), "pp": (1, 2, 4), "micro_batch": (1, 2, 4, 8),
-                               "recompute": ("none", "selective", "full"),
-                               "sharding": ("none", "fsdp-full", "fsdp-grad-op")}, source="small")
+    space = SearchSpace(
+        knobs={
+            "tp": (1, 2, 4, 8),
+            "pp": (1, 2, 4),
+            "micro_batch": (1, 2, 4, 8),
+            "recompute": ("none", "selective", "full"),
+            "sharding": ("none", "fsdp-full", "fsdp-grad-op"),
+        },
+        source="small",
+    )
     ranking = _ranking(space=space)
     assert len(ranking.feasible) == 177
 
     def bonus(plan):
         return 1.3 if plan.recompute is Recompute.SELECTIVE and plan.tp == 2 else 1.0
+
     backend = RecordingBackend(bonus)
     best_measured = max(ranking.feasible, key=lambda e: e.tokens_per_s * bonus(e.plan))
     assert ranking.feasible[0].plan != best_measured.plan
     study = _study(seed=0)
-    run_study(study, ranking, backend, StudyOptions(n_trials=40, top_k=2), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        backend,
+        StudyOptions(n_trials=40, top_k=2),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     best = top_trials(study, 1)[0]
     assert best.value == pytest.approx(best_measured.tokens_per_s * 1.3)
 
@@ -203,8 +273,14 @@ def test_duplicate_proposals_are_not_run_twice(tmp_path):
     ranking = _ranking(model="7b", space=space)
     backend = RecordingBackend()
     study = _study()
-    run_study(study, ranking, backend, StudyOptions(n_trials=30, top_k=0), trials_dir=tmp_path,
-              estimator=fake_estimate)
+    run_study(
+        study,
+        ranking,
+        backend,
+        StudyOptions(n_trials=30, top_k=0),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     assert len(backend.plans) == len({p for p in backend.plans}) == len(ranking.feasible)
     assert any("duplicate_of" in t.user_attrs for t in study.trials)
 
@@ -214,14 +290,29 @@ def test_parameters_that_name_the_same_plan_run_it_once_and_every_plan_gets_its_
     """At PP 1 the schedule and virtual stages mean nothing, so (pp 1, gpipe) and (pp 1, 1f1b) are one plan:
     it runs once. TPE repeats itself in a small space; the cost model's ranking then enqueues what is left,
     so asking for as many trials as there are plans runs every plan."""
-    space = SearchSpace(knobs={"tp": (1, 2), "pp": (1, 2), "micro_batch": (1, 2), "sharding": ("fsdp-full",),
-                               "schedule": ("1f1b", "gpipe", "interleaved"), "virtual_stages": (1, 2),
-                               "recompute": ("none", "selective")}, source="t")
+    space = SearchSpace(
+        knobs={
+            "tp": (1, 2),
+            "pp": (1, 2),
+            "micro_batch": (1, 2),
+            "sharding": ("fsdp-full",),
+            "schedule": ("1f1b", "gpipe", "interleaved"),
+            "virtual_stages": (1, 2),
+            "recompute": ("none", "selective"),
+        },
+        source="t",
+    )
     ranking = _ranking(model="7b", space=space)
     backend = RecordingBackend()
     study = _study(seed=3)
-    launched = run_study(study, ranking, backend, StudyOptions(n_trials=len(ranking.feasible), top_k=0),
-                         trials_dir=tmp_path, estimator=fake_estimate)
+    launched = run_study(
+        study,
+        ranking,
+        backend,
+        StudyOptions(n_trials=len(ranking.feasible), top_k=0),
+        trials_dir=tmp_path,
+        estimator=fake_estimate,
+    )
     assert launched == len(backend.plans) == len(set(backend.plans)) == len(ranking.feasible)
     assert {str(p.schedule) for p in backend.plans if p.pp == 1} == {"1f1b"}  # normalised at PP 1
 
@@ -232,11 +323,25 @@ def test_resume_adds_trials_to_the_same_study(tmp_path):
     identity = {"model": "13b", "space": ranking.choices}
 
     def session(resume=False, force=False, ident=identity):
-        study, _, url = open_study(name="s", runs_dir=tmp_path, storage=None, identity=ident, resume=resume,
-                                   force=force, sampler=make_sampler(0))
-        run_study(study, ranking, RecordingBackend(), StudyOptions(n_trials=3, top_k=2), trials_dir=tmp_path,
-                  estimator=fake_estimate)
+        study, _, url = open_study(
+            name="s",
+            runs_dir=tmp_path,
+            storage=None,
+            identity=ident,
+            resume=resume,
+            force=force,
+            sampler=make_sampler(0),
+        )
+        run_study(
+            study,
+            ranking,
+            RecordingBackend(),
+            StudyOptions(n_trials=3, top_k=2),
+            trials_dir=tmp_path,
+            estimator=fake_estimate,
+        )
         return study, url
+
     first, url = session()
     assert url == f"sqlite:///{tmp_path / 's' / 'study.db'}"
     with pytest.raises(ConfigError, match="already exists.*--resume"):
@@ -251,8 +356,9 @@ def test_resume_adds_trials_to_the_same_study(tmp_path):
 
 
 def _launched(study):
-    return [t for t in study.trials if t.user_attrs.get("status") == "ok"
-            and "duplicate_of" not in t.user_attrs]
+    return [
+        t for t in study.trials if t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs
+    ]
 
 
 @pytest.mark.slow
@@ -273,13 +379,21 @@ def test_a_backend_limits_the_frameworks():
         _ranking(pins={"framework": "megatron"}, frameworks={Framework.DEEPSPEED})
 
 
-
-@pytest.mark.parametrize(("gpus", "local", "device", "real", "note"), [
-    (8, 8, None, True, None),
-    (8, 0, None, False, "this node has 0 of the 8 GPUs; to measure, run the same command on the GPU node"),
-    (16, 8, None, False, "the plan spans 2 nodes"),
-    (4, 0, "cpu", True, None),
-])
+@pytest.mark.parametrize(
+    ("gpus", "local", "device", "real", "note"),
+    [
+        (8, 8, None, True, None),
+        (
+            8,
+            0,
+            None,
+            False,
+            "this node has 0 of the 8 GPUs; to measure, run the same command on the GPU node",
+        ),
+        (16, 8, None, False, "the plan spans 2 nodes"),
+        (4, 0, "cpu", True, None),
+    ],
+)
 def test_auto_measures_only_where_the_trial_can_run(monkeypatch, gpus, local, device, real, note):
     monkeypatch.setattr(registry, "local_gpu_count", lambda: local)
     choice = registry.get_backend("auto", cluster=make_cluster(num_gpus=gpus), device=device)
@@ -299,10 +413,17 @@ def test_an_interrupted_trial_is_not_left_running(tmp_path):
     class Interrupted(RecordingBackend):
         def run(self, request, report=None):
             raise KeyboardInterrupt
+
     study = _study()
     with pytest.raises(KeyboardInterrupt):
-        run_study(study, _ranking(), Interrupted(), StudyOptions(n_trials=1, top_k=1), trials_dir=tmp_path,
-                  estimator=fake_estimate)
+        run_study(
+            study,
+            _ranking(),
+            Interrupted(),
+            StudyOptions(n_trials=1, top_k=1),
+            trials_dir=tmp_path,
+            estimator=fake_estimate,
+        )
     stopped, again = study.trials
     assert stopped.state is optuna.trial.TrialState.FAIL and stopped.user_attrs["status"] == "interrupted"
     # its plan is queued again, and taken first by the next run (before the rest of the queue)

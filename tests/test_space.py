@@ -34,12 +34,24 @@ from autotune.space import (
 # a100 has no fp8, DeepSpeed and Megatron lack some shardings, HSDP sizes that do not divide DP, pipelines
 # with too few micro-batches, interleaving that does not divide the layers.
 _WIDE = {
-    "tp": (1, 2, 8), "pp": (1, 2, 8), "cp": (1, 2), "micro_batch": (1, 2, 4),
-    "framework": ("fsdp", "deepspeed", "megatron"), "sharding": tuple(s.value for s in Sharding),
-    "hsdp_shard_size": (2, 4), "offload": (False, True), "schedule": ("1f1b", "interleaved", "gpipe"),
-    "virtual_stages": (1, 2, 3), "recompute": ("full",), "sequence_parallel": (False, True),
-    "precision": ("bf16", "fp8"), "fp8_recipe": ("tensorwise", "rowwise"), "compile": (False, True),
-    "async_tp": (False, True), "tp_comm_overlap": (False, True), "cp_comm": ("p2p", "a2a"),
+    "tp": (1, 2, 8),
+    "pp": (1, 2, 8),
+    "cp": (1, 2),
+    "micro_batch": (1, 2, 4),
+    "framework": ("fsdp", "deepspeed", "megatron"),
+    "sharding": tuple(s.value for s in Sharding),
+    "hsdp_shard_size": (2, 4),
+    "offload": (False, True),
+    "schedule": ("1f1b", "interleaved", "gpipe"),
+    "virtual_stages": (1, 2, 3),
+    "recompute": ("full",),
+    "sequence_parallel": (False, True),
+    "precision": ("bf16", "fp8"),
+    "fp8_recipe": ("tensorwise", "rowwise"),
+    "compile": (False, True),
+    "async_tp": (False, True),
+    "tp_comm_overlap": (False, True),
+    "cp_comm": ("p2p", "a2a"),
 }
 
 
@@ -72,8 +84,9 @@ def _normalised(combo):
         p["fp8_recipe"] = Fp8Recipe.TENSORWISE
     p["compile"] = p["compile"] and fsdp
     p["async_tp"] = p["async_tp"] and p["compile"] and p["tp"] > 1
-    p["tp_comm_overlap"] = (p["tp_comm_overlap"] and p["framework"] is Framework.MEGATRON
-                            and p["sequence_parallel"])
+    p["tp_comm_overlap"] = (
+        p["tp_comm_overlap"] and p["framework"] is Framework.MEGATRON and p["sequence_parallel"]
+    )
     if p["cp"] == 1:
         p["cp_comm"] = CpComm.P2P
     return tuple(p.items())
@@ -85,8 +98,9 @@ def _legal_by_plan_rules(params, ctx):
     if ctx.cluster.num_gpus % world:
         return None
     try:
-        plan = ParallelPlan(dp=ctx.cluster.num_gpus // world, global_batch=ctx.global_batch,
-                            seq_len=ctx.seq_len, **p)
+        plan = ParallelPlan(
+            dp=ctx.cluster.num_gpus // world, global_batch=ctx.global_batch, seq_len=ctx.seq_len, **p
+        )
     except ConfigError:
         return None
     return None if check_plan(plan, ctx.model, ctx.cluster) else plan
@@ -99,18 +113,21 @@ def test_bundled_spaces_load_and_cover_every_knob():
         assert load_space(name).knobs["framework"] == (load_space(name).knobs["framework"][0],)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("tp: [1, 2]\nzero_stage: [1]\n", "unknown knob 'zero_stage'; allowed: tp, pp, cp"),
-    ("dp: [2]\n", "unknown knob 'dp'; DP is derived"),
-    ("sharding: [zero9]\n", "knob 'sharding' has bad value 'zero9'; allowed: none, zero1"),
-    ("tp: [0, 2]\n", "knob 'tp' takes positive integers, got 0"),
-    ("offload: [yes please]\n", "knob 'offload' takes true/false"),
-    ("pp: {rule: primes}\n", "unknown rule 'primes'; allowed: divisors_of_gpus_per_node"),
-    ("pp: {rule: powers_of_two, maximum: 4}\n", "unknown rule key 'maximum'"),
-    ("recompute: {rule: powers_of_two}\n", "knob 'recompute' takes a list of values"),
-    ("cp: []\n", "knob 'cp' must be a non-empty list"),
-    ("- tp\n", "expected a mapping of knobs"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tp: [1, 2]\nzero_stage: [1]\n", "unknown knob 'zero_stage'; allowed: tp, pp, cp"),
+        ("dp: [2]\n", "unknown knob 'dp'; DP is derived"),
+        ("sharding: [zero9]\n", "knob 'sharding' has bad value 'zero9'; allowed: none, zero1"),
+        ("tp: [0, 2]\n", "knob 'tp' takes positive integers, got 0"),
+        ("offload: [yes please]\n", "knob 'offload' takes true/false"),
+        ("pp: {rule: primes}\n", "unknown rule 'primes'; allowed: divisors_of_gpus_per_node"),
+        ("pp: {rule: powers_of_two, maximum: 4}\n", "unknown rule key 'maximum'"),
+        ("recompute: {rule: powers_of_two}\n", "knob 'recompute' takes a list of values"),
+        ("cp: []\n", "knob 'cp' must be a non-empty list"),
+        ("- tp\n", "expected a mapping of knobs"),
+    ],
+)
 def test_bad_space_files_name_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         _space(tmp_path, text)
@@ -118,9 +135,12 @@ def test_bad_space_files_name_the_key(tmp_path, text, message):
 
 def test_rules_and_pins_resolve_to_candidates(tmp_path):
     model, cluster = load_model("70b"), make_cluster(num_gpus=16)
-    space = _space(tmp_path, "tp: {rule: divisors_of_gpus_per_node}\n"
-                             "pp: {rule: divisors_of_layers, max: 16}\n"
-                             "cp: {rule: powers_of_two, min: 2, max: 8}\n")
+    space = _space(
+        tmp_path,
+        "tp: {rule: divisors_of_gpus_per_node}\n"
+        "pp: {rule: divisors_of_layers, max: 16}\n"
+        "cp: {rule: powers_of_two, min: 2, max: 8}\n",
+    )
     choices = resolve_choices(space, model, cluster)
     assert choices["tp"] == (1, 2, 4, 8) and choices["pp"] == (1, 2, 4, 5, 8, 10, 16)
     assert choices["cp"] == (2, 4, 8)
@@ -140,8 +160,13 @@ def test_enumerator_agrees_with_parallel_plan_by_brute_force():
     assert {tuple(p.to_dict().items()) for p in enumerated} == {tuple(p.to_dict().items()) for p in brute}
     assert len(enumerated) == len(brute) == tally.num_legal
     assert tally.num_legal + sum(tally.pruned.values()) == len(combos)  # every combination counted once
-    for reason in ("TP does not divide the KV heads", "the GPU lacks this precision", "sharding needs DP > 1",
-                   "the framework does not offer this sharding", "1F1B needs micro-batches per step >= PP"):
+    for reason in (
+        "TP does not divide the KV heads",
+        "the GPU lacks this precision",
+        "sharding needs DP > 1",
+        "the framework does not offer this sharding",
+        "1F1B needs micro-batches per step >= PP",
+    ):
         assert tally.pruned[reason] > 0, reason
     assert all(list(ladder.micro_batches) == sorted(ladder.micro_batches) for ladder in ladders)
 
@@ -150,8 +175,11 @@ def test_enumerator_agrees_with_parallel_plan_by_brute_force():
 def test_trial_params_map_to_the_same_legality():
     choices, ctx = _wide_setup()
     tally = Tally()
-    legal = {tuple(params_of(ladder.plan(m)).items()) for ladder in enumerate_plans(choices, ctx, tally)
-             for m in ladder.micro_batches}
+    legal = {
+        tuple(params_of(ladder.plan(m)).items())
+        for ladder in enumerate_plans(choices, ctx, tally)
+        for m in ladder.micro_batches
+    }
     plain = tally.choices()
     for combo in itertools.islice(itertools.product(*(plain[k] for k in KNOBS)), 0, None, 97):
         params = dict(zip(KNOBS, combo, strict=True))

@@ -19,8 +19,12 @@ def _plan(**kw):
 def test_megatron_405b_splits_as_its_recipes_do():
     """126 layers + embedding + loss = 128 = 16 x 8 = 8 x 8 x 2 (Megatron-Bridge's 405B recipe flags)."""
     pp16 = split_layers(126, _plan(pp=16, dp=8))
-    assert (pp16.method, pp16.first_rank_layers, pp16.max_middle_layers, pp16.last_rank_layers) == \
-        ("account-embedding-and-loss", 7, 8, 7)
+    assert (pp16.method, pp16.first_rank_layers, pp16.max_middle_layers, pp16.last_rank_layers) == (
+        "account-embedding-and-loss",
+        7,
+        8,
+        7,
+    )
     vp8 = split_layers(126, _plan(pp=8, dp=16, schedule="interleaved", virtual_stages=8))
     assert len(vp8.chunk_layers) == 64 and sum(vp8.chunk_layers) == 126
     ends = (vp8.chunk_layers[0], vp8.chunk_layers[-1], vp8.rank_layers(0), vp8.rank_layers(3))
@@ -39,8 +43,9 @@ def test_megatron_first_last_split_and_its_flags():
 def test_torchtitan_and_deepspeed_splits_follow_their_source():
     titan = split_layers(126, _plan(pp=16, dp=8, framework="fsdp", sharding="fsdp-full"))
     assert titan.chunk_layers == (7,) + (8,) * 14 + (7,)  # generate_llm_fqn_per_model_part, weights 1 and 1
-    cfg = to_torchtitan_config(_plan(pp=16, dp=8, framework="fsdp", sharding="fsdp-full"),
-                               load_model("llama3-405b"))["parallelism"]
+    cfg = to_torchtitan_config(
+        _plan(pp=16, dp=8, framework="fsdp", sharding="fsdp-full"), load_model("llama3-405b")
+    )["parallelism"]
     fqns = cfg["module_fqns_per_model_part"]
     assert fqns[0][:2] == ["tok_embeddings", "layers.0"] and fqns[-1][-2:] == ["norm", "output"]
     assert sum(len(p) for p in fqns) == 126 + 3
@@ -50,8 +55,9 @@ def test_torchtitan_and_deepspeed_splits_follow_their_source():
     assert ds5.chunk_layers == (6, 7, 7, 7, 5)  # 34 items: 7, 7, 7, 7, 6, less the embedding and the head
 
 
-@pytest.mark.parametrize("extra", [{"pp": 16, "dp": 128}, {"pp": 8, "dp": 256, "schedule": "interleaved",
-                                                           "virtual_stages": 8}])
+@pytest.mark.parametrize(
+    "extra", [{"pp": 16, "dp": 128}, {"pp": 8, "dp": 256, "schedule": "interleaved", "virtual_stages": 8}]
+)
 def test_405b_expert_layouts_are_legal_and_estimated(extra):
     model, cluster = load_model("llama3-405b"), make_cluster(num_gpus=16384)
     plan = _plan(**extra)
@@ -64,6 +70,7 @@ def test_memory_takes_the_worst_stage_of_an_uneven_split():
     """PP16 x 126 layers: rank 1 holds 8 blocks and 15 micro-batches, more than rank 0's 7 x 16."""
     model, cluster = load_model("llama3-405b"), make_cluster(num_gpus=16384)
     from autotune.costmodel.memory import memory_breakdown, stage_memory
+
     plan = _plan(pp=16, dp=128, recompute="full", sequence_parallel=True)
     ranks = [stage_memory(model, cluster, plan, rank=r) for r in range(16)]
     assert memory_breakdown(model, cluster, plan).total_bytes == max(m.total_bytes for m in ranks)
@@ -82,8 +89,9 @@ def test_megatron_layout_splits_deepseek_v3():
 def test_recompute_layers_prices_and_emits_megatrons_block_recompute():
     """Megatron-Bridge's Llama-3-8B H100 fp8 recipe (recompute_num_layers=5, CP 1) ran on 80 GB."""
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
-    base = dict(tp=1, dp=8, global_batch=128, seq_len=8192, sharding="zero1", framework="megatron",
-                precision="fp8")
+    base = dict(
+        tp=1, dp=8, global_batch=128, seq_len=8192, sharding="zero1", framework="megatron", precision="fp8"
+    )
     none, all_layers = ParallelPlan(**base), ParallelPlan(**base, recompute="full")
     five = ParallelPlan(**base, recompute="full", recompute_layers=5)
     mem = [estimate(model, cluster, p).memory.activations_bytes for p in (none, five, all_layers)]
@@ -96,5 +104,6 @@ def test_recompute_layers_prices_and_emits_megatrons_block_recompute():
     text = megatron_args_text(five, model)
     assert "--recompute-method block\n" in text and "--recompute-num-layers 5\n" in text
     with pytest.raises(ConfigError, match="recompute-layers needs"):
-        ParallelPlan(**{**base, "framework": "fsdp", "sharding": "fsdp-full"}, recompute="full",
-                     recompute_layers=5)
+        ParallelPlan(
+            **{**base, "framework": "fsdp", "sharding": "fsdp-full"}, recompute="full", recompute_layers=5
+        )

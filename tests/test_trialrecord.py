@@ -22,19 +22,46 @@ def _old_study(path):
     study = optuna.create_study(study_name="old", storage=storage, direction="maximize")
     dist = {"tp": CategoricalDistribution([1, 2])}
     done = {"state": TrialState.COMPLETE, "value": 1000.0, "params": {"tp": 2}, "distributions": dist}
-    predicted = {"tokens_per_s": 900.0, "mfu": 0.3, "step_time_s": 1.0, "memory_bytes_per_gpu": 1e9,
-                 "bottleneck": "compute", "memory_capacity_bytes": 2e9}
-    study.add_trial(create_trial(**done,
-                                 user_attrs={"plan": _PLAN.to_dict(), "predicted": predicted, "status": "ok",
-                                             "value_source": "measured", "source": "cost model",
-                                             "measured": {"tokens_per_s": 1000.0, "wall_s": 12.5}}))
-    study.add_trial(create_trial(**done,
-                                 user_attrs={"plan": _PLAN.to_dict(), "status": "ok", "duplicate_of": 0}))
-    study.add_trial(create_trial(state=TrialState.PRUNED, params={"tp": 1}, distributions=dist,
-                                 user_attrs={"status": "infeasible", "reason": "out of memory: needs 9 GiB"}))
-    study.add_trial(create_trial(state=TrialState.PRUNED, params={"tp": 1}, distributions=dist,
-                                 user_attrs={"plan": _PLAN.to_dict(), "status": "oom",
-                                             "error": "CUDA out of memory\ntraceback"}))
+    predicted = {
+        "tokens_per_s": 900.0,
+        "mfu": 0.3,
+        "step_time_s": 1.0,
+        "memory_bytes_per_gpu": 1e9,
+        "bottleneck": "compute",
+        "memory_capacity_bytes": 2e9,
+    }
+    study.add_trial(
+        create_trial(
+            **done,
+            user_attrs={
+                "plan": _PLAN.to_dict(),
+                "predicted": predicted,
+                "status": "ok",
+                "value_source": "measured",
+                "source": "cost model",
+                "measured": {"tokens_per_s": 1000.0, "wall_s": 12.5},
+            },
+        )
+    )
+    study.add_trial(
+        create_trial(**done, user_attrs={"plan": _PLAN.to_dict(), "status": "ok", "duplicate_of": 0})
+    )
+    study.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"tp": 1},
+            distributions=dist,
+            user_attrs={"status": "infeasible", "reason": "out of memory: needs 9 GiB"},
+        )
+    )
+    study.add_trial(
+        create_trial(
+            state=TrialState.PRUNED,
+            params={"tp": 1},
+            distributions=dist,
+            user_attrs={"plan": _PLAN.to_dict(), "status": "oom", "error": "CUDA out of memory\ntraceback"},
+        )
+    )
     return optuna.load_study(study_name="old", storage=storage)
 
 
@@ -61,17 +88,38 @@ def test_a_trial_without_a_status_shows_its_state():
 
 def test_what_search_writes_is_the_old_format():
     result = TrialResult(status=TrialStatus.OOM, error="out of memory", wall_s=3.0, tokens_per_s=None)
-    assert outcome_attrs(result, measured=True) == {"status": "oom", "value_source": "measured",
-                                                     "measured": {"wall_s": 3.0}, "error": "out of memory"}
-    assert outcome_attrs(result, measured=False) == {"status": "oom", "value_source": "predicted",
-                                                      "error": "out of memory"}
-    assert [a.value for a in Attr] == ["plan", "predicted", "measured", "status", "value_source", "error",
-                                       "reason", "duplicate_of", "source"]
+    assert outcome_attrs(result, measured=True) == {
+        "status": "oom",
+        "value_source": "measured",
+        "measured": {"wall_s": 3.0},
+        "error": "out of memory",
+    }
+    assert outcome_attrs(result, measured=False) == {
+        "status": "oom",
+        "value_source": "predicted",
+        "error": "out of memory",
+    }
+    assert [a.value for a in Attr] == [
+        "plan",
+        "predicted",
+        "measured",
+        "status",
+        "value_source",
+        "error",
+        "reason",
+        "duplicate_of",
+        "source",
+    ]
 
 
 def test_knobs_a_plan_ignores_do_not_make_another_plan():
-    ctx = PlanContext(model=load_model("tiny"), cluster=make_cluster(num_gpus=2, gpu="cpu"), global_batch=8,
-                      seq_len=128, dp=None)
+    ctx = PlanContext(
+        model=load_model("tiny"),
+        cluster=make_cluster(num_gpus=2, gpu="cpu"),
+        global_batch=8,
+        seq_len=128,
+        dp=None,
+    )
     base = params_of(ParallelPlan(tp=1, pp=1, dp=2, micro_batch=1, global_batch=8, seq_len=128))
     gpipe, _ = plan_from_params({**base, "schedule": "gpipe"}, ctx)
     one_f_one_b, _ = plan_from_params({**base, "schedule": "1f1b"}, ctx)

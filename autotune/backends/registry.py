@@ -92,13 +92,16 @@ def _pins(options: Mapping[str, Any], model: ModelSpec | None) -> tuple[dict[str
         return {"cp": 1, "etp": 1, "tp": 1}, {
             "cp": "context parallelism is not implemented in real trials",
             "etp": "expert tensor parallelism is not implemented in real trials",
-            "tp": "MoE layers are not tensor-parallel in real trials (EP splits the experts)"}
+            "tp": "MoE layers are not tensor-parallel in real trials (EP splits the experts)",
+        }
     if options.get("workload"):
         why = "pipeline and context parallelism are not applied to a --workload model"
         experts = "expert parallelism is not applied to a --workload model"
         return {"pp": 1, "cp": 1, "ep": 1, "etp": 1}, {"pp": why, "cp": why, "ep": experts, "etp": experts}
-    return {"cp": 1, "etp": 1}, {"cp": "context parallelism is not implemented in real trials",
-                                 "etp": "expert tensor parallelism is not implemented in real trials"}
+    return {"cp": 1, "etp": 1}, {
+        "cp": "context parallelism is not implemented in real trials",
+        "etp": "expert tensor parallelism is not implemented in real trials",
+    }
 
 
 def apply_pins(pins: Mapping[str, Any], choice: BackendChoice) -> dict[str, Any]:
@@ -106,52 +109,84 @@ def apply_pins(pins: Mapping[str, Any], choice: BackendChoice) -> dict[str, Any]
     merged = dict(pins)
     for knob, value in choice.pins.items():
         if merged.get(knob) not in (None, value):
-            raise ConfigError(f"--{knob.replace('_', '-')} {merged[knob]}: {choice.pin_reasons[knob]}; "
-                              f"drop it or pass --{knob.replace('_', '-')} {value}")
+            raise ConfigError(
+                f"--{knob.replace('_', '-')} {merged[knob]}: {choice.pin_reasons[knob]}; "
+                f"drop it or pass --{knob.replace('_', '-')} {value}"
+            )
         merged[knob] = value
     return merged
 
 
-def get_backend(name: str, *, cluster: ClusterSpec, device: str | None = None,
-                options: Mapping[str, Any] | None = None, executor: str = "local",
-                model: ModelSpec | None = None) -> BackendChoice:
+def get_backend(
+    name: str,
+    *,
+    cluster: ClusterSpec,
+    device: str | None = None,
+    options: Mapping[str, Any] | None = None,
+    executor: str = "local",
+    model: ModelSpec | None = None,
+) -> BackendChoice:
     """The backend for ``--backend NAME --device DEV`` on this node; ``options``: ``trial_options(...)``;
     ``model``: what the trials will train (an MoE model pins what its trials cannot split)."""
     options = dict(options or {})
     if name == "simulate":
         if options:
-            raise ConfigError("--workload/--script run in real trials: use --backend torchrun or deepspeed "
-                              "(with --device cpu where there are no GPUs)")
-        return BackendChoice(backend=SimulateBackend(), frameworks=None,
-                             note="simulate: tokens/s are the cost model's predictions")
+            raise ConfigError(
+                "--workload/--script run in real trials: use --backend torchrun or deepspeed "
+                "(with --device cpu where there are no GPUs)"
+            )
+        return BackendChoice(
+            backend=SimulateBackend(),
+            frameworks=None,
+            note="simulate: tokens/s are the cost model's predictions",
+        )
     pins, reasons = _pins(options, model)
     if name in _REAL:
-        return BackendChoice(backend=_load(name, device, options, executor), frameworks=_REAL[name][2],
-                             pins=pins, pin_reasons=reasons)
+        return BackendChoice(
+            backend=_load(name, device, options, executor),
+            frameworks=_REAL[name][2],
+            pins=pins,
+            pin_reasons=reasons,
+        )
     if name != "auto":
         raise ConfigError(f"--backend: unknown backend '{name}'; known: {', '.join(BACKENDS)}")
     have = 0 if device == "cpu" else local_gpu_count()
     here = have >= cluster.gpus_per_node and cluster.num_nodes == 1
     if executor != "local" or device == "cpu" or here:
-        backends = {fw: _load(n, device or "cuda", options, executor)
-                    for n, (_, _, fws) in _REAL.items() for fw in fws}
-        return BackendChoice(backend=_ByFramework(backends), frameworks=frozenset(backends), pins=pins,
-                             pin_reasons=reasons)
+        backends = {
+            fw: _load(n, device or "cuda", options, executor)
+            for n, (_, _, fws) in _REAL.items()
+            for fw in fws
+        }
+        return BackendChoice(
+            backend=_ByFramework(backends), frameworks=frozenset(backends), pins=pins, pin_reasons=reasons
+        )
     if options:
-        raise ConfigError("--workload/--script run in real trials, and this node cannot run them here: "
-                          "run on the GPU node, or pass --device cpu")
+        raise ConfigError(
+            "--workload/--script run in real trials, and this node cannot run them here: "
+            "run on the GPU node, or pass --device cpu"
+        )
     if device == "cuda":
-        raise ConfigError(f"--device cuda: this node has {have} CUDA GPUs; the plan needs "
-                          f"{cluster.num_nodes} node(s) of {cluster.gpus_per_node}; drop --device to plan "
-                          "with the cost model")
+        raise ConfigError(
+            f"--device cuda: this node has {have} CUDA GPUs; the plan needs "
+            f"{cluster.num_nodes} node(s) of {cluster.gpus_per_node}; drop --device to plan "
+            "with the cost model"
+        )
     if cluster.num_nodes == 1:
-        why = (f"this node has {have} of the {cluster.gpus_per_node} GPUs; to measure, run the same command "
-               "on the GPU node")
+        why = (
+            f"this node has {have} of the {cluster.gpus_per_node} GPUs; to measure, run the same command "
+            "on the GPU node"
+        )
     else:
-        why = (f"the plan spans {cluster.num_nodes} nodes; measure on the cluster with --executor slurm, or "
-               "run the best plan with its launch files in best/ (launch_slurm.sbatch, ...)")
-    return BackendChoice(backend=SimulateBackend(), frameworks=None,
-                         note=f"planning with the cost model (predictions, not measurements): {why}")
+        why = (
+            f"the plan spans {cluster.num_nodes} nodes; measure on the cluster with --executor slurm, or "
+            "run the best plan with its launch files in best/ (launch_slurm.sbatch, ...)"
+        )
+    return BackendChoice(
+        backend=SimulateBackend(),
+        frameworks=None,
+        note=f"planning with the cost model (predictions, not measurements): {why}",
+    )
 
 
 def _load(name: str, device: str | None, options: Mapping[str, Any], executor: str = "local") -> Backend:
@@ -159,6 +194,8 @@ def _load(name: str, device: str | None, options: Mapping[str, Any], executor: s
     try:
         backend_cls = getattr(importlib.import_module(module), cls)
     except (ModuleNotFoundError, AttributeError):
-        raise ConfigError(f"--backend {name}: {module}.{cls} is not available in this install; "
-                          "use --backend simulate to plan with the cost model") from None
+        raise ConfigError(
+            f"--backend {name}: {module}.{cls} is not available in this install; "
+            "use --backend simulate to plan with the cost model"
+        ) from None
     return backend_cls(device=device or "cuda", executor=executor, **options)  # type: ignore[no-any-return]

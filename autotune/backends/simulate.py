@@ -38,6 +38,13 @@ class SimulateBackend:
             raise ConfigError(str(e)) from None
         if not est.feasible:
             return TrialResult(status=TrialStatus.INFEASIBLE, error=est.reasons[0], wall_s=0.0)
-        return TrialResult(status=TrialStatus.OK, tokens_per_s=est.tokens_per_s, step_time_s=est.step_time_s,
-                           step_time_cov=0.0, peak_memory_bytes=est.memory_bytes_per_gpu, mfu=est.mfu,
-                           wall_s=0.0, extra={"simulated": True})
+        return TrialResult(
+            status=TrialStatus.OK,
+            tokens_per_s=est.tokens_per_s,
+            step_time_s=est.step_time_s,
+            step_time_cov=0.0,
+            peak_memory_bytes=est.memory_bytes_per_gpu,
+            mfu=est.mfu,
+            wall_s=0.0,
+            extra={"simulated": True},
+        )

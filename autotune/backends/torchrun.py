@@ -19,8 +19,14 @@ class TorchrunBackend:
     measures = True
     framework = Framework.FSDP
 
-    def __init__(self, *, device: str = "cuda", launch: Launch | None = None,
-                 executor: str | Executor = "local", **config_overrides: object) -> None:
+    def __init__(
+        self,
+        *,
+        device: str = "cuda",
+        launch: Launch | None = None,
+        executor: str | Executor = "local",
+        **config_overrides: object,
+    ) -> None:
         """``device``: ``cuda`` or ``cpu`` (gloo); ``launch``: torchrun's node/rendezvous settings;
         ``executor``: where the agents run (a name for ``get_executor``, which gets ``launch``);
         ``config_overrides``: ``TrialConfig`` fields (seed, lr, workload, script, ...) for every trial."""
@@ -33,16 +39,20 @@ class TorchrunBackend:
         """A one-line ``ConfigError`` now when this node cannot start the trials (``autotune.preflight``)."""
         from autotune.preflight import check_trials_can_run
 
-        check_trials_can_run(backend=self.name, device=self.device, executor=self.executor.name,
-                             cluster=cluster)
+        check_trials_can_run(
+            backend=self.name, device=self.device, executor=self.executor.name, cluster=cluster
+        )
 
     def run(self, request: TrialRequest, report: ReportFn | None = None) -> TrialResult:
         if request.plan.framework is not self.framework:
-            return TrialResult(status=TrialStatus.ERROR, wall_s=0.0,
-                               error=f"backend {self.name} runs framework {self.framework}, "
-                                     f"not {request.plan.framework}")
+            return TrialResult(
+                status=TrialStatus.ERROR,
+                wall_s=0.0,
+                error=f"backend {self.name} runs framework {self.framework}, not {request.plan.framework}",
+            )
         config = trial_config(request, device=self.device, **self.config_overrides)
         if config.script:  # the user's script reads the emitted configs (autotune.contract)
             from autotune.trials.script import write_script_configs
+
             write_script_configs(request.trial_dir, request.plan, request.model, request.cluster)
         return self.executor.run(request, config=config, report=report)

@@ -9,5 +9,17 @@ from autotune.calibrate.fit import Factors, Fidelity, FitResult, Observation, fi
 from autotune.calibrate.online import Refiner
 from autotune.calibrate.study import MIN_TRIALS, calibrate_study, calibration_block, observations
 
-__all__ = ["Factors", "FitResult", "Fidelity", "Observation", "fidelity", "fit", "kendall_tau", "MIN_TRIALS",
-           "calibrate_study", "calibration_block", "observations", "Refiner"]
+__all__ = [
+    "Factors",
+    "FitResult",
+    "Fidelity",
+    "Observation",
+    "fidelity",
+    "fit",
+    "kendall_tau",
+    "MIN_TRIALS",
+    "calibrate_study",
+    "calibration_block",
+    "observations",
+    "Refiner",
+]

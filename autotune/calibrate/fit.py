@@ -37,17 +37,34 @@ from autotune.costmodel.steptime import DP_OVERLAP_FRACTION, step_time
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
-__all__ = ["Factors", "BASE", "EXTRAS", "OVERHEADS", "BOUNDS", "Observation", "Fidelity", "FitResult", "fit",
-           "fidelity", "kendall_tau", "predict_s"]
+__all__ = [
+    "Factors",
+    "BASE",
+    "EXTRAS",
+    "OVERHEADS",
+    "BOUNDS",
+    "Observation",
+    "Fidelity",
+    "FitResult",
+    "fit",
+    "fidelity",
+    "kendall_tau",
+    "predict_s",
+]
 
 BASE = ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
 OVERHEADS = ("step_overhead_s", "microbatch_overhead_s")
 """The group ``fit(overheads=...)`` forces in or out."""
 EXTRAS = (("host_scale",), ("latency_scale",), ("shared_core_latency",), OVERHEADS)
 """Groups added to ``BASE`` only when the AIC asks for them."""
-BOUNDS = {"gemm_efficiency": (1e-3, 1.0), "collective_efficiency": (1e-3, 1.0),
-          "dp_overlap_fraction": (0.0, 1.0), "latency_scale": (0.1, 1000.0), "host_scale": (0.1, 10.0),
-          "shared_core_latency": (0.0, 1.0)}
+BOUNDS = {
+    "gemm_efficiency": (1e-3, 1.0),
+    "collective_efficiency": (1e-3, 1.0),
+    "dp_overlap_fraction": (0.0, 1.0),
+    "latency_scale": (0.1, 1000.0),
+    "host_scale": (0.1, 10.0),
+    "shared_core_latency": (0.0, 1.0),
+}
 """Bounds of the efficiency factors; the overheads are bounded by 0 and the slowest measured step."""
 _LOG = {"gemm_efficiency", "collective_efficiency", "latency_scale", "host_scale"}
 """Searched in log space: they span decades."""
@@ -70,26 +87,37 @@ class Factors:
     def of(cls, cluster: ClusterSpec) -> Factors:
         """The factors a cluster carries now (catalog, profile or an earlier calibration)."""
         overlap = cluster.dp_overlap_fraction
-        return cls(gemm_efficiency=cluster.gpu.gemm_efficiency,
-                   collective_efficiency=cluster.collective_efficiency,
-                   dp_overlap_fraction=DP_OVERLAP_FRACTION if overlap is None else overlap,
-                   step_overhead_s=cluster.step_overhead_s,
-                   microbatch_overhead_s=cluster.microbatch_overhead_s,
-                   shared_core_latency=cluster.shared_core_latency)
+        return cls(
+            gemm_efficiency=cluster.gpu.gemm_efficiency,
+            collective_efficiency=cluster.collective_efficiency,
+            dp_overlap_fraction=DP_OVERLAP_FRACTION if overlap is None else overlap,
+            step_overhead_s=cluster.step_overhead_s,
+            microbatch_overhead_s=cluster.microbatch_overhead_s,
+            shared_core_latency=cluster.shared_core_latency,
+        )
 
     def apply(self, cluster: ClusterSpec, label: str | None = None) -> ClusterSpec:
         """``cluster`` carrying these factors (and ``label`` in ``ClusterSpec.profile``)."""
-        gpu = dataclasses.replace(_scale_host(cluster.gpu, self.host_scale),
-                                  gemm_efficiency=self.gemm_efficiency)
+        gpu = dataclasses.replace(
+            _scale_host(cluster.gpu, self.host_scale), gemm_efficiency=self.gemm_efficiency
+        )
         profile = cluster.profile if label is None else "; ".join(p for p in (cluster.profile, label) if p)
-        intra, inter = (dataclasses.replace(link, latency_s=link.latency_s * self.latency_scale)
-                        for link in (cluster.intra_link, cluster.inter_link))
-        return dataclasses.replace(cluster, gpu=gpu, intra_link=intra, inter_link=inter,
-                                   collective_efficiency=self.collective_efficiency,
-                                   dp_overlap_fraction=self.dp_overlap_fraction,
-                                   step_overhead_s=self.step_overhead_s,
-                                   microbatch_overhead_s=self.microbatch_overhead_s,
-                                   shared_core_latency=self.shared_core_latency, profile=profile)
+        intra, inter = (
+            dataclasses.replace(link, latency_s=link.latency_s * self.latency_scale)
+            for link in (cluster.intra_link, cluster.inter_link)
+        )
+        return dataclasses.replace(
+            cluster,
+            gpu=gpu,
+            intra_link=intra,
+            inter_link=inter,
+            collective_efficiency=self.collective_efficiency,
+            dp_overlap_fraction=self.dp_overlap_fraction,
+            step_overhead_s=self.step_overhead_s,
+            microbatch_overhead_s=self.microbatch_overhead_s,
+            shared_core_latency=self.shared_core_latency,
+            profile=profile,
+        )
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -161,12 +189,21 @@ def fidelity(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Obse
     predicted = tuple(predict_s(model, cluster, o.plan) for o in observations)
     measured = tuple(o.measured_s for o in observations)
     mape = sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / max(1, len(measured))
-    return Fidelity(predicted_s=predicted, measured_s=measured, labels=tuple(o.label for o in observations),
-                    kendall_tau=kendall_tau(predicted, measured), mape=mape)
+    return Fidelity(
+        predicted_s=predicted,
+        measured_s=measured,
+        labels=tuple(o.label for o in observations),
+        kendall_tau=kendall_tau(predicted, measured),
+        mape=mape,
+    )
 
 
-def _solve(residuals: Callable[[Sequence[float]], list[float]], starts: list[list[float]],
-           lower: list[float], upper: list[float]) -> tuple[list[float], float]:
+def _solve(
+    residuals: Callable[[Sequence[float]], list[float]],
+    starts: list[list[float]],
+    lower: list[float],
+    upper: list[float],
+) -> tuple[list[float], float]:
     from scipy.optimize import least_squares
 
     best: tuple[list[float], float] | None = None
@@ -179,8 +216,9 @@ def _solve(residuals: Callable[[Sequence[float]], list[float]], starts: list[lis
     return best
 
 
-def _fit_set(model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation], names: tuple[str, ...],
-             start: Factors) -> tuple[Factors, float]:
+def _fit_set(
+    model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation], names: tuple[str, ...], start: Factors
+) -> tuple[Factors, float]:
     """Fit ``names`` (the rest stay at ``start``); returns the factors and the residual sum of squares."""
     scale = max(o.measured_s for o in obs)
     log_named = _LOG
@@ -198,25 +236,41 @@ def _fit_set(model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation],
 
     def to_x(f: Factors) -> list[float]:
         d = f.as_dict()
-        return [math.log(d[n]) if n in log_named else d[n] / scale if n.endswith("_s") else d[n]
-                for n in names]
+        return [
+            math.log(d[n]) if n in log_named else d[n] / scale if n.endswith("_s") else d[n] for n in names
+        ]
 
     def residuals(x: Sequence[float]) -> list[float]:
         calibrated = to_factors(x).apply(cluster)
         return [math.log(predict_s(model, calibrated, o.plan) / o.measured_s) for o in obs]
 
     lower, upper = zip(*(bounds(n) for n in names), strict=True)
-    starts = [to_x(start),
-              to_x(dataclasses.replace(start, gemm_efficiency=start.gemm_efficiency / 4,
-                                       collective_efficiency=start.collective_efficiency / 4)),
-              to_x(dataclasses.replace(start, dp_overlap_fraction=0.2,
-                                       gemm_efficiency=min(1.0, 2 * start.gemm_efficiency)))]
+    starts = [
+        to_x(start),
+        to_x(
+            dataclasses.replace(
+                start,
+                gemm_efficiency=start.gemm_efficiency / 4,
+                collective_efficiency=start.collective_efficiency / 4,
+            )
+        ),
+        to_x(
+            dataclasses.replace(
+                start, dp_overlap_fraction=0.2, gemm_efficiency=min(1.0, 2 * start.gemm_efficiency)
+            )
+        ),
+    ]
     x, cost = _solve(residuals, starts, list(lower), list(upper))
     return to_factors(x), 2 * cost
 
 
-def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observation], *,
-        overheads: bool | None = None) -> FitResult:
+def fit(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    observations: Sequence[Observation],
+    *,
+    overheads: bool | None = None,
+) -> FitResult:
     """Fit the factors to ``observations`` (all of one model and cluster). ``overheads``: True/False forces
     the two overhead terms in or out; None lets the AIC decide (as it always does for ``latency_scale``)."""
     if len(observations) < 2:
@@ -243,9 +297,14 @@ def fit(model: ModelSpec, cluster: ClusterSpec, observations: Sequence[Observati
     after = fidelity(model, calibrated, observations)
     pairs = zip(after.predicted_s, after.measured_s, strict=True)
     rms = math.sqrt(sum(math.log(p / m) ** 2 for p, m in pairs) / n)
-    return FitResult(factors=factors, fitted=names, before=fidelity(model, cluster, observations),
-                     after=after, rms_log_error=rms,
-                     unidentified=_unidentified(model, calibrated, observations, names))
+    return FitResult(
+        factors=factors,
+        fitted=names,
+        before=fidelity(model, cluster, observations),
+        after=after,
+        rms_log_error=rms,
+        unidentified=_unidentified(model, calibrated, observations, names),
+    )
 
 
 def _at_bound(factors: Factors, group: tuple[str, ...], slowest_s: float) -> bool:
@@ -269,8 +328,9 @@ def _aic(rss: float, n: int, k: int) -> float:
     return n * math.log(max(rss, 1e-300) / n) + 2 * k
 
 
-def _unidentified(model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation],
-                  names: tuple[str, ...]) -> tuple[str, ...]:
+def _unidentified(
+    model: ModelSpec, cluster: ClusterSpec, obs: Sequence[Observation], names: tuple[str, ...]
+) -> tuple[str, ...]:
     """Fitted factors no observed plan depends on (e.g. no plan has DP traffic): they kept their start."""
     base = [predict_s(model, cluster, o.plan) for o in obs]
     f = Factors.of(cluster)

@@ -52,23 +52,34 @@ def observations(study: Any) -> list[Observation]:
     return out
 
 
-def _split(obs: Sequence[Observation], holdout: float,
-           seed: int) -> tuple[list[Observation], list[Observation]]:
+def _split(
+    obs: Sequence[Observation], holdout: float, seed: int
+) -> tuple[list[Observation], list[Observation]]:
     shuffled = list(obs)
     random.Random(seed).shuffle(shuffled)
     n_out = int(round(holdout * len(shuffled)))
     n_out = min(n_out, len(shuffled) - MIN_TRIALS) if holdout > 0 else 0
-    return shuffled[max(0, n_out):], shuffled[:max(0, n_out)]
+    return shuffled[max(0, n_out) :], shuffled[: max(0, n_out)]
 
 
-def calibration_block(model: ModelSpec, cluster: ClusterSpec, result: FitResult,
-                      held_out: Sequence[Observation] = ()) -> dict[str, Any]:
+def calibration_block(
+    model: ModelSpec, cluster: ClusterSpec, result: FitResult, held_out: Sequence[Observation] = ()
+) -> dict[str, Any]:
     """The summary's ``calibration`` object for a fit (``held_out``: plans the fit did not see)."""
+
     def rows(before: Any, after: Any, held: bool) -> list[dict[str, Any]]:
-        return [{"trial": label, "measured_s": m, "predicted_before_s": b, "predicted_after_s": a,
-                 "held_out": held}
-                for label, m, b, a in zip(after.labels, after.measured_s, before.predicted_s,
-                                          after.predicted_s, strict=True)]
+        return [
+            {
+                "trial": label,
+                "measured_s": m,
+                "predicted_before_s": b,
+                "predicted_after_s": a,
+                "held_out": held,
+            }
+            for label, m, b, a in zip(
+                after.labels, after.measured_s, before.predicted_s, after.predicted_s, strict=True
+            )
+        ]
 
     table = rows(result.before, result.after, False)
     holdout = None
@@ -77,27 +88,48 @@ def calibration_block(model: ModelSpec, cluster: ClusterSpec, result: FitResult,
         after = fidelity(model, result.factors.apply(cluster), held_out)
         holdout = {"before": before.as_dict(), "after": after.as_dict()}
         table += rows(before, after, True)
-    return {"kendall_tau": result.after.kendall_tau, "mape": result.after.mape,
-            "before": result.before.as_dict(), "after": result.after.as_dict(),
-            "factors": result.factors.as_dict(), "fitted": list(result.fitted),
-            "unidentified": list(result.unidentified), "rms_log_error": result.rms_log_error,
-            "holdout": holdout, "num_trials": len(result.after.measured_s), "trials": table}
+    return {
+        "kendall_tau": result.after.kendall_tau,
+        "mape": result.after.mape,
+        "before": result.before.as_dict(),
+        "after": result.after.as_dict(),
+        "factors": result.factors.as_dict(),
+        "fitted": list(result.fitted),
+        "unidentified": list(result.unidentified),
+        "rms_log_error": result.rms_log_error,
+        "holdout": holdout,
+        "num_trials": len(result.after.measured_s),
+        "trials": table,
+    }
 
 
-def _profile_doc(name: str, base: ClusterSpec, factors: Factors, block: dict[str, Any],
-                 plans: dict[str, ParallelPlan]) -> dict[str, Any]:
+def _profile_doc(
+    name: str, base: ClusterSpec, factors: Factors, block: dict[str, Any], plans: dict[str, ParallelPlan]
+) -> dict[str, Any]:
     """calibration.yaml: the calibrated cluster as a ``--profile`` (everything of the base profile and the
     fitted factors that a profile can carry: ``probe.profile.cluster_overrides``) plus the fit."""
     trials = [row | {"plan": plan_summary(plans[row["trial"]])} for row in block["trials"]]
-    return {"name": name, "kind": "calibration", "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "source": f"fit to {len(trials)} measured trials of study {name} "
-                      f"(autotune.calibrate; base: {base.profile or 'the catalog'})",
-            **cluster_overrides(factors.apply(base)),
-            "fit": {k: v for k, v in block.items() if k != "trials"}, "trials": trials}
+    return {
+        "name": name,
+        "kind": "calibration",
+        "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "source": f"fit to {len(trials)} measured trials of study {name} "
+        f"(autotune.calibrate; base: {base.profile or 'the catalog'})",
+        **cluster_overrides(factors.apply(base)),
+        "fit": {k: v for k, v in block.items() if k != "trials"},
+        "trials": trials,
+    }
 
 
-def calibrate_study(study: Any, model: ModelSpec, cluster: ClusterSpec, study_dir: Path, *,
-                    holdout: float = 0.0, seed: int = 0) -> dict[str, Any] | None:
+def calibrate_study(
+    study: Any,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    study_dir: Path,
+    *,
+    holdout: float = 0.0,
+    seed: int = 0,
+) -> dict[str, Any] | None:
     """Fit, write ``calibration.yaml``, set the study's user attr; returns the summary block (None: too
     few measured trials)."""
     obs = observations(study)
@@ -106,8 +138,10 @@ def calibrate_study(study: Any, model: ModelSpec, cluster: ClusterSpec, study_di
     train, held_out = _split(obs, holdout, seed)
     result = fit(model, cluster, train)
     block = calibration_block(model, cluster, result, held_out)
-    path = write_profile(_profile_doc(study.study_name, cluster, result.factors, block,
-                                      {o.label: o.plan for o in obs}), study_dir / "calibration.yaml")
+    path = write_profile(
+        _profile_doc(study.study_name, cluster, result.factors, block, {o.label: o.plan for o in obs}),
+        study_dir / "calibration.yaml",
+    )
     block["path"] = str(path)
     study.set_user_attr("calibration", {k: v for k, v in block.items() if k != "trials"})
     return block

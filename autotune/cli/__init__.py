@@ -99,9 +99,16 @@ def _listed() -> dict[str, type[Any]] | None:
             continue
         tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
         body = next((c.body for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls), [])
-        text = next((node.value.value for node in body if isinstance(node, ast.Assign)
-                     and isinstance(node.value, ast.Constant)
-                     and [getattr(t, "id", None) for t in node.targets] == ["help"]), None)
+        text = next(
+            (
+                node.value.value
+                for node in body
+                if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and [getattr(t, "id", None) for t in node.targets] == ["help"]
+            ),
+            None,
+        )
         if not isinstance(text, str):
             return None
         found[name] = type(cls, (_Listed,), {"help": text})

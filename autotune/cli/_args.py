@@ -68,10 +68,18 @@ def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--nics-per-node", type=_positive_int, help="NICs per node (default: the GPU's usual)")
     g.add_argument("--host-memory-gib", type=float, help="host RAM per node for offload (default 1024)")
-    g.add_argument("--profile", metavar="FILE", help="hardware profile from `autotune probe` (or a study's "
-                   "calibration.yaml): its measured numbers replace the catalog's")
-    g.add_argument("--gpu-spec", metavar="FILE", help="a GPU you describe (YAML: memory_gib, bf16_tflops, "
-                   "memory_bandwidth_gb_s, ... or base: <catalog GPU> plus what differs); replaces --gpu")
+    g.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="hardware profile from `autotune probe` (or a study's "
+        "calibration.yaml): its measured numbers replace the catalog's",
+    )
+    g.add_argument(
+        "--gpu-spec",
+        metavar="FILE",
+        help="a GPU you describe (YAML: memory_gib, bf16_tflops, "
+        "memory_bandwidth_gb_s, ... or base: <catalog GPU> plus what differs); replaces --gpu",
+    )
 
 
 def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec]:
@@ -80,8 +88,10 @@ def resolve_model_cluster(args: argparse.Namespace) -> tuple[ModelSpec, ClusterS
         if args.gpus is not None or args.gpus_per_node is not None:
             raise ConfigError("--cluster describes the GPUs already; drop --gpus/--gpus-per-node")
         if getattr(args, "gpu_spec", None):
-            raise ConfigError("--gpu-spec with --cluster: describe the GPU inline under the cluster YAML's "
-                              "'gpu:' key instead")
+            raise ConfigError(
+                "--gpu-spec with --cluster: describe the GPU inline under the cluster YAML's "
+                "'gpu:' key instead"
+            )
         cluster = load_cluster(args.cluster)
     else:
         if args.gpus is None:
@@ -157,36 +167,75 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     )
     g.add_argument("--precision", choices=[x.value for x in Precision], default=d.get("precision"))
     g.add_argument("--framework", choices=[f.value for f in Framework], default=d.get("framework"))
-    g.add_argument("--ep", type=_positive_int, default=d.get("ep"),
-                   help="expert-parallel degree (MoE models; folds into TP x DP x CP)")
-    g.add_argument("--etp", type=_positive_int, default=d.get("etp"),
-                   help="expert tensor-parallel degree (MoE models)")
+    g.add_argument(
+        "--ep",
+        type=_positive_int,
+        default=d.get("ep"),
+        help="expert-parallel degree (MoE models; folds into TP x DP x CP)",
+    )
+    g.add_argument(
+        "--etp", type=_positive_int, default=d.get("etp"), help="expert tensor-parallel degree (MoE models)"
+    )
     if not pinning:
-        g.add_argument("--recompute-layers", type=_positive_int, metavar="N",
-                       help="with --recompute full (megatron): recompute only the first N blocks of each "
-                            "model chunk (--recompute-method block)")
-    g.add_argument("--fp8-recipe", choices=[r.value for r in Fp8Recipe], default=d.get("fp8_recipe"),
-                   help="fp8 scaling (with --precision fp8)")
-    for flag, what in (("--compile", "torch.compile the model (fsdp framework)"),
-                       ("--async-tp", "torch async tensor parallelism (fsdp framework, needs --compile)"),
-                       ("--tp-comm-overlap", "Megatron/TE TP comm overlap (needs --sequence-parallel)")):
+        g.add_argument(
+            "--recompute-layers",
+            type=_positive_int,
+            metavar="N",
+            help="with --recompute full (megatron): recompute only the first N blocks of each "
+            "model chunk (--recompute-method block)",
+        )
+    g.add_argument(
+        "--fp8-recipe",
+        choices=[r.value for r in Fp8Recipe],
+        default=d.get("fp8_recipe"),
+        help="fp8 scaling (with --precision fp8)",
+    )
+    for flag, what in (
+        ("--compile", "torch.compile the model (fsdp framework)"),
+        ("--async-tp", "torch async tensor parallelism (fsdp framework, needs --compile)"),
+        ("--tp-comm-overlap", "Megatron/TE TP comm overlap (needs --sequence-parallel)"),
+    ):
         g.add_argument(flag, action="store_true", default=None if pinning else False, help=what)
-    g.add_argument("--cp-comm", choices=[c.value for c in CpComm], default=d.get("cp_comm"),
-                   help="context-parallel K/V exchange (with --cp > 1)")
+    g.add_argument(
+        "--cp-comm",
+        choices=[c.value for c in CpComm],
+        default=d.get("cp_comm"),
+        help="context-parallel K/V exchange (with --cp > 1)",
+    )
     if not pinning:
-        g.add_argument("--moe-dispatcher", choices=[m.value for m in MoeDispatcher], default="alltoall",
-                       help="MoE token dispatch (with --ep > 1): Megatron's all-to-all, or its flex "
-                            "dispatcher with DeepEP / HybridEP (one copy per destination node across nodes)")
-        g.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
-                       help="with --recompute selective (megatron): Megatron's --recompute-modules "
-                            "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)")
-        g.add_argument("--offload-activation-layers", type=_positive_int, metavar="N",
-                       help="megatron: activations of N layers to host memory (--cpu-offloading-num-layers)")
-        g.add_argument("--precision-aware-optimizer", action="store_true", default=False,
-                       help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer)")
-        g.add_argument("--grad-reduce-dtype", choices=[x.value for x in GradDtype], default=None,
-                       help="megatron: gradient buffer / DP reduction dtype (bf16: --grad-reduce-in-bf16); "
-                            "default fp32, bf16 with --precision fp8")
+        g.add_argument(
+            "--moe-dispatcher",
+            choices=[m.value for m in MoeDispatcher],
+            default="alltoall",
+            help="MoE token dispatch (with --ep > 1): Megatron's all-to-all, or its flex "
+            "dispatcher with DeepEP / HybridEP (one copy per destination node across nodes)",
+        )
+        g.add_argument(
+            "--recompute-modules",
+            nargs="+",
+            metavar="MODULE",
+            help="with --recompute selective (megatron): Megatron's --recompute-modules "
+            "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)",
+        )
+        g.add_argument(
+            "--offload-activation-layers",
+            type=_positive_int,
+            metavar="N",
+            help="megatron: activations of N layers to host memory (--cpu-offloading-num-layers)",
+        )
+        g.add_argument(
+            "--precision-aware-optimizer",
+            action="store_true",
+            default=False,
+            help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer)",
+        )
+        g.add_argument(
+            "--grad-reduce-dtype",
+            choices=[x.value for x in GradDtype],
+            default=None,
+            help="megatron: gradient buffer / DP reduction dtype (bf16: --grad-reduce-in-bf16); "
+            "default fp32, bf16 with --precision fp8",
+        )
 
 
 def default_seq_len(model: ModelSpec) -> int:

@@ -40,15 +40,21 @@ class CalibrateCommand:
     def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--study", required=True, help="study name (a directory under --out)")
         p.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
-        p.add_argument("--holdout", type=_fraction, default=0.0, metavar="F",
-                       help="fit on 1-F of the trials and report the held-out F too (default 0)")
+        p.add_argument(
+            "--holdout",
+            type=_fraction,
+            default=0.0,
+            metavar="F",
+            help="fit on 1-F of the trials and report the held-out F too (default 0)",
+        )
         p.add_argument("--seed", type=int, default=0, help="seed of the hold-out split")
         p.add_argument("--model", help="override the study's model")
         p.add_argument("--gpus", type=int, help="override the study's GPU count")
         p.add_argument("--gpu", help="override the study's GPU type")
         p.add_argument("--gpus-per-node", type=int, help="override the study's GPUs per node")
-        p.add_argument("--profile", metavar="FILE",
-                       help="the profile the search used (default: study.json's)")
+        p.add_argument(
+            "--profile", metavar="FILE", help="the profile the search used (default: study.json's)"
+        )
         p.add_argument("--json", action="store_true", help="print the calibration block as JSON")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -78,12 +84,16 @@ class CalibrateCommand:
 def _model_cluster(args: argparse.Namespace, info: dict[str, Any]) -> tuple[ModelSpec, ClusterSpec]:
     match = re.fullmatch(r"(\d+)x(\d+) (\S+)", str(info.get("cluster", "")))
     if not match and not (args.gpus and args.gpu):
-        raise ConfigError(f"cannot read the cluster {info.get('cluster')!r} of the study; "
-                          "pass --gpus and --gpu")
+        raise ConfigError(
+            f"cannot read the cluster {info.get('cluster')!r} of the study; pass --gpus and --gpu"
+        )
     nodes, per_node, gpu = (int(match[1]), int(match[2]), match[3]) if match else (1, args.gpus, args.gpu)
     num = args.gpus or nodes * per_node
-    cluster = make_cluster(num_gpus=num, gpu=args.gpu or gpu, gpus_per_node=args.gpus_per_node or
-                           (per_node if num % per_node == 0 else None))
+    cluster = make_cluster(
+        num_gpus=num,
+        gpu=args.gpu or gpu,
+        gpus_per_node=args.gpus_per_node or (per_node if num % per_node == 0 else None),
+    )
     profile = args.profile or info.get("profile")
     if profile:
         cluster = with_profile(cluster, profile)
@@ -97,8 +107,10 @@ def format_calibration(block: dict[str, Any]) -> str:
         m = row["measured_s"]
         b, a = row["predicted_before_s"], row["predicted_after_s"]
         tag = "  (held out)" if row.get("held_out") else ""
-        lines.append(f"{row['trial']:>6} {m * 1e3:>8.1f}ms {b * 1e3:>8.1f}ms {b / m - 1:>+7.0%} "
-                     f"{a * 1e3:>8.1f}ms {a / m - 1:>+7.0%}{tag}")
+        lines.append(
+            f"{row['trial']:>6} {m * 1e3:>8.1f}ms {b * 1e3:>8.1f}ms {b / m - 1:>+7.0%} "
+            f"{a * 1e3:>8.1f}ms {a / m - 1:>+7.0%}{tag}"
+        )
 
     def line(name: str, d: dict[str, Any]) -> str:
         tau = "n/a" if d["kendall_tau"] is None else f"{d['kendall_tau']:+.2f}"
@@ -106,14 +118,23 @@ def format_calibration(block: dict[str, Any]) -> str:
 
     lines += ["", line("before the fit", block["before"]), line("after the fit", block["after"])]
     if block.get("holdout"):
-        lines += [line("held out before", block["holdout"]["before"]),
-                  line("held out after", block["holdout"]["after"])]
+        lines += [
+            line("held out before", block["holdout"]["before"]),
+            line("held out after", block["holdout"]["after"]),
+        ]
     f = block["factors"]
-    lines.append("factors          " + ", ".join(
-        f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v:.3g}" for k, v in f.items()))
-    lines.append(f"fitted           {', '.join(block['fitted'])}"
-                 + (f"; not identified by these trials: {', '.join(block['unidentified'])}"
-                    if block["unidentified"] else ""))
+    lines.append(
+        "factors          "
+        + ", ".join(f"{k} {v * 1e3:.2f} ms" if k.endswith("_s") else f"{k} {v:.3g}" for k, v in f.items())
+    )
+    lines.append(
+        f"fitted           {', '.join(block['fitted'])}"
+        + (
+            f"; not identified by these trials: {', '.join(block['unidentified'])}"
+            if block["unidentified"]
+            else ""
+        )
+    )
     if block.get("path"):
         lines.append(f"wrote            {block['path']} (use it with --profile)")
     return "\n".join(lines)

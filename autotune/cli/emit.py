@@ -48,6 +48,7 @@ def _estimate(model: ModelSpec, cluster: ClusterSpec, plan: Any, stored: dict[st
     """A fresh estimate when the cost model can give one, else what the plan file recorded."""
     try:
         from autotune.costmodel import estimate
+
         return estimate(model, cluster, plan)
     except NotImplementedError:
         return stored
@@ -58,12 +59,19 @@ class EmitCommand:
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--plan", required=True, metavar="FILE",
-                       help="plan.json (from search/emit, or a bare plan mapping)")
+        p.add_argument(
+            "--plan",
+            required=True,
+            metavar="FILE",
+            help="plan.json (from search/emit, or a bare plan mapping)",
+        )
         p.add_argument("--out", required=True, metavar="DIR", help="output directory")
         p.add_argument("--force", action="store_true", help="overwrite autotune files already in --out")
-        p.add_argument("--image", help="container image of pytorchjob.yaml (default: autotune:latest); "
-                       "it must hold torch, autotune and your training script")
+        p.add_argument(
+            "--image",
+            help="container image of pytorchjob.yaml (default: autotune:latest); "
+            "it must hold torch, autotune and your training script",
+        )
         g = p.add_argument_group("model and cluster (default: what plan.json records)")
         g.add_argument("--model", help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path")
         g.add_argument("--gpus", type=_positive_int, help="total GPUs (with --gpu and --gpus-per-node)")
@@ -77,8 +85,9 @@ class EmitCommand:
         overridden = bool(args.model or args.cluster or args.gpus)  # the recorded estimate no longer applies
         estimate = _estimate(model, cluster, doc.plan, None if overridden else doc.estimate)
         writable_dir(args.out, "--out")
-        for path in emit_all(doc.plan, model, cluster, estimate, args.out, force=args.force,
-                             image=args.image):
+        for path in emit_all(
+            doc.plan, model, cluster, estimate, args.out, force=args.force, image=args.image
+        ):
             print(path)
         _warn_infeasible(estimate)
         return 0
@@ -91,5 +100,8 @@ def _warn_infeasible(estimate: Any) -> None:
     if isinstance(estimate, dict):
         feasible, reasons = estimate.get("feasible"), estimate.get("reasons")
     if feasible is False:
-        print(f"autotune emit: warning: the cost model predicts this plan fails: {(reasons or ['?'])[0]}; "
-              "its launch files are written all the same", file=sys.stderr)
+        print(
+            f"autotune emit: warning: the cost model predicts this plan fails: {(reasons or ['?'])[0]}; "
+            "its launch files are written all the same",
+            file=sys.stderr,
+        )

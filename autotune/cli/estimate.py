@@ -32,13 +32,19 @@ class EstimateCommand:
         est = estimate(model, cluster, plan)
         if args.json:
             out = est.to_dict()
-            out.update(model=model_info(model), cluster=cluster.name, num_gpus=cluster.num_gpus,
-                       profile=cluster.profile)
+            out.update(
+                model=model_info(model),
+                cluster=cluster.name,
+                num_gpus=cluster.num_gpus,
+                profile=cluster.profile,
+            )
             print(json.dumps(out, indent=2))
         else:
             print(f"model     {model.name} ({params_line(model)})")
-            print(f"cluster   {cluster.name} ({cluster.intra_link.key} inside nodes, "
-                  f"{cluster.nics_per_node}x {cluster.inter_link.key} per node)")
+            print(
+                f"cluster   {cluster.name} ({cluster.intra_link.key} inside nodes, "
+                f"{cluster.nics_per_node}x {cluster.inter_link.key} per node)"
+            )
             if cluster.profile:
                 print(f"hardware  {cluster.profile}")
             print(format_estimate(est))

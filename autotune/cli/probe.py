@@ -25,10 +25,19 @@ from autotune.userfile import writable_dir
 __all__ = ["ProbeCommand", "parse_size"]
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-_GPU_NAMES = ((("H200",), "h200"), (("H100", "PCIE"), "h100-pcie"), (("H100",), "h100-sxm"),
-              (("A100", "80GB"), "a100-80gb"), (("A100",), "a100-40gb"), (("B200",), "b200"),
-              (("L40S",), "l40s"), (("A10G",), "a10g"), (("4090",), "rtx-4090"), (("MI300X",), "mi300x"),
-              (("V100",), "v100"))
+_GPU_NAMES = (
+    (("H200",), "h200"),
+    (("H100", "PCIE"), "h100-pcie"),
+    (("H100",), "h100-sxm"),
+    (("A100", "80GB"), "a100-80gb"),
+    (("A100",), "a100-40gb"),
+    (("B200",), "b200"),
+    (("L40S",), "l40s"),
+    (("A10G",), "a10g"),
+    (("4090",), "rtx-4090"),
+    (("MI300X",), "mi300x"),
+    (("V100",), "v100"),
+)
 
 
 def parse_size(text: str) -> int:
@@ -71,20 +80,32 @@ class ProbeCommand:
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--device", choices=("cpu", "cuda"),
-                       help="cuda (NCCL) when GPUs are present, else cpu (gloo)")
+        p.add_argument(
+            "--device", choices=("cpu", "cuda"), help="cuda (NCCL) when GPUs are present, else cpu (gloo)"
+        )
         p.add_argument("--nproc", type=int, help="ranks on this node (default: 2 on cpu, every GPU on cuda)")
         p.add_argument("--name", help="profile name (default: <device>-<N>rank)")
-        p.add_argument("--gpu",
-                       help="catalog GPU the profile stands for (default: cpu, or from the device name)")
-        p.add_argument("--out", default=str(Path("runs") / "profiles"), metavar="DIR",
-                       help="where <name>.yaml goes (default runs/profiles)")
+        p.add_argument(
+            "--gpu", help="catalog GPU the profile stands for (default: cpu, or from the device name)"
+        )
+        p.add_argument(
+            "--out",
+            default=str(Path("runs") / "profiles"),
+            metavar="DIR",
+            help="where <name>.yaml goes (default runs/profiles)",
+        )
         p.add_argument("--min-size", type=parse_size, default=1024, help="smallest message (default 1K)")
-        p.add_argument("--max-size", type=parse_size, default=256 * 1024**2,
-                       help="largest message (default 256M)")
+        p.add_argument(
+            "--max-size", type=parse_size, default=256 * 1024**2, help="largest message (default 256M)"
+        )
         p.add_argument("--quick", action="store_true", help="fewer GEMM shapes (tests, smoke runs)")
-        p.add_argument("--sweeps", type=positive_int, default=3, metavar="N",
-                       help="collective sweeps, each size's median kept (default 3)")
+        p.add_argument(
+            "--sweeps",
+            type=positive_int,
+            default=3,
+            metavar="N",
+            help="collective sweeps, each size's median kept (default 3)",
+        )
         p.add_argument("--timeout", type=float, default=900.0, metavar="S", help="give up after S seconds")
         p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
 
@@ -94,8 +115,13 @@ class ProbeCommand:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun (e.g. across nodes)
             from autotune.probe.worker import finish, run_probe
 
-            raw = run_probe(device_type=device, min_bytes=args.min_size, max_bytes=args.max_size,
-                            quick=args.quick, sweeps=args.sweeps)
+            raw = run_probe(
+                device_type=device,
+                min_bytes=args.min_size,
+                max_bytes=args.max_size,
+                quick=args.quick,
+                sweeps=args.sweeps,
+            )
             finish()
             if raw is None:  # not rank 0: rank 0 writes the profile
                 return 0
@@ -124,10 +150,26 @@ def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
     if nproc < 1:
         raise ConfigError(f"--nproc must be positive, got {nproc}")
     out = Path(args.out) / _RAW  # kept in --out until the profile is written: a failure loses no measurement
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "autotune.probe.worker", "--out", str(out), "--device", device,
-           "--min-bytes", str(args.min_size), "--max-bytes", str(args.max_size),
-           "--sweeps", str(args.sweeps)] + (["--quick"] * args.quick)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        "autotune.probe.worker",
+        "--out",
+        str(out),
+        "--device",
+        device,
+        "--min-bytes",
+        str(args.min_size),
+        "--max-bytes",
+        str(args.max_size),
+        "--sweeps",
+        str(args.sweeps),
+    ] + (["--quick"] * args.quick)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(cpu_share(len(os.sched_getaffinity(0)), nproc)[0]))  # as trials run
     root = str(Path(__file__).resolve().parents[2])
@@ -153,8 +195,10 @@ def _write(args: argparse.Namespace, raw: dict[str, Any]) -> int:
     try:
         path = write_profile(profile, Path(args.out) / f"{name}.yaml")
     except OSError as e:
-        raise ConfigError(f"--out {args.out}: cannot write {name}.yaml ({e.strerror}); the raw measurements "
-                          f"are in {Path(args.out) / _RAW}") from None
+        raise ConfigError(
+            f"--out {args.out}: cannot write {name}.yaml ({e.strerror}); the raw measurements "
+            f"are in {Path(args.out) / _RAW}"
+        ) from None
     (Path(args.out) / _RAW).unlink(missing_ok=True)
     if args.json:
         print(json.dumps(profile | {"path": str(path)}, indent=2))
@@ -165,27 +209,44 @@ def _write(args: argparse.Namespace, raw: dict[str, Any]) -> int:
 
 def _report(profile: dict[str, Any], path: Path) -> str:
     s, g = profile["summary"], profile["gpu_overrides"]
-    lines = [f"profile   {profile['name']} ({profile['gpu']}), measured {profile['measured']}",
-             f"source    {profile['source']}",
-             "GEMM      best " + ", ".join(f"{k} {v:g} TFLOP/s" for k, v in s["best_gemm_tflops"].items())
-             + f"; gemm_efficiency {g['gemm_efficiency']:.3f}",
-             f"memory    copy {s['copy_gb_s']:g} GB/s"]
+    lines = [
+        f"profile   {profile['name']} ({profile['gpu']}), measured {profile['measured']}",
+        f"source    {profile['source']}",
+        "GEMM      best "
+        + ", ".join(f"{k} {v:g} TFLOP/s" for k, v in s["best_gemm_tflops"].items())
+        + f"; gemm_efficiency {g['gemm_efficiency']:.3f}",
+        f"memory    copy {s['copy_gb_s']:g} GB/s",
+    ]
     for scope in ("intra_node_link", "inter_node_link"):
         if scope in profile:
             link = profile[scope]
-            lines.append(f"{scope.split('_')[0]:<9} alpha-beta fit: {link['bw_gb_s']:g} GB/s, "
-                         f"{link['latency_us']:g} us per ring step")
+            lines.append(
+                f"{scope.split('_')[0]:<9} alpha-beta fit: {link['bw_gb_s']:g} GB/s, "
+                f"{link['latency_us']:g} us per ring step"
+            )
     lines += ["peak busbw " + ", ".join(f"{k} {v:g} GB/s" for k, v in s["peak_busbw_gb_s"].items())]
     if s.get("sweep_spread"):
-        lines.append(f"noise     {s['collective_sweeps']} sweeps, median kept; slowest - fastest sweep, "
-                     "median size: " + ", ".join(f"{k} {v:.0%}" for k, v in s["sweep_spread"].items()))
+        lines.append(
+            f"noise     {s['collective_sweeps']} sweeps, median kept; slowest - fastest sweep, "
+            "median size: " + ", ".join(f"{k} {v:.0%}" for k, v in s["sweep_spread"].items())
+        )
     if "op_overhead_us" in g:
-        lines.append(f"host      {g['op_overhead_us']:g} us per eager operator"
-                     + (f", {g['dtensor_op_overhead_us']:g} us per DTensor operator"
-                        if "dtensor_op_overhead_us" in g else ""))
+        lines.append(
+            f"host      {g['op_overhead_us']:g} us per eager operator"
+            + (
+                f", {g['dtensor_op_overhead_us']:g} us per DTensor operator"
+                if "dtensor_op_overhead_us" in g
+                else ""
+            )
+        )
     if "pipeline_action_us" in g:
-        lines.append("pipeline  " + ", ".join(f"{k} {v:g} us" for k, v in g["pipeline_action_us"].items())
-                     + " per schedule action")
-    lines += [f"wrote     {path}",
-              f"use       autotune estimate|search ... --gpu {profile['gpu']} --profile {path}"]
+        lines.append(
+            "pipeline  "
+            + ", ".join(f"{k} {v:g} us" for k, v in g["pipeline_action_us"].items())
+            + " per schedule action"
+        )
+    lines += [
+        f"wrote     {path}",
+        f"use       autotune estimate|search ... --gpu {profile['gpu']} --profile {path}",
+    ]
     return "\n".join(lines)

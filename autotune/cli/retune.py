@@ -56,12 +56,26 @@ class RetuneCommand:
     def add_arguments(p: argparse.ArgumentParser) -> None:
         add_study_args(p)
         g = p.add_argument_group("retune")
-        g.add_argument("--budget", default="4", help="new trials: a count (4, the default) or a wall-clock "
-                       "budget for the whole run (90s, 30m, 2h)")
-        g.add_argument("--threshold", type=_fraction, default=0.05, help="a slowdown beyond the measured "
-                       "noise larger than this fraction is a regression (default 0.05)")
-        g.add_argument("--top", type=_count, default=3, metavar="K",
-                       help="plans re-measured besides the incumbent (default 3)")
+        g.add_argument(
+            "--budget",
+            default="4",
+            help="new trials: a count (4, the default) or a wall-clock "
+            "budget for the whole run (90s, 30m, 2h)",
+        )
+        g.add_argument(
+            "--threshold",
+            type=_fraction,
+            default=0.05,
+            help="a slowdown beyond the measured "
+            "noise larger than this fraction is a regression (default 0.05)",
+        )
+        g.add_argument(
+            "--top",
+            type=_count,
+            default=3,
+            metavar="K",
+            help="plans re-measured besides the incumbent (default 3)",
+        )
         g.add_argument("--json", action="store_true", help="print the history record")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -86,15 +100,24 @@ class RetuneCommand:
         run_dir = joined.study_dir.root / "retune" / date.replace(":", "")
         plans = to_remeasure(joined.study, last, args.top)
         remeasured = [remeasure(joined, plan, run_dir / f"{i:02d}", date) for i, plan in enumerate(plans)]
-        launched, new = new_trials(joined, history, args.top, n_trials, budget_s, start,
-                                   log=lambda line: print(line, file=sys.stderr))
+        launched, new = new_trials(
+            joined,
+            history,
+            args.top,
+            n_trials,
+            budget_s,
+            start,
+            log=lambda line: print(line, file=sys.stderr),
+        )
         incumbent = remeasured[0] if remeasured else None
         measured = [m for m in remeasured + new if m.ok]
         best = max(measured, key=lambda m: m.tokens_per_s) if measured else incumbent
         if best is None or (last is None and not best.ok):
-            print(f"autotune retune: nothing measured in study '{args.study}' (no finished trial to "
-                  f"re-measure, no new trial succeeded); see {run_dir}, {joined.study_dir.trials}",
-                  file=sys.stderr)
+            print(
+                f"autotune retune: nothing measured in study '{args.study}' (no finished trial to "
+                f"re-measure, no new trial succeeded); see {run_dir}, {joined.study_dir.trials}",
+                file=sys.stderr,
+            )
             return 1
         verdict = compare(last, incumbent, best, env, args.threshold)
         if verdict.kind == "regression" and incumbent is not None:  # rule out a transient (a busy node)
@@ -105,37 +128,63 @@ class RetuneCommand:
             best = max(ok, key=lambda m: m.tokens_per_s or 0.0)
             verdict = compare(last, incumbent, best, env, args.threshold)
         emitted = act(joined, verdict.kind, best)
-        record = record_of(date=date, study=args.study, backend=joined.setup["backend"], environment=env,
-                           threshold=args.threshold, budget=args.budget, best=best, incumbent=incumbent,
-                           remeasured=remeasured, new_trials=launched, verdict=verdict.kind,
-                           change=verdict.change, noise_band=verdict.noise_band, cause=verdict.cause,
-                           message=verdict.message)
+        record = record_of(
+            date=date,
+            study=args.study,
+            backend=joined.setup["backend"],
+            environment=env,
+            threshold=args.threshold,
+            budget=args.budget,
+            best=best,
+            incumbent=incumbent,
+            remeasured=remeasured,
+            new_trials=launched,
+            verdict=verdict.kind,
+            change=verdict.change,
+            noise_band=verdict.noise_band,
+            cause=verdict.cause,
+            message=verdict.message,
+        )
         append_history(history_path, record)
         if args.json:
             print(json.dumps(record, indent=2))
         else:
             print(_report(record, last, emitted, history_path, len(history) + 1))
         if verdict.kind == "regression":
-            print(f"autotune retune: REGRESSION in study '{args.study}': {verdict.message}; suspected cause: "
-                  f"{verdict.cause}", file=sys.stderr)
+            print(
+                f"autotune retune: REGRESSION in study '{args.study}': {verdict.message}; suspected cause: "
+                f"{verdict.cause}",
+                file=sys.stderr,
+            )
             return _REGRESSION
         return 0
 
 
-def _report(record: dict[str, Any], last: dict[str, Any] | None, emitted: list[Path], history: Path,
-            num_records: int) -> str:
+def _report(
+    record: dict[str, Any], last: dict[str, Any] | None, emitted: list[Path], history: Path, num_records: int
+) -> str:
     from autotune.retune import plan_diff
 
     best, env = record["best"], record["environment"]
-    lines = [f"retune    {record['study']} at {record['date']} on {env['hostname']} ({record['backend']}; "
-             f"{env['gpu_count']} x {env['gpu_name']})",
-             f"measured  {len(record['remeasured'])} plan(s) again, {record['new_trials']} new trial(s)"]
-    lines += [f"  {m['summary']}: " + (f"{m['tokens_per_s']:,.0f} tokens/s, noise {m['noise_cov']:.1%}"
-                                       if m["status"] == "ok" else f"{m['status']}: {m['error']}")
-              for m in record["remeasured"]]
+    lines = [
+        f"retune    {record['study']} at {record['date']} on {env['hostname']} ({record['backend']}; "
+        f"{env['gpu_count']} x {env['gpu_name']})",
+        f"measured  {len(record['remeasured'])} plan(s) again, {record['new_trials']} new trial(s)",
+    ]
+    lines += [
+        f"  {m['summary']}: "
+        + (
+            f"{m['tokens_per_s']:,.0f} tokens/s, noise {m['noise_cov']:.1%}"
+            if m["status"] == "ok"
+            else f"{m['status']}: {m['error']}"
+        )
+        for m in record["remeasured"]
+    ]
     how = "predicted (simulate)" if record["backend"] == "simulate" else "measured"
-    lines.append(f"best      {best['summary']}: {best['tokens_per_s'] or 0:,.0f} tokens/s {how}, "
-                 f"{best['predicted_tokens_per_s'] or 0:,.0f} predicted, noise {best['noise_cov']:.1%}")
+    lines.append(
+        f"best      {best['summary']}: {best['tokens_per_s'] or 0:,.0f} tokens/s {how}, "
+        f"{best['predicted_tokens_per_s'] or 0:,.0f} predicted, noise {best['noise_cov']:.1%}"
+    )
     lines.append(f"verdict   {record['verdict']}: {record['message']}")
     if record["cause"]:
         lines.append(f"cause     {record['cause']}")
@@ -143,7 +192,9 @@ def _report(record: dict[str, Any], last: dict[str, Any] | None, emitted: list[P
         lines += ["plan diff"] + [f"  {d}" for d in plan_diff(last["best"]["plan"], best["plan"])]
     if emitted:
         prev = emitted[0].parent.with_name("best.prev")
-        lines.append(f"emitted   {len(emitted)} file(s) in {emitted[0].parent}" +
-                     (f" (the previous ones in {prev})" if prev.exists() else ""))
+        lines.append(
+            f"emitted   {len(emitted)} file(s) in {emitted[0].parent}"
+            + (f" (the previous ones in {prev})" if prev.exists() else "")
+        )
     lines.append(f"history   {history} ({num_records} records)")
     return "\n".join(lines)

@@ -77,8 +77,11 @@ class ScaleCommand:
         p.add_argument("--inter-node", metavar="LINK", help="inter-node NIC type: ib-200, 100gbe, 1gbe, ...")
         p.add_argument("--nics-per-node", type=_positive_int, help="NICs per node (default: the GPU's usual)")
         p.add_argument("--host-memory-gib", type=float, help="host RAM per node for offload (default 1024)")
-        p.add_argument("--profile", metavar="FILE",
-                       help="a profile from `autotune probe` (or a study's calibration), at every count")
+        p.add_argument(
+            "--profile",
+            metavar="FILE",
+            help="a profile from `autotune probe` (or a study's calibration), at every count",
+        )
         p.add_argument(
             "--global-batch",
             type=_positive_int,

@@ -42,9 +42,29 @@ from autotune.trialrecord import record_of
 
 __all__ = ["SearchCommand"]
 
-_PIN_KEYS = ("tp", "pp", "dp", "cp", "micro_batch", "sharding", "hsdp_shard_size", "recompute",
-             "sequence_parallel", "schedule", "virtual_stages", "offload", "precision", "framework", "ep",
-             "etp", "fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
+_PIN_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "micro_batch",
+    "sharding",
+    "hsdp_shard_size",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "offload",
+    "precision",
+    "framework",
+    "ep",
+    "etp",
+    "fp8_recipe",
+    "compile",
+    "async_tp",
+    "tp_comm_overlap",
+    "cp_comm",
+)
 _DEFAULT_MEASURED_TRIALS = 16
 _CPU_SEQUENCES_PER_PROCESS = 4
 
@@ -63,7 +83,8 @@ def _headroom(text: str) -> float:
         value = -1.0
     if not 0.0 <= value <= MAX_MEMORY_HEADROOM:
         raise argparse.ArgumentTypeError(
-            f"expected a fraction from 0 to {MAX_MEMORY_HEADROOM:g}, got {text!r}")
+            f"expected a fraction from 0 to {MAX_MEMORY_HEADROOM:g}, got {text!r}"
+        )
     return value
 
 
@@ -75,42 +96,92 @@ class SearchCommand:
         add_model_cluster_args(p)
         add_plan_args(p, pinning=True)
         g = p.add_argument_group("search")
-        g.add_argument("--space", metavar="FILE", help="search space YAML, or a bundled one: default, fsdp, "
-                       "deepspeed, megatron (default: search_spaces/default.yaml)")
-        g.add_argument("--trials", type=_count, help=f"trials to launch in this run (default: "
-                       f"{_DEFAULT_MEASURED_TRIALS} measured; with predictions only, the top-K)")
+        g.add_argument(
+            "--space",
+            metavar="FILE",
+            help="search space YAML, or a bundled one: default, fsdp, "
+            "deepspeed, megatron (default: search_spaces/default.yaml)",
+        )
+        g.add_argument(
+            "--trials",
+            type=_count,
+            help=f"trials to launch in this run (default: "
+            f"{_DEFAULT_MEASURED_TRIALS} measured; with predictions only, the top-K)",
+        )
         g.add_argument("--timeout", type=float, metavar="S", help="stop launching trials after S seconds")
-        g.add_argument("--top", type=_count, default=5, metavar="K",
-                       help="the cost model's K best plans are tried first; rows shown (default 5)")
+        g.add_argument(
+            "--top",
+            type=_count,
+            default=5,
+            metavar="K",
+            help="the cost model's K best plans are tried first; rows shown (default 5)",
+        )
         g.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-        g.add_argument("--recalibrate", action="store_true", help="refit the cost model to the trials after "
-                       "every measured one and let it pick the next plan (autotune.calibrate.Refiner)")
+        g.add_argument(
+            "--recalibrate",
+            action="store_true",
+            help="refit the cost model to the trials after "
+            "every measured one and let it pick the next plan (autotune.calibrate.Refiner)",
+        )
         g.add_argument("--study", help="study name (default: <model>-<gpus>x<gpu>)")
         g.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: SQLite in its dir)")
         g.add_argument("--resume", action="store_true", help="add trials to the existing study of this name")
         g.add_argument("--force", action="store_true", help="replace an existing study of this name")
-        g.add_argument("--create-only", action="store_true", help="create the study and queue the top-K, run "
-                       "no trial: `autotune worker` processes join it")
-        g.add_argument("--heartbeat", type=int, default=30, metavar="S", help="heartbeat period of running "
-                       "trials (default 30 s); a dead process's trial is failed and re-queued 3 periods on")
-        g.add_argument("--backend", choices=("auto", "simulate", "torchrun", "deepspeed"), default="auto",
-                       help="auto: real trials when this node has the GPUs (or --device cpu), "
-                       "else predictions")
-        g.add_argument("--executor", choices=("local", "multinode", "slurm"), default="local",
-                       help="where trials run: local (this node), slurm (an sbatch job per trial; srun steps "
-                       "inside an allocation), multinode (one agent per node, all here on loopback)")
-        g.add_argument("--workload", metavar="MODULE:FUNC", help="your model in the trials: build(spec, "
-                       "plan, device) -> autotune.workload.Workload (examples/custom_workload)")
-        g.add_argument("--script", metavar="FILE", help="your training script, run by torchrun in each "
-                       "trial; it reads the plan, reports through autotune.contract (examples/train_script)")
-        g.add_argument("--device", choices=("cpu", "cuda"), help="cpu: gloo trials on CPU processes (global "
-                       f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)")
+        g.add_argument(
+            "--create-only",
+            action="store_true",
+            help="create the study and queue the top-K, run no trial: `autotune worker` processes join it",
+        )
+        g.add_argument(
+            "--heartbeat",
+            type=int,
+            default=30,
+            metavar="S",
+            help="heartbeat period of running "
+            "trials (default 30 s); a dead process's trial is failed and re-queued 3 periods on",
+        )
+        g.add_argument(
+            "--backend",
+            choices=("auto", "simulate", "torchrun", "deepspeed"),
+            default="auto",
+            help="auto: real trials when this node has the GPUs (or --device cpu), else predictions",
+        )
+        g.add_argument(
+            "--executor",
+            choices=("local", "multinode", "slurm"),
+            default="local",
+            help="where trials run: local (this node), slurm (an sbatch job per trial; srun steps "
+            "inside an allocation), multinode (one agent per node, all here on loopback)",
+        )
+        g.add_argument(
+            "--workload",
+            metavar="MODULE:FUNC",
+            help="your model in the trials: build(spec, "
+            "plan, device) -> autotune.workload.Workload (examples/custom_workload)",
+        )
+        g.add_argument(
+            "--script",
+            metavar="FILE",
+            help="your training script, run by torchrun in each "
+            "trial; it reads the plan, reports through autotune.contract (examples/train_script)",
+        )
+        g.add_argument(
+            "--device",
+            choices=("cpu", "cuda"),
+            help="cpu: gloo trials on CPU processes (global "
+            f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)",
+        )
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
         g.add_argument("--quiet", action="store_true", help="print only the best plan (no progress bars)")
-        g.add_argument("--memory-headroom", type=_headroom, default=DEFAULT_MEMORY_HEADROOM, metavar="F",
-                       help="share of GPU memory the recommended plan leaves free "
-                            f"(default {DEFAULT_MEMORY_HEADROOM:g}; docs/memory_headroom.md)")
+        g.add_argument(
+            "--memory-headroom",
+            type=_headroom,
+            default=DEFAULT_MEMORY_HEADROOM,
+            metavar="F",
+            help="share of GPU memory the recommended plan leaves free "
+            f"(default {DEFAULT_MEMORY_HEADROOM:g}; docs/memory_headroom.md)",
+        )
 
     def run(self, args: argparse.Namespace) -> int:
         import optuna  # here, so that `autotune estimate` never imports it
@@ -125,22 +196,41 @@ class SearchCommand:
         check_writable(args.out, "--out")
         with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
             choice, ranking = _rank(args, model, cluster, progress.ranking_estimator())
-            for line in batch_notes(model, cluster, ranking.ctx, global_batch_given=bool(args.global_batch),
-                                    seq_len_given=bool(args.seq_len)):
+            for line in batch_notes(
+                model,
+                cluster,
+                ranking.ctx,
+                global_batch_given=bool(args.global_batch),
+                seq_len_given=bool(args.seq_len),
+            ):
                 note(line)
             progress.ranked(len(ranking.feasible))
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             study, study_dir, url = _open(args, model, cluster, ranking)
-            describe_study(study, make_setup(model=model, cluster=cluster, ctx=ranking.ctx, seed=args.seed,
-                                             backend=args.backend, device=args.device,
-                                             measures=choice.backend.measures, executor=args.executor,
-                                             workload=args.workload, script=args.script))
+            describe_study(
+                study,
+                make_setup(
+                    model=model,
+                    cluster=cluster,
+                    ctx=ranking.ctx,
+                    seed=args.seed,
+                    backend=args.backend,
+                    device=args.device,
+                    measures=choice.backend.measures,
+                    executor=args.executor,
+                    workload=args.workload,
+                    script=args.script,
+                ),
+            )
             if args.create_only:
                 return create_only(study, ranking, choice.backend, top_k=args.top, url=url, out=args.out)
             measured = choice.backend.measures
             default_trials = _DEFAULT_MEASURED_TRIALS if measured else max(args.top, 1)
-            options = StudyOptions(n_trials=args.trials if args.trials is not None else default_trials,
-                                   timeout_s=args.timeout, top_k=args.top)
+            options = StudyOptions(
+                n_trials=args.trials if args.trials is not None else default_trials,
+                timeout_s=args.timeout,
+                top_k=args.top,
+            )
             log = None if args.quiet or args.json else (lambda line: print(line, file=sys.stderr))
             if progress.enabled:
                 log = lambda line: progress.trial_done(line, study)  # noqa: E731
@@ -150,23 +240,30 @@ class SearchCommand:
             elif log and choice.note:
                 log(choice.note)
             refine = _refiner(ranking) if args.recalibrate and measured else None
-            launched = run_study(study, ranking, choice.backend, options, trials_dir=study_dir.trials,
-                                 log=log, refine=refine)
+            launched = run_study(
+                study, ranking, choice.backend, options, trials_dir=study_dir.trials, log=log, refine=refine
+            )
         top = top_trials(study, max(args.top, 1))
         if not top:
-            where = (f"see {study_dir.trials}/*/stderr.log" if any(study_dir.trials.glob("*/stderr.log"))
-                     else "none has run yet")
-            print(f"autotune search: no trial succeeded in study '{study.study_name}'; {where}",
-                  file=sys.stderr)
+            where = (
+                f"see {study_dir.trials}/*/stderr.log"
+                if any(study_dir.trials.glob("*/stderr.log"))
+                else "none has run yet"
+            )
+            print(
+                f"autotune search: no trial succeeded in study '{study.study_name}'; {where}", file=sys.stderr
+            )
             return 1
         best_plan = record_of(top[0]).parallel_plan
         assert best_plan is not None  # a finished trial was judged with its plan
         best_est = estimate(model, cluster, best_plan)
-        emitted = _emit(best_plan, model, cluster, best_est, study_dir.best,
-                        [_row(t) for t in top] if measured else None)
+        emitted = _emit(
+            best_plan, model, cluster, best_est, study_dir.best, [_row(t) for t in top] if measured else None
+        )
         out = _summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
-        out.update(model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus,
-                   study_dir=str(study_dir.root))
+        out.update(
+            model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, study_dir=str(study_dir.root)
+        )
         if measured:  # fit the cost model to the measured trials (autotune calibrate does it on demand)
             out["calibration"] = _calibrate(study, model, cluster, study_dir.root)
         study_dir.summary.write_text(json.dumps(out, indent=2) + "\n")
@@ -186,8 +283,10 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.resume and args.force:
         raise ConfigError("--resume keeps the study and --force replaces it: pass one")
     if args.trials == 0 and not (args.resume or args.create_only):
-        raise ConfigError("--trials 0 runs nothing: pass --trials N (N >= 1), or --create-only to only "
-                          "create the study (--resume --trials 0 reports an existing one)")
+        raise ConfigError(
+            "--trials 0 runs nothing: pass --trials N (N >= 1), or --create-only to only "
+            "create the study (--resume --trials 0 reports an existing one)"
+        )
     if args.timeout is not None and not args.timeout > 0:
         raise ConfigError(f"--timeout {args.timeout:g}: expected seconds > 0")
     if args.study is not None:
@@ -203,16 +302,19 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_precision(args: argparse.Namespace, cluster: ClusterSpec) -> None:
     if args.precision and not cluster.gpu.supports(args.precision):
-        raise ConfigError(f"--precision {args.precision}: {cluster.gpu.key} has no {args.precision} tensor "
-                          "cores; use bf16, or a GPU that has them")
+        raise ConfigError(
+            f"--precision {args.precision}: {cluster.gpu.key} has no {args.precision} tensor "
+            "cores; use bf16, or a GPU that has them"
+        )
 
 
 def note(text: str) -> None:
     print(f"autotune search: note: {text}", file=sys.stderr)
 
 
-def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
-          estimator: Any = estimate) -> tuple[Any, Any]:
+def _rank(
+    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, estimator: Any = estimate
+) -> tuple[Any, Any]:
     """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
     from autotune.backends.registry import apply_pins, get_backend, trial_options
     from autotune.search import plan_search
@@ -220,46 +322,74 @@ def _rank(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
 
     space = load_space(args.space)
     options = trial_options(workload=args.workload, script=args.script)
-    choice = get_backend(args.backend, cluster=cluster, device=args.device, options=options,
-                         executor=args.executor, model=model)
+    choice = get_backend(
+        args.backend,
+        cluster=cluster,
+        device=args.device,
+        options=options,
+        executor=args.executor,
+        model=model,
+    )
     runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
     preflight = getattr(choice.backend, "preflight", None)
     if preflight is not None and runnable:  # before anything is written: no CUDA, no launcher -> one line
         preflight(cluster)
     gap = trial_model_gap(model)
     if getattr(choice.backend, "measures", False) and not options and gap:
-        raise ConfigError(f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
-                          "simulate, or run your own model with --workload / --script")
+        raise ConfigError(
+            f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
+            "simulate, or run your own model with --workload / --script"
+        )
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
     pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
-    ranking = plan_search(space, model, cluster, pins=pins,
-                          global_batch=global_batch, seq_len=args.seq_len or default_seq_len(model),
-                          frameworks=choice.frameworks, cluster_at=_cluster_at(args, cluster),
-                          estimator=estimator,
-                          memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM))
+    ranking = plan_search(
+        space,
+        model,
+        cluster,
+        pins=pins,
+        global_batch=global_batch,
+        seq_len=args.seq_len or default_seq_len(model),
+        frameworks=choice.frameworks,
+        cluster_at=_cluster_at(args, cluster),
+        estimator=estimator,
+        memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM),
+    )
     return choice, ranking
 
 
-def _open(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
-          ranking: Any) -> tuple[Any, Any, str]:
+def _open(
+    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, ranking: Any
+) -> tuple[Any, Any, str]:
     import optuna
 
     from autotune.search import make_sampler
     from autotune.store import open_study, study_name_for
 
     ctx = ranking.ctx
-    identity = {"model": model.name, "num_params": model.num_params, "cluster": cluster.name,
-                "num_gpus": cluster.num_gpus, "global_batch": ctx.global_batch, "seq_len": ctx.seq_len,
-                "space": ranking.choices}
+    identity = {
+        "model": model.name,
+        "num_params": model.num_params,
+        "cluster": cluster.name,
+        "num_gpus": cluster.num_gpus,
+        "global_batch": ctx.global_batch,
+        "seq_len": ctx.seq_len,
+        "space": ranking.choices,
+    }
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile
     study, study_dir, url = open_study(
         name=args.study if args.study is not None else study_name_for(model, cluster),
-        runs_dir=Path(args.out), storage=args.storage,
-        identity=identity, resume=args.resume, force=args.force, sampler=make_sampler(args.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1), heartbeat_s=args.heartbeat)
+        runs_dir=Path(args.out),
+        storage=args.storage,
+        identity=identity,
+        resume=args.resume,
+        force=args.force,
+        sampler=make_sampler(args.seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1),
+        heartbeat_s=args.heartbeat,
+    )
     study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
     return study, study_dir, url
 
@@ -267,19 +397,29 @@ def _open(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
 def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
     """The same cluster with another GPU count: for "the smallest cluster that would fit"."""
     if args.cluster:
+
         def from_file(n: int) -> ClusterSpec:
             if n % cluster.gpus_per_node:
                 raise ConfigError(f"{n} GPUs is not a whole number of nodes")
             return dataclasses.replace(cluster, num_nodes=n // cluster.gpus_per_node)
+
         return from_file
+
     def from_flags(n: int) -> ClusterSpec:
         bigger = cluster_from_flags(args, n)
         return with_profile(bigger, args.profile) if args.profile else bigger  # measured, as this one
+
     return from_flags
 
 
-def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estimate,
-          out_dir: Path, measured: list[dict[str, Any]] | None = None) -> list[str] | None:
+def _emit(
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    est: Estimate,
+    out_dir: Path,
+    measured: list[dict[str, Any]] | None = None,
+) -> list[str] | None:
     """Launch files for the best plan (``autotune.emit``); None while that package is not installed."""
     try:
         from autotune.emit import emit_all  # INTEGRATION POINT: autotune/emit (another issue)
@@ -290,19 +430,37 @@ def _emit(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, est: Estim
     return [str(p) for p in emit_all(plan, model, cluster, est, out_dir, force=True, measured=measured)]
 
 
-def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any, emitted: list[str] | None,
-             launched: int, measured: bool, note: str | None) -> dict[str, Any]:
+def _summary(
+    best: Estimate,
+    top: list[Any],
+    study: Any,
+    url: str,
+    ranking: Any,
+    emitted: list[str] | None,
+    launched: int,
+    measured: bool,
+    note: str | None,
+) -> dict[str, Any]:
     """The ``--json`` object: the best plan's estimate (as ``estimate --json``) plus the search around it."""
     records = [record_of(t) for t in study.trials]
     states = [r.shown_status for r in records]
     return {
         **best.to_dict(),
-        "study": study.study_name, "storage": url, "backend_note": note,
+        "study": study.study_name,
+        "storage": url,
+        "backend_note": note,
         "value_source": "measured" if measured else "predicted",
-        "best_trial": top[0].number, "best_value_tokens_per_s": top[0].value,
-        "trials": {"total": len(states), "launched_this_run": launched, "ok": states.count("ok"),
-                   "infeasible": states.count("infeasible"), "failed": sum(r.failed for r in records)},
-        "num_legal_plans": ranking.num_legal, "num_feasible_plans": len(ranking.feasible),
+        "best_trial": top[0].number,
+        "best_value_tokens_per_s": top[0].value,
+        "trials": {
+            "total": len(states),
+            "launched_this_run": launched,
+            "ok": states.count("ok"),
+            "infeasible": states.count("infeasible"),
+            "failed": sum(r.failed for r in records),
+        },
+        "num_legal_plans": ranking.num_legal,
+        "num_feasible_plans": len(ranking.feasible),
         "pruned_by_reason": ranking.pruned,
         "emitted": emitted if emitted is not None else [],
         "emit_available": emitted is not None,
@@ -315,32 +473,45 @@ def _summary(best: Estimate, top: list[Any], study: Any, url: str, ranking: Any,
 def _row(trial: Any) -> dict[str, Any]:
     record = record_of(trial)
     predicted, measured = record.predicted, record.measured
-    return {"trial": trial.number, "plan": record.plan, "status": record.status,
-            "tokens_per_s": trial.value, "predicted_tokens_per_s": predicted.get("tokens_per_s"),
-            "measured_tokens_per_s": measured.get("tokens_per_s"),
-            "mfu": measured.get("mfu", predicted.get("mfu")),
-            "memory_bytes_per_gpu": measured.get("peak_memory_bytes", predicted.get("memory_bytes_per_gpu")),
-            "memory_capacity_bytes": predicted.get("memory_capacity_bytes"),
-            "predicted_memory_bytes": predicted.get("memory_bytes_per_gpu"),
-            "measured_memory_bytes": measured.get("peak_memory_bytes"),
-            "bottleneck": predicted.get("bottleneck")}
+    return {
+        "trial": trial.number,
+        "plan": record.plan,
+        "status": record.status,
+        "tokens_per_s": trial.value,
+        "predicted_tokens_per_s": predicted.get("tokens_per_s"),
+        "measured_tokens_per_s": measured.get("tokens_per_s"),
+        "mfu": measured.get("mfu", predicted.get("mfu")),
+        "memory_bytes_per_gpu": measured.get("peak_memory_bytes", predicted.get("memory_bytes_per_gpu")),
+        "memory_capacity_bytes": predicted.get("memory_capacity_bytes"),
+        "predicted_memory_bytes": predicted.get("memory_bytes_per_gpu"),
+        "measured_memory_bytes": measured.get("peak_memory_bytes"),
+        "bottleneck": predicted.get("bottleneck"),
+    }
 
 
 def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking: Any) -> str:
     ctx = ranking.ctx
-    lines = [f"model     {model.name} ({params_line(model)}) on {cluster.name}",
-             f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
-             f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; "
-             "combinations pruned, by reason:"]
+    lines = [
+        f"model     {model.name} ({params_line(model)}) on {cluster.name}",
+        f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
+        f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; "
+        "combinations pruned, by reason:",
+    ]
     lines += [f"  {n:>12,}  {reason}" for reason, n in out["pruned_by_reason"].items()]
     trials = out["trials"]
-    lines += [f"study     {out['study']} ({out['storage']}): {trials['total']} trials, "
-              f"{trials['launched_this_run']} launched now, {trials['infeasible']} infeasible proposals "
-              "never launched", ""]
+    lines += [
+        f"study     {out['study']} ({out['storage']}): {trials['total']} trials, "
+        f"{trials['launched_this_run']} launched now, {trials['infeasible']} infeasible proposals "
+        "never launched",
+        "",
+    ]
     lines += _table(out["top"], measured=out["value_source"] == "measured")
     best = ParallelPlan.from_dict(out["plan"])
-    lines += ["", f"best      {plan_summary(best)}",
-              f"memory    {out['memory_room_left']} (headroom asked: {out['memory_headroom']:.0%})"]
+    lines += [
+        "",
+        f"best      {plan_summary(best)}",
+        f"memory    {out['memory_room_left']} (headroom asked: {out['memory_headroom']:.0%})",
+    ]
     if out["emit_available"]:
         lines += [f"emitted   {path}" for path in out["emitted"]]
     else:
@@ -349,9 +520,11 @@ def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking
         lines.append(f"hardware  {cluster.profile}")
     if out.get("calibration"):
         c = out["calibration"]
-        lines.append(f"calibration  Kendall tau {_tau(c['before'])} -> {_tau(c['after'])}, MAPE "
-                     f"{c['before']['mape']:.0%} -> {c['after']['mape']:.0%} over {c['num_trials']} trials "
-                     f"({c['path']}; autotune calibrate --study {out['study']} for every trial)")
+        lines.append(
+            f"calibration  Kendall tau {_tau(c['before'])} -> {_tau(c['after'])}, MAPE "
+            f"{c['before']['mape']:.0%} -> {c['after']['mape']:.0%} over {c['num_trials']} trials "
+            f"({c['path']}; autotune calibrate --study {out['study']} for every trial)"
+        )
     return "\n".join(lines)
 
 
@@ -374,12 +547,17 @@ def _tau(fidelity: dict[str, Any]) -> str:
 def _table(rows: list[dict[str, Any]], *, measured: bool) -> list[str]:
     plans = [plan_summary(ParallelPlan.from_dict(row["plan"])) for row in rows]
     width = max(len(p) for p in plans)
-    head = f"{'#':>3}  {'plan':<{width}}  " + (f"{'meas tok/s':>10} " if measured else "") + \
-        f"{'pred tok/s':>10} {'MFU':>6}  {'memory/GPU':<21} {'binds':<26} status"
+    head = (
+        f"{'#':>3}  {'plan':<{width}}  "
+        + (f"{'meas tok/s':>10} " if measured else "")
+        + f"{'pred tok/s':>10} {'MFU':>6}  {'memory/GPU':<21} {'binds':<26} status"
+    )
     lines = [head]
     for i, (row, plan) in enumerate(zip(rows, plans, strict=True), start=1):
         mem = f"{gib(row['memory_bytes_per_gpu'])} / {gib(row['memory_capacity_bytes'])}"
         meas = f"{row['measured_tokens_per_s'] or 0:>10,.0f} " if measured else ""
-        lines.append(f"{i:>3}  {plan:<{width}}  {meas}{row['predicted_tokens_per_s']:>10,.0f} "
-                     f"{row['mfu']:>6.1%}  {mem:<21} {row['bottleneck']:<26} {row['status']}")
+        lines.append(
+            f"{i:>3}  {plan:<{width}}  {meas}{row['predicted_tokens_per_s']:>10,.0f} "
+            f"{row['mfu']:>6.1%}  {mem:<21} {row['bottleneck']:<26} {row['status']}"
+        )
     return lines

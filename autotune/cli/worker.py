@@ -43,12 +43,21 @@ def add_study_args(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("study")
     g.add_argument("--study", required=True, help="name of a study made by autotune search")
-    g.add_argument("--storage", metavar="URL", help="its storage: postgresql+psycopg2://..., "
-                   "journal:///path, sqlite:///... (default: runs/<study>/study.db)")
+    g.add_argument(
+        "--storage",
+        metavar="URL",
+        help="its storage: postgresql+psycopg2://..., "
+        "journal:///path, sqlite:///... (default: runs/<study>/study.db)",
+    )
     g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
-    g.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT_S, metavar="S",
-                   help=f"heartbeat period of running trials, seconds (default {DEFAULT_HEARTBEAT_S}); "
-                   "a dead worker's trial is failed and re-queued after 3 periods")
+    g.add_argument(
+        "--heartbeat",
+        type=int,
+        default=DEFAULT_HEARTBEAT_S,
+        metavar="S",
+        help=f"heartbeat period of running trials, seconds (default {DEFAULT_HEARTBEAT_S}); "
+        "a dead worker's trial is failed and re-queued after 3 periods",
+    )
 
 
 class WorkerCommand:
@@ -58,8 +67,12 @@ class WorkerCommand:
     def add_arguments(p: argparse.ArgumentParser) -> None:
         add_study_args(p)
         g = p.add_argument_group("trials")
-        g.add_argument("--trials", type=_count, default=_DEFAULT_TRIALS,
-                       help=f"trials this worker launches (default {_DEFAULT_TRIALS})")
+        g.add_argument(
+            "--trials",
+            type=_count,
+            default=_DEFAULT_TRIALS,
+            help=f"trials this worker launches (default {_DEFAULT_TRIALS})",
+        )
         g.add_argument("--timeout", type=float, metavar="S", help="stop launching trials after S seconds")
         g.add_argument("--quiet", action="store_true", help="print only the summary line")
 
@@ -71,10 +84,13 @@ class WorkerCommand:
         joined = join_study(args.study, args.storage, Path(args.out), heartbeat_s=args.heartbeat)
         log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
         options = StudyOptions(n_trials=args.trials, timeout_s=args.timeout, top_k=0)
-        launched = run_study(joined.study, joined.ranking, joined.backend, options,
-                             trials_dir=joined.study_dir.trials, log=log)
-        print(f"worker {socket.gethostname()}:{os.getpid()}: launched {launched} trial(s) in study "
-              f"'{args.study}' ({_redact(joined.url)}); the study has {len(joined.study.trials)} trials")
+        launched = run_study(
+            joined.study, joined.ranking, joined.backend, options, trials_dir=joined.study_dir.trials, log=log
+        )
+        print(
+            f"worker {socket.gethostname()}:{os.getpid()}: launched {launched} trial(s) in study "
+            f"'{args.study}' ({_redact(joined.url)}); the study has {len(joined.study.trials)} trials"
+        )
         return 0
 
 
@@ -84,8 +100,10 @@ def create_only(study: Any, ranking: Any, backend: Any, *, top_k: int, url: str,
 
     run_study(study, ranking, backend, StudyOptions(n_trials=0, top_k=top_k), trials_dir=Path(out))
     storage = "" if url.startswith("sqlite:") else f" --storage {_redact(url)}"
-    print(f"study '{study.study_name}' is ready ({_redact(url)}): {_waiting(study)} plan(s) queued. Join it "
-          f"from each node with:\n  autotune worker --study {study.study_name}{storage} --out {out}")
+    print(
+        f"study '{study.study_name}' is ready ({_redact(url)}): {_waiting(study)} plan(s) queued. Join it "
+        f"from each node with:\n  autotune worker --study {study.study_name}{storage} --out {out}"
+    )
     return 0
 
 

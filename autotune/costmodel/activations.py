@@ -39,11 +39,25 @@ from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedul
 from autotune.specs import ModelSpec
 
 __all__ = [
-    "FLASH_ATTENTION", "DROPOUT", "Kernels", "kernels_for", "LayerShape", "norm_side_bytes", "tp_split_bytes",
-    "attention_core_bytes", "op_sac_bytes", "layer_activation_bytes", "stage_activation_bytes",
-    "offloaded_layers", "host_activation_bytes", "backward_working_bytes",
+    "FLASH_ATTENTION",
+    "DROPOUT",
+    "Kernels",
+    "kernels_for",
+    "LayerShape",
+    "norm_side_bytes",
+    "tp_split_bytes",
+    "attention_core_bytes",
+    "op_sac_bytes",
+    "layer_activation_bytes",
+    "stage_activation_bytes",
+    "offloaded_layers",
+    "host_activation_bytes",
+    "backward_working_bytes",
     "head_activation_bytes",
-    "loss_stored_bytes", "loss_transient_bytes", "in_flight_microbatches", "microbatches_at_loss",
+    "loss_stored_bytes",
+    "loss_transient_bytes",
+    "in_flight_microbatches",
+    "microbatches_at_loss",
 ]
 
 FLASH_ATTENTION = True
@@ -101,12 +115,16 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     on 8 H100s, 61.8 vs 62.0 GiB on 128)."""
     megatron = plan.framework is Framework.MEGATRON
     torchtitan_compiled = plan.framework is Framework.FSDP and plan.compile and plan.tp == 1
-    return Kernels(fused_swiglu=megatron, fused_cross_entropy=megatron, compiled_loss=torchtitan_compiled,
-                   gathered_head_input=plan.framework is Framework.FSDP,
-                   op_sac=plan.framework is Framework.FSDP,
-                   loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
-                   fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
-                   routed_saved_h=moe.routed_saved_h_tensors(plan))
+    return Kernels(
+        fused_swiglu=megatron,
+        fused_cross_entropy=megatron,
+        compiled_loss=torchtitan_compiled,
+        gathered_head_input=plan.framework is Framework.FSDP,
+        op_sac=plan.framework is Framework.FSDP,
+        loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
+        fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
+        routed_saved_h=moe.routed_saved_h_tensors(plan),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -133,12 +151,19 @@ class LayerShape:
     def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
         """``ffn`` is the MLP width a token passes through (MoE: top-k experts + shared, the mean over
         blocks: ``modelshape.active_ffn_per_layer``)."""
-        return cls(s=plan.seq_len / plan.cp, b=plan.micro_batch, h=model.hidden_size,
-                   kv=model.kv_hidden_size, ffn=modelshape.active_ffn_per_layer(model),
-                   heads=model.num_heads, vocab=model.vocab_size, gated=model.gated_mlp,
-                   attn_width=modelshape.attention_activation_width(model),
-                   routed=modelshape.routed_width_per_layer(model),
-                   routed_peak=float(model.experts_per_token * model.hidden_size) if model.is_moe else 0.0)
+        return cls(
+            s=plan.seq_len / plan.cp,
+            b=plan.micro_batch,
+            h=model.hidden_size,
+            kv=model.kv_hidden_size,
+            ffn=modelshape.active_ffn_per_layer(model),
+            heads=model.num_heads,
+            vocab=model.vocab_size,
+            gated=model.gated_mlp,
+            attn_width=modelshape.attention_activation_width(model),
+            routed=modelshape.routed_width_per_layer(model),
+            routed_peak=float(model.experts_per_token * model.hidden_size) if model.is_moe else 0.0,
+        )
 
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
@@ -177,8 +202,9 @@ def attention_core_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     return per_score * x.heads * x.s * x.s * x.b
 
 
-def layer_activation_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
-                           k: Kernels) -> float:
+def layer_activation_bytes(
+    x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int, k: Kernels
+) -> float:
     """Stored bytes of one layer for one micro-batch (Korthikanti Table 2): ``sbh(34 + 5as/h)`` without
     parallelism; ``sbh(10 + 24/t + 5as/(ht))`` with TP; everything ``/t`` with TP + SP; selective
     recompute drops the attention core; full recompute keeps only the layer input ``2sbh`` (``/t``
@@ -241,12 +267,14 @@ def offloaded_layers(plan: ParallelPlan, layers: float) -> float:
 def host_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, e: int, k: Kernels) -> float:
     """Pinned host memory the offloaded layers' activations take for one GPU (``offloaded_layers``)."""
     n = min(float(plan.offload_activation_layers), float(layers))
-    return n * layer_activation_bytes(x, tp=plan.tp, sp=plan.sequence_parallel, recompute=plan.recompute,
-                                      e=e, k=k)
+    return n * layer_activation_bytes(
+        x, tp=plan.tp, sp=plan.sequence_parallel, recompute=plan.recompute, e=e, k=k
+    )
 
 
-def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int,
-                           k: Kernels) -> float:
+def backward_working_bytes(
+    x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int, k: Kernels
+) -> float:
     """Transient of one layer's backward on top of what is stored (MoE: plus the dispatch buffer). Inside
     the MLP, gradients of
     ``num_mlp_matrices`` ffn-wide tensors are alive at once (dL/d(product), dL/d(silu), dL/d(up)) while the
@@ -267,8 +295,9 @@ def backward_working_bytes(x: LayerShape, *, tp: int, sp: bool, recompute: Recom
     return grads + full_layer - stored
 
 
-def head_activation_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels, first: bool,
-                          last: bool) -> float:
+def head_activation_bytes(
+    x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels, first: bool, last: bool
+) -> float:
     """Stored at the ends of the model per micro-batch (Korthikanti Sec. 4.3), logits excluded: the
     embedding's dropout mask on the first stage (token ids are negligible); the final norm's input,
     ``x*rstd`` if unfused, and output (the output layer's input) on the last stage. With sequence

@@ -23,8 +23,16 @@ from typing import NamedTuple
 from autotune.specs import ClusterSpec
 
 __all__ = [
-    "GroupLink", "group_link", "allreduce_busbw_factor", "allgather_busbw_factor", "ring_allreduce_s",
-    "tree_allreduce_s", "allreduce_s", "allgather_s", "reduce_scatter_s", "p2p_s",
+    "GroupLink",
+    "group_link",
+    "allreduce_busbw_factor",
+    "allgather_busbw_factor",
+    "ring_allreduce_s",
+    "tree_allreduce_s",
+    "allreduce_s",
+    "allgather_s",
+    "reduce_scatter_s",
+    "p2p_s",
 ]
 
 
@@ -44,8 +52,9 @@ class GroupLink(NamedTuple):
         """This link as ``op`` sees it (itself unless the probe fitted ``op``)."""
         for name, latency, bw in self.scales:
             if name == op:
-                return self._replace(bw_bytes_per_s=self.bw_bytes_per_s * bw,
-                                     latency_s=self.latency_s * latency, scales=())
+                return self._replace(
+                    bw_bytes_per_s=self.bw_bytes_per_s * bw, latency_s=self.latency_s * latency, scales=()
+                )
         return self
 
 

@@ -17,8 +17,16 @@ from autotune.modelshape import qk_v_head_dims
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["HBM_EFFICIENCY", "hbm_rate", "block_gemm_s", "attention_s", "head_gemm_s",
-           "default_attention_kernel", "eager_extra_bytes_per_token", "op_sac_recompute_s"]
+__all__ = [
+    "HBM_EFFICIENCY",
+    "hbm_rate",
+    "block_gemm_s",
+    "attention_s",
+    "head_gemm_s",
+    "default_attention_kernel",
+    "eager_extra_bytes_per_token",
+    "op_sac_recompute_s",
+]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
 """How much slower per FLOP a FlashAttention-2 backward runs than its forward, by GPU (default
@@ -65,14 +73,18 @@ def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     s = sum(g.count * kernels.gemm_s(gpu, precision, g.m, g.n, g.k) for g in shapes)
     if precision == "fp8" and gpu.fp8_flops is not None:
-        cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), fp8_operand_elements(model, plan, tokens),
-                                      compiled=plan.compile or plan.framework is not Framework.FSDP)
+        cast = kernels.fp8_cast_bytes(
+            str(plan.fp8_recipe),
+            fp8_operand_elements(model, plan, tokens),
+            compiled=plan.compile or plan.framework is not Framework.FSDP,
+        )
         s += (cast + rowwise_rescale_bytes(plan, shapes)) / hbm_rate(cluster) / 3
     return s + ub_sm_margin_s(model, cluster, plan, tokens) / 3
 
 
-def op_sac_recompute_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
-                       ew_s: float) -> float:
+def op_sac_recompute_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float, ew_s: float
+) -> float:
     """Forward seconds one block reruns in its backward under torchtitan's per-op selective AC (what
     framework fsdp's ``selective`` emits; torchtitan/distributed/activation_checkpoint.py ``_apply_op_sac``,
     save list ``_op_sac_save_list`` in torchtitan/models/llama3/infra/parallelize.py): every second
@@ -115,8 +127,10 @@ def ub_sm_margin_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, t
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     if model.is_moe:  # the routed experts' GEMMs are not TP-overlapped (EP all-to-all: costmodel.moe)
         shapes = shapes[:-2]
-    times = [(g.n == model.hidden_size, g.count * kernels.gemm_s(cluster.gpu, str(plan.precision), g.m, g.n,
-                                                                  g.k)) for g in shapes]
+    times = [
+        (g.n == model.hidden_size, g.count * kernels.gemm_s(cluster.gpu, str(plan.precision), g.m, g.n, g.k))
+        for g in shapes
+    ]
     row = sum(t for is_row, t in times if is_row)  # row-parallel: the full hidden width comes out
     col = sum(t for is_row, t in times if not is_row)
     return (row + 2 * col) * (sms / (sms - UB_OVERLAP_SMS) - 1.0)
@@ -143,8 +157,11 @@ def fp8_tp_gather(plan: ParallelPlan) -> bool:
     1-byte values: tensor-scaled recipes only (torchtitan ``enable_float8_tensorwise_tp``, not for rowwise:
     torchtitan/models/llama3/infra/parallelize.py; Transformer Engine's fp8 all-gather of the LayerNormLinear
     input)."""
-    return (str(plan.precision) == "fp8" and plan.sequence_parallel
-            and str(plan.fp8_recipe) in ("tensorwise", "delayed"))
+    return (
+        str(plan.precision) == "fp8"
+        and plan.sequence_parallel
+        and str(plan.fp8_recipe) in ("tensorwise", "delayed")
+    )
 
 
 def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:
@@ -157,7 +174,8 @@ def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) ->
     col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
     q_width = model.num_heads * qk_v_head_dims(model)[1]
     dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_width_per_layer(model) / h * (
-        model.expert_ffn_hidden_size if model.is_moe else 0)
+        model.expert_ffn_hidden_size if model.is_moe else 0
+    )
     inputs = col_rows * 2 * h + tokens * (q_width + dense_ffn) / tp
     routed = sum(g.m * g.k * g.count for g in shapes[-2:]) if model.is_moe else 0.0
     return inputs + routed + sum(g.count * (g.n * g.k + g.m * g.n) for g in shapes)
@@ -174,8 +192,15 @@ def default_attention_kernel(cluster: ClusterSpec) -> str:
     return "cudnn"
 
 
-def attention_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float, *,
-                flash: bool = True, kernel: str | None = None) -> tuple[float, float]:
+def attention_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    tokens: float,
+    *,
+    flash: bool = True,
+    kernel: str | None = None,
+) -> tuple[float, float]:
     """(forward, backward) seconds of one block's attention core for ``tokens`` queries of this rank over
     ``plan.seq_len`` keys; a FlashAttention-class kernel (``flash``) skips the causal mask's upper tiles
     (``flops.CAUSAL_ATTENTION_FRACTION``). On a GPU with measured

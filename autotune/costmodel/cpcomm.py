@@ -30,8 +30,14 @@ fp32 accumulation into half the buffer and ``_partial_update``'s ``torch.cat`` o
 ``torch.cat`` that flattens dK/dV for the rotation (8) and the one that flattens K/V (4)."""
 
 
-def cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
-                 attn_fwd_s: float, attn_bwd_s: float) -> float:
+def cp_exposed_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    tokens: float,
+    attn_fwd_s: float,
+    attn_bwd_s: float,
+) -> float:
     """Exposed seconds of the CP exchange of one block and micro-batch, forward + backward, for ``tokens``
     local tokens whose attention takes ``attn_fwd_s`` / ``attn_bwd_s``:
 
@@ -63,13 +69,20 @@ def cp_exposed_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
         exposed = max(0.0, gather - overlap * attn_fwd_s / cp) + max(0.0, scatter - overlap * attn_bwd_s / cp)
         return exposed + ncclsm.hidden_comm_sm_s(cluster, gather + scatter - exposed)
     step = comm.p2p_s(kv_bytes, link)
-    exposed = (cp - 1) * (max(0.0, step - overlap * attn_fwd_s / cp)
-                          + max(0.0, 2 * step - overlap * attn_bwd_s / cp))
+    exposed = (cp - 1) * (
+        max(0.0, step - overlap * attn_fwd_s / cp) + max(0.0, 2 * step - overlap * attn_bwd_s / cp)
+    )
     return exposed + ncclsm.hidden_comm_sm_s(cluster, (cp - 1) * 3 * step - exposed)
 
 
-def torch_ring_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
-                 attn_fwd_s: float, attn_bwd_s: float) -> float:
+def torch_ring_s(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    tokens: float,
+    attn_fwd_s: float,
+    attn_bwd_s: float,
+) -> float:
     """Seconds torch's experimental context parallel (torchtitan's CP; torch/distributed/tensor/
     experimental/_attention.py) adds to one block and micro-batch beyond the attention kernels:
 

@@ -21,9 +21,18 @@ from autotune.costmodel.states import (
 from autotune.plan import Framework, ParallelPlan, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["DpComm", "Zero3Gathers", "collective_calls", "dp_comm_s", "gathers_per_microbatch",
-           "zero3_gathers", "GRAD_REDUCE_BYTES", "PARAM_GATHER_BYTES", "MEGATRON_BUCKET_ELEMENTS",
-           "DEEPSPEED_EXPOSED"]
+__all__ = [
+    "DpComm",
+    "Zero3Gathers",
+    "collective_calls",
+    "dp_comm_s",
+    "gathers_per_microbatch",
+    "zero3_gathers",
+    "GRAD_REDUCE_BYTES",
+    "PARAM_GATHER_BYTES",
+    "MEGATRON_BUCKET_ELEMENTS",
+    "DEEPSPEED_EXPOSED",
+]
 
 DEEPSPEED_MAX_REUSE_ELEMENTS = 1_000_000_000
 """DeepSpeed ZeRO-3 ``stage3_max_reuse_distance`` (and ``stage3_max_live_parameters``), default 1e9
@@ -103,16 +112,29 @@ def zero3_gathers(model: ModelSpec, tp: int) -> Zero3Gathers:
     norm = [h] * (2 if model.bias else 1)
     mlp_biases = [f // tp] * (model.num_mlp_matrices - 1)
     bias = [h // tp, kv // tp, kv // tp, h, *mlp_biases, h] if model.bias else []
-    block = [h * h // tp, h * kv // tp, h * kv // tp, h * h // tp,
-             *([h * f // tp] * model.num_mlp_matrices), *norm, *norm, *bias]
+    block = [
+        h * h // tp,
+        h * kv // tp,
+        h * kv // tp,
+        h * h // tp,
+        *([h * f // tp] * model.num_mlp_matrices),
+        *norm,
+        *norm,
+        *bias,
+    ]
     first = [v * h, *([model.max_seq_len * h] if model.learned_positions else [])]
     last = [*norm, *([] if model.tie_embeddings else [v * h])]
     sizes = first + model.num_layers * block + last  # in the order forward fetches them
     kept = [n for n in sizes if n <= DEEPSPEED_PERSISTENCE_ELEMENTS]
     fetched = [n for n in sizes if n > DEEPSPEED_PERSISTENCE_ELEMENTS]
     modules = model.num_layers * (4 + model.num_mlp_matrices + 2) + (2 if model.tie_embeddings else 3)
-    return Zero3Gathers(modules=modules, persistent=len(kept), persistent_params=float(sum(kept)),
-                        fetched_params=float(sum(fetched)), fetch_calls=_prefetch_calls(fetched))
+    return Zero3Gathers(
+        modules=modules,
+        persistent=len(kept),
+        persistent_params=float(sum(kept)),
+        fetched_params=float(sum(fetched)),
+        fetch_calls=_prefetch_calls(fetched),
+    )
 
 
 def _prefetch_calls(sizes: list[int]) -> int:
@@ -152,8 +174,9 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
     return gathers.persistent + gathers.fetch_calls, buckets
 
 
-def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float,
-               blocks: int) -> DpComm:
+def dp_comm_s(
+    cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float, blocks: int
+) -> DpComm:
     """DP/ZeRO/FSDP communication of one step (Rajbhandari et al. 2020 Sec. 7; Zhao et al. 2023, FSDP Sec. 3).
     The group is ``dp x cp`` ranks at stride ``tp`` (CP ranks hold the same weights).
 
@@ -175,8 +198,11 @@ def dp_comm_s(cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params
     shard = plan.shard_degree * plan.cp
     link = comm.group_link(cluster, shard, plan.tp)
     widen = cluster.gpu.half_bytes / 2  # 2 on the CPU trial device, which runs 16-bit plans in fp32
-    per_grad = (megatron_grad_bytes(plan) if plan.framework is Framework.MEGATRON  # its main_grad dtype
-                else GRAD_REDUCE_BYTES[plan.framework.value])
+    per_grad = (
+        megatron_grad_bytes(plan)
+        if plan.framework is Framework.MEGATRON  # its main_grad dtype
+        else GRAD_REDUCE_BYTES[plan.framework.value]
+    )
     grad_bytes = params * per_grad * (widen if per_grad == 2 else 1)  # 16-bit gradients (fp32 ones stay)
     param_bytes = params * PARAM_GATHER_BYTES * widen
     sharding = plan.sharding
@@ -225,12 +251,15 @@ def _megatron_overlap_split(plan: ParallelPlan, grads_s: float, params_s: float)
         return grads_s + params_s, 0.0
     grads_hidden = plan.overlap_grad_reduce
     params_hidden = plan.overlap_param_gather
-    return ((grads_s if grads_hidden else 0.0) + (params_s if params_hidden else 0.0),
-            (0.0 if grads_hidden else grads_s) + (0.0 if params_hidden else params_s))
+    return (
+        (grads_s if grads_hidden else 0.0) + (params_s if params_hidden else 0.0),
+        (0.0 if grads_hidden else grads_s) + (0.0 if params_hidden else params_s),
+    )
 
 
-def _zero3_comm(model: ModelSpec, plan: ParallelPlan, shard: int, link: comm.GroupLink, widen: float,
-                reduce_s: float) -> DpComm:
+def _zero3_comm(
+    model: ModelSpec, plan: ParallelPlan, shard: int, link: comm.GroupLink, widen: float, reduce_s: float
+) -> DpComm:
     """DeepSpeed ZeRO-3 (``zero3_gathers``): every micro-batch fetches the large parameters in coalesced
     all-gathers (again in backward beyond ``DEEPSPEED_MAX_REUSE_ELEMENTS``) and reduce-scatters the gradients;
     after the optimizer step each persistent parameter is all-gathered on its own, exposed."""

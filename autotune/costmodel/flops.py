@@ -28,9 +28,16 @@ from autotune import modelshape
 from autotune.specs import ModelSpec
 
 __all__ = [
-    "CAUSAL_ATTENTION_FRACTION", "layer_gemm_flops_per_token", "attention_flops_per_token",
-    "lm_head_flops_per_token", "model_flops_per_token", "recompute_flops_per_token",
-    "elementwise_bytes_per_token", "score_bytes_per_token", "LOGITS_BYTES_PER_VOCAB", "layer_gemm_shapes",
+    "CAUSAL_ATTENTION_FRACTION",
+    "layer_gemm_flops_per_token",
+    "attention_flops_per_token",
+    "lm_head_flops_per_token",
+    "model_flops_per_token",
+    "recompute_flops_per_token",
+    "elementwise_bytes_per_token",
+    "score_bytes_per_token",
+    "LOGITS_BYTES_PER_VOCAB",
+    "layer_gemm_shapes",
 ]
 
 CAUSAL_ATTENTION_FRACTION = 0.5
@@ -83,14 +90,16 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     return 3.0 * (model.num_layers * per_layer + lm_head_flops_per_token(model))
 
 
-def recompute_flops_per_token(model: ModelSpec, seq_len: int, recompute: str, *,
-                              causal_fraction: float = 1.0) -> float:
+def recompute_flops_per_token(
+    model: ModelSpec, seq_len: int, recompute: str, *, causal_fraction: float = 1.0
+) -> float:
     """Extra forward FLOPs per token of activation recomputation (Korthikanti et al. 2022 Sec. 4-5):
     ``full`` repeats every block's forward (not the LM head); ``selective`` only the attention core
     (``QK^T``, softmax, ``PV``); ``none`` nothing."""
     if recompute == "full":
         per_layer = layer_gemm_flops_per_token(model) + attention_flops_per_token(
-            model, seq_len, causal_fraction=causal_fraction)
+            model, seq_len, causal_fraction=causal_fraction
+        )
     elif recompute == "selective":
         per_layer = attention_flops_per_token(model, seq_len, causal_fraction=causal_fraction)
     else:

@@ -49,21 +49,28 @@ def _attention(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Ge
     if model.uses_mla:
         qk, v = qk_v_head_dims(model)
         r_q, r_kv, rope = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
-        q = ([Gemm(tokens, r_q, h), Gemm(tokens, heads * qk / tp, r_q)] if r_q
-             else [Gemm(tokens, heads * qk / tp, h)])
+        q = (
+            [Gemm(tokens, r_q, h), Gemm(tokens, heads * qk / tp, r_q)]
+            if r_q
+            else [Gemm(tokens, heads * qk / tp, h)]
+        )
         kv_up = heads * (model.qk_nope_head_dim + v) / tp
         return q + [Gemm(tokens, r_kv + rope, h), Gemm(tokens, kv_up, r_kv), Gemm(tokens, h, heads * v / tp)]
     q_width, kv = heads * model.head_dim, model.kv_hidden_size
-    front = ([Gemm(tokens, (q_width + 2 * kv) / tp, h)] if fused
-             else [Gemm(tokens, q_width / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)])
+    front = (
+        [Gemm(tokens, (q_width + 2 * kv) / tp, h)]
+        if fused
+        else [Gemm(tokens, q_width / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)]
+    )
     return front + [Gemm(tokens, h, q_width / tp)]
 
 
 def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:
     if f <= 0 or share <= 0:
         return []
-    front = ([Gemm(tokens, up * f / tp, h, share)] if fused or up == 1
-             else [Gemm(tokens, f / tp, h, share)] * up)
+    front = (
+        [Gemm(tokens, up * f / tp, h, share)] if fused or up == 1 else [Gemm(tokens, f / tp, h, share)] * up
+    )
     return front + [Gemm(tokens, h, f / tp, share)]
 
 

@@ -39,8 +39,20 @@ from autotune.costmodel.tpcomm import block_collectives
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["BLOCK_OPS", "ATTENTION_CORE_FWD_OPS", "EDGE_OPS", "TP_BLOCK_OPS", "TP_EDGE_OPS", "block_ops",
-           "tp_block_ops", "tp_block_calls", "block_host_s", "edge_host_s", "fsdp_host_s", "zero3_host_s"]
+__all__ = [
+    "BLOCK_OPS",
+    "ATTENTION_CORE_FWD_OPS",
+    "EDGE_OPS",
+    "TP_BLOCK_OPS",
+    "TP_EDGE_OPS",
+    "block_ops",
+    "tp_block_ops",
+    "tp_block_calls",
+    "block_host_s",
+    "edge_host_s",
+    "fsdp_host_s",
+    "zero3_host_s",
+]
 
 BLOCK_OPS = {True: (102, 141), False: (85, 117)}
 """``gated_mlp`` -> (forward, backward) operators of one block."""
@@ -49,14 +61,18 @@ EDGE_OPS = 17 + 34
 """Embedding, final norm, LM head and cross-entropy, forward + backward."""
 
 TP_BLOCK_OPS = {
-    (True, False): (89, 28, 88, 66), (True, True): (89, 42, 66, 102),
-    (False, False): (75, 24, 55, 74), (False, True): (87, 26, 63, 80),
+    (True, False): (89, 28, 88, 66),
+    (True, True): (89, 42, 66, 102),
+    (False, False): (75, 24, 55, 74),
+    (False, True): (87, 26, 63, 80),
 }
 """``(gated_mlp, sequence_parallel)`` -> (forward plain, forward DTensor, backward plain, backward DTensor)
 operators of one block under torch TP."""
 TP_EDGE_OPS = {
-    (True, False): (26, 5, 30, 11), (True, True): (26, 12, 18, 29),
-    (False, False): (20, 5, 15, 11), (False, True): (26, 6, 18, 14),
+    (True, False): (26, 5, 30, 11),
+    (True, True): (26, 12, 18, 29),
+    (False, False): (20, 5, 15, 11),
+    (False, True): (26, 6, 18, 14),
 }
 """The same for the embedding, final norm, head and loss."""
 
@@ -99,8 +115,11 @@ def block_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> 
     gpu = cluster.gpu
     if _torch_tp(plan):
         plain, dtensor = tp_block_ops(model, plan)
-        return (plain * gpu.host.op_overhead_s + dtensor * gpu.host.dtensor_op_overhead_s
-                + _reduction_calls_s(cluster, plan, sum(block_collectives(model, plan))))
+        return (
+            plain * gpu.host.op_overhead_s
+            + dtensor * gpu.host.dtensor_op_overhead_s
+            + _reduction_calls_s(cluster, plan, sum(block_collectives(model, plan)))
+        )
     return block_ops(model, plan) * gpu.host.op_overhead_s
 
 
@@ -110,8 +129,12 @@ def edge_host_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> f
     gpu = cluster.gpu
     if _torch_tp(plan):
         fp, fd, bp, bd = TP_EDGE_OPS[model.gated_mlp, plan.sequence_parallel]
-        return ((fp + bp) * gpu.host.op_overhead_s + (fd + bd) * gpu.host.dtensor_op_overhead_s
-                + _reduction_calls_s(cluster, plan, 2) + gpu.host.dtensor_collective_overhead_s)
+        return (
+            (fp + bp) * gpu.host.op_overhead_s
+            + (fd + bd) * gpu.host.dtensor_op_overhead_s
+            + _reduction_calls_s(cluster, plan, 2)
+            + gpu.host.dtensor_collective_overhead_s
+        )
     return EDGE_OPS * gpu.host.op_overhead_s
 
 

@@ -14,8 +14,18 @@ import math
 
 from autotune.specs import GPUSpec
 
-__all__ = ["HBM_EFFICIENCY", "intensity", "gemm_efficiency", "gemm_s", "fp8_cast_bytes", "attention_rates",
-           "clock_factor", "FP8_CAST_BYTES", "ATTENTION_KERNELS", "POWER_CLOCK_EXPONENT"]
+__all__ = [
+    "HBM_EFFICIENCY",
+    "intensity",
+    "gemm_efficiency",
+    "gemm_s",
+    "fp8_cast_bytes",
+    "attention_rates",
+    "clock_factor",
+    "FP8_CAST_BYTES",
+    "ATTENTION_KERNELS",
+    "POWER_CLOCK_EXPONENT",
+]
 
 HBM_EFFICIENCY = 0.8
 """Fraction of the HBM peak a streaming kernel reaches: a device-to-device copy moved 4.14 of 4.8 TB/s on an
@@ -27,8 +37,13 @@ the DVFS range the voltage scales with the clock, so power goes as ``f^3`` and t
 ``(limit / tdp)^(1/3)`` (Hennessy & Patterson, Computer Architecture 6th ed., Sec. 1.5). Applied to compute
 rates only; HBM bandwidth does not follow the core clock."""
 
-FP8_CAST_BYTES: dict[str, float] = {"delayed": 4.0, "tensorwise": 6.0, "rowwise": 8.0, "blockwise": 8.0,
-                                    "mx": 6.0}
+FP8_CAST_BYTES: dict[str, float] = {
+    "delayed": 4.0,
+    "tensorwise": 6.0,
+    "rowwise": 8.0,
+    "blockwise": 8.0,
+    "mx": 6.0,
+}
 """HBM bytes per element of each fp8 GEMM operand (input, weight, output gradient) per forward+backward, to
 scale and cast it from bf16 (compiled / fused kernels):
 
@@ -116,5 +131,7 @@ def attention_rates(gpu: GPUSpec, kernel: str, seq_kv: float) -> tuple[float, fl
         return None
     half = (gpu.bf16_flops or gpu.fp16_flops or 1.0) * clock_factor(gpu)
     fwd, bwd = curves[kernel]
-    return (half * _interp_log(fwd, seq_kv, below_proportional=False),
-            half * _interp_log(bwd, seq_kv, below_proportional=False))
+    return (
+        half * _interp_log(fwd, seq_kv, below_proportional=False),
+        half * _interp_log(bwd, seq_kv, below_proportional=False),
+    )

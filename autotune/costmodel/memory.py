@@ -64,10 +64,18 @@ from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_layers
 
 __all__ = [
-    "MemoryBreakdown", "memory_breakdown", "stage_memory", "reserve_bytes", "fragmentation_bytes",
+    "MemoryBreakdown",
+    "memory_breakdown",
+    "stage_memory",
+    "reserve_bytes",
+    "fragmentation_bytes",
     "pipeline_p2p_bytes",
-    "KeptBytes", "deferred_reduce_bytes",
-    "CUDA_CONTEXT_BYTES", "NCCL_CONTEXT_BYTES", "NCCL_BYTES_PER_COMMUNICATOR", "FRAGMENTATION_FRACTION",
+    "KeptBytes",
+    "deferred_reduce_bytes",
+    "CUDA_CONTEXT_BYTES",
+    "NCCL_CONTEXT_BYTES",
+    "NCCL_BYTES_PER_COMMUNICATOR",
+    "FRAGMENTATION_FRACTION",
     "CPU_RESERVE_BYTES",
 ]
 
@@ -123,9 +131,17 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> float:
         """The caching allocator's reserved peak plus the CUDA/NCCL context: what the device shows."""
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_bytes + self.activations_bytes
-                + self.logits_bytes + self.prefetch_bytes + self.comm_buffer_bytes + self.reserve_bytes
-                + self.fragmentation_bytes)
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.logits_bytes
+            + self.prefetch_bytes
+            + self.comm_buffer_bytes
+            + self.reserve_bytes
+            + self.fragmentation_bytes
+        )
 
     @property
     def needed_bytes(self) -> float:
@@ -180,9 +196,16 @@ class KeptBytes:
     """fp32 reduce-scatter input of the largest unit during the end-of-step reduction."""
 
 
-def deferred_reduce_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *,
-                          first: bool, last: bool, sharded_grad_bytes: float,
-                          layers: float | None = None) -> KeptBytes:
+def deferred_reduce_bytes(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    numerics: Numerics = MIXED_BF16,
+    *,
+    first: bool,
+    last: bool,
+    sharded_grad_bytes: float,
+    layers: float | None = None,
+) -> KeptBytes:
     """What torch 2.13's pipelining keeps unsharded on a sharded FSDP2 stage (``states.defers_grad_reduce``).
 
     torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` turns off gradient sync and
@@ -199,8 +222,12 @@ def deferred_reduce_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numeri
     stage = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
     unit = max(layer_params_per_gpu(model, plan), root_params_per_gpu(model, plan, first=first, last=last))
     params = 0.0 if plan.sharding is Sharding.FSDP_GRAD_OP else stage * numerics.compute_bytes
-    return KeptBytes(params_bytes=params, grads_bytes=max(0.0, 4.0 * stage - sharded_grad_bytes),
-                     unit_grad_bytes=unit * numerics.compute_bytes, reduce_input_bytes=4.0 * unit)
+    return KeptBytes(
+        params_bytes=params,
+        grads_bytes=max(0.0, 4.0 * stage - sharded_grad_bytes),
+        unit_grad_bytes=unit * numerics.compute_bytes,
+        reduce_input_bytes=4.0 * unit,
+    )
 
 
 class _Moment(NamedTuple):
@@ -210,8 +237,17 @@ class _Moment(NamedTuple):
     step_temp: float
 
 
-def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, numerics: Numerics,
-             k: Kernels, step_bytes: float, kept: KeptBytes) -> list[_Moment]:
+def _moments(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    *,
+    rank: int,
+    layers: float,
+    numerics: Numerics,
+    k: Kernels,
+    step_bytes: float,
+    kept: KeptBytes,
+) -> list[_Moment]:
     """The candidate peaks of one stage (module docstring); bytes beyond the model states."""
     first, last = rank == 0, rank == plan.pp - 1
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
@@ -228,19 +264,26 @@ def _moments(model: ModelSpec, plan: ParallelPlan, *, rank: int, layers: float, 
     logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
     accumulated = kept.grads_bytes if plan.num_microbatches > in_flight else 0.0  # a backward ran earlier
     backward = _Moment(
-        activations=stored + working, logits=logits, step_temp=0.0,
-        prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=True) + accumulated)
+        activations=stored + working,
+        logits=logits,
+        step_temp=0.0,
+        prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=True) + accumulated,
+    )
     moments = [backward, _Moment(activations=0.0, logits=0.0, prefetch=0.0, step_temp=step_bytes)]
     if kept != KeptBytes():
         freed = (per_stage + head_first) / plan.virtual_stages + (head_last if last else 0.0)
-        moments += _deferred_reduce_moments(kept, after_backward=max(0.0, stored - freed) + working,
-                                            logits=logits)
+        moments += _deferred_reduce_moments(
+            kept, after_backward=max(0.0, stored - freed) + working, logits=logits
+        )
     if not last:
         return moments
     loss_grads = kept.grads_bytes if _backward_before_loss(plan) else 0.0
-    loss = _Moment(activations=stored, logits=at_loss * one_logits + loss_transient_bytes(x, tp=t, e=e, k=k),
-                   prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=False)
-                   + loss_grads, step_temp=0.0)
+    loss = _Moment(
+        activations=stored,
+        logits=at_loss * one_logits + loss_transient_bytes(x, tp=t, e=e, k=k),
+        prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=False) + loss_grads,
+        step_temp=0.0,
+    )
     return [loss, *moments]
 
 
@@ -250,9 +293,12 @@ def _deferred_reduce_moments(kept: KeptBytes, *, after_backward: float, logits: 
     interleaving: ``1/v`` of the stage) and the first layer's backward working set; and the end-of-step
     reduction (no activations; one unit's reduce-scatter input)."""
     held = kept.params_bytes + kept.grads_bytes
-    return [_Moment(activations=after_backward, logits=logits, prefetch=held + kept.unit_grad_bytes,
-                    step_temp=0.0),
-            _Moment(activations=0.0, logits=0.0, prefetch=held + kept.reduce_input_bytes, step_temp=0.0)]
+    return [
+        _Moment(
+            activations=after_backward, logits=logits, prefetch=held + kept.unit_grad_bytes, step_temp=0.0
+        ),
+        _Moment(activations=0.0, logits=0.0, prefetch=held + kept.reduce_input_bytes, step_temp=0.0),
+    ]
 
 
 def _backward_before_loss(plan: ParallelPlan) -> bool:
@@ -261,8 +307,15 @@ def _backward_before_loss(plan: ParallelPlan) -> bool:
     return plan.schedule is not Schedule.GPIPE and plan.num_microbatches > 1
 
 
-def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, rank: int,
-                 numerics: Numerics = MIXED_BF16, kernels: Kernels | None = None) -> MemoryBreakdown:
+def stage_memory(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    *,
+    rank: int,
+    numerics: Numerics = MIXED_BF16,
+    kernels: Kernels | None = None,
+) -> MemoryBreakdown:
     """Peak memory of pipeline rank ``rank``: model states plus the largest of its loss, backward and
     optimizer-step moments (module docstring); its blocks as ``autotune/stagesplit.py`` splits them."""
     k = kernels if kernels is not None else kernels_for(plan)
@@ -270,26 +323,44 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, 
     layers = _rank_layers(model, plan)[rank]
     params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
     states = _states(model, plan, params, numerics, layers=layers)
-    kept = deferred_reduce_bytes(model, plan, numerics, first=first, last=last,
-                                 sharded_grad_bytes=states.gradients_bytes, layers=layers)
-    moments = _moments(model, plan, rank=rank, layers=layers, numerics=numerics, k=k,
-                       step_bytes=states.step_bytes, kept=kept)
+    kept = deferred_reduce_bytes(
+        model,
+        plan,
+        numerics,
+        first=first,
+        last=last,
+        sharded_grad_bytes=states.gradients_bytes,
+        layers=layers,
+    )
+    moments = _moments(
+        model, plan, rank=rank, layers=layers, numerics=numerics, k=k, step_bytes=states.step_bytes, kept=kept
+    )
     peak = max(moments, key=sum)
     comm = comm_bucket_bytes(plan, params, numerics) + pipeline_p2p_bytes(model, plan, numerics)
     transient = peak.activations + peak.logits + peak.prefetch + peak.step_temp + comm
     return MemoryBreakdown(
-        weights_bytes=states.weights_bytes, gradients_bytes=states.gradients_bytes,
-        optimizer_bytes=states.optimizer_bytes + peak.step_temp, activations_bytes=peak.activations,
-        logits_bytes=peak.logits, prefetch_bytes=peak.prefetch, comm_buffer_bytes=comm,
+        weights_bytes=states.weights_bytes,
+        gradients_bytes=states.gradients_bytes,
+        optimizer_bytes=states.optimizer_bytes + peak.step_temp,
+        activations_bytes=peak.activations,
+        logits_bytes=peak.logits,
+        prefetch_bytes=peak.prefetch,
+        comm_buffer_bytes=comm,
         reserve_bytes=reserve_bytes(cluster, plan),
-        host_bytes_per_node=(states.host_bytes + host_activation_bytes(
-            LayerShape.of(model, plan), plan, layers=layers, e=numerics.compute_bytes, k=k))
+        host_bytes_per_node=(
+            states.host_bytes
+            + host_activation_bytes(
+                LayerShape.of(model, plan), plan, layers=layers, e=numerics.compute_bytes, k=k
+            )
+        )
         * cluster.gpus_per_node,
-        fragmentation_bytes=fragmentation_bytes(cluster, transient))
+        fragmentation_bytes=fragmentation_bytes(cluster, transient),
+    )
 
 
-def _states(model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics, *,
-            layers: float) -> ModelStates:
+def _states(
+    model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics, *, layers: float
+) -> ModelStates:
     """Model states of a stage of ``layers`` blocks: routed experts sharded over the expert-data-parallel
     group (``costmodel.moe``), the rest over DP x CP."""
     experts = expert_params_per_gpu(model, plan, layers)
@@ -301,13 +372,21 @@ def _states(model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numer
     return ModelStates(**{n: getattr(dense, n) + getattr(ex, n) for n in names})
 
 
-def memory_breakdown(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *,
-                     numerics: Numerics = MIXED_BF16, kernels: Kernels | None = None) -> MemoryBreakdown:
+def memory_breakdown(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    *,
+    numerics: Numerics = MIXED_BF16,
+    kernels: Kernels | None = None,
+) -> MemoryBreakdown:
     """Memory of the worst GPU: the largest of the first, the last and (uneven splits) the most loaded
     middle pipeline stage (module docstring). ``host_bytes_per_node`` is the larger stage's offloaded
     bytes per GPU x GPUs per node."""
-    stages = [stage_memory(model, cluster, plan, rank=r, numerics=numerics, kernels=kernels)
-              for r in _ranks_to_check(model, plan)]
+    stages = [
+        stage_memory(model, cluster, plan, rank=r, numerics=numerics, kernels=kernels)
+        for r in _ranks_to_check(model, plan)
+    ]
     worst = max(stages, key=lambda m: m.total_bytes)
     host = max(m.host_bytes_per_node for m in stages)
     return MemoryBreakdown(**{**worst.as_dict(), "host_bytes_per_node": host})

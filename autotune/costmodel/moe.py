@@ -37,9 +37,18 @@ from autotune.modelshape import routed_width_per_layer
 from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["LOAD_IMBALANCE", "GEMM_TILE_ROWS", "expert_params_per_gpu", "optimizer_shard_params",
-           "tokens_per_expert", "remote_nodes_per_token", "all_to_all_s", "dispatch_s",
-           "routed_saved_h_tensors", "regroup_bytes_per_token"]
+__all__ = [
+    "LOAD_IMBALANCE",
+    "GEMM_TILE_ROWS",
+    "expert_params_per_gpu",
+    "optimizer_shard_params",
+    "tokens_per_expert",
+    "remote_nodes_per_token",
+    "all_to_all_s",
+    "dispatch_s",
+    "routed_saved_h_tensors",
+    "regroup_bytes_per_token",
+]
 
 LOAD_IMBALANCE = 1.0
 """Tokens of the busiest expert rank over the mean (module docstring: balanced)."""
@@ -106,8 +115,9 @@ def remote_nodes_per_token(model: ModelSpec, nodes: int) -> float:
     return (nodes - 1) * (1.0 - math.comb(e - e // nodes, k) / math.comb(e, k))
 
 
-def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int,
-                 node_copies: float | None = None) -> float:
+def all_to_all_s(
+    nbytes: float, cluster: ClusterSpec, size: int, stride: int, node_copies: float | None = None
+) -> float:
     """One all-to-all in which each of ``size`` ranks (``stride`` apart) sends ``nbytes`` spread evenly over
     the group (``(n-1)/n`` of it leaves the rank). Peers in the same node get theirs over NVLink, the others
     over the node's NICs, shared by the node's GPUs (all exchange at once); the two run concurrently
@@ -136,8 +146,9 @@ def all_to_all_s(nbytes: float, cluster: ClusterSpec, size: int, stride: int,
     return max(intra_s, inter_s) + max(cluster.intra_link.latency_s, cluster.inter_link.latency_s)
 
 
-def dispatch_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float,
-               act_bytes: int) -> float:
+def dispatch_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float, act_bytes: int
+) -> float:
     """Exposed all-to-all seconds of one (mean) block per micro-batch: dispatch and combine in forward and
     in backward (4), 2 more when full recompute, or Megatron's ``--recompute-modules moe`` (the MoE layer
     checkpointed whole, ``transformer_layer.py``), reruns the forward; each moves this rank's ``tokens / tp``
@@ -148,8 +159,13 @@ def dispatch_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, token
     rerun = plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules
     calls = 4 + (2 if rerun else 0)
     share = len(model.moe_layers) / model.num_layers
-    one = all_to_all_s(nbytes / share, cluster, plan.ep, plan.etp,  # bytes of one MoE block
-                       node_copies=_node_copies(model, cluster, plan))
+    one = all_to_all_s(
+        nbytes / share,
+        cluster,
+        plan.ep,
+        plan.etp,  # bytes of one MoE block
+        node_copies=_node_copies(model, cluster, plan),
+    )
     return calls * share * one
 
 

@@ -40,16 +40,27 @@ and 102 with full recompute, 51 outside the blocks) is 17.2, 17.2 and 17.0 us fo
 recompute (``python benchmarks/host_op_cost.py`` -> benchmarks/results/host_op_cost.md)."""
 
 FWD_OPS = (
-    ("attention: fused norm + QKV, q/k norms, RoPE, fused attention, projection, bias-dropout-add, "
-     "pre-MLP norm (TE modules)", 15),
-    ("router: fp32 gating GEMM, fused top-k + score, aux loss and its bookkeeping (router.py TopKRouter)",
-     10),
-    ("dispatcher preprocess: tokens per expert, splits, all-gather of the counts, device-to-host copies and "
-     "the sync (token_dispatcher.py preprocess / _maybe_dtoh_and_synchronize)", 21),
+    (
+        "attention: fused norm + QKV, q/k norms, RoPE, fused attention, projection, bias-dropout-add, "
+        "pre-MLP norm (TE modules)",
+        15,
+    ),
+    (
+        "router: fp32 gating GEMM, fused top-k + score, aux loss and its bookkeeping (router.py TopKRouter)",
+        10,
+    ),
+    (
+        "dispatcher preprocess: tokens per expert, splits, all-gather of the counts, device-to-host copies "
+        "and the sync (token_dispatcher.py preprocess / _maybe_dtoh_and_synchronize)",
+        21,
+    ),
     ("permute, sort by local expert, unsort, unpermute of tokens and probabilities (moe_utils.py, fused)", 8),
     ("all-to-alls: tokens and probabilities out, expert outputs back, with their buffers", 6),
-    ("grouped MLP without its GEMMs: split, multi-quantize and output buffer of two GroupedLinears, "
-     "weighted SwiGLU (experts.py TEGroupedMLP)", 10),
+    (
+        "grouped MLP without its GEMMs: split, multi-quantize and output buffer of two GroupedLinears, "
+        "weighted SwiGLU (experts.py TEGroupedMLP)",
+        10,
+    ),
     ("residual add", 1),
 )
 """Forward operations of one MoE layer besides the per-expert GEMMs (``layer_ops``)."""

@@ -13,9 +13,17 @@ from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec
 
-__all__ = ["OPTIMIZER_BYTES_PER_PARAM", "TORCH_CPU_ADAMW_BYTES_PER_PARAM", "HOST_OPTIMIZER_BYTES_PER_S",
-           "PCIE_BYTES_PER_S", "HOST_ACCUMULATE_BYTES_PER_PARAM", "HostTraffic", "host_traffic",
-           "gpus_sharing_host", "optimizer_s"]
+__all__ = [
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "TORCH_CPU_ADAMW_BYTES_PER_PARAM",
+    "HOST_OPTIMIZER_BYTES_PER_S",
+    "PCIE_BYTES_PER_S",
+    "HOST_ACCUMULATE_BYTES_PER_PARAM",
+    "HostTraffic",
+    "host_traffic",
+    "gpus_sharing_host",
+    "optimizer_s",
+]
 
 OPTIMIZER_BYTES_PER_PARAM = 34
 """HBM traffic of a fused mixed-precision AdamW step per parameter: read fp32 grad, master, m, v (16 B), write
@@ -80,16 +88,23 @@ def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
         return HostTraffic(0.0, 0.0, 0.0, 0.0)
     m = plan.num_microbatches
     if plan.framework is Framework.FSDP:
-        return HostTraffic(overlapped_h2d_bytes=m * gathers_per_microbatch(plan) * 4 * shard_params,
-                           overlapped_d2h_bytes=m * 4 * shard_params, step_bytes=0.0,
-                           host_accumulate_bytes=(m - 1) * HOST_ACCUMULATE_BYTES_PER_PARAM * shard_params)
+        return HostTraffic(
+            overlapped_h2d_bytes=m * gathers_per_microbatch(plan) * 4 * shard_params,
+            overlapped_d2h_bytes=m * 4 * shard_params,
+            step_bytes=0.0,
+            host_accumulate_bytes=(m - 1) * HOST_ACCUMULATE_BYTES_PER_PARAM * shard_params,
+        )
     step = (4 + 2) * shard_params
     if plan.framework is Framework.MEGATRON or m == 1:
         return HostTraffic(0.0, 0.0, step, 0.0)
     if plan.zero_stage == 1:
         return HostTraffic(0.0, 0.0, step + (2 + 2) * shard_params, 0.0)
-    return HostTraffic(overlapped_h2d_bytes=(m - 1) * 2 * shard_params,
-                       overlapped_d2h_bytes=m * 2 * shard_params, step_bytes=step, host_accumulate_bytes=0.0)
+    return HostTraffic(
+        overlapped_h2d_bytes=(m - 1) * 2 * shard_params,
+        overlapped_d2h_bytes=m * 2 * shard_params,
+        step_bytes=step,
+        host_accumulate_bytes=0.0,
+    )
 
 
 def gpus_sharing_host(cluster: ClusterSpec, plan: ParallelPlan) -> int:
@@ -105,6 +120,7 @@ def optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) -
         hbm = cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
         return shard_params * OPTIMIZER_BYTES_PER_PARAM / hbm
     node_params = shard_params * gpus_sharing_host(cluster, plan)
-    per_param = (TORCH_CPU_ADAMW_BYTES_PER_PARAM if plan.framework is Framework.MEGATRON
-                 else OPTIMIZER_BYTES_PER_PARAM)
+    per_param = (
+        TORCH_CPU_ADAMW_BYTES_PER_PARAM if plan.framework is Framework.MEGATRON else OPTIMIZER_BYTES_PER_PARAM
+    )
     return node_params * per_param / HOST_OPTIMIZER_BYTES_PER_S

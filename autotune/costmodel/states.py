@@ -41,15 +41,32 @@ from autotune.plan import Framework, GradDtype, ParallelPlan, Precision, Shardin
 from autotune.specs import ModelSpec
 
 __all__ = [
-    "Numerics", "MIXED_BF16", "FP32", "StateBytesPerParam", "ModelStates", "state_bytes_per_param",
-    "model_state_bytes", "optimizer_step_temp_bytes", "state_shard_degree", "megatron_grad_bytes",
+    "Numerics",
+    "MIXED_BF16",
+    "FP32",
+    "StateBytesPerParam",
+    "ModelStates",
+    "state_bytes_per_param",
+    "model_state_bytes",
+    "optimizer_step_temp_bytes",
+    "state_shard_degree",
+    "megatron_grad_bytes",
     "megatron_optimizer_bytes",
     "layer_params_per_gpu",
-    "root_params_per_gpu", "stage_params_per_gpu", "vocab_split", "largest_module_params_per_gpu",
+    "root_params_per_gpu",
+    "stage_params_per_gpu",
+    "vocab_split",
+    "largest_module_params_per_gpu",
     "gathered_bytes",
-    "comm_bucket_bytes", "defers_grad_reduce", "host_grad_accumulation_bytes",
-    "DDP_BUCKET_BYTES", "DEEPSPEED_REDUCE_BUCKET_ELEMENTS", "DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS",
-    "DEEPSPEED_PREFETCH_BUCKET_ELEMENTS", "DEEPSPEED_OVERLAP_COMM", "DEEPSPEED_SUB_GROUP_ELEMENTS",
+    "comm_bucket_bytes",
+    "defers_grad_reduce",
+    "host_grad_accumulation_bytes",
+    "DDP_BUCKET_BYTES",
+    "DEEPSPEED_REDUCE_BUCKET_ELEMENTS",
+    "DEEPSPEED_ALLREDUCE_BUCKET_ELEMENTS",
+    "DEEPSPEED_PREFETCH_BUCKET_ELEMENTS",
+    "DEEPSPEED_OVERLAP_COMM",
+    "DEEPSPEED_SUB_GROUP_ELEMENTS",
 ]
 
 DDP_BUCKET_BYTES = 25 * 1024**2
@@ -115,15 +132,22 @@ def state_bytes_per_param(plan: ParallelPlan, numerics: Numerics) -> StateBytesP
     c = numerics.compute_bytes
     if not numerics.mixed:  # plain fp32 + Adam: 4 + 4 + 8, nothing else
         held = c if plan.framework is Framework.FSDP and plan.sharding is Sharding.FSDP_GRAD_OP else 0.0
-        return StateBytesPerParam(weight=c, unsharded_copy=held, grad=c, grad_fp32_partition=0.0,
-                                  optimizer=8.0)
+        return StateBytesPerParam(
+            weight=c, unsharded_copy=held, grad=c, grad_fp32_partition=0.0, optimizer=8.0
+        )
     if plan.framework is Framework.FSDP:
         held = c if plan.sharding in (Sharding.FSDP_GRAD_OP, Sharding.NONE) else 0.0
-        return StateBytesPerParam(weight=4.0, unsharded_copy=held, grad=4.0, grad_fp32_partition=0.0,
-                                  optimizer=8.0)
+        return StateBytesPerParam(
+            weight=4.0, unsharded_copy=held, grad=4.0, grad_fp32_partition=0.0, optimizer=8.0
+        )
     if plan.framework is Framework.MEGATRON:
-        return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=megatron_grad_bytes(plan),
-                                  grad_fp32_partition=0.0, optimizer=megatron_optimizer_bytes(plan))
+        return StateBytesPerParam(
+            weight=c,
+            unsharded_copy=0.0,
+            grad=megatron_grad_bytes(plan),
+            grad_fp32_partition=0.0,
+            optimizer=megatron_optimizer_bytes(plan),
+        )
     return StateBytesPerParam(weight=c, unsharded_copy=0.0, grad=c, grad_fp32_partition=4.0, optimizer=12.0)
 
 
@@ -168,8 +192,9 @@ class ModelStates:
     """Offloaded bytes of this GPU (in host memory)."""
 
 
-def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *,
-                      shard_degree: int | None = None) -> ModelStates:
+def model_state_bytes(
+    num_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *, shard_degree: int | None = None
+) -> ModelStates:
     """Weights, gradients and optimizer states of ``num_params`` parameters on one GPU.
 
     ZeRO Sec. 3.1/5: stage ``z`` divides the optimizer (z>=1), gradients (z>=2) and parameters (z=3) by
@@ -189,10 +214,18 @@ def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics 
     if not plan.offload:
         fp32_grads = _step_group(opt_params, plan) * b.grad_fp32_partition
         step = optimizer_step_temp_bytes(opt_params, plan, numerics) + fp32_grads
-        return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=optimizer,
-                           step_bytes=step, host_bytes=0.0)
-    host = (optimizer + opt_params * b.grad_fp32_partition
-            + host_grad_accumulation_bytes(opt_params, plan, numerics))
+        return ModelStates(
+            weights_bytes=weight + held,
+            gradients_bytes=grad,
+            optimizer_bytes=optimizer,
+            step_bytes=step,
+            host_bytes=0.0,
+        )
+    host = (
+        optimizer
+        + opt_params * b.grad_fp32_partition
+        + host_grad_accumulation_bytes(opt_params, plan, numerics)
+    )
     if plan.framework is not Framework.MEGATRON and z >= 2:  # sharded gradients stream to the host
         # DeepSpeed ZeRO-2 reduces them straight into the fp32 host partition; ZeRO-3 also keeps its
         # bf16 gradient partition in pinned host memory (stage3.py ``grad_partitions_flat_buffer``).
@@ -200,12 +233,18 @@ def model_state_bytes(num_params: float, plan: ParallelPlan, numerics: Numerics 
         host, grad = host + kept, 0.0
     if plan.framework is Framework.FSDP and weight_sharded:  # CPUOffloadPolicy: sharded parameters too
         host, weight = host + weight, 0.0
-    return ModelStates(weights_bytes=weight + held, gradients_bytes=grad, optimizer_bytes=0.0, step_bytes=0.0,
-                       host_bytes=host)
+    return ModelStates(
+        weights_bytes=weight + held,
+        gradients_bytes=grad,
+        optimizer_bytes=0.0,
+        step_bytes=0.0,
+        host_bytes=host,
+    )
 
 
-def host_grad_accumulation_bytes(opt_params: float, plan: ParallelPlan,
-                                 numerics: Numerics = MIXED_BF16) -> float:
+def host_grad_accumulation_bytes(
+    opt_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16
+) -> float:
     """DeepSpeed ZeRO-1/2 ``offload_optimizer`` with gradient accumulation: a host buffer in the model dtype
     per parameter of the gradient partition, kept for the run (deepspeed/runtime/zero/stage_1_and_2.py
     ``async_accumulate_grad_in_cpu_via_gpu``: ``accumulated_grads_in_cpu[param_id] =
@@ -238,8 +277,9 @@ def _step_group(opt_params: float, plan: ParallelPlan) -> float:
     return opt_params
 
 
-def optimizer_step_temp_bytes(opt_params: float, plan: ParallelPlan,
-                              numerics: Numerics = MIXED_BF16) -> float:
+def optimizer_step_temp_bytes(
+    opt_params: float, plan: ParallelPlan, numerics: Numerics = MIXED_BF16
+) -> float:
     """Temporary of the optimizer step: torch's multi-tensor AdamW (``foreach=True``, what
     autotune/trials/train.py builds on the CPU) allocates
     ``exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)``, one fp32 tensor per parameter of the call
@@ -281,8 +321,9 @@ def root_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, la
     return params
 
 
-def stage_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool,
-                         layers: float | None = None) -> float:
+def stage_params_per_gpu(
+    model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool, layers: float | None = None
+) -> float:
     """Parameters one GPU of a stage holds before sharding: its blocks (``layers``, by default ``L/pp``;
     ``autotune/stagesplit.py`` for uneven splits) and its ends."""
     blocks = (model.num_layers / plan.pp if layers is None else layers) * layer_params_per_gpu(model, plan)
@@ -299,8 +340,15 @@ def largest_module_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first
     return max(candidates)
 
 
-def gathered_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *, first: bool,
-                   last: bool, backward: bool) -> float:
+def gathered_bytes(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    numerics: Numerics = MIXED_BF16,
+    *,
+    first: bool,
+    last: bool,
+    backward: bool,
+) -> float:
     """Unsharded parameter/gradient buffers in flight (ZeRO-3 / FSDP), in backward or at the loss.
 
     FSDP2 (per-block units + a root unit holding the ends, as autotune/trials/parallelize.py wraps them;

@@ -36,9 +36,20 @@ from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collect
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["TimeBreakdown", "BlockTimes", "HostTraffic", "block_times", "host_traffic", "step_time",
-           "OPTIMIZER_BYTES_PER_PARAM", "TORCH_CPU_ADAMW_BYTES_PER_PARAM", "HOST_OPTIMIZER_BYTES_PER_S",
-           "PCIE_BYTES_PER_S", "HOST_ACCUMULATE_BYTES_PER_PARAM", "HBM_EFFICIENCY"]
+__all__ = [
+    "TimeBreakdown",
+    "BlockTimes",
+    "HostTraffic",
+    "block_times",
+    "host_traffic",
+    "step_time",
+    "OPTIMIZER_BYTES_PER_PARAM",
+    "TORCH_CPU_ADAMW_BYTES_PER_PARAM",
+    "HOST_OPTIMIZER_BYTES_PER_S",
+    "PCIE_BYTES_PER_S",
+    "HOST_ACCUMULATE_BYTES_PER_PARAM",
+    "HBM_EFFICIENCY",
+]
 
 DP_OVERLAP_FRACTION = 0.8
 """Share of the overlappable compute window during which DP/ZeRO/FSDP collectives run hidden. Below 1 because
@@ -48,6 +59,8 @@ always exposed (see ``_exposed_s``)."""
 ELEMENTWISE_BWD_FACTOR = 1.5
 """Backward/forward HBM traffic of elementwise kernels: the backward of ``y = f(x)`` reads ``x`` (or ``y``)
 and ``dy`` and writes ``dx`` (3 tensors) where the forward read 1 and wrote 1."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimeBreakdown:
     """Seconds per optimizer step on the critical path, by cause. ``step_time_s`` is their sum."""
@@ -87,9 +100,19 @@ class TimeBreakdown:
 
     @property
     def step_time_s(self) -> float:
-        return (self.compute_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s + self.pp_p2p_s
-                + self.pp_bubble_s + self.dp_comm_s + self.optimizer_s + self.offload_s + self.overhead_s
-                + self.ep_comm_s)
+        return (
+            self.compute_s
+            + self.recompute_s
+            + self.tp_comm_s
+            + self.cp_comm_s
+            + self.pp_p2p_s
+            + self.pp_bubble_s
+            + self.dp_comm_s
+            + self.optimizer_s
+            + self.offload_s
+            + self.overhead_s
+            + self.ep_comm_s
+        )
 
     def as_dict(self) -> dict[str, float]:
         d = asdict(self)
@@ -142,8 +165,15 @@ class BlockTimes(NamedTuple):
         return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s + self.ep_s
 
 
-def _tp_exposed_s(one_s: float, model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, wgrad_s: float,
-                  overlap: bool, overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
+def _tp_exposed_s(
+    one_s: float,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    wgrad_s: float,
+    overlap: bool,
+    overlap_fraction: float = DP_OVERLAP_FRACTION,
+) -> float:
     """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
     and reduce-scatter pair (``tpcomm.reduction_s``); how many per framework: ``tpcomm.block_collectives``.
     Forward ones sit between dependent GEMMs and are exposed. With ``overlap`` the backward ones run under
@@ -162,8 +192,11 @@ def _tp_exposed_s(one_s: float, model: ModelSpec, cluster: ClusterSpec, plan: Pa
     if plan.async_tp and str(plan.fp8_recipe) == "rowwise" and str(plan.precision) == "fp8":
         # pytorch/pytorch#149990: with rowwise scales inductor fuses matmul -> reduce-scatter but not the
         # all-gather -> matmul, so only the forward reduce-scatters (half the forward collectives) hide
-        return fwd_n / 2 * one_s + max(0.0, fwd_n / 2 * one_s - overlap_fraction * wgrad_s * fwd_n / 4) \
+        return (
+            fwd_n / 2 * one_s
+            + max(0.0, fwd_n / 2 * one_s - overlap_fraction * wgrad_s * fwd_n / 4)
             + bwd_n * one_s
+        )
     if plan.async_tp:
         return fwd_hidden + bwd_n * one_s
     if overlap:  # NCCL kernels, holding their SMs while hidden (``ncclsm``)
@@ -172,8 +205,15 @@ def _tp_exposed_s(one_s: float, model: ModelSpec, cluster: ClusterSpec, plan: Pa
     return (fwd_n + bwd_n) * one_s
 
 
-def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
-                tp_backward_overlap: bool | None = None, attention_kernel: str | None = None) -> BlockTimes:
+def block_times(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    *,
+    flash_attention: bool = True,
+    tp_backward_overlap: bool | None = None,
+    attention_kernel: str | None = None,
+) -> BlockTimes:
     """Per-block, per-micro-batch times on one GPU: ``FLOPs / (peak x gemm_efficiency)`` for GEMMs and
     attention, ``bytes / (HBM x HBM_EFFICIENCY)`` for the elementwise kernels (``flops`` module); the sequence
     is split over CP, weights over TP. Software switches (defaults: today's frameworks):
@@ -184,33 +224,55 @@ def block_times(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, f
     tp, s = plan.tp, plan.seq_len
     tokens = plan.micro_batch * s / plan.cp
     gemm_s = compute.block_gemm_s(model, cluster, plan, tokens)
-    attn_s, attn_bwd_s = compute.attention_s(model, cluster, plan, tokens, flash=flash_attention,
-                                             kernel=attention_kernel)
-    ew_bytes = (flops.elementwise_bytes_per_token(model, tp=tp, sequence_parallel=plan.sequence_parallel)
-                + compute.eager_extra_bytes_per_token(model, cluster, plan))
+    attn_s, attn_bwd_s = compute.attention_s(
+        model, cluster, plan, tokens, flash=flash_attention, kernel=attention_kernel
+    )
+    ew_bytes = flops.elementwise_bytes_per_token(
+        model, tp=tp, sequence_parallel=plan.sequence_parallel
+    ) + compute.eager_extra_bytes_per_token(model, cluster, plan)
     score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
     ew_s = tokens * (ew_bytes + moe.regroup_bytes_per_token(model, plan)) / hbm_rate + score_s
     recompute = plan.recompute
-    recompute_s = (recomputed_share(model, plan) * (gemm_s + attn_s + ew_s) if recompute is Recompute.FULL
-                   else 0.0 if recompute is not Recompute.SELECTIVE else attn_s + score_s
-                   if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
-                   else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s))
+    recompute_s = (
+        recomputed_share(model, plan) * (gemm_s + attn_s + ew_s)
+        if recompute is Recompute.FULL
+        else 0.0
+        if recompute is not Recompute.SELECTIVE
+        else attn_s + score_s
+        if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
+        else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s)
+    )
     tp_s = 0.0
     if tp > 1:
         hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)
         # an fp8 all-gather moves half the bytes of its bf16 reduce-scatter partner (compute.fp8_tp_gather)
-        one = reduction_s(hidden_bytes * (0.75 if compute.fp8_tp_gather(plan) else 1.0), plan,
-                          comm.group_link(cluster, tp, 1))
+        one = reduction_s(
+            hidden_bytes * (0.75 if compute.fp8_tp_gather(plan) else 1.0),
+            plan,
+            comm.group_link(cluster, tp, 1),
+        )
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
         tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, _overlap_fraction(cluster))
-    head_s = (3 * compute.head_gemm_s(model, cluster, vocab_split(plan), tokens)
-              + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan))
+    head_s = 3 * compute.head_gemm_s(
+        model, cluster, vocab_split(plan), tokens
+    ) + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan)
     cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
-    bt = BlockTimes(gemm_s, attn_s, attn_bwd_s, ew_s, recompute_s, tp_s, cp_s, head_s,
-                    head_tp_s, embed_tp_s, block_host_s(model, cluster, plan),
-                    edge_host_s(model, cluster, plan),
-                    ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)))
+    bt = BlockTimes(
+        gemm_s,
+        attn_s,
+        attn_bwd_s,
+        ew_s,
+        recompute_s,
+        tp_s,
+        cp_s,
+        head_s,
+        head_tp_s,
+        embed_tp_s,
+        block_host_s(model, cluster, plan),
+        edge_host_s(model, cluster, plan),
+        ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)),
+    )
     return bt._replace(host_s=bt.host_s + _moe_host_s(model, plan, bt))
 
 
@@ -220,8 +282,9 @@ def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
     exchange split by its calls (2 of 4, or of 6 with full recompute)."""
     ep_fwd = bt.ep_s * (2 / 6 if plan.recompute is Recompute.FULL else 0.5)
     comm = bt.tp_s + bt.cp_s
-    return moehost.exposed_s(model, plan, bt.fwd_s + comm / 3 + ep_fwd,
-                             bt.bwd_s + bt.recompute_s + 2 * comm / 3 + bt.ep_s - ep_fwd)
+    return moehost.exposed_s(
+        model, plan, bt.fwd_s + comm / 3 + ep_fwd, bt.bwd_s + bt.recompute_s + 2 * comm / 3 + bt.ep_s - ep_fwd
+    )
 
 
 def _overlap_fraction(cluster: ClusterSpec) -> float:
@@ -232,8 +295,9 @@ def _overlap_fraction(cluster: ClusterSpec) -> float:
     return DP_OVERLAP_FRACTION if cluster.dp_overlap_fraction is None else cluster.dp_overlap_fraction
 
 
-def _exposed_s(comm_s: float, window_s: float, pieces: int,
-               overlap_fraction: float = DP_OVERLAP_FRACTION) -> float:
+def _exposed_s(
+    comm_s: float, window_s: float, pieces: int, overlap_fraction: float = DP_OVERLAP_FRACTION
+) -> float:
     """Communication left on the critical path when it may hide behind ``window_s`` of compute: at least one
     piece (the first gather / last reduce-scatter bucket of the window has nothing to overlap), else what
     ``DP_OVERLAP_FRACTION`` of the window cannot cover."""
@@ -249,8 +313,14 @@ def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     return (body - experts) / plan.tp + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
 
 
-def _offload_s(cluster: ClusterSpec, plan: ParallelPlan, traffic: HostTraffic, dp_per_mb_s: float,
-               window_s: float, pieces: int) -> float:
+def _offload_s(
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    traffic: HostTraffic,
+    dp_per_mb_s: float,
+    window_s: float,
+    pieces: int,
+) -> float:
     """Exposed seconds of offload traffic at ``PCIE_BYTES_PER_S`` per direction. Copies issued during a
     micro-batch run on the same streams as its DP collectives (FSDP2 copies in on its all-gather stream and
     out on its reduce-scatter stream; DeepSpeed on its reduction stream), so they hide behind that
@@ -274,12 +344,25 @@ def recomputed_share(model: ModelSpec, plan: ParallelPlan) -> float:
     return min(1.0, plan.recompute_layers * plan.virtual_stages * plan.pp / model.num_layers)
 
 
-def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, flash_attention: bool = True,
-              tp_backward_overlap: bool | None = None, attention_kernel: str | None = None) -> TimeBreakdown:
+def step_time(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    *,
+    flash_attention: bool = True,
+    tp_backward_overlap: bool | None = None,
+    attention_kernel: str | None = None,
+) -> TimeBreakdown:
     """Critical-path seconds of one optimizer step, by cause (see the module docstring for conventions; the
     keyword switches describe older software, see ``block_times``)."""
-    bt = block_times(model, cluster, plan, flash_attention=flash_attention,
-                     tp_backward_overlap=tp_backward_overlap, attention_kernel=attention_kernel)
+    bt = block_times(
+        model,
+        cluster,
+        plan,
+        flash_attention=flash_attention,
+        tp_backward_overlap=tp_backward_overlap,
+        attention_kernel=attention_kernel,
+    )
     block_s = bt.total_s
     # the last pipeline rank runs the head (and with PP=1 the embedding too); the first runs the embedding
     last_tp_s = bt.head_tp_s + (bt.embed_tp_s if plan.pp == 1 else 0.0)
@@ -300,11 +383,17 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     dp_mb_s = dp.per_microbatch_s
     # FSDP2's units (block or root), ZeRO-3's parameter-holding modules: what hostops charges per hook
     zero3 = plan.framework is Framework.DEEPSPEED and plan.params_sharded
-    units = (zero3_gathers(model, plan.tp).modules if zero3
-             else dp_collective_calls(model, plan, params, busiest)[0])
+    units = (
+        zero3_gathers(model, plan.tp).modules
+        if zero3
+        else dp_collective_calls(model, plan, params, busiest)[0]
+    )
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
-    dp_exposed = (m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
-                  + _exposed_s(dp.once_s, mb_compute_s, blocks, ov) + dp.tail_s)
+    dp_exposed = (
+        m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
+        + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
+        + dp.tail_s
+    )
     # the hidden part still holds NCCL's SMs while the compute it overlaps runs (``ncclsm``)
     dp_exposed += ncclsm.hidden_comm_sm_s(cluster, m * dp_mb_s + dp.once_s + dp.tail_s - dp_exposed)
     shard = moe.optimizer_shard_params(model, plan, params, busiest)
@@ -312,23 +401,36 @@ def step_time(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, fla
     norm_s, norm_calls = tpcomm.sp_norm_grads(model, cluster, plan, blocks, plan.pp == 1 or last_busier)
     tokens = plan.tokens_per_step
     model_flops = flops.model_flops_per_token(model, plan.seq_len) * tokens
-    extra = (flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value) * tokens
-             * (recomputed_share(model, plan) if plan.recompute is Recompute.FULL else 1.0))
+    extra = (
+        flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value)
+        * tokens
+        * (recomputed_share(model, plan) if plan.recompute is Recompute.FULL else 1.0)
+    )
     return TimeBreakdown(
         compute_s=m * (blocks * (bt.fwd_s + bt.bwd_s) + head_s),
         recompute_s=m * blocks * bt.recompute_s,
         tp_comm_s=m * (blocks * bt.tp_s + edge_tp_s) + norm_s,
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=pipeline.sends_s(model, cluster, plan),
-        overhead_s=(cluster.step_overhead_s
-                    + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
-                    + norm_calls * cluster.gpu.host.dtensor_collective_overhead_s
-                    + zero3_host_s(cluster, plan, units, params)
-                    + fsdp_host_s(cluster, plan, units, params)),
-        pp_bubble_s=m * mb_s * pipeline.shared_core_bubble_fraction(
-            pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages), cluster.gpus_per_node,
-            cluster.cores_per_node),
-        dp_comm_s=dp_exposed, optimizer_s=optimizer_s(cluster, plan, shard), offload_s=offload_s,
+        overhead_s=(
+            cluster.step_overhead_s
+            + m * (cluster.microbatch_overhead_s + blocks * bt.host_s + edge_host)
+            + norm_calls * cluster.gpu.host.dtensor_collective_overhead_s
+            + zero3_host_s(cluster, plan, units, params)
+            + fsdp_host_s(cluster, plan, units, params)
+        ),
+        pp_bubble_s=m
+        * mb_s
+        * pipeline.shared_core_bubble_fraction(
+            pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages),
+            cluster.gpus_per_node,
+            cluster.cores_per_node,
+        ),
+        dp_comm_s=dp_exposed,
+        optimizer_s=optimizer_s(cluster, plan, shard),
+        offload_s=offload_s,
         ep_comm_s=m * blocks * bt.ep_s,
-        model_flops=model_flops, hardware_flops=model_flops + extra,
-        dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s)
+        model_flops=model_flops,
+        hardware_flops=model_flops + extra,
+        dp_comm_total_s=m * dp_mb_s + dp.once_s + dp.tail_s,
+    )

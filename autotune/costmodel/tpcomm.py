@@ -39,8 +39,19 @@ from autotune.costmodel import comm
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["ACT_BYTES", "act_bytes", "LOSS_BYTES", "INPUT_BYTES", "NORM_GRAD_BYTES", "block_collectives",
-           "collective_calls", "edge_collectives_s", "norm_grad_tensors", "reduction_s", "sp_norm_grads"]
+__all__ = [
+    "ACT_BYTES",
+    "act_bytes",
+    "LOSS_BYTES",
+    "INPUT_BYTES",
+    "NORM_GRAD_BYTES",
+    "block_collectives",
+    "collective_calls",
+    "edge_collectives_s",
+    "norm_grad_tensors",
+    "reduction_s",
+    "sp_norm_grads",
+]
 
 ACT_BYTES = 2
 """Bytes per activation element sent by TP/CP/PP collectives (bf16/fp16; fp8 recipes keep them 16-bit) on a
@@ -92,8 +103,9 @@ def reduction_s(nbytes: float, plan: ParallelPlan, link: comm.GroupLink) -> floa
     return comm.allreduce_s(nbytes, plan.tp, link)
 
 
-def edge_collectives_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float
-                       ) -> tuple[float, float]:
+def edge_collectives_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float
+) -> tuple[float, float]:
     """Seconds per micro-batch of the TP collectives outside the blocks: ``(first pipeline rank: embedding,
     last pipeline rank: head and loss)`` for ``tokens`` tokens of one micro-batch on one rank."""
     tp = plan.tp
@@ -115,8 +127,9 @@ def norm_grad_tensors(model: ModelSpec, blocks: int, final_norm: bool) -> int:
     return (2 if model.bias else 1) * (2 * blocks + int(final_norm))
 
 
-def sp_norm_grads(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, blocks: int,
-                  final_norm: bool) -> tuple[float, int]:
+def sp_norm_grads(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, blocks: int, final_norm: bool
+) -> tuple[float, int]:
     """``(seconds, DTensor collective calls)`` per step of reducing the partial norm gradients of a pipeline
     rank with ``blocks`` blocks over TP under sequence parallelism (module docstring): one coalesced
     all-reduce per step, or under torch FSDP2 / ``replicate`` one per tensor per micro-batch."""

@@ -14,11 +14,21 @@ from autotune.emit.torchtitan import to_torchtitan_config, torchtitan_unsupporte
 from autotune.emit.writer import ARTEFACT_FILES, emit_all
 
 __all__ = [
-    "emit_all", "ARTEFACT_FILES",
-    "to_ds_config", "check_ds_config", "deepspeed_unsupported",
-    "to_accelerate_config", "accelerate_unsupported", "transformer_layer_cls",
-    "torchrun_args", "worker_args",
-    "to_torchtitan_config", "torchtitan_unsupported",
-    "megatron_args", "megatron_unsupported",
-    "PlanDocument", "plan_document", "read_plan_document",
+    "emit_all",
+    "ARTEFACT_FILES",
+    "to_ds_config",
+    "check_ds_config",
+    "deepspeed_unsupported",
+    "to_accelerate_config",
+    "accelerate_unsupported",
+    "transformer_layer_cls",
+    "torchrun_args",
+    "worker_args",
+    "to_torchtitan_config",
+    "torchtitan_unsupported",
+    "megatron_args",
+    "megatron_unsupported",
+    "PlanDocument",
+    "plan_document",
+    "read_plan_document",
 ]

@@ -35,10 +35,18 @@ def worker_entry(trial_dir: str) -> list[str]:
     return ["-m", WORKER_MODULE, "--trial-dir", trial_dir]
 
 
-def torchrun_command(*, nnodes: int, nproc_per_node: int, entry: Sequence[str] = (),
-                     program: Sequence[str] = ("torchrun",), rdzv_endpoint: str | None = None,
-                     rdzv_id: str | None = None, rdzv_conf: str | None = None, node_rank: int | None = None,
-                     standalone: bool = False) -> list[str]:
+def torchrun_command(
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    entry: Sequence[str] = (),
+    program: Sequence[str] = ("torchrun",),
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    rdzv_conf: str | None = None,
+    node_rank: int | None = None,
+    standalone: bool = False,
+) -> list[str]:
     """``program`` + torchrun's flags + ``entry``.
 
     ``standalone``: one node, a local store on a free port (no endpoint). Otherwise the c10d rendezvous at
@@ -47,12 +55,25 @@ def torchrun_command(*, nnodes: int, nproc_per_node: int, entry: Sequence[str] =
     """
     if standalone and (nnodes != 1 or rdzv_endpoint is not None):
         raise ValueError("a standalone torchrun is one node without a rendezvous endpoint")
-    argv = [*program, "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
-            "--rdzv_backend", "c10d", "--max_restarts", "0"]
+    argv = [
+        *program,
+        "--nnodes",
+        str(nnodes),
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "--rdzv_backend",
+        "c10d",
+        "--max_restarts",
+        "0",
+    ]
     if standalone:
         argv.append("--standalone")
-    for flag, value in (("--rdzv_endpoint", rdzv_endpoint), ("--rdzv_id", rdzv_id),
-                        ("--rdzv_conf", rdzv_conf), ("--node_rank", node_rank)):
+    for flag, value in (
+        ("--rdzv_endpoint", rdzv_endpoint),
+        ("--rdzv_id", rdzv_id),
+        ("--rdzv_conf", rdzv_conf),
+        ("--node_rank", node_rank),
+    ):
         if value is not None:
             argv += [flag, value if isinstance(value, str) else str(value)]
     return [*argv, *entry]

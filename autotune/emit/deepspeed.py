@@ -14,21 +14,43 @@ from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
 from autotune.specs import ModelSpec
 
-__all__ = ["DS_TOP_LEVEL_KEYS", "GRADIENT_CLIPPING", "deepspeed_unsupported", "to_ds_config",
-           "check_ds_config"]
+__all__ = [
+    "DS_TOP_LEVEL_KEYS",
+    "GRADIENT_CLIPPING",
+    "deepspeed_unsupported",
+    "to_ds_config",
+    "check_ds_config",
+]
 
 GRADIENT_CLIPPING = 1.0
 """Global-norm clipping, the Llama/GPT-3 recipe value; every emitted artefact uses the same."""
 
-DS_TOP_LEVEL_KEYS = frozenset({
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "steps_per_print", "bf16", "fp16", "zero_optimization", "zero_allow_untested_optimizer",
-    "activation_checkpointing", "pipeline", "tensor_parallel",
-})
+DS_TOP_LEVEL_KEYS = frozenset(
+    {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "steps_per_print",
+        "bf16",
+        "fp16",
+        "zero_optimization",
+        "zero_allow_untested_optimizer",
+        "activation_checkpointing",
+        "pipeline",
+        "tensor_parallel",
+    }
+)
 """Every key ``to_ds_config`` may emit; each is read by ``deepspeed.runtime.config`` (a test checks that)."""
 
-_FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-         "hysteresis": 2, "min_loss_scale": 1}
+_FP16 = {
+    "enabled": True,
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "loss_scale_window": 1000,
+    "hysteresis": 2,
+    "min_loss_scale": 1,
+}
 """Dynamic loss scaling (``loss_scale: 0``) with DeepSpeed's documented defaults spelled out."""
 
 
@@ -36,8 +58,10 @@ def deepspeed_unsupported(plan: ParallelPlan) -> list[str]:
     """Why DeepSpeed cannot run ``plan`` as the cost model priced it; [] when it can."""
     reasons: list[str] = expert_errors(plan, Framework.DEEPSPEED)
     if plan.sharding is Sharding.FSDP_GRAD_OP:
-        reasons.append("fsdp-grad-op reshards parameters between steps; ZeRO-2 keeps them whole, "
-                       "so its memory differs from the plan")
+        reasons.append(
+            "fsdp-grad-op reshards parameters between steps; ZeRO-2 keeps them whole, "
+            "so its memory differs from the plan"
+        )
     if plan.sharding is Sharding.HSDP:
         reasons.append("hsdp needs DeepSpeed MiCS (zero.MiCS_Init in the model code), not a config alone")
     if plan.cp > 1:
@@ -87,8 +111,11 @@ def _parallel_sections(plan: ParallelPlan) -> dict[str, Any]:
     if plan.tp > 1:
         out["tensor_parallel"] = {"autotp_size": plan.tp}
     if plan.recompute is not Recompute.NONE:
-        out["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
-                                           "contiguous_memory_optimization": False}
+        out["activation_checkpointing"] = {
+            "partition_activations": False,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+        }
     return out
 
 
@@ -124,15 +151,18 @@ def check_ds_config(cfg: dict[str, Any], *, dp: int, global_batch: int) -> None:
     """What DeepSpeed checks with bare asserts (or not at all), as ``ConfigError``s."""
     unknown = sorted(set(cfg) - DS_TOP_LEVEL_KEYS)
     if unknown:
-        raise ConfigError(f"ds_config: key '{unknown[0]}' is not one autotune emits "
-                          "(DeepSpeed would ignore it)")
+        raise ConfigError(
+            f"ds_config: key '{unknown[0]}' is not one autotune emits (DeepSpeed would ignore it)"
+        )
     micro, accum = cfg.get("train_micro_batch_size_per_gpu"), cfg.get("gradient_accumulation_steps")
     if not isinstance(micro, int) or not isinstance(accum, int) or micro < 1 or accum < 1:
         raise ConfigError("ds_config: micro-batch and gradient accumulation must be positive integers")
     batch = cfg.get("train_batch_size", micro * accum * dp)
     if batch != micro * accum * dp or batch != global_batch:
-        raise ConfigError(f"ds_config: train_batch_size {batch} != micro {micro} x accumulation {accum} x "
-                          f"DP {dp} (global batch {global_batch})")
+        raise ConfigError(
+            f"ds_config: train_batch_size {batch} != micro {micro} x accumulation {accum} x "
+            f"DP {dp} (global batch {global_batch})"
+        )
     if _has_auto(cfg):
         raise ConfigError("ds_config: 'auto' is an accelerate convention; plain DeepSpeed needs numbers")
 

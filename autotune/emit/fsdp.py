@@ -24,8 +24,12 @@ from autotune.specs import ClusterSpec, ModelSpec
 __all__ = ["accelerate_unsupported", "to_accelerate_config", "transformer_layer_cls"]
 
 _FSDP_SHARDINGS = {Sharding.FSDP_FULL, Sharding.FSDP_GRAD_OP, Sharding.HSDP, Sharding.ZERO3}
-_FSDP1_STRATEGY = {Sharding.FSDP_FULL: "FULL_SHARD", Sharding.ZERO3: "FULL_SHARD",
-                   Sharding.FSDP_GRAD_OP: "SHARD_GRAD_OP", Sharding.HSDP: "HYBRID_SHARD"}
+_FSDP1_STRATEGY = {
+    Sharding.FSDP_FULL: "FULL_SHARD",
+    Sharding.ZERO3: "FULL_SHARD",
+    Sharding.FSDP_GRAD_OP: "SHARD_GRAD_OP",
+    Sharding.HSDP: "HYBRID_SHARD",
+}
 
 
 def transformer_layer_cls(model: ModelSpec) -> str:
@@ -39,8 +43,11 @@ def accelerate_unsupported(plan: ParallelPlan) -> list[str]:
     if plan.ep > 1 or plan.etp > 1:
         reasons.append("accelerate's FSDP plugin has no expert parallelism (torchtitan.toml has it)")
     if plan.sharding not in _FSDP_SHARDINGS:
-        what = "no sharding is plain DDP (accelerate launch --multi_gpu)" if plan.sharding is Sharding.NONE \
+        what = (
+            "no sharding is plain DDP (accelerate launch --multi_gpu)"
+            if plan.sharding is Sharding.NONE
             else f"FSDP has no {plan.sharding} (optimizer-only or gradient-only) sharding"
+        )
         reasons.append(what)
     if plan.pp > 1:
         reasons.append("accelerate's FSDP path has no pipeline parallelism (PP > 1)")

@@ -52,8 +52,10 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     reasons: list[str] = expert_errors(plan, Framework.MEGATRON)
     megatron_fsdp = plan.sharding is Sharding.FSDP_FULL and plan.framework is Framework.MEGATRON
     if plan.sharding not in (Sharding.NONE, Sharding.ZERO1) and not megatron_fsdp:
-        reasons.append(f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding} "
-                       "(fsdp-full is Megatron-FSDP for --framework megatron plans)")
+        reasons.append(
+            f"Megatron's distributed optimizer shards optimizer states only, not {plan.sharding} "
+            "(fsdp-full is Megatron-FSDP for --framework megatron plans)"
+        )
     if megatron_fsdp and (plan.pp > 1 or plan.offload):
         reasons.append("Megatron-FSDP is emitted without pipelining or optimizer offload")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
@@ -61,12 +63,17 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     return reasons
 
 
-def _model_args(model: ModelSpec, seq_len: int,
-                dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL) -> list[list[str]]:
-    args = [["--num-layers", str(model.num_layers)], ["--hidden-size", str(model.hidden_size)],
-            ["--num-attention-heads", str(model.num_heads)],
-            ["--ffn-hidden-size", str(model.ffn_hidden_size)], ["--seq-length", str(seq_len)],
-            ["--max-position-embeddings", str(max(model.max_seq_len, seq_len))]]
+def _model_args(
+    model: ModelSpec, seq_len: int, dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+) -> list[list[str]]:
+    args = [
+        ["--num-layers", str(model.num_layers)],
+        ["--hidden-size", str(model.hidden_size)],
+        ["--num-attention-heads", str(model.num_heads)],
+        ["--ffn-hidden-size", str(model.ffn_hidden_size)],
+        ["--seq-length", str(seq_len)],
+        ["--max-position-embeddings", str(max(model.max_seq_len, seq_len))],
+    ]
     if model.num_kv_heads != model.num_heads:
         args += [["--group-query-attention"], ["--num-query-groups", str(model.num_kv_heads)]]
     if model.gated_mlp:
@@ -87,10 +94,13 @@ def _model_args(model: ModelSpec, seq_len: int,
 def _mla_args(model: ModelSpec) -> list[list[str]]:
     if not model.uses_mla:
         return []
-    args = [["--multi-latent-attention"], ["--kv-lora-rank", str(model.kv_lora_rank)],
-            ["--qk-head-dim", str(model.qk_nope_head_dim)],
-            ["--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)],
-            ["--v-head-dim", str(model.v_head_dim)]]
+    args = [
+        ["--multi-latent-attention"],
+        ["--kv-lora-rank", str(model.kv_lora_rank)],
+        ["--qk-head-dim", str(model.qk_nope_head_dim)],
+        ["--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)],
+        ["--v-head-dim", str(model.v_head_dim)],
+    ]
     if model.q_lora_rank:
         args.append(["--q-lora-rank", str(model.q_lora_rank)])
     return args
@@ -114,9 +124,13 @@ def moe_layer_freq(model: ModelSpec) -> str:
 def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
     if not model.is_moe:
         return []
-    args = [["--num-experts", str(model.num_experts)], ["--moe-router-topk", str(model.experts_per_token)],
-            ["--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)],
-            ["--moe-layer-freq", moe_layer_freq(model)], ["--moe-grouped-gemm"]]
+    args = [
+        ["--num-experts", str(model.num_experts)],
+        ["--moe-router-topk", str(model.experts_per_token)],
+        ["--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)],
+        ["--moe-layer-freq", moe_layer_freq(model)],
+        ["--moe-grouped-gemm"],
+    ]
     if dispatcher is MoeDispatcher.ALLTOALL:
         args.append(["--moe-token-dispatcher-type", "alltoall"])
     else:  # megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher
@@ -127,24 +141,35 @@ def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
 
 
 def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
-    args = [["--tensor-model-parallel-size", str(plan.tp)], ["--pipeline-model-parallel-size", str(plan.pp)],
-            ["--context-parallel-size", str(plan.cp)]]
+    args = [
+        ["--tensor-model-parallel-size", str(plan.tp)],
+        ["--pipeline-model-parallel-size", str(plan.pp)],
+        ["--context-parallel-size", str(plan.cp)],
+    ]
     args += _split_args(plan, model)
     if plan.sequence_parallel:
         args.append(["--sequence-parallel"])
     if model.is_moe:  # Megatron's ETP defaults to TP; the plan's is explicit
-        args += [["--expert-model-parallel-size", str(plan.ep)],
-                 ["--expert-tensor-parallel-size", str(plan.etp)]]
+        args += [
+            ["--expert-model-parallel-size", str(plan.ep)],
+            ["--expert-tensor-parallel-size", str(plan.etp)],
+        ]
 
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
     args += _overlap_args(plan)
     if plan.sharding is Sharding.FSDP_FULL:  # Megatron-FSDP, ZeRO-3 style (megatron/training/arguments.py)
-        args += [["--use-megatron-fsdp"], ["--data-parallel-sharding-strategy", "optim_grads_params"],
-                 ["--use-distributed-optimizer"]]
+        args += [
+            ["--use-megatron-fsdp"],
+            ["--data-parallel-sharding-strategy", "optim_grads_params"],
+            ["--use-distributed-optimizer"],
+        ]
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path
-        args += [["--optimizer-cpu-offload"], ["--use-precision-aware-optimizer"],
-                 ["--optimizer-offload-fraction", "1.0"]]
+        args += [
+            ["--optimizer-cpu-offload"],
+            ["--use-precision-aware-optimizer"],
+            ["--optimizer-offload-fraction", "1.0"],
+        ]
     return args
 
 
@@ -159,15 +184,20 @@ def _split_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         return [["--num-layers-per-virtual-pipeline-stage", str(split.chunk_layers[0])]]
     if split.method == LAYOUT:  # the layout implies the virtual stages (megatron/training/arguments.py)
         return [["--pipeline-model-parallel-layout", megatron_layout(split)]]
-    args = [["--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages)]] \
-        if plan.schedule is Schedule.INTERLEAVED else []
+    args = (
+        [["--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages)]]
+        if plan.schedule is Schedule.INTERLEAVED
+        else []
+    )
     if split.method in (ACCOUNT_BOTH, ACCOUNT_LOSS):
         args.append(["--account-for-loss-in-pipeline-split"])
     if split.method == ACCOUNT_BOTH:
         args.append(["--account-for-embedding-in-pipeline-split"])
     if split.method == FIRST_LAST:
-        args += [["--decoder-first-pipeline-num-layers", str(split.first_rank_layers)],
-                 ["--decoder-last-pipeline-num-layers", str(split.last_rank_layers)]]
+        args += [
+            ["--decoder-first-pipeline-num-layers", str(split.first_rank_layers)],
+            ["--decoder-last-pipeline-num-layers", str(split.last_rank_layers)],
+        ]
     return args
 
 
@@ -200,11 +230,17 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
         if plan.recompute_modules:
             args.append(["--recompute-modules", *plan.recompute_modules])
     elif plan.recompute is Recompute.FULL and plan.recompute_layers is not None:
-        args += [["--recompute-granularity", "full"], ["--recompute-method", "block"],
-                 ["--recompute-num-layers", str(plan.recompute_layers)]]
+        args += [
+            ["--recompute-granularity", "full"],
+            ["--recompute-method", "block"],
+            ["--recompute-num-layers", str(plan.recompute_layers)],
+        ]
     elif plan.recompute is Recompute.FULL:
-        args += [["--recompute-granularity", "full"], ["--recompute-method", "uniform"],
-                 ["--recompute-num-layers", "1"]]
+        args += [
+            ["--recompute-granularity", "full"],
+            ["--recompute-method", "uniform"],
+            ["--recompute-num-layers", "1"],
+        ]
     if plan.precision is Precision.FP16:
         args.append(["--fp16"])
     else:  # fp8 runs its GEMMs in fp8 (Transformer Engine) on top of bf16 everything else
@@ -262,11 +298,15 @@ def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:
     if reason:
         raise ConfigError(f"Megatron: {reason}")
     if plan.offload_activation_layers >= model.num_layers:
-        raise ConfigError(f"Megatron: --cpu-offloading-num-layers {plan.offload_activation_layers} must be "
-                          f"below the {model.num_layers} layers (TransformerConfig)")
+        raise ConfigError(
+            f"Megatron: --cpu-offloading-num-layers {plan.offload_activation_layers} must be "
+            f"below the {model.num_layers} layers (TransformerConfig)"
+        )
     if plan.global_batch % (plan.micro_batch * plan.dp):
-        raise ConfigError(f"Megatron: --global-batch-size {plan.global_batch} is not divisible by "
-                          f"--micro-batch-size x DP = {plan.micro_batch} x {plan.dp}")
+        raise ConfigError(
+            f"Megatron: --global-batch-size {plan.global_batch} is not divisible by "
+            f"--micro-batch-size x DP = {plan.micro_batch} x {plan.dp}"
+        )
 
 
 def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
@@ -276,8 +316,14 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         raise ConfigError(f"Megatron-LM cannot express this plan: {reasons[0]}")
     _check_rules(plan, model)
     batch = [["--micro-batch-size", str(plan.micro_batch)], ["--global-batch-size", str(plan.global_batch)]]
-    return (_parallel_args(plan, model) + batch + _model_args(model, plan.seq_len, plan.moe_dispatcher)
-            + _recompute_and_precision_args(plan) + _memory_args(plan) + priced_args(plan))
+    return (
+        _parallel_args(plan, model)
+        + batch
+        + _model_args(model, plan.seq_len, plan.moe_dispatcher)
+        + _recompute_and_precision_args(plan)
+        + _memory_args(plan)
+        + priced_args(plan)
+    )
 
 
 def megatron_args_text(plan: ParallelPlan, model: ModelSpec) -> str:

@@ -70,22 +70,34 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
     if model.attention_bias:
         cfg["attention_bias"] = True
     if model.is_moe:
-        cfg.update(num_experts=model.num_experts, num_experts_per_tok=model.experts_per_token,
-                   moe_intermediate_size=model.expert_ffn_hidden_size,
-                   shared_expert_intermediate_size=model.shared_ffn_hidden_size,
-                   moe_layers=list(model.moe_layers))
+        cfg.update(
+            num_experts=model.num_experts,
+            num_experts_per_tok=model.experts_per_token,
+            moe_intermediate_size=model.expert_ffn_hidden_size,
+            shared_expert_intermediate_size=model.shared_ffn_hidden_size,
+            moe_layers=list(model.moe_layers),
+        )
     if model.uses_mla:
-        cfg.update(q_lora_rank=model.q_lora_rank, kv_lora_rank=model.kv_lora_rank,
-                   qk_rope_head_dim=model.qk_rope_head_dim, qk_nope_head_dim=model.qk_nope_head_dim,
-                   v_head_dim=model.v_head_dim)
+        cfg.update(
+            q_lora_rank=model.q_lora_rank,
+            kv_lora_rank=model.kv_lora_rank,
+            qk_rope_head_dim=model.qk_rope_head_dim,
+            qk_nope_head_dim=model.qk_nope_head_dim,
+            v_head_dim=model.v_head_dim,
+        )
     local = model.num_local_layers
     if model.chunked_attention:
-        cfg.update(model_type="llama4_text", attention_chunk_size=model.attention_window,
-                   no_rope_layers=[1] * local + [0] * (model.num_layers - local))
+        cfg.update(
+            model_type="llama4_text",
+            attention_chunk_size=model.attention_window,
+            no_rope_layers=[1] * local + [0] * (model.num_layers - local),
+        )
     elif local and model.attention_window:
         full = model.num_layers - local
-        cfg.update(sliding_window=model.attention_window,
-                   layer_types=["sliding_attention"] * local + ["full_attention"] * full)
+        cfg.update(
+            sliding_window=model.attention_window,
+            layer_types=["sliding_attention"] * local + ["full_attention"] * full,
+        )
     return cfg
 
 
@@ -102,8 +114,9 @@ def _cluster_to_dict(cluster: ClusterSpec) -> dict[str, Any]:
     }
 
 
-def plan_document(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec,
-                  estimate: dict[str, Any] | None) -> dict[str, Any]:
+def plan_document(
+    plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimate: dict[str, Any] | None
+) -> dict[str, Any]:
     """The JSON object ``emit_all`` writes as ``plan.json``."""
     return {
         "format": PLAN_FORMAT,
@@ -126,10 +139,15 @@ def _cluster_from(data: Any, where: str) -> ClusterSpec:
         raise ConfigError(f"{where}: 'cluster' must be a mapping")
     try:
         nodes, per_node = int(data["num_nodes"]), int(data["gpus_per_node"])
-        return make_cluster(num_gpus=nodes * per_node, gpu=str(data["gpu"]), gpus_per_node=per_node,
-                            intra_node=data.get("intra_node_link"), inter_node=data.get("inter_node_link"),
-                            nics_per_node=data.get("nics_per_node"),
-                            host_memory_gib=data.get("host_memory_gib"))
+        return make_cluster(
+            num_gpus=nodes * per_node,
+            gpu=str(data["gpu"]),
+            gpus_per_node=per_node,
+            intra_node=data.get("intra_node_link"),
+            inter_node=data.get("inter_node_link"),
+            nics_per_node=data.get("nics_per_node"),
+            host_memory_gib=data.get("host_memory_gib"),
+        )
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise

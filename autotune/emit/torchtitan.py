@@ -36,8 +36,11 @@ from autotune.stagesplit import split_layers
 
 __all__ = ["torchtitan_unsupported", "to_torchtitan_config", "dumps_toml", "torchtitan_flavor"]
 
-LLAMA3_FLAVORS = {"8B": (4096, 32, 32, 8, 14336, 128256), "70B": (8192, 80, 64, 8, 28672, 128256),
-                  "405B": (16384, 126, 128, 8, 53248, 128256)}
+LLAMA3_FLAVORS = {
+    "8B": (4096, 32, 32, 8, 14336, 128256),
+    "70B": (8192, 80, 64, 8, 28672, 128256),
+    "405B": (16384, 126, 128, 8, 53248, 128256),
+}
 """torchtitan 0.2.2 ``torchtitan/models/llama3/__init__.py::llama3_args``: flavor -> (dim, layers, heads,
 KV heads, FFN width as its ``FeedForward`` rounds it, vocabulary); a test builds each and compares."""
 
@@ -123,8 +126,14 @@ def _training(plan: ParallelPlan) -> dict[str, Any]:
 def torchtitan_flavor(model: ModelSpec) -> str | None:
     """The llama3 flavor of ``model``'s shape, or None: the fragment then gives the model's name as flavor and
     torchtitan stops on an unknown flavor until one is registered, instead of training its debug model."""
-    shape = (model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads, model.ffn_hidden_size,
-             model.vocab_size)
+    shape = (
+        model.hidden_size,
+        model.num_layers,
+        model.num_heads,
+        model.num_kv_heads,
+        model.ffn_hidden_size,
+        model.vocab_size,
+    )
     return next((name for name, dims in LLAMA3_FLAVORS.items() if dims == shape), None)
 
 
@@ -137,9 +146,12 @@ def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"
     flavor = torchtitan_flavor(model) or model.name
-    cfg: dict[str, dict[str, Any]] = {"model": {"name": "llama3", "flavor": flavor},
-                                      "training": _training(plan), "parallelism": _parallelism(plan, model),
-                                      "activation_checkpoint": ac}
+    cfg: dict[str, dict[str, Any]] = {
+        "model": {"name": "llama3", "flavor": flavor},
+        "training": _training(plan),
+        "parallelism": _parallelism(plan, model),
+        "activation_checkpoint": ac,
+    }
     if plan.compile:
         cfg["compile"] = {"enable": True, "components": ["model", "loss"]}
     if plan.precision is Precision.FP8:
@@ -153,13 +165,19 @@ def _float8(plan: ParallelPlan) -> dict[str, dict[str, Any]]:
     """torchao float8 linears (``[quantize.linear.float8] recipe_name``) or MXFP8 (``[quantize.linear.mx]``);
     only tensorwise scaling all-gathers fp8 weights under FSDP (torchtitan config/job_config.py)."""
     if str(plan.fp8_recipe) == "mx":
-        return {"model": {"converters": ["quantize.linear.mx"]},
-                "quantize.linear.mx": {"recipe_name": "mxfp8_cublas"}}
+        return {
+            "model": {"converters": ["quantize.linear.mx"]},
+            "quantize.linear.mx": {"recipe_name": "mxfp8_cublas"},
+        }
     sharded = _dp_degrees(plan)[1] > 1 and str(plan.fp8_recipe) == "tensorwise"
-    return {"model": {"converters": ["quantize.linear.float8"]},
-            "quantize.linear.float8": {"recipe_name": str(plan.fp8_recipe),
-                                       "enable_fsdp_float8_all_gather": sharded,
-                                       "precompute_float8_dynamic_scale_for_fsdp": sharded}}
+    return {
+        "model": {"converters": ["quantize.linear.float8"]},
+        "quantize.linear.float8": {
+            "recipe_name": str(plan.fp8_recipe),
+            "enable_fsdp_float8_all_gather": sharded,
+            "precompute_float8_dynamic_scale_for_fsdp": sharded,
+        },
+    }
 
 
 def _toml_value(value: Any) -> str:

@@ -66,54 +66,107 @@ def _yaml(header: str, data: dict[str, Any]) -> str:
 
 def _contract_configs(plan: ParallelPlan) -> dict[str, str]:
     """Contract field -> emitted config, for the configs this plan gets (the names trials use too)."""
-    emitted = {"ds_config": not deepspeed_unsupported(plan),
-               "accelerate_config": not accelerate_unsupported(plan)}
+    emitted = {
+        "ds_config": not deepspeed_unsupported(plan),
+        "accelerate_config": not accelerate_unsupported(plan),
+    }
     return {key: name for key, name in SCRIPT_CONFIGS.items() if emitted[key]}
 
 
 def _pod_files(plan: ParallelPlan) -> list[str]:
     """What the PyTorchJob's ConfigMap holds: the contract, the worker's plan and model, the configs."""
-    return ["trial/plan.json", "trial/trial.json", launchers.CONTRACT_ENV_FILE,
-            *_contract_configs(plan).values()]
+    return [
+        "trial/plan.json",
+        "trial/trial.json",
+        launchers.CONTRACT_ENV_FILE,
+        *_contract_configs(plan).values(),
+    ]
 
 
 _ARTEFACTS = (
-    _Artefact(name="plan.json", what="the plan with its model, cluster and estimate; "
-              "`autotune emit --plan plan.json --out DIR` re-emits everything from it",
-              render=lambda c: _json(plan_document(c.plan, c.model, c.cluster, c.estimate))),
-    _Artefact(name="trial/plan.json", what="the plan alone, as autotune's trial worker reads it",
-              render=lambda c: _json(c.plan.to_dict())),
-    _Artefact(name="trial/trial.json", what="the model, for autotune's trial worker (`--trial-dir trial`)",
-              render=lambda c: _json({"model": dataclasses.asdict(c.model)})),
-    _Artefact(name="ds_config.json", what="DeepSpeed config (`deepspeed.initialize(config=...)`)",
-              render=lambda c: _json(to_ds_config(c.plan, c.model)),
-              unsupported=deepspeed_unsupported),
-    _Artefact(name="accelerate_fsdp.yaml", what="accelerate FSDP2 config (`accelerate launch --config_file`)",
-              render=lambda c: _yaml(f"accelerate FSDP2 config: {launchers.plan_line(c.plan)}",
-                                     to_accelerate_config(c.plan, c.model, c.cluster)),
-              unsupported=accelerate_unsupported),
-    _Artefact(name="torchrun_args.txt", what="torchrun flags and autotune's trainer entry point "
-              "(add `--rdzv_endpoint HOST:PORT`)", render=lambda c: torchrun_args_text(c.plan, c.cluster)),
-    _Artefact(name="torchtitan.toml", what="torchtitan job-config keys (merge into a job config)",
-              render=lambda c: dumps_toml(to_torchtitan_config(c.plan, c.model),
-                                          header=f"torchtitan keys for: {launchers.plan_line(c.plan)}"),
-              unsupported=torchtitan_unsupported),
-    _Artefact(name="megatron_args.txt", what="Megatron-LM `pretrain_gpt.py` flags, one per line",
-              render=lambda c: megatron_args_text(c.plan, c.model), unsupported=megatron_unsupported),
-    _Artefact(name=launchers.CONTRACT_ENV_FILE, what="the plan and its configs for your script (AUTOTUNE_* "
-              "variables, see Launch); every launcher here sources it",
-              render=lambda c: launchers.contract_env(c.plan, _contract_configs(c.plan), c.cluster.gpu)),
-    _Artefact(name="launch_torchrun.sh", what="torchrun launcher: `bash launch_torchrun.sh train.py` on "
-              "every node, MASTER_ADDR set", render=lambda c: launchers.torchrun_script(c.plan, c.cluster),
-              executable=True),
-    _Artefact(name="launch_deepspeed.sh", what="deepspeed launcher: `bash launch_deepspeed.sh train.py`",
-              render=lambda c: launchers.deepspeed_script(c.plan, c.cluster),
-              unsupported=deepspeed_unsupported, executable=True),
-    _Artefact(name="launch_slurm.sbatch", what="Slurm batch script: `sbatch launch_slurm.sbatch train.py`",
-              render=lambda c: launchers.slurm_script(c.plan, c.cluster), executable=True),
-    _Artefact(name="pytorchjob.yaml", what="Kubeflow PyTorchJob (see its header for the ConfigMap and image)",
-              render=lambda c: launchers.pytorchjob_yaml(c.plan, c.cluster, image=c.image,
-                                                         files=_pod_files(c.plan))),
+    _Artefact(
+        name="plan.json",
+        what="the plan with its model, cluster and estimate; "
+        "`autotune emit --plan plan.json --out DIR` re-emits everything from it",
+        render=lambda c: _json(plan_document(c.plan, c.model, c.cluster, c.estimate)),
+    ),
+    _Artefact(
+        name="trial/plan.json",
+        what="the plan alone, as autotune's trial worker reads it",
+        render=lambda c: _json(c.plan.to_dict()),
+    ),
+    _Artefact(
+        name="trial/trial.json",
+        what="the model, for autotune's trial worker (`--trial-dir trial`)",
+        render=lambda c: _json({"model": dataclasses.asdict(c.model)}),
+    ),
+    _Artefact(
+        name="ds_config.json",
+        what="DeepSpeed config (`deepspeed.initialize(config=...)`)",
+        render=lambda c: _json(to_ds_config(c.plan, c.model)),
+        unsupported=deepspeed_unsupported,
+    ),
+    _Artefact(
+        name="accelerate_fsdp.yaml",
+        what="accelerate FSDP2 config (`accelerate launch --config_file`)",
+        render=lambda c: _yaml(
+            f"accelerate FSDP2 config: {launchers.plan_line(c.plan)}",
+            to_accelerate_config(c.plan, c.model, c.cluster),
+        ),
+        unsupported=accelerate_unsupported,
+    ),
+    _Artefact(
+        name="torchrun_args.txt",
+        what="torchrun flags and autotune's trainer entry point (add `--rdzv_endpoint HOST:PORT`)",
+        render=lambda c: torchrun_args_text(c.plan, c.cluster),
+    ),
+    _Artefact(
+        name="torchtitan.toml",
+        what="torchtitan job-config keys (merge into a job config)",
+        render=lambda c: dumps_toml(
+            to_torchtitan_config(c.plan, c.model),
+            header=f"torchtitan keys for: {launchers.plan_line(c.plan)}",
+        ),
+        unsupported=torchtitan_unsupported,
+    ),
+    _Artefact(
+        name="megatron_args.txt",
+        what="Megatron-LM `pretrain_gpt.py` flags, one per line",
+        render=lambda c: megatron_args_text(c.plan, c.model),
+        unsupported=megatron_unsupported,
+    ),
+    _Artefact(
+        name=launchers.CONTRACT_ENV_FILE,
+        what="the plan and its configs for your script (AUTOTUNE_* "
+        "variables, see Launch); every launcher here sources it",
+        render=lambda c: launchers.contract_env(c.plan, _contract_configs(c.plan), c.cluster.gpu),
+    ),
+    _Artefact(
+        name="launch_torchrun.sh",
+        what="torchrun launcher: `bash launch_torchrun.sh train.py` on every node, MASTER_ADDR set",
+        render=lambda c: launchers.torchrun_script(c.plan, c.cluster),
+        executable=True,
+    ),
+    _Artefact(
+        name="launch_deepspeed.sh",
+        what="deepspeed launcher: `bash launch_deepspeed.sh train.py`",
+        render=lambda c: launchers.deepspeed_script(c.plan, c.cluster),
+        unsupported=deepspeed_unsupported,
+        executable=True,
+    ),
+    _Artefact(
+        name="launch_slurm.sbatch",
+        what="Slurm batch script: `sbatch launch_slurm.sbatch train.py`",
+        render=lambda c: launchers.slurm_script(c.plan, c.cluster),
+        executable=True,
+    ),
+    _Artefact(
+        name="pytorchjob.yaml",
+        what="Kubeflow PyTorchJob (see its header for the ConfigMap and image)",
+        render=lambda c: launchers.pytorchjob_yaml(
+            c.plan, c.cluster, image=c.image, files=_pod_files(c.plan)
+        ),
+    ),
 )
 SUMMARY = "summary.md"
 ARTEFACT_FILES: tuple[str, ...] = (*(a.name for a in _ARTEFACTS), SUMMARY)
@@ -136,8 +189,15 @@ def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[
         else:
             contents[art.name] = (art.render(ctx), art.executable)
     written = [(a.name, a.what) for a in _ARTEFACTS if a.name in contents]
-    summary = render_summary(plan=ctx.plan, model=ctx.model, cluster=ctx.cluster, estimate=ctx.estimate,
-                             written=written, skipped=skipped, measured=ctx.measured)
+    summary = render_summary(
+        plan=ctx.plan,
+        model=ctx.model,
+        cluster=ctx.cluster,
+        estimate=ctx.estimate,
+        written=written,
+        skipped=skipped,
+        measured=ctx.measured,
+    )
     contents[SUMMARY] = (summary, False)
     return contents, skipped
 
@@ -163,17 +223,27 @@ def _prepare_dir(out_dir: Path, *, force: bool) -> None:
     if not force:
         existing = [name for name in ARTEFACT_FILES if (out_dir / name).exists()]
         if existing:
-            raise ConfigError(f"{out_dir / existing[0]} already exists; pass --force to overwrite "
-                              f"({len(existing)} autotune file(s) in {out_dir})")
+            raise ConfigError(
+                f"{out_dir / existing[0]} already exists; pass --force to overwrite "
+                f"({len(existing)} autotune file(s) in {out_dir})"
+            )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--out {out_dir}: cannot create ({e.strerror})") from None
 
 
-def emit_all(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimate: Any, out_dir: str | Path,
-             *, force: bool = False, measured: list[dict[str, Any]] | None = None,
-             image: str | None = None) -> list[Path]:
+def emit_all(
+    plan: ParallelPlan,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    estimate: Any,
+    out_dir: str | Path,
+    *,
+    force: bool = False,
+    measured: list[dict[str, Any]] | None = None,
+    image: str | None = None,
+) -> list[Path]:
     """Write every artefact that can express ``plan`` (and ``summary.md``) into ``out_dir``.
 
     ``estimate`` is an ``Estimate``, its ``to_dict()`` mapping, or None. Returns the written paths in
@@ -187,8 +257,15 @@ def emit_all(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec, estimat
     if illegal:
         raise ConfigError(illegal[0])
     out = Path(out_dir).resolve()
-    ctx = _Context(plan=plan, model=model, cluster=cluster, estimate=_estimate_dict(estimate), out_dir=out,
-                   measured=measured, image=image or launchers.K8S_IMAGE)
+    ctx = _Context(
+        plan=plan,
+        model=model,
+        cluster=cluster,
+        estimate=_estimate_dict(estimate),
+        out_dir=out,
+        measured=measured,
+        image=image or launchers.K8S_IMAGE,
+    )
     contents, skipped = _render_all(ctx)
     _prepare_dir(out, force=force)
     paths: list[Path] = []

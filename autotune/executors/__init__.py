@@ -26,11 +26,14 @@ def get_executor(name: str, **options: Any) -> Executor:
     """``--executor NAME``; ``options`` are the executor's keyword arguments (``launch=...``, ...)."""
     if name == "local":
         from autotune.executors.local import LocalExecutor
+
         return LocalExecutor(**options)
     if name == "multinode":
         from autotune.executors.multinode import MultiNodeExecutor
+
         return MultiNodeExecutor(**options)
     if name == "slurm":
         from autotune.executors.slurm import SlurmExecutor
+
         return SlurmExecutor(**options)
     raise ConfigError(f"--executor: unknown executor {name!r}; known: {', '.join(EXECUTORS)}")

@@ -14,8 +14,9 @@ __all__ = ["Executor"]
 class Executor(Protocol):
     name: str
 
-    def run(self, request: TrialRequest, *, config: TrialConfig,
-            report: ReportFn | None = None) -> TrialResult:
+    def run(
+        self, request: TrialRequest, *, config: TrialConfig, report: ReportFn | None = None
+    ) -> TrialResult:
         """Launch the trial in ``request.trial_dir``, stop it at ``request.timeout_s`` or when ``report``
         asks, and return its result (also written to ``result.json``); never raises for a failed trial."""
         ...

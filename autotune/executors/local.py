@@ -16,6 +16,7 @@ class LocalExecutor:
     def __init__(self, *, launch: Launch | None = None) -> None:
         self.launch = launch or Launch()
 
-    def run(self, request: TrialRequest, *, config: TrialConfig,
-            report: ReportFn | None = None) -> TrialResult:
+    def run(
+        self, request: TrialRequest, *, config: TrialConfig, report: ReportFn | None = None
+    ) -> TrialResult:
         return run_trial(request, report=report, launch=self.launch, config=config)

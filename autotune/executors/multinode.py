@@ -51,9 +51,15 @@ def node_layout(request: TrialRequest, nnodes: int | None) -> tuple[int, int] | 
 class MultiNodeExecutor:
     name = "multinode"
 
-    def __init__(self, *, nnodes: int | None = None, node_ranks: Sequence[int] | None = None,
-                 rdzv_endpoint: str | None = None, join_timeout_s: float = 60.0,
-                 launch: Launch | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        nnodes: int | None = None,
+        node_ranks: Sequence[int] | None = None,
+        rdzv_endpoint: str | None = None,
+        join_timeout_s: float = 60.0,
+        launch: Launch | None = None,
+    ) -> None:
         """``nnodes``: agents in the trial (default: the cluster's nodes); ``node_ranks``: those started here
         (default: all); ``rdzv_endpoint``: ``HOST:PORT`` of the store (default: 127.0.0.1, a free port);
         ``join_timeout_s``: how long an agent waits for the others (capped at the trial's timeout)."""
@@ -61,20 +67,28 @@ class MultiNodeExecutor:
         self.node_ranks = None if node_ranks is None else tuple(node_ranks)
         self.launch = launch or Launch()
 
-    def run(self, request: TrialRequest, *, config: TrialConfig,
-            report: ReportFn | None = None) -> TrialResult:
+    def run(
+        self, request: TrialRequest, *, config: TrialConfig, report: ReportFn | None = None
+    ) -> TrialResult:
         layout = node_layout(request, self.nnodes)
         if isinstance(layout, str):
             return TrialResult(status=TrialStatus.ERROR, error=layout, wall_s=0.0)
         nnodes, nproc = layout
         trial_dir = request.trial_dir.resolve()
         join_s = max(1, int(min(self.join_timeout_s, request.timeout_s)))
-        base = dataclasses.replace(self.launch, nnodes=nnodes, nproc_per_node=nproc,
-                                   rdzv_endpoint=self.rdzv_endpoint or f"{LOOPBACK}:{free_port()}",
-                                   rdzv_id=f"autotune-{trial_dir.name}",
-                                   rdzv_conf=self.launch.rdzv_conf or f"join_timeout={join_s}")
+        base = dataclasses.replace(
+            self.launch,
+            nnodes=nnodes,
+            nproc_per_node=nproc,
+            rdzv_endpoint=self.rdzv_endpoint or f"{LOOPBACK}:{free_port()}",
+            rdzv_id=f"autotune-{trial_dir.name}",
+            rdzv_conf=self.launch.rdzv_conf or f"join_timeout={join_s}",
+        )
         ranks = range(nnodes) if self.node_ranks is None else self.node_ranks
-        commands = [launch_command(trial_dir, nproc=nproc, launch=dataclasses.replace(base, node_rank=r))
-                    for r in ranks]
-        return run_commands(request, commands, config=config, launch=base, nproc=nproc * len(commands),
-                            report=report)
+        commands = [
+            launch_command(trial_dir, nproc=nproc, launch=dataclasses.replace(base, node_rank=r))
+            for r in ranks
+        ]
+        return run_commands(
+            request, commands, config=config, launch=base, nproc=nproc * len(commands), report=report
+        )

@@ -44,8 +44,15 @@ from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, _classify, _environment, _prepare, _Progress, run_commands
 
-__all__ = ["MODES", "SlurmExecutor", "hostnames", "node_address", "srun_command", "job_script",
-           "time_limit_minutes"]
+__all__ = [
+    "MODES",
+    "SlurmExecutor",
+    "hostnames",
+    "node_address",
+    "srun_command",
+    "job_script",
+    "time_limit_minutes",
+]
 
 MODES = ("auto", "jobs", "steps")
 _WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
@@ -81,35 +88,69 @@ def time_limit_minutes(timeout_s: float) -> int:
     return max(1, math.ceil(timeout_s / 60))
 
 
-def srun_command(trial_dir: Path, *, nnodes: int, nproc: int, rdzv_endpoint: str, rdzv_id: str,
-                 join_timeout_s: int, python: str, srun_options: tuple[str, ...] = ()) -> list[str]:
+def srun_command(
+    trial_dir: Path,
+    *,
+    nnodes: int,
+    nproc: int,
+    rdzv_endpoint: str,
+    rdzv_id: str,
+    join_timeout_s: int,
+    python: str,
+    srun_options: tuple[str, ...] = (),
+) -> list[str]:
     """``srun`` one torchrun agent per node; each task's shell sets ``is_host`` from ``SLURM_NODEID``."""
-    agent = torchrun_command(program=(python, "-m", "torch.distributed.run"), nnodes=nnodes,
-                             nproc_per_node=nproc, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-                             rdzv_conf=ShellRef(f"join_timeout={join_timeout_s},{_IS_HOST}"),
-                             entry=worker_entry(str(trial_dir)))
-    return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", *srun_options,
-            "bash", "-c", "exec " + shell_join(agent)]
+    agent = torchrun_command(
+        program=(python, "-m", "torch.distributed.run"),
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        rdzv_conf=ShellRef(f"join_timeout={join_timeout_s},{_IS_HOST}"),
+        entry=worker_entry(str(trial_dir)),
+    )
+    return [
+        "srun",
+        f"--nodes={nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        *srun_options,
+        "bash",
+        "-c",
+        "exec " + shell_join(agent),
+    ]
 
 
 def job_script(srun: list[str]) -> str:
     """The batch script of a job-per-trial: find the rendezvous host, then ``srun`` the agents."""
-    return "\n".join([
-        "#!/bin/bash",
-        "# autotune trial: one torchrun agent per node; node 0 (the job's first) serves the rendezvous.",
-        "set -eu",
-        """HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')\"""",
-        """HEAD_ADDR="$(scontrol show node -o "$HEAD" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')\"""",
-        f'export AUTOTUNE_RDZV_ENDPOINT="${{HEAD_ADDR:-$HEAD}}:{_PORT}"',
-        "exec " + shell_join(srun), ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# autotune trial: one torchrun agent per node; node 0 (the job's first) serves the rendezvous.",
+            "set -eu",
+            """HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | awk 'NR == 1')\"""",
+            """HEAD_ADDR="$(scontrol show node -o "$HEAD" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')\"""",
+            f'export AUTOTUNE_RDZV_ENDPOINT="${{HEAD_ADDR:-$HEAD}}:{_PORT}"',
+            "exec " + shell_join(srun),
+            "",
+        ]
+    )
 
 
 class SlurmExecutor:
     name = "slurm"
 
-    def __init__(self, *, mode: str = "auto", launch: Launch | None = None, join_timeout_s: float = 60.0,
-                 exclusive: bool = True, queue_timeout_s: float | None = None, poll_s: float = 0.5,
-                 env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        mode: str = "auto",
+        launch: Launch | None = None,
+        join_timeout_s: float = 60.0,
+        exclusive: bool = True,
+        queue_timeout_s: float | None = None,
+        poll_s: float = 0.5,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         """``launch``: the interpreter, extra worker environment and stop grace (as for local trials);
         ``queue_timeout_s``: cancel a job still queued after this long (None: wait); ``env``: where to read
         ``SLURM_*`` from (default ``os.environ``, read at each trial)."""
@@ -122,8 +163,9 @@ class SlurmExecutor:
     def env(self) -> Mapping[str, str]:
         return os.environ if self._env is None else self._env
 
-    def run(self, request: TrialRequest, *, config: TrialConfig,
-            report: ReportFn | None = None) -> TrialResult:
+    def run(
+        self, request: TrialRequest, *, config: TrialConfig, report: ReportFn | None = None
+    ) -> TrialResult:
         layout = node_layout(request, None)
         if isinstance(layout, str):
             return TrialResult(status=TrialStatus.ERROR, error=layout, wall_s=0.0)
@@ -140,8 +182,9 @@ class SlurmExecutor:
 
     # -- steps inside the current allocation -------------------------------------------------------------
 
-    def _run_step(self, request: TrialRequest, config: TrialConfig, report: ReportFn | None,
-                  nnodes: int, nproc: int) -> TrialResult:
+    def _run_step(
+        self, request: TrialRequest, config: TrialConfig, report: ReportFn | None, nnodes: int, nproc: int
+    ) -> TrialResult:
         trial_dir = request.trial_dir.resolve()
         job_id = self.env["SLURM_JOB_ID"]
         nodes = hostnames(self.env.get("SLURM_JOB_NODELIST", ""))
@@ -155,38 +198,77 @@ class SlurmExecutor:
         options = [f"--nodelist={','.join(nodes)}", f"--job-name={name}", *self._options(config, request)]
         if "SLURM_CPUS_ON_NODE" in self.env:
             options.append(f"--cpus-per-task={self.env['SLURM_CPUS_ON_NODE']}")
-        cmd = srun_command(trial_dir, nnodes=nnodes, nproc=nproc, python=self.launch.python,
-                           rdzv_endpoint=f"{node_address(nodes[0])}:{port}", rdzv_id=f"{job_id}-{name}",
-                           join_timeout_s=self._join_s(request), srun_options=tuple(options))
-        return run_commands(request, [cmd], config=config, launch=self.launch, nproc=nproc, report=report,
-                            cancel=lambda: _cancel_steps(job_id, name))
+        cmd = srun_command(
+            trial_dir,
+            nnodes=nnodes,
+            nproc=nproc,
+            python=self.launch.python,
+            rdzv_endpoint=f"{node_address(nodes[0])}:{port}",
+            rdzv_id=f"{job_id}-{name}",
+            join_timeout_s=self._join_s(request),
+            srun_options=tuple(options),
+        )
+        return run_commands(
+            request,
+            [cmd],
+            config=config,
+            launch=self.launch,
+            nproc=nproc,
+            report=report,
+            cancel=lambda: _cancel_steps(job_id, name),
+        )
 
     # -- one sbatch job per trial --------------------------------------------------------------------------
 
-    def _run_job(self, request: TrialRequest, config: TrialConfig, report: ReportFn | None,
-                 nnodes: int, nproc: int) -> TrialResult:
+    def _run_job(
+        self, request: TrialRequest, config: TrialConfig, report: ReportFn | None, nnodes: int, nproc: int
+    ) -> TrialResult:
         trial_dir = request.trial_dir.resolve()
         script = trial_dir / "job.sbatch"
-        sbatch = ["sbatch", "--parsable", f"--job-name=autotune-{trial_dir.name}", f"--nodes={nnodes}",
-                  "--ntasks-per-node=1", f"--time={time_limit_minutes(request.timeout_s)}",
-                  f"--output={trial_dir / 'stdout.log'}", f"--error={trial_dir / 'stderr.log'}",
-                  f"--chdir={trial_dir}", *(["--exclusive"] if self.exclusive else []),
-                  *self._options(config, request), str(script)]
-        srun = srun_command(trial_dir, nnodes=nnodes, nproc=nproc, python=self.launch.python,
-                            rdzv_endpoint=ShellRef("$AUTOTUNE_RDZV_ENDPOINT"),
-                            rdzv_id=ShellRef("$SLURM_JOB_ID"),
-                            join_timeout_s=self._join_s(request),
-                            srun_options=(ShellRef("--cpus-per-task=$SLURM_CPUS_ON_NODE"),
-                                          *self._options(config, request)))
+        sbatch = [
+            "sbatch",
+            "--parsable",
+            f"--job-name=autotune-{trial_dir.name}",
+            f"--nodes={nnodes}",
+            "--ntasks-per-node=1",
+            f"--time={time_limit_minutes(request.timeout_s)}",
+            f"--output={trial_dir / 'stdout.log'}",
+            f"--error={trial_dir / 'stderr.log'}",
+            f"--chdir={trial_dir}",
+            *(["--exclusive"] if self.exclusive else []),
+            *self._options(config, request),
+            str(script),
+        ]
+        srun = srun_command(
+            trial_dir,
+            nnodes=nnodes,
+            nproc=nproc,
+            python=self.launch.python,
+            rdzv_endpoint=ShellRef("$AUTOTUNE_RDZV_ENDPOINT"),
+            rdzv_id=ShellRef("$SLURM_JOB_ID"),
+            join_timeout_s=self._join_s(request),
+            srun_options=(ShellRef("--cpus-per-task=$SLURM_CPUS_ON_NODE"), *self._options(config, request)),
+        )
         _prepare(trial_dir, request, config, [sbatch])
         script.write_text(job_script(srun))
         launched_at = time.time()
-        done = subprocess.run(sbatch, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
-                              cwd=trial_dir, env=_environment(config, nproc, self.launch))
+        done = subprocess.run(
+            sbatch,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            cwd=trial_dir,
+            env=_environment(config, nproc, self.launch),
+        )
         if done.returncode:
             error = f"sbatch refused the trial: {done.stderr.strip() or done.stdout.strip()}"
-            return _finish(trial_dir, TrialResult(status=TrialStatus.ERROR, error=error), wall_s=0.0,
-                           extra={"exit_code": done.returncode, "launched_at": launched_at})
+            return _finish(
+                trial_dir,
+                TrialResult(status=TrialStatus.ERROR, error=error),
+                wall_s=0.0,
+                extra={"exit_code": done.returncode, "launched_at": launched_at},
+            )
         job_id = done.stdout.strip().split(";")[0]
         progress = _Progress(trial_dir / "progress.jsonl", report)
         submitted, stop, started = time.monotonic(), None, None
@@ -198,16 +280,36 @@ class SlurmExecutor:
                 fields = _cancel_job(job_id, self.poll_s) or fields
         end = time.monotonic()
         progress.poll()
-        result = _job_result(trial_dir, job_id, fields, stop, ran=started is not None,
-                             timeout_s=request.timeout_s, queue_timeout_s=self.queue_timeout_s)
-        slurm = {"job_id": job_id, "state": fields.get("JobState"), "nodes": fields.get("NodeList"),
-                 "queue_wait_s": (started or end) - submitted}
-        return _finish(trial_dir, result, wall_s=end - (started or end),
-                       extra={"exit_code": _exit_code(fields), "launched_at": launched_at,
-                              "progress": progress.steps, "slurm": slurm})
+        result = _job_result(
+            trial_dir,
+            job_id,
+            fields,
+            stop,
+            ran=started is not None,
+            timeout_s=request.timeout_s,
+            queue_timeout_s=self.queue_timeout_s,
+        )
+        slurm = {
+            "job_id": job_id,
+            "state": fields.get("JobState"),
+            "nodes": fields.get("NodeList"),
+            "queue_wait_s": (started or end) - submitted,
+        }
+        return _finish(
+            trial_dir,
+            result,
+            wall_s=end - (started or end),
+            extra={
+                "exit_code": _exit_code(fields),
+                "launched_at": launched_at,
+                "progress": progress.steps,
+                "slurm": slurm,
+            },
+        )
 
-    def _watch(self, job_id: str, timeout_s: float,
-               progress: _Progress) -> tuple[dict[str, str], str | None, float | None]:
+    def _watch(
+        self, job_id: str, timeout_s: float, progress: _Progress
+    ) -> tuple[dict[str, str], str | None, float | None]:
         """Follow the job until it ends or autotune must stop it: ``(scontrol fields, why stopped, when it
         started running)``; ``why`` is ``timeout`` | ``pruned`` | ``queue`` | None (it ended by itself)."""
         submitted = last_seen = time.monotonic()
@@ -270,22 +372,35 @@ def _exit_code(fields: Mapping[str, str]) -> int:
     return int(code) if code.isdigit() else 1
 
 
-def _job_result(trial_dir: Path, job_id: str, fields: Mapping[str, str], stop: str | None, *, ran: bool,
-                timeout_s: float, queue_timeout_s: float | None) -> TrialResult:
+def _job_result(
+    trial_dir: Path,
+    job_id: str,
+    fields: Mapping[str, str],
+    stop: str | None,
+    *,
+    ran: bool,
+    timeout_s: float,
+    queue_timeout_s: float | None,
+) -> TrialResult:
     state, reason = fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None")
     ran = ran or fields.get("NodeList", "(null)") not in ("", "(null)")
     has_result = (trial_dir / "result.json").exists()
     if stop == "queue":
-        return TrialResult(status=TrialStatus.ERROR, error=f"slurm job {job_id} still queued after "
-                           f"{queue_timeout_s:g} s (Reason={reason}); cancelled")
+        return TrialResult(
+            status=TrialStatus.ERROR,
+            error=f"slurm job {job_id} still queued after {queue_timeout_s:g} s (Reason={reason}); cancelled",
+        )
     if not ran and not has_result:
-        return TrialResult(status=TrialStatus.ERROR,
-                           error=f"slurm job {job_id} ended {state} without running (Reason={reason})")
+        return TrialResult(
+            status=TrialStatus.ERROR,
+            error=f"slurm job {job_id} ended {state} without running (Reason={reason})",
+        )
     if state == "OUT_OF_MEMORY" and not has_result and not any(trial_dir.glob("result.rank*.json")):
         return TrialResult(status=TrialStatus.OOM, error=f"slurm job {job_id} ended OUT_OF_MEMORY")
     timed_out = stop == "timeout" or state == "TIMEOUT"
-    result = _classify(trial_dir, _exit_code(fields), timed_out=timed_out, pruned=stop == "pruned",
-                       timeout_s=timeout_s)
+    result = _classify(
+        trial_dir, _exit_code(fields), timed_out=timed_out, pruned=stop == "pruned", timeout_s=timeout_s
+    )
     if result.status is TrialStatus.TIMEOUT and not has_result:
         how = "cancelled (scancel)" if stop == "timeout" else "ended by Slurm's time limit"
         error = f"no result after {timeout_s:g} s; slurm job {job_id} {how}"

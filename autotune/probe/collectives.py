@@ -99,6 +99,7 @@ def _op(op: str, size: int, group: dist.ProcessGroup, device: torch.device):  # 
             works = [dist.isend(buf, nxt, group=group), dist.irecv(recv, prev, group=group)]
             for w in works:
                 w.wait()
+
         return sendrecv
     raise ValueError(f"unknown collective {op!r}; known: {', '.join(OPS)}")
 
@@ -110,8 +111,16 @@ def _slowest(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def time_collective(op: str, size: int, group: dist.ProcessGroup, device: torch.device, *,
-                    target_s: float = 0.05, max_iters: int = 50, warmup: int = 2) -> float:
+def time_collective(
+    op: str,
+    size: int,
+    group: dist.ProcessGroup,
+    device: torch.device,
+    *,
+    target_s: float = 0.05,
+    max_iters: int = 50,
+    warmup: int = 2,
+) -> float:
     """Seconds per ``op`` of ``size`` bytes on ``group``: the slowest rank's mean over the timed loop."""
     run = _op(op, size, group, device)
     sync(device)
@@ -130,9 +139,16 @@ def time_collective(op: str, size: int, group: dist.ProcessGroup, device: torch.
     return _slowest((time.perf_counter() - start) / iters, device)
 
 
-def collective_sweep(device: torch.device, *, sizes: list[int], group: dist.ProcessGroup, scope: str,
-                     ops: tuple[str, ...] = OPS, target_s: float = 0.05,
-                     sweeps: int = 3) -> list[CollectiveResult]:
+def collective_sweep(
+    device: torch.device,
+    *,
+    sizes: list[int],
+    group: dist.ProcessGroup,
+    scope: str,
+    ops: tuple[str, ...] = OPS,
+    target_s: float = 0.05,
+    sweeps: int = 3,
+) -> list[CollectiveResult]:
     """Every op at every size on ``group`` (the caller's rank must belong to it), ``sweeps`` times over; each
     size's median sweep (module docstring)."""
     if sweeps < 1:
@@ -149,7 +165,16 @@ def collective_sweep(device: torch.device, *, sizes: list[int], group: dist.Proc
         t = statistics.median(runs)
         nbytes = 4 * _elems(size, n)
         algbw = nbytes / t
-        results.append(CollectiveResult(op=op, scope=scope, num_ranks=n, size_bytes=nbytes, time_s=t,
-                                        algbw_bytes_per_s=algbw,
-                                        busbw_bytes_per_s=algbw * BUSBW_FACTOR[op](n), sweeps_s=tuple(runs)))
+        results.append(
+            CollectiveResult(
+                op=op,
+                scope=scope,
+                num_ranks=n,
+                size_bytes=nbytes,
+                time_s=t,
+                algbw_bytes_per_s=algbw,
+                busbw_bytes_per_s=algbw * BUSBW_FACTOR[op](n),
+                sweeps_s=tuple(runs),
+            )
+        )
     return results

@@ -50,8 +50,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_gemm(m: int, n: int, k: int, dtype: str, device: torch.device, *, min_time_s: float = 0.1,
-              max_iters: int = 200) -> GemmResult:
+def time_gemm(
+    m: int, n: int, k: int, dtype: str, device: torch.device, *, min_time_s: float = 0.1, max_iters: int = 200
+) -> GemmResult:
     """Seconds per ``m x k @ k x n`` product in ``dtype``, after two warm-up products."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(m, k, generator=gen).to(device=device, dtype=DTYPES[dtype])
@@ -73,8 +74,9 @@ def time_gemm(m: int, n: int, k: int, dtype: str, device: torch.device, *, min_t
     return GemmResult(m=m, n=n, k=k, dtype=dtype, seconds=seconds, flops_per_s=2.0 * m * n * k / seconds)
 
 
-def gemm_sweep(device: torch.device, *, dtypes: list[str], shapes: list[tuple[int, int, int]],
-               min_time_s: float = 0.1) -> list[GemmResult]:
+def gemm_sweep(
+    device: torch.device, *, dtypes: list[str], shapes: list[tuple[int, int, int]], min_time_s: float = 0.1
+) -> list[GemmResult]:
     """Every shape in every dtype the device computes (a dtype that fails is skipped); with a process group,
     all ranks time each shape together, as trial ranks compute together."""
     # With a process group every rank times each shape over the same window (a barrier, then ``min_time_s``
@@ -86,8 +88,11 @@ def gemm_sweep(device: torch.device, *, dtypes: list[str], shapes: list[tuple[in
             if together:
                 dist.barrier()
             try:
-                results.append(time_gemm(m, n, k, dtype, device, min_time_s=min_time_s,
-                                         max_iters=1 << 30 if together else 200))
+                results.append(
+                    time_gemm(
+                        m, n, k, dtype, device, min_time_s=min_time_s, max_iters=1 << 30 if together else 200
+                    )
+                )
             except RuntimeError:  # e.g. a dtype without a kernel on this device
                 break
     return results

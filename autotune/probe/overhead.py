@@ -44,8 +44,17 @@ from autotune.trials.train import lm_loss
 
 __all__ = ["PROBE_BLOCK", "count_ops", "op_overhead", "dtensor_op_overhead", "dtensor_collective_overhead"]
 
-PROBE_BLOCK = ModelSpec(name="probe-block", hidden_size=128, num_layers=1, num_heads=4, num_kv_heads=4,
-                        ffn_hidden_size=344, vocab_size=1024, max_seq_len=64, gated_mlp=True)
+PROBE_BLOCK = ModelSpec(
+    name="probe-block",
+    hidden_size=128,
+    num_layers=1,
+    num_heads=4,
+    num_kv_heads=4,
+    ffn_hidden_size=344,
+    vocab_size=1024,
+    max_seq_len=64,
+    gated_mlp=True,
+)
 """The block timed: the ``tiny`` preset's shape (any small shape dispatches the same operators)."""
 
 
@@ -135,8 +144,12 @@ def dtensor_op_overhead(op_overhead_s: float, *, repeats: int = 7, iters: int = 
         plain, dtensor = plain + counter.ops - counter.dtensor, dtensor + counter.dtensor
     mine = max(0.0, seconds - plain * op_overhead_s) / dtensor
     per_op, everyone = _median_over_ranks(mine)
-    return {"dtensor_op_overhead_s": per_op, "dtensor_per_rank_s": everyone,
-            "dtensor_ops_per_step": int(dtensor), "plain_ops_per_step": int(plain)}
+    return {
+        "dtensor_op_overhead_s": per_op,
+        "dtensor_per_rank_s": everyone,
+        "dtensor_ops_per_step": int(dtensor),
+        "plain_ops_per_step": int(plain),
+    }
 
 
 def dtensor_collective_overhead(*, iters: int = 30) -> dict[str, Any]:
@@ -158,13 +171,18 @@ def dtensor_collective_overhead(*, iters: int = 30) -> dict[str, Any]:
     partial = DTensor.from_local(full, mesh, [Partial()], run_check=False)
     flat_part, gathered, scattered = part.reshape(-1), torch.empty(full.numel()), torch.empty(part.numel())
     pairs = {
-        "all_gather": (lambda: sharded.redistribute(mesh, [Replicate()]).to_local(),
-                       lambda: dist.all_gather_into_tensor(gathered, flat_part, group=group)),
-        "reduce_scatter": (lambda: partial.redistribute(mesh, [Shard(1)]).to_local(),
-                           lambda: dist.reduce_scatter_tensor(scattered, full.reshape(-1).clone(),
-                                                              group=group)),
-        "all_reduce": (lambda: partial.redistribute(mesh, [Replicate()]).to_local(),
-                       lambda: dist.all_reduce(full.clone(), group=group)),
+        "all_gather": (
+            lambda: sharded.redistribute(mesh, [Replicate()]).to_local(),
+            lambda: dist.all_gather_into_tensor(gathered, flat_part, group=group),
+        ),
+        "reduce_scatter": (
+            lambda: partial.redistribute(mesh, [Shard(1)]).to_local(),
+            lambda: dist.reduce_scatter_tensor(scattered, full.reshape(-1).clone(), group=group),
+        ),
+        "all_reduce": (
+            lambda: partial.redistribute(mesh, [Replicate()]).to_local(),
+            lambda: dist.all_reduce(full.clone(), group=group),
+        ),
     }
 
     def once(fn: Any) -> float:
@@ -183,5 +201,8 @@ def dtensor_collective_overhead(*, iters: int = 30) -> dict[str, Any]:
         diffs = [once(via_dtensor) - once(direct) for _ in range(iters)]
         mine, _ = _median_over_ranks(statistics.median(diffs))
         extra[name] = mine * share
-    return {"dtensor_collective_overhead_s": max(0.0, statistics.median(extra.values())),
-            "dtensor_collective_extra_s": extra, "dtensor_collective_cpu_share": share}
+    return {
+        "dtensor_collective_overhead_s": max(0.0, statistics.median(extra.values())),
+        "dtensor_collective_extra_s": extra,
+        "dtensor_collective_cpu_share": share,
+    }

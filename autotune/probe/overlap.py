@@ -41,8 +41,14 @@ def _timed(fn: Callable[[], object], device: torch.device, group: dist.ProcessGr
     return float(elapsed.item())
 
 
-def overlap_fraction(device: torch.device, group: dist.ProcessGroup, *, nbytes: int = 4 * _MIB,
-                     gemm_n: int | None = None, repeats: int = 9) -> dict[str, Any]:
+def overlap_fraction(
+    device: torch.device,
+    group: dist.ProcessGroup,
+    *,
+    nbytes: int = 4 * _MIB,
+    gemm_n: int | None = None,
+    repeats: int = 9,
+) -> dict[str, Any]:
     """Measure the fraction (module docstring); returns it with the times it came from."""
     n = gemm_n or (256 if device.type == "cpu" else 4096)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -79,5 +85,11 @@ def overlap_fraction(device: torch.device, group: dist.ProcessGroup, *, nbytes: 
         tb = _timed(both, device, group)
         fractions.append(min(1.0, max(0.0, (tc + tg - tb) / min(tc, tg))))
         rows.append({"collective_s": tc, "compute_s": tg, "both_s": tb})
-    return {"dp_overlap_fraction": statistics.median(fractions), "nbytes": nbytes, "gemm_n": n,
-            "gemms": count, "num_ranks": dist.get_world_size(group), "runs": rows}
+    return {
+        "dp_overlap_fraction": statistics.median(fractions),
+        "nbytes": nbytes,
+        "gemm_n": n,
+        "gemms": count,
+        "num_ranks": dist.get_world_size(group),
+        "runs": rows,
+    }

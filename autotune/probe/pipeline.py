@@ -55,8 +55,10 @@ def _schedule(name: str, microbatches: int, pair_rank: int, group: dist.ProcessG
     from torch.distributed import pipelining as pipe
 
     if name == "interleaved":  # looped placement, 2 virtual stages (trials.parallelize.split_stages)
-        stages = [pipe.PipelineStage(_Stage().to(device), pair_rank + 2 * v, 4, device, group=group)
-                  for v in range(2)]
+        stages = [
+            pipe.PipelineStage(_Stage().to(device), pair_rank + 2 * v, 4, device, group=group)
+            for v in range(2)
+        ]
         return pipe.ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=_loss)
     stage = pipe.PipelineStage(_Stage().to(device), pair_rank, 2, device, group=group)
     cls = pipe.ScheduleGPipe if name == "gpipe" else pipe.Schedule1F1B
@@ -88,20 +90,23 @@ def _slope(points: list[tuple[int, float]]) -> float:
     """Least-squares slope of seconds over actions."""
     mx = statistics.fmean(a for a, _ in points)
     my = statistics.fmean(s for _, s in points)
-    return (sum((a - mx) * (s - my) for a, s in points)
-            / sum((a - mx) ** 2 for a, _ in points))
+    return sum((a - mx) * (s - my) for a, s in points) / sum((a - mx) ** 2 for a, _ in points)
 
 
-def pipeline_action_overhead(device: torch.device, *, local_world_size: int, iters: int = 15,
-                             repeats: int = 3) -> dict[str, Any] | None:
+def pipeline_action_overhead(
+    device: torch.device, *, local_world_size: int, iters: int = 15, repeats: int = 3
+) -> dict[str, Any] | None:
     """Seconds per action of each schedule (module docstring): per rank the median slope of ``repeats``
     sweeps (the schedules in turn in each), then the median rank; None with fewer than 2 ranks per node.
     Every rank calls it (it builds process groups)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if local_world_size < 2:
         return None
-    pairs = [[r, r + 1] for node in range(0, world, local_world_size)
-             for r in range(node, node + local_world_size - 1, 2)]
+    pairs = [
+        [r, r + 1]
+        for node in range(0, world, local_world_size)
+        for r in range(node, node + local_world_size - 1, 2)
+    ]
     groups = [dist.new_group(p) for p in pairs]  # every rank creates every group, in the same order
     mine = next((i for i, p in enumerate(pairs) if rank in p), None)
     slopes: dict[str, list[float]] = {}
@@ -122,6 +127,12 @@ def pipeline_action_overhead(device: torch.device, *, local_world_size: int, ite
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, {k: statistics.median(v) for k, v in slopes.items()} if slopes else None)
     measured = [e for e in everyone if e]
-    return {"pipeline_action_s": {name: max(0.0, statistics.median(e[name] for e in measured))
-                                  for name in SCHEDULES},
-            "per_rank_s": everyone, "microbatches": list(MICROBATCHES), "repeats": repeats, "pairs": pairs}
+    return {
+        "pipeline_action_s": {
+            name: max(0.0, statistics.median(e[name] for e in measured)) for name in SCHEDULES
+        },
+        "per_rank_s": everyone,
+        "microbatches": list(MICROBATCHES),
+        "repeats": repeats,
+        "pairs": pairs,
+    }

@@ -49,21 +49,60 @@ from autotune.plan import Schedule
 from autotune.specs import ClusterSpec, GPUSpec, LinkSpec
 from autotune.userfile import read_text
 
-__all__ = ["Profile", "load_profile", "apply_profile", "with_profile", "cluster_overrides", "write_profile",
-           "probe_profile", "fit_alpha_beta",
-           "PROFILE_DIR"]
+__all__ = [
+    "Profile",
+    "load_profile",
+    "apply_profile",
+    "with_profile",
+    "cluster_overrides",
+    "write_profile",
+    "probe_profile",
+    "fit_alpha_beta",
+    "PROFILE_DIR",
+]
 
 PROFILE_DIR = Path("runs") / "profiles"
-_GPU_KEYS = {"fp32_tflops", "bf16_tflops", "fp16_tflops", "gemm_efficiency", "memory_bandwidth_gb_s",
-             "op_overhead_us", "dtensor_op_overhead_us", "dtensor_collective_overhead_us",
-             "dtensor_collective_op_overhead_us", "pipeline_action_us", "fsdp_host_unit_us", "fsdp_host_gb_s",
-             "zero3_host_module_us", "zero3_host_gb_s"}
+_GPU_KEYS = {
+    "fp32_tflops",
+    "bf16_tflops",
+    "fp16_tflops",
+    "gemm_efficiency",
+    "memory_bandwidth_gb_s",
+    "op_overhead_us",
+    "dtensor_op_overhead_us",
+    "dtensor_collective_overhead_us",
+    "dtensor_collective_op_overhead_us",
+    "pipeline_action_us",
+    "fsdp_host_unit_us",
+    "fsdp_host_gb_s",
+    "zero3_host_module_us",
+    "zero3_host_gb_s",
+}
 _LINK_KEYS = {"bw_gb_s", "latency_us"}
-_CLUSTER_KEYS = {"collective_efficiency", "dp_overlap_fraction", "step_overhead_s", "microbatch_overhead_s",
-                 "cores_per_node", "shared_core_latency"}
-_TOP_KEYS = {"name", "kind", "measured", "gpu", "gpu_overrides", "intra_node_link", "inter_node_link",
-             "intra_node_collectives",
-             "cluster", "source", "summary", "measurements", "fit", "trials"}
+_CLUSTER_KEYS = {
+    "collective_efficiency",
+    "dp_overlap_fraction",
+    "step_overhead_s",
+    "microbatch_overhead_s",
+    "cores_per_node",
+    "shared_core_latency",
+}
+_TOP_KEYS = {
+    "name",
+    "kind",
+    "measured",
+    "gpu",
+    "gpu_overrides",
+    "intra_node_link",
+    "inter_node_link",
+    "intra_node_collectives",
+    "cluster",
+    "source",
+    "summary",
+    "measurements",
+    "fit",
+    "trials",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,8 +127,10 @@ class Profile:
         return f"{kind}: {self.name} (measured {self.measured[:10]})"
 
 
-_PER_KIND = {"dtensor_collective_op_overhead_us": {"all_gather", "reduce_scatter", "all_reduce"},
-             "pipeline_action_us": {s.value for s in Schedule}}
+_PER_KIND = {
+    "dtensor_collective_op_overhead_us": {"all_gather", "reduce_scatter", "all_reduce"},
+    "pipeline_action_us": {s.value for s in Schedule},
+}
 """Keys whose value is a mapping of a kind (collective, pipeline schedule) -> number."""
 
 
@@ -128,28 +169,38 @@ def load_profile(path: str | Path) -> Profile:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_TOP_KEYS))}")
-    links = {k: _numbers(data.get(k), _LINK_KEYS, f"{where}: {k}") or None
-             for k in ("intra_node_link", "inter_node_link")}
+    links = {
+        k: _numbers(data.get(k), _LINK_KEYS, f"{where}: {k}") or None
+        for k in ("intra_node_link", "inter_node_link")
+    }
     for key, link in links.items():
         if link is not None and not link.get("bw_gb_s"):
             raise ConfigError(f"{where}: {key} needs a positive 'bw_gb_s'")
     ops = data.get("intra_node_collectives") or {}
     if not isinstance(ops, dict) or set(ops) - set(PER_OP):
-        raise ConfigError(f"{where}: intra_node_collectives: a mapping of {', '.join(PER_OP)} to their "
-                          "bw_gb_s and latency_us")
-    fits = {op: _numbers(fit, _LINK_KEYS, f"{where}: intra_node_collectives: {op}")
-            for op, fit in ops.items()}
+        raise ConfigError(
+            f"{where}: intra_node_collectives: a mapping of {', '.join(PER_OP)} to their "
+            "bw_gb_s and latency_us"
+        )
+    fits = {
+        op: _numbers(fit, _LINK_KEYS, f"{where}: intra_node_collectives: {op}") for op, fit in ops.items()
+    }
     if ops and not links["intra_node_link"]:
         raise ConfigError(f"{where}: intra_node_collectives needs intra_node_link (the all-reduce fit)")
     for op, fit in fits.items():
         if not fit.get("bw_gb_s"):
             raise ConfigError(f"{where}: intra_node_collectives: {op} needs a positive 'bw_gb_s'")
-    return Profile(name=str(data.get("name", Path(path).stem)), kind=str(data.get("kind", "probe")),
-                   measured=str(data.get("measured", "unknown date")), gpu=data["gpu"],
-                   gpu_overrides=_numbers(data.get("gpu_overrides"), _GPU_KEYS, f"{where}: gpu_overrides"),
-                   intra_node_link=links["intra_node_link"], inter_node_link=links["inter_node_link"],
-                   intra_node_collectives=fits,
-                   cluster=_numbers(data.get("cluster"), _CLUSTER_KEYS, f"{where}: cluster"))
+    return Profile(
+        name=str(data.get("name", Path(path).stem)),
+        kind=str(data.get("kind", "probe")),
+        measured=str(data.get("measured", "unknown date")),
+        gpu=data["gpu"],
+        gpu_overrides=_numbers(data.get("gpu_overrides"), _GPU_KEYS, f"{where}: gpu_overrides"),
+        intra_node_link=links["intra_node_link"],
+        inter_node_link=links["inter_node_link"],
+        intra_node_collectives=fits,
+        cluster=_numbers(data.get("cluster"), _CLUSTER_KEYS, f"{where}: cluster"),
+    )
 
 
 def _ratio(value: float, base: float) -> float:
@@ -165,24 +216,34 @@ def _collective_scales(profile: Profile) -> tuple[tuple[str, float, float], ...]
     base = profile.intra_node_link
     if not base or not profile.intra_node_collectives:
         return ()
-    return tuple((op, _ratio(fit.get("latency_us", 0.0), base.get("latency_us", 0.0)),
-                  _ratio(fit["bw_gb_s"], base["bw_gb_s"]))
-                 for op, fit in sorted(profile.intra_node_collectives.items()))
+    return tuple(
+        (
+            op,
+            _ratio(fit.get("latency_us", 0.0), base.get("latency_us", 0.0)),
+            _ratio(fit["bw_gb_s"], base["bw_gb_s"]),
+        )
+        for op, fit in sorted(profile.intra_node_collectives.items())
+    )
 
 
 def _link(base: LinkSpec, override: dict[str, float] | None, profile: Profile) -> LinkSpec:
     if override is None:
         return base
-    return dataclasses.replace(base, bw_bytes_per_s=override["bw_gb_s"] * 1e9,
-                               latency_s=override.get("latency_us", base.latency_s * 1e6) * 1e-6,
-                               sources=(profile.label,))
+    return dataclasses.replace(
+        base,
+        bw_bytes_per_s=override["bw_gb_s"] * 1e9,
+        latency_s=override.get("latency_us", base.latency_s * 1e6) * 1e-6,
+        sources=(profile.label,),
+    )
 
 
 def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     """The cluster with the profile's measured numbers in place of the catalog's (data, not globals)."""
     if profile.gpu != cluster.gpu.key:
-        raise ConfigError(f"--profile {profile.name} was measured on {profile.gpu!r} but the cluster uses "
-                          f"{cluster.gpu.key!r}; pass --gpu {profile.gpu}")
+        raise ConfigError(
+            f"--profile {profile.name} was measured on {profile.gpu!r} but the cluster uses "
+            f"{cluster.gpu.key!r}; pass --gpu {profile.gpu}"
+        )
     g = profile.gpu_overrides
     gpu = dataclasses.replace(
         cluster.gpu,
@@ -190,10 +251,14 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
         bf16_flops=g["bf16_tflops"] * 1e12 if "bf16_tflops" in g else cluster.gpu.bf16_flops,
         fp16_flops=g["fp16_tflops"] * 1e12 if "fp16_tflops" in g else cluster.gpu.fp16_flops,
         gemm_efficiency=g.get("gemm_efficiency", cluster.gpu.gemm_efficiency),
-        memory_bandwidth_bytes_per_s=(g["memory_bandwidth_gb_s"] * 1e9 if "memory_bandwidth_gb_s" in g
-                                      else cluster.gpu.memory_bandwidth_bytes_per_s),
+        memory_bandwidth_bytes_per_s=(
+            g["memory_bandwidth_gb_s"] * 1e9
+            if "memory_bandwidth_gb_s" in g
+            else cluster.gpu.memory_bandwidth_bytes_per_s
+        ),
         host=host_profile(g, base=cluster.gpu.host),
-        sources=(*cluster.gpu.sources, profile.label))
+        sources=(*cluster.gpu.sources, profile.label),
+    )
     label = profile.label if not cluster.profile else f"{cluster.profile}; {profile.label}"
     numbers: dict[str, Any] = dict(profile.cluster)
     if profile.intra_node_collectives:
@@ -201,8 +266,13 @@ def apply_profile(cluster: ClusterSpec, profile: Profile) -> ClusterSpec:
     if "cores_per_node" in numbers:
         numbers["cores_per_node"] = max(1, round(numbers["cores_per_node"]))
     return dataclasses.replace(
-        cluster, gpu=gpu, intra_link=_link(cluster.intra_link, profile.intra_node_link, profile),
-        inter_link=_link(cluster.inter_link, profile.inter_node_link, profile), profile=label, **numbers)
+        cluster,
+        gpu=gpu,
+        intra_link=_link(cluster.intra_link, profile.intra_node_link, profile),
+        inter_link=_link(cluster.inter_link, profile.inter_node_link, profile),
+        profile=label,
+        **numbers,
+    )
 
 
 def with_profile(cluster: ClusterSpec, path: str | Path) -> ClusterSpec:
@@ -214,27 +284,41 @@ def cluster_overrides(cluster: ClusterSpec) -> dict[str, Any]:
     """The profile keys that make ``apply_profile`` turn the catalog's cluster into ``cluster`` (the inverse
     of ``apply_profile`` for what a profile can carry): how a calibration is written as a ``--profile``."""
     gpu = cluster.gpu
-    g: dict[str, Any] = {f"{p}_tflops": flops / 1e12 for p in ("fp32", "bf16", "fp16")
-                         if (flops := gpu.peak_flops(p))}
-    g |= {"gemm_efficiency": gpu.gemm_efficiency,
-          "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9}
+    g: dict[str, Any] = {
+        f"{p}_tflops": flops / 1e12 for p in ("fp32", "bf16", "fp16") if (flops := gpu.peak_flops(p))
+    }
+    g |= {
+        "gemm_efficiency": gpu.gemm_efficiency,
+        "memory_bandwidth_gb_s": gpu.memory_bandwidth_bytes_per_s / 1e9,
+    }
     g |= host_keys(gpu.host)
-    links = {k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
-             for k, lk in (("intra_node_link", cluster.intra_link), ("inter_node_link", cluster.inter_link))}
+    links = {
+        k: {"bw_gb_s": lk.bw_bytes_per_s / 1e9, "latency_us": lk.latency_s * 1e6}
+        for k, lk in (("intra_node_link", cluster.intra_link), ("inter_node_link", cluster.inter_link))
+    }
     intra = links["intra_node_link"]
-    ops = {op: {"bw_gb_s": intra["bw_gb_s"] * bw, "latency_us": intra["latency_us"] * lat}
-           for op, lat, bw in cluster.collective_scales}
-    numbers: dict[str, Any] = {"collective_efficiency": cluster.collective_efficiency,
-                               "step_overhead_s": cluster.step_overhead_s,
-                               "microbatch_overhead_s": cluster.microbatch_overhead_s}
+    ops = {
+        op: {"bw_gb_s": intra["bw_gb_s"] * bw, "latency_us": intra["latency_us"] * lat}
+        for op, lat, bw in cluster.collective_scales
+    }
+    numbers: dict[str, Any] = {
+        "collective_efficiency": cluster.collective_efficiency,
+        "step_overhead_s": cluster.step_overhead_s,
+        "microbatch_overhead_s": cluster.microbatch_overhead_s,
+    }
     if cluster.dp_overlap_fraction is not None:
         numbers["dp_overlap_fraction"] = cluster.dp_overlap_fraction
     if cluster.cores_per_node is not None:
         numbers["cores_per_node"] = cluster.cores_per_node
     if cluster.shared_core_latency:
         numbers["shared_core_latency"] = cluster.shared_core_latency
-    return {"gpu": gpu.key, "gpu_overrides": g, **links,
-            **({"intra_node_collectives": ops} if ops else {}), "cluster": numbers}
+    return {
+        "gpu": gpu.key,
+        "gpu_overrides": g,
+        **links,
+        **({"intra_node_collectives": ops} if ops else {}),
+        "cluster": numbers,
+    }
 
 
 def write_profile(data: dict[str, Any], path: Path) -> Path:
@@ -288,9 +372,11 @@ def _summary(raw: dict[str, Any]) -> dict[str, Any]:
     for c in raw["collectives"]:
         key = f"{c['scope']} {c['op']}"
         busbw[key] = max(busbw.get(key, 0.0), c["busbw_bytes_per_s"] / 1e9)
-    out = {"best_gemm_tflops": {k: round(v, 4) for k, v in best.items()},
-           "copy_gb_s": round(raw["copy_bytes_per_s"] / 1e9, 3),
-           "peak_busbw_gb_s": {k: round(v, 4) for k, v in busbw.items()}}
+    out = {
+        "best_gemm_tflops": {k: round(v, 4) for k, v in best.items()},
+        "copy_gb_s": round(raw["copy_bytes_per_s"] / 1e9, 3),
+        "peak_busbw_gb_s": {k: round(v, 4) for k, v in busbw.items()},
+    }
     spread = _sweep_spread(raw["collectives"])
     if spread:
         out["collective_sweeps"] = len(raw["collectives"][0]["sweeps_s"])
@@ -314,19 +400,27 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
     on_cpu = raw["device"] == "cpu"
     dtype = "fp32" if on_cpu else "bf16"
     rows = sorted((g for g in raw["gemm"] if g["dtype"] == dtype), key=lambda g: g["m"] * g["n"] * g["k"])
-    rates = sorted(g["flops_per_s"] for g in rows[len(rows) // 2:])  # the larger half of the shapes
+    rates = sorted(g["flops_per_s"] for g in rows[len(rows) // 2 :])  # the larger half of the shapes
     typical = rates[len(rates) // 2]
     peak = max(g["flops_per_s"] for g in rows) if on_cpu else gpu.peak_flops(dtype) or typical
     overrides: dict[str, Any] = {"gemm_efficiency": round(typical / peak, 4)}
     if on_cpu:  # CPU trials compute a bf16 plan in fp32 (catalog 'cpu' entry): both priced at fp32
-        overrides |= {"fp32_tflops": round(peak / 1e12, 5), "bf16_tflops": round(peak / 1e12, 5),
-                      "memory_bandwidth_gb_s": round(raw["copy_bytes_per_s"] / HBM_EFFICIENCY / 1e9, 3)}
+        overrides |= {
+            "fp32_tflops": round(peak / 1e12, 5),
+            "bf16_tflops": round(peak / 1e12, 5),
+            "memory_bandwidth_gb_s": round(raw["copy_bytes_per_s"] / HBM_EFFICIENCY / 1e9, 3),
+        }
     out: dict[str, Any] = {
-        "name": name, "kind": "probe", "measured": raw["finished"], "gpu": gpu.key,
+        "name": name,
+        "kind": "probe",
+        "measured": raw["finished"],
+        "gpu": gpu.key,
         "source": f"autotune probe on {raw['host']} ({raw['device_name']}), {raw['num_nodes']} node(s) x "
-                  f"{raw['local_world_size']} ranks, torch {raw['torch']}, load average "
-                  f"{raw['load_avg_before']} -> {raw['load_avg_after']}",
-        "gpu_overrides": overrides, "cluster": {"collective_efficiency": 1.0}}
+        f"{raw['local_world_size']} ranks, torch {raw['torch']}, load average "
+        f"{raw['load_avg_before']} -> {raw['load_avg_after']}",
+        "gpu_overrides": overrides,
+        "cluster": {"collective_efficiency": 1.0},
+    }
     if raw.get("overlap"):
         out["cluster"]["dp_overlap_fraction"] = round(raw["overlap"]["dp_overlap_fraction"], 3)
     if on_cpu and raw.get("cpus"):  # ranks share the node's cores (pipeline.shared_core_bubble_fraction)
@@ -337,10 +431,12 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
             overrides["dtensor_op_overhead_us"] = round(raw["op_overhead"]["dtensor_op_overhead_s"] * 1e6, 2)
         if raw["op_overhead"].get("dtensor_collective_overhead_s") is not None:
             overrides["dtensor_collective_overhead_us"] = round(
-                raw["op_overhead"]["dtensor_collective_overhead_s"] * 1e6, 1)
+                raw["op_overhead"]["dtensor_collective_overhead_s"] * 1e6, 1
+            )
     if on_cpu and raw.get("pipeline"):
-        overrides["pipeline_action_us"] = {s: round(v * 1e6, 1)
-                                           for s, v in raw["pipeline"]["pipeline_action_s"].items()}
+        overrides["pipeline_action_us"] = {
+            s: round(v * 1e6, 1) for s, v in raw["pipeline"]["pipeline_action_s"].items()
+        }
     intra = _link_fit(raw, "intra", 1)
     inter = _link_fit(raw, "inter", nics_per_node)
     if intra:
@@ -351,7 +447,12 @@ def probe_profile(raw: dict[str, Any], *, name: str, gpu: GPUSpec, nics_per_node
     if inter:
         out["inter_node_link"] = inter
     out["summary"] = _summary(raw)
-    out["measurements"] = {"gemm": raw["gemm"], "collectives": raw["collectives"],
-                           "copy_bytes_per_s": raw["copy_bytes_per_s"], "overlap": raw.get("overlap"),
-                           "op_overhead": raw.get("op_overhead"), "pipeline": raw.get("pipeline")}
+    out["measurements"] = {
+        "gemm": raw["gemm"],
+        "collectives": raw["collectives"],
+        "copy_bytes_per_s": raw["copy_bytes_per_s"],
+        "overlap": raw.get("overlap"),
+        "op_overhead": raw.get("op_overhead"),
+        "pipeline": raw.get("pipeline"),
+    }
     return out

@@ -53,20 +53,28 @@ def _gemm(device: torch.device, quick: bool) -> list[dict[str, Any]]:
     if device.type == "cuda":
         results = gemm_sweep(device, dtypes=["bf16", "fp16", "fp32"], shapes=shapes)
     else:  # bf16 GEMMs are slow on CPUs without AMX: the small shapes only
-        results = (gemm_sweep(device, dtypes=["fp32"], shapes=shapes)
-                   + gemm_sweep(device, dtypes=["bf16"], shapes=default_shapes("cpu", quick=True)))
+        results = gemm_sweep(device, dtypes=["fp32"], shapes=shapes) + gemm_sweep(
+            device, dtypes=["bf16"], shapes=default_shapes("cpu", quick=True)
+        )
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, [r.to_dict() for r in results])
     merged = []
     for i, row in enumerate(everyone[0]):
         rates = [ranks[i]["flops_per_s"] for ranks in everyone]
-        merged.append(row | {"flops_per_s": statistics.median(rates), "flops_per_s_min_rank": min(rates),
-                             "seconds": 2.0 * row["m"] * row["n"] * row["k"] / statistics.median(rates)})
+        merged.append(
+            row
+            | {
+                "flops_per_s": statistics.median(rates),
+                "flops_per_s_min_rank": min(rates),
+                "seconds": 2.0 * row["m"] * row["n"] * row["k"] / statistics.median(rates),
+            }
+        )
     return merged
 
 
-def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool,
-              sweeps: int = 3) -> dict[str, Any] | None:
+def run_probe(
+    *, device_type: str, min_bytes: int, max_bytes: int, quick: bool, sweeps: int = 3
+) -> dict[str, Any] | None:
     """Measure; the raw record on rank 0, None elsewhere."""
     device = _init(device_type)
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -79,11 +87,13 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool,
     node_groups = [dist.new_group(list(range(i * local, (i + 1) * local))) for i in range(nodes)]
     collectives = []
     if local > 1:
-        collectives += collective_sweep(device, sizes=sizes, group=node_groups[rank // local], scope="intra",
-                                        sweeps=sweeps)
+        collectives += collective_sweep(
+            device, sizes=sizes, group=node_groups[rank // local], scope="intra", sweeps=sweeps
+        )
     if nodes > 1:
-        collectives += collective_sweep(device, sizes=sizes, group=dist.group.WORLD, scope="inter",
-                                        sweeps=sweeps)
+        collectives += collective_sweep(
+            device, sizes=sizes, group=dist.group.WORLD, scope="inter", sweeps=sweeps
+        )
     op_overhead = run_op_overhead() if device.type == "cpu" else None  # every rank at once, as trials run
     # like the operators, a CPU-only figure: on GPUs the schedule's host work runs ahead of the kernels
     pipeline = pipeline_action_overhead(device, local_world_size=local) if device.type == "cpu" else None
@@ -94,15 +104,28 @@ def run_probe(*, device_type: str, min_bytes: int, max_bytes: int, quick: bool,
     if rank != 0:
         return None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    return {"device": device.type, "device_name": name, "world_size": world, "local_world_size": local,
-            "num_nodes": nodes, "torch": torch.__version__, "host": platform.node(),
-            "omp_num_threads": torch.get_num_threads(), "cpus": len(os.sched_getaffinity(0)),
-            "collective_sweeps": sweeps,
-            "started": started,
-            "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "load_avg_before": load_before,
-            "load_avg_after": list(os.getloadavg()), "gemm": gemm,
-            "copy_bytes_per_s": statistics.median(copies), "collectives": [c.to_dict() for c in collectives],
-            "overlap": overlap, "op_overhead": op_overhead, "pipeline": pipeline}
+    return {
+        "device": device.type,
+        "device_name": name,
+        "world_size": world,
+        "local_world_size": local,
+        "num_nodes": nodes,
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "omp_num_threads": torch.get_num_threads(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "collective_sweeps": sweeps,
+        "started": started,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_avg_before": load_before,
+        "load_avg_after": list(os.getloadavg()),
+        "gemm": gemm,
+        "copy_bytes_per_s": statistics.median(copies),
+        "collectives": [c.to_dict() for c in collectives],
+        "overlap": overlap,
+        "op_overhead": op_overhead,
+        "pipeline": pipeline,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -114,8 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweeps", type=int, default=3)
     args = ap.parse_args(argv)
-    raw = run_probe(device_type=args.device, min_bytes=args.min_bytes, max_bytes=args.max_bytes,
-                    quick=args.quick, sweeps=args.sweeps)
+    raw = run_probe(
+        device_type=args.device,
+        min_bytes=args.min_bytes,
+        max_bytes=args.max_bytes,
+        quick=args.quick,
+        sweeps=args.sweeps,
+    )
     if raw is not None:
         args.out.write_text(json.dumps(raw, indent=2) + "\n")
     finish()

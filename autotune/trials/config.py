@@ -26,8 +26,15 @@ from typing import Any
 
 from autotune.specs import ModelSpec
 
-__all__ = ["TrialConfig", "FAULT_ENV", "FAULT_RANK_ENV", "FAULT_STEP_ENV", "FAULTS", "SLOWDOWN_ENV",
-           "slowdown_s"]
+__all__ = [
+    "TrialConfig",
+    "FAULT_ENV",
+    "FAULT_RANK_ENV",
+    "FAULT_STEP_ENV",
+    "FAULTS",
+    "SLOWDOWN_ENV",
+    "slowdown_s",
+]
 
 FAULT_ENV = "AUTOTUNE_FAULT"
 """Test-only fault injection in the worker: one of ``FAULTS``."""

@@ -37,27 +37,35 @@ def build_workload(config: TrialConfig, plan: ParallelPlan, device: torch.device
     torch.manual_seed(config.seed)
     workload = builder(config.model, plan, device)
     if not isinstance(workload, Workload):
-        raise TrialError(f"--workload {config.workload}: returned {type(workload).__name__}, "
-                         "not autotune.workload.Workload")
+        raise TrialError(
+            f"--workload {config.workload}: returned {type(workload).__name__}, "
+            "not autotune.workload.Workload"
+        )
     return workload
 
 
 def _check(workload: Workload, plan: ParallelPlan, target: str | None) -> None:
     """What this workload cannot run, as one line; checked before anything is wrapped."""
     if plan.pp > 1 or plan.cp > 1:
-        raise TrialError(f"--workload {target}: pipeline and context parallelism are not applied to your "
-                         "model; pin --pp 1 --cp 1")
+        raise TrialError(
+            f"--workload {target}: pipeline and context parallelism are not applied to your "
+            "model; pin --pp 1 --cp 1"
+        )
     if plan.ep > 1 or plan.etp > 1:
         raise TrialError(f"--workload {target}: expert parallelism is not applied to your model; pin --ep 1")
     if plan.tp > 1 and not workload.tp_plan:
-        raise TrialError(f"--workload {target}: TP={plan.tp} needs Workload.tp_plan (block submodule -> "
-                         "colwise|rowwise); pin --tp 1 to search without TP")
+        raise TrialError(
+            f"--workload {target}: TP={plan.tp} needs Workload.tp_plan (block submodule -> "
+            "colwise|rowwise); pin --tp 1 to search without TP"
+        )
     bad = {k: v for k, v in workload.tp_plan.items() if v not in TP_STYLES}
     if bad:
         raise TrialError(f"--workload {target}: tp_plan styles must be {' or '.join(TP_STYLES)}: {bad}")
     if plan.recompute is Recompute.SELECTIVE and not workload.selective:
-        raise TrialError(f"--workload {target}: selective recompute needs Workload.selective (block "
-                         "submodules to checkpoint); pin --recompute none or full")
+        raise TrialError(
+            f"--workload {target}: selective recompute needs Workload.selective (block "
+            "submodules to checkpoint); pin --recompute none or full"
+        )
 
 
 def block_slots(model: nn.Module, block: type | tuple[type, ...] | None) -> list[tuple[nn.Module, str]]:
@@ -82,15 +90,17 @@ def apply_tp_plan(blocks: list[nn.Module], tp_mesh: DeviceMesh, tp_plan: dict[st
         parallelize_module(block, tp_mesh, {name: styles[s]() for name, s in tp_plan.items()})
 
 
-def _prepare(workload: Workload, plan: ParallelPlan, target: str | None,
-             mesh: DeviceMesh | None) -> list[tuple[nn.Module, str]]:
+def _prepare(
+    workload: Workload, plan: ParallelPlan, target: str | None, mesh: DeviceMesh | None
+) -> list[tuple[nn.Module, str]]:
     """TP, then activation checkpointing (the order and its reason as in ``parallelize``)."""
     _check(workload, plan, target)
     slots = block_slots(workload.model, workload.block)
     if plan.tp > 1:
         if mesh is None:
-            raise TrialError(f"--workload {target}: DeepSpeed AutoTP is not applied to your model; "
-                             "pin --tp 1")
+            raise TrialError(
+                f"--workload {target}: DeepSpeed AutoTP is not applied to your model; pin --tp 1"
+            )
         apply_tp_plan([getattr(p, n) for p, n in slots], mesh["tp"], dict(workload.tp_plan))
     if plan.recompute is not Recompute.NONE:
         if not slots and plan.recompute is Recompute.FULL:
@@ -118,8 +128,14 @@ class WorkloadTrainer(NativeTrainer):
 
             param_dtype = self.dtype if self.dtype != torch.float32 else None
             mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-            apply_dp(model, self.mesh, plan=plan, mp_policy=mp, fsdp_at_dp1=cfg.fsdp_at_dp1,
-                     blocks=[getattr(p, n) for p, n in slots])  # re-read: AC may have wrapped them
+            apply_dp(
+                model,
+                self.mesh,
+                plan=plan,
+                mp_policy=mp,
+                fsdp_at_dp1=cfg.fsdp_at_dp1,
+                blocks=[getattr(p, n) for p, n in slots],
+            )  # re-read: AC may have wrapped them
         self.schedule = None
         self.loss_fn: Callable[..., torch.Tensor] = self.workload.loss or lm_loss
         return [model]
@@ -130,8 +146,9 @@ class WorkloadTrainer(NativeTrainer):
         total = torch.zeros((), device=self.device)
         with self._cast():
             for i in range(n):
-                inputs, labels = self.workload.batch(step * n + i, plan.micro_batch, plan.seq_len,
-                                                     self.device)
+                inputs, labels = self.workload.batch(
+                    step * n + i, plan.micro_batch, plan.seq_len, self.device
+                )
                 loss = self.loss_fn(model(inputs), labels)
                 (loss / n).backward()
                 total += loss.detach()
@@ -140,4 +157,3 @@ class WorkloadTrainer(NativeTrainer):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total / n, 1.0
-

@@ -95,9 +95,14 @@ def _pipeline_module(model: Transformer, plan: ParallelPlan, ds_config: dict[str
     # input, the token ids, needs no grad) would return a tensor that needs none, and backward would fail.
     # stages and partition are PipelineModule's, not ds_config's: "uniform" over these items is the split
     # autotune/stagesplit.py prices for DeepSpeed (partition_uniform over embedding, blocks and head)
-    return PipelineModule(layers=layers, num_stages=plan.pp, loss_fn=lm_loss,
-                          partition_method="uniform", checkpointable_layers=[Block.__name__],
-                          activation_checkpoint_interval=pipe_cfg["activation_checkpoint_interval"])
+    return PipelineModule(
+        layers=layers,
+        num_stages=plan.pp,
+        loss_fn=lm_loss,
+        partition_method="uniform",
+        checkpointable_layers=[Block.__name__],
+        activation_checkpoint_interval=pipe_cfg["activation_checkpoint_interval"],
+    )
 
 
 class DeepSpeedTrainer:
@@ -107,8 +112,10 @@ class DeepSpeedTrainer:
 
     def __init__(self, *, plan: ParallelPlan, config: TrialConfig, device: torch.device) -> None:
         if plan.ep > 1 or plan.etp > 1:
-            raise TrialError("DeepSpeed-MoE expert parallelism is not implemented in real trials; use --ep 1 "
-                             "or --framework fsdp")
+            raise TrialError(
+                "DeepSpeed-MoE expert parallelism is not implemented in real trials; use --ep 1 "
+                "or --framework fsdp"
+            )
         import deepspeed
 
         # Skip the 25-33 s JIT build of the shared-memory comm op; gloo/nccl carry the collectives.
@@ -122,8 +129,8 @@ class DeepSpeedTrainer:
         fused = device.type == "cuda" and not plan.offload
         optimizer = make_optimizer(module.parameters(), lr=config.lr, fused=fused)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False,
-            **_autotp_mpu(plan))
+            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False, **_autotp_mpu(plan)
+        )
         self.modules = [self.engine.module]
         tp = plan.tp
         self.dp_rank = (torch.distributed.get_rank() // tp) % plan.dp  # rank grid: pp, dp, tp
@@ -133,6 +140,7 @@ class DeepSpeedTrainer:
         self.workload = None
         if config.workload:  # the user's model (autotune.workload): recompute per block, no TP/PP
             from autotune.trials.custom import build_workload, workload_module
+
             self.workload = build_workload(config, plan, self.device)
             return workload_module(self.workload, plan, config.workload)
         model = build_model(config.model, device=self.device, seed=config.seed)
@@ -147,9 +155,15 @@ class DeepSpeedTrainer:
         if self.workload is not None:
             batch = self.workload.batch
             return [batch(step * n + i, plan.micro_batch, plan.seq_len, self.device) for i in range(n)]
-        inputs, targets = synthetic_batch(self.config.model, batch=plan.global_batch, seq_len=plan.seq_len,
-                                          step=step, seed=self.config.seed, rows=dp_rows(plan, self.dp_rank),
-                                          device=self.device)
+        inputs, targets = synthetic_batch(
+            self.config.model,
+            batch=plan.global_batch,
+            seq_len=plan.seq_len,
+            step=step,
+            seed=self.config.seed,
+            rows=dp_rows(plan, self.dp_rank),
+            device=self.device,
+        )
         return list(zip(inputs.chunk(n), targets.chunk(n), strict=True))
 
     def step(self, step: int) -> tuple[torch.Tensor, float]:
@@ -161,7 +175,7 @@ class DeepSpeedTrainer:
         for x, y in micro:
             loss = loss_fn(self.engine(x), y)
             self.engine.backward(loss)  # DeepSpeed divides by the accumulation steps itself
-            self.engine.step()          # steps the optimizer at the accumulation boundary only
+            self.engine.step()  # steps the optimizer at the accumulation boundary only
             total += loss.detach()
         return total / n, 1.0
 

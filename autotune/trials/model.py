@@ -140,7 +140,8 @@ class Transformer(nn.Module):
         self.spec = spec
         self.embed_tokens: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.embed_positions: nn.Embedding | None = (
-            nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_positions else None)
+            nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_positions else None
+        )
         self.layers = nn.ModuleDict({str(i): Block(spec, i, aux_loss_coef) for i in range(spec.num_layers)})
         self.norm: nn.Module | None = make_norm(spec)
         self.lm_head: nn.Linear | None = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
@@ -194,8 +195,9 @@ def init_weights(model: nn.Module, *, seed: int) -> None:
                 p.normal_(0.0, std, generator=_param_generator(seed, clean, p.device))
 
 
-def build_model(spec: ModelSpec, *, device: torch.device | str, seed: int | None,
-                aux_loss_coef: float = 0.0) -> Transformer:
+def build_model(
+    spec: ModelSpec, *, device: torch.device | str, seed: int | None, aux_loss_coef: float = 0.0
+) -> Transformer:
     """The full model on ``device`` (initialised from ``seed``), or on ``meta`` when ``seed`` is None
     (to be sharded first, then ``to_empty`` + ``init_weights``)."""
     if seed is None:
@@ -207,9 +209,16 @@ def build_model(spec: ModelSpec, *, device: torch.device | str, seed: int | None
     return model
 
 
-def synthetic_batch(spec: ModelSpec, *, batch: int, seq_len: int, step: int, seed: int,
-                    rows: slice | None = None, device: torch.device | str = "cpu",
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    spec: ModelSpec,
+    *,
+    batch: int,
+    seq_len: int,
+    step: int,
+    seed: int,
+    rows: slice | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows ``rows`` of the global batch of ``step``: ``(inputs, targets)`` of shape ``[rows, seq_len]``.
 
     Each sequence counts up by a random stride from a random start (mod vocab), so the loss falls
@@ -230,6 +239,7 @@ def model_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     layer's top-k experts, not all of them: ``ModelSpec.active_params``), plus causal attention's score and
     value products, 6 x L x h x s (PaLM, Chowdhery et al. 2022 App. B, halved for causal)."""
     idle_experts = spec.num_params - spec.active_params
-    matmul_params = (spec.num_layers * spec.params_per_layer - idle_experts
-                     + spec.vocab_size * spec.hidden_size)
+    matmul_params = (
+        spec.num_layers * spec.params_per_layer - idle_experts + spec.vocab_size * spec.hidden_size
+    )
     return 6.0 * matmul_params + 6.0 * spec.num_layers * spec.hidden_size * seq_len

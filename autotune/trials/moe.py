@@ -187,8 +187,9 @@ def _regroup_index(per_source: torch.Tensor) -> torch.Tensor:
     sizes = per_source.t().reshape(-1)
     offsets = sizes.cumsum(0) - sizes  # where it begins after the regroup
     total = int(sizes.sum())
-    return torch.arange(total, device=sizes.device) + (starts - offsets).repeat_interleave(sizes,
-                                                                                           output_size=total)
+    return torch.arange(total, device=sizes.device) + (starts - offsets).repeat_interleave(
+        sizes, output_size=total
+    )
 
 
 @torch.no_grad()

@@ -79,8 +79,11 @@ def _recorded_agents(trial_dir: Path) -> list[int]:
     except (OSError, ValueError):
         return []
     host = this_host()
-    return [a["pid"] for a in agents
-            if a.get("host") == host and a.get("start") is not None and start_ticks(a["pid"]) == a["start"]]
+    return [
+        a["pid"]
+        for a in agents
+        if a.get("host") == host and a.get("start") is not None and start_ticks(a["pid"]) == a["start"]
+    ]
 
 
 def _signal(pid: int, sig: signal.Signals, *, group: bool) -> None:

@@ -39,8 +39,19 @@ from autotune.stagesplit import split_layers
 from autotune.trials.model import Transformer
 from autotune.trials.moe import GroupedExperts, MoE, apply_ep
 
-__all__ = ["MESH_DIMS", "build_mesh", "build_expert_mesh", "dp_degrees", "parallelize", "apply_tp",
-           "apply_ac", "apply_dp", "wraps_data_parallel", "split_stages", "build_schedule"]
+__all__ = [
+    "MESH_DIMS",
+    "build_mesh",
+    "build_expert_mesh",
+    "dp_degrees",
+    "parallelize",
+    "apply_tp",
+    "apply_ac",
+    "apply_dp",
+    "wraps_data_parallel",
+    "split_stages",
+    "build_schedule",
+]
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The plan's ``pp, dp, cp, tp`` order with DP split for HSDP (``dp_replicate`` outer)."""
@@ -67,10 +78,12 @@ def build_expert_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh | None
     if plan.ep == 1:
         return None
     if plan.dp % plan.ep or plan.tp * plan.cp > 1:
-        raise TrialError(f"EP {plan.ep} runs over DP ranks in real trials: it must divide DP {plan.dp}, "
-                         "with TP = CP = 1")
-    return init_device_mesh(device_type, (plan.pp, plan.dp // plan.ep, plan.ep),
-                            mesh_dim_names=("pp", "edp", "ep"))
+        raise TrialError(
+            f"EP {plan.ep} runs over DP ranks in real trials: it must divide DP {plan.dp}, with TP = CP = 1"
+        )
+    return init_device_mesh(
+        device_type, (plan.pp, plan.dp // plan.ep, plan.ep), mesh_dim_names=("pp", "edp", "ep")
+    )
 
 
 def wraps_data_parallel(plan: ParallelPlan, *, fsdp_at_dp1: bool = False) -> bool:
@@ -78,9 +91,15 @@ def wraps_data_parallel(plan: ParallelPlan, *, fsdp_at_dp1: bool = False) -> boo
     return plan.dp > 1 or fsdp_at_dp1
 
 
-def parallelize(model: nn.Module, *, plan: ParallelPlan, mesh: DeviceMesh,
-                param_dtype: torch.dtype | None = None, fsdp_at_dp1: bool = False,
-                expert_mesh: DeviceMesh | None = None) -> nn.Module:
+def parallelize(
+    model: nn.Module,
+    *,
+    plan: ParallelPlan,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype | None = None,
+    fsdp_at_dp1: bool = False,
+    expert_mesh: DeviceMesh | None = None,
+) -> nn.Module:
     """EP, TP, then activation checkpointing, then data parallelism, in place; returns ``model``.
 
     ``param_dtype``: compute dtype under FSDP's mixed-precision policy (None: keep fp32).
@@ -152,8 +171,13 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool) 
         parallelize_module(block, tp_mesh, _block_tp_plan(block, sequence_parallel=sp))
 
 
-def apply_ac(model: nn.Module, recompute: Recompute, *, slots: list[tuple[nn.Module, str]] | None = None,
-             selective: tuple[str, ...] = ("self_attn.core",)) -> None:
+def apply_ac(
+    model: nn.Module,
+    recompute: Recompute,
+    *,
+    slots: list[tuple[nn.Module, str]] | None = None,
+    selective: tuple[str, ...] = ("self_attn.core",),
+) -> None:
     """Full: checkpoint each block. Selective (Korthikanti et al. 2022 Sec. 4.2): checkpoint only the
     attention core (rotary + SDPA), keeping the projections' outputs.
 
@@ -170,9 +194,16 @@ def apply_ac(model: nn.Module, recompute: Recompute, *, slots: list[tuple[nn.Mod
                 setattr(holder, leaf, checkpoint_wrapper(getattr(holder, leaf), preserve_rng_state=False))
 
 
-def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_policy: MixedPrecisionPolicy,
-             fsdp_at_dp1: bool = False, blocks: list[nn.Module] | None = None,
-             expert_mesh: DeviceMesh | None = None) -> None:
+def apply_dp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    plan: ParallelPlan,
+    mp_policy: MixedPrecisionPolicy,
+    fsdp_at_dp1: bool = False,
+    blocks: list[nn.Module] | None = None,
+    expert_mesh: DeviceMesh | None = None,
+) -> None:
     """FSDP2 per block then the root (embeddings, norm, head). fsdp-full reshards after forward
     (ZeRO-3), fsdp-grad-op keeps parameters gathered until backward (ZeRO-2-like), HSDP shards inside
     ``dp_shard`` and replicates over ``dp_replicate``; sharding ``none`` is DDP-style replication.
@@ -191,6 +222,7 @@ def apply_dp(model: nn.Module, mesh: DeviceMesh, *, plan: ParallelPlan, mp_polic
     kwargs: dict[str, object] = {"mesh": dp_mesh, "reshard_after_forward": reshard, "mp_policy": mp_policy}
     if plan.offload and dp_mesh.device_type == "cuda":
         from torch.distributed.fsdp import CPUOffloadPolicy
+
         kwargs["offload_policy"] = CPUOffloadPolicy()
     if expert_mesh is not None:
         for experts in _routed_experts(blocks):
@@ -204,10 +236,12 @@ def _routed_experts(blocks: list[nn.Module]) -> list[nn.Module]:
     return [m for block in blocks for m in block.modules() if isinstance(m, GroupedExperts)]
 
 
-def _apply_replicate(model: nn.Module, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy,
-                     blocks: list[nn.Module]) -> None:
+def _apply_replicate(
+    model: nn.Module, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, blocks: list[nn.Module]
+) -> None:
     # FSDP2-style replicate (torch >= 2.10) handles TP DTensor parameters; bucketed per block like DDP.
     from torch.distributed._composable.replicate_with_fsdp import replicate
+
     for block in blocks:
         replicate(block, mesh=dp_mesh, mp_policy=mp_policy)
     replicate(model, mesh=dp_mesh, mp_policy=mp_policy)
@@ -240,8 +274,14 @@ def split_stages(model: Transformer, *, plan: ParallelPlan, pp_rank: int) -> lis
     return chunks
 
 
-def build_schedule(chunks: list[tuple[int, nn.Module]], *, plan: ParallelPlan, mesh: DeviceMesh,
-                   device: torch.device, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+def build_schedule(
+    chunks: list[tuple[int, nn.Module]],
+    *,
+    plan: ParallelPlan,
+    mesh: DeviceMesh,
+    device: torch.device,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+):
     """A ``torch.distributed.pipelining`` schedule over this rank's chunks; the loss is a per-micro-batch
     mean and the schedule divides gradients by the number of micro-batches (``scale_grads``)."""
     from torch.distributed import pipelining as pipe

@@ -85,20 +85,30 @@ def trial_config(request: TrialRequest, *, device: str | None = None, **override
     on_cpu = device == "cpu" or (device is None and request.cluster.gpu.key == "cpu")
     gpu = load_gpu("cpu") if on_cpu else request.cluster.gpu
     peak = gpu.peak_flops("fp32" if on_cpu else str(request.plan.precision))
-    kwargs: dict[str, object] = {"model": request.model, "warmup_steps": request.warmup_steps,
-                                 "measure_steps": request.measure_steps, "peak_flops_per_gpu": peak,
-                                 "device": "cpu" if on_cpu else (device or "auto")}
+    kwargs: dict[str, object] = {
+        "model": request.model,
+        "warmup_steps": request.warmup_steps,
+        "measure_steps": request.measure_steps,
+        "peak_flops_per_gpu": peak,
+        "device": "cpu" if on_cpu else (device or "auto"),
+    }
     return TrialConfig(**(kwargs | overrides))  # type: ignore[arg-type]
 
 
 def launch_command(trial_dir: Path, *, nproc: int, launch: Launch) -> list[str]:
     """One torchrun agent, built by ``torchrun_command`` like the emitted launch scripts."""
     standalone = launch.nnodes == 1 and launch.rdzv_endpoint is None
-    return torchrun_command(program=(launch.python, "-m", "torch.distributed.run"), nnodes=launch.nnodes,
-                            nproc_per_node=nproc, standalone=standalone, rdzv_endpoint=launch.rdzv_endpoint,
-                            rdzv_id=None if standalone else launch.rdzv_id, rdzv_conf=launch.rdzv_conf,
-                            node_rank=None if standalone else launch.node_rank,
-                            entry=worker_entry(str(trial_dir)))
+    return torchrun_command(
+        program=(launch.python, "-m", "torch.distributed.run"),
+        nnodes=launch.nnodes,
+        nproc_per_node=nproc,
+        standalone=standalone,
+        rdzv_endpoint=launch.rdzv_endpoint,
+        rdzv_id=None if standalone else launch.rdzv_id,
+        rdzv_conf=launch.rdzv_conf,
+        node_rank=None if standalone else launch.node_rank,
+        entry=worker_entry(str(trial_dir)),
+    )
 
 
 def _environment(config: TrialConfig, nproc: int, launch: Launch) -> dict[str, str]:
@@ -197,30 +207,40 @@ def _rank_failure(trial_dir: Path) -> TrialResult | None:
     return next(iter(oom or results), None)
 
 
-def _classify(trial_dir: Path, returncode: int, *, timed_out: bool, pruned: bool,
-              timeout_s: float) -> TrialResult:
+def _classify(
+    trial_dir: Path, returncode: int, *, timed_out: bool, pruned: bool, timeout_s: float
+) -> TrialResult:
     final = trial_dir / "result.json"
     if final.exists():
         return TrialResult.read(final)
     if pruned:
         return TrialResult(status=TrialStatus.PRUNED, error="stopped by the pruner")
     if timed_out:
-        return TrialResult(status=TrialStatus.TIMEOUT,
-                           error=f"no result after {timeout_s:g} s; process group killed")
+        return TrialResult(
+            status=TrialStatus.TIMEOUT, error=f"no result after {timeout_s:g} s; process group killed"
+        )
     failed = _rank_failure(trial_dir)
     tail = _stderr_tail(trial_dir)
     if failed is not None:
         return TrialResult(status=failed.status, error=f"{failed.error}{_TAIL}{tail}")
     if not any(trial_dir.glob("started.*")):
-        return TrialResult(status=TrialStatus.RENDEZVOUS_ERROR,
-                           error=f"no worker started; torchrun exited {returncode}{_TAIL}{tail}")
+        return TrialResult(
+            status=TrialStatus.RENDEZVOUS_ERROR,
+            error=f"no worker started; torchrun exited {returncode}{_TAIL}{tail}",
+        )
     how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    return TrialResult(status=TrialStatus.ERROR,
-                       error=f"workers died without a result (torchrun {how}){_TAIL}{tail}")
+    return TrialResult(
+        status=TrialStatus.ERROR, error=f"workers died without a result (torchrun {how}){_TAIL}{tail}"
+    )
 
 
-def run_trial(request: TrialRequest, *, report: ReportFn | None = None, launch: Launch | None = None,
-              config: TrialConfig | None = None) -> TrialResult:
+def run_trial(
+    request: TrialRequest,
+    *,
+    report: ReportFn | None = None,
+    launch: Launch | None = None,
+    config: TrialConfig | None = None,
+) -> TrialResult:
     """Run ``request`` under torchrun in ``request.trial_dir``; never raises for a failed trial."""
     launch = launch or Launch()
     config = config or trial_config(request)
@@ -235,9 +255,16 @@ def _settled(procs: list[subprocess.Popen]) -> bool:
     return all(c is not None for c in codes) or any(c not in (None, 0) for c in codes)
 
 
-def run_commands(request: TrialRequest, commands: list[list[str]], *, config: TrialConfig, launch: Launch,
-                 nproc: int, report: ReportFn | None = None,
-                 cancel: Callable[[], None] | None = None) -> TrialResult:
+def run_commands(
+    request: TrialRequest,
+    commands: list[list[str]],
+    *,
+    config: TrialConfig,
+    launch: Launch,
+    nproc: int,
+    report: ReportFn | None = None,
+    cancel: Callable[[], None] | None = None,
+) -> TrialResult:
     """Run the agents of one trial here (``launch_command`` lines, or an ``srun`` wrapping one), each in its
     own session, with the environment of ``launch`` for ``nproc`` local workers; ``cancel`` runs first when
     the trial stops (e.g. ``scancel`` of its Slurm step). Never raises for a failed trial."""
@@ -252,8 +279,17 @@ def run_commands(request: TrialRequest, commands: list[list[str]], *, config: Tr
             env = _environment(config, nproc, launch)
             with held():  # a stop signal now is raised once every agent is in procs (stopped below)
                 for cmd in commands:
-                    procs.append(subprocess.Popen(cmd, cwd=trial_dir, stdout=out, stderr=err, env=env,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+                    procs.append(
+                        subprocess.Popen(
+                            cmd,
+                            cwd=trial_dir,
+                            stdout=out,
+                            stderr=err,
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                        )
+                    )
                 record_agents(trial_dir, [p.pid for p in procs])  # a resume after a SIGKILL ends them
             while not _settled(procs):
                 pruned = progress.poll()
@@ -268,10 +304,12 @@ def run_commands(request: TrialRequest, commands: list[list[str]], *, config: Tr
     wall_s = time.monotonic() - start
     progress.poll()
     returncode = next((p.returncode for p in procs if p.returncode), 0)
-    result = _classify(trial_dir, returncode, timed_out=timed_out, pruned=pruned,
-                       timeout_s=request.timeout_s)
-    extra = dict(result.extra or {}) | {"exit_code": returncode, "launched_at": launched_at,
-                                        "progress": progress.steps}
+    result = _classify(trial_dir, returncode, timed_out=timed_out, pruned=pruned, timeout_s=request.timeout_s)
+    extra = dict(result.extra or {}) | {
+        "exit_code": returncode,
+        "launched_at": launched_at,
+        "progress": progress.steps,
+    }
     result = dataclasses.replace(result, wall_s=wall_s, extra=extra)
     result.write(trial_dir / "result.json")
     return result

@@ -58,9 +58,14 @@ def write_script_configs(trial_dir: Path, plan: ParallelPlan, model: ModelSpec, 
 
 def script_env(trial_dir: Path, config: TrialConfig) -> dict[str, str]:
     """The contract's environment variables for a trial directory (only configs that exist)."""
-    env = {ENV["trial_dir"]: str(trial_dir), ENV["plan"]: str(trial_dir / "plan.json"),
-           ENV["result"]: str(trial_dir / "result.json"), ENV["progress"]: str(trial_dir / "progress.jsonl"),
-           ENV["warmup_steps"]: str(config.warmup_steps), ENV["measure_steps"]: str(config.measure_steps)}
+    env = {
+        ENV["trial_dir"]: str(trial_dir),
+        ENV["plan"]: str(trial_dir / "plan.json"),
+        ENV["result"]: str(trial_dir / "result.json"),
+        ENV["progress"]: str(trial_dir / "progress.jsonl"),
+        ENV["warmup_steps"]: str(config.warmup_steps),
+        ENV["measure_steps"]: str(config.measure_steps),
+    }
     for key, name in SCRIPT_CONFIGS.items():
         if (trial_dir / name).exists():
             env[ENV[key]] = str(trial_dir / name)

@@ -101,8 +101,9 @@ def reduce_partial_grads(params: Iterable[nn.Parameter]) -> int:
                 calls += 1
         done = tuple(Replicate() if pl.is_partial() else pl for pl in placements)
         for p, t, piece in zip(members, local, flat.split([t.numel() for t in local]), strict=True):
-            p.grad = DTensor.from_local(piece.view_as(t), mesh, done, run_check=False,
-                                        shape=p.grad.shape, stride=p.grad.stride())
+            p.grad = DTensor.from_local(
+                piece.view_as(t), mesh, done, run_check=False, shape=p.grad.shape, stride=p.grad.stride()
+            )
     return calls
 
 
@@ -127,8 +128,13 @@ class NativeTrainer:
         cfg, plan = self.config, self.plan
         model = build_model(cfg.model, device=self.device, seed=cfg.seed if cfg.full_init else None)
         param_dtype = self.dtype if self.dtype != torch.float32 else None
-        kwargs = {"plan": plan, "mesh": self.mesh, "param_dtype": param_dtype, "fsdp_at_dp1": cfg.fsdp_at_dp1,
-                  "expert_mesh": self.expert_mesh}
+        kwargs = {
+            "plan": plan,
+            "mesh": self.mesh,
+            "param_dtype": param_dtype,
+            "fsdp_at_dp1": cfg.fsdp_at_dp1,
+            "expert_mesh": self.expert_mesh,
+        }
         if plan.pp == 1:
             chunks = [(0, model)]
         else:
@@ -140,8 +146,13 @@ class NativeTrainer:
                 init_weights(m, seed=cfg.seed)
         self.schedule = None
         if plan.pp > 1:
-            self.schedule = build_schedule(list(zip([s for s, _ in chunks], modules, strict=True)), plan=plan,
-                                           mesh=self.mesh, device=self.device, loss_fn=lm_loss)
+            self.schedule = build_schedule(
+                list(zip([s for s, _ in chunks], modules, strict=True)),
+                plan=plan,
+                mesh=self.mesh,
+                device=self.device,
+                loss_fn=lm_loss,
+            )
             self._stage_ids = [s for s, _ in chunks]
         return modules
 
@@ -157,9 +168,15 @@ class NativeTrainer:
 
     def step(self, step: int) -> tuple[torch.Tensor, float]:
         plan = self.plan
-        inputs, targets = synthetic_batch(self.config.model, batch=plan.global_batch, seq_len=plan.seq_len,
-                                          step=step, seed=self.config.seed, rows=dp_rows(plan, self.dp_rank),
-                                          device=self.device)
+        inputs, targets = synthetic_batch(
+            self.config.model,
+            batch=plan.global_batch,
+            seq_len=plan.seq_len,
+            step=step,
+            seed=self.config.seed,
+            rows=dp_rows(plan, self.dp_rank),
+            device=self.device,
+        )
         run = self._pipeline_step if self.schedule is not None else self._step
         with self._cast():
             loss, weight = run(inputs, targets)

@@ -48,6 +48,7 @@ def _die_with_parent() -> None:
     """Ask Linux to SIGKILL this worker if torchrun's agent dies (no orphans after a hard kill)."""
     try:
         import ctypes
+
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     except (OSError, AttributeError):
         pass
@@ -67,7 +68,7 @@ def pin_cpu_threads() -> int:
     pin = {"1": True, "0": False}.get(os.environ.get(CPU_AFFINITY_ENV, ""), pin)
     if pin and len(allowed) >= ranks:
         local = int(os.environ.get("LOCAL_RANK", 0))
-        os.sched_setaffinity(0, allowed[local * share:(local + 1) * share])
+        os.sched_setaffinity(0, allowed[local * share : (local + 1) * share])
     threads = int(os.environ.get("OMP_NUM_THREADS") or share)
     torch.set_num_threads(threads)
     try:
@@ -95,13 +96,16 @@ def init_distributed(device_pref: str = "auto") -> torch.device:
 def make_trainer(plan: ParallelPlan, config: TrialConfig, device: torch.device):
     if plan.framework is Framework.DEEPSPEED:
         from autotune.trials.deepspeed_engine import DeepSpeedTrainer
+
         return DeepSpeedTrainer(plan=plan, config=config, device=device)
     if plan.framework is Framework.MEGATRON:
         raise NotImplementedError("Megatron trials are not implemented; use --framework fsdp or deepspeed")
     if config.workload:  # the user's model and batches (autotune.workload)
         from autotune.trials.custom import WorkloadTrainer
+
         return WorkloadTrainer(plan=plan, config=config, device=device)
     from autotune.trials.train import NativeTrainer
+
     return NativeTrainer(plan=plan, config=config, device=device)
 
 
@@ -130,6 +134,7 @@ def _tracked_step(trainer, step: int) -> tuple[torch.Tensor, float, float | None
     if not trainer.memory_trackable:  # pipelines and DeepSpeed: the RSS fallback
         return *trainer.step(step), None
     from torch.distributed._tools.mem_tracker import MemTracker
+
     tracker = MemTracker()
     tracker.track_external(*trainer.modules, trainer.optimizer)
     trainer.microbatch_hook = tracker.reset_mod_stats  # it rejects a module run twice otherwise
@@ -142,8 +147,9 @@ def _tracked_step(trainer, step: int) -> tuple[torch.Tensor, float, float | None
     return loss, weight, float(peak)
 
 
-def _run_steps(trainer, plan: ParallelPlan, config: TrialConfig, device: torch.device,
-               progress: Path | None) -> tuple[list[float], list[torch.Tensor], list[float], float | None]:
+def _run_steps(
+    trainer, plan: ParallelPlan, config: TrialConfig, device: torch.device, progress: Path | None
+) -> tuple[list[float], list[torch.Tensor], list[float], float | None]:
     times, losses, weights, tracked = [], [], [], None
     tokens_per_step = plan.tokens_per_step
     slowdown = slowdown_s()  # AUTOTUNE_SLOWDOWN_MS: a diagnostic knob (trials/config.py)
@@ -168,8 +174,17 @@ def _run_steps(trainer, plan: ParallelPlan, config: TrialConfig, device: torch.d
             measured = step - config.warmup_steps
             if progress is not None and measured >= 0:
                 with progress.open("a") as f:
-                    f.write(json.dumps({"step": measured, "step_time_s": elapsed, "time": time.time(),
-                                        "tokens_per_s": tokens_per_step / elapsed}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "step": measured,
+                                "step_time_s": elapsed,
+                                "time": time.time(),
+                                "tokens_per_s": tokens_per_step / elapsed,
+                            }
+                        )
+                        + "\n"
+                    )
     finally:
         gc.enable()
     return times, losses, weights, tracked
@@ -177,8 +192,11 @@ def _run_steps(trainer, plan: ParallelPlan, config: TrialConfig, device: torch.d
 
 def _peak_memory(device: torch.device, tracked: float | None) -> tuple[float, str, dict[str, float]]:
     if device.type == "cuda":
-        return (float(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated",
-                {"peak_reserved_bytes": float(torch.cuda.max_memory_reserved(device))})
+        return (
+            float(torch.cuda.max_memory_allocated(device)),
+            "torch.cuda.max_memory_allocated",
+            {"peak_reserved_bytes": float(torch.cuda.max_memory_reserved(device))},
+        )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - _RSS_AT_START
     if tracked is not None:
         return tracked, "MemTracker (last warm-up step)", {"peak_rss_growth_bytes": float(rss)}
@@ -191,8 +209,9 @@ def _reduce(values: list[float], device: torch.device, op: dist.ReduceOp) -> lis
     return t.tolist()
 
 
-def run_trial(trial_dir: Path, *, plan: ParallelPlan, config: TrialConfig,
-              device: torch.device) -> TrialResult:
+def run_trial(
+    trial_dir: Path, *, plan: ParallelPlan, config: TrialConfig, device: torch.device
+) -> TrialResult:
     """Build, warm up, measure; every rank returns the same ``TrialResult`` (ranks agree by all-reduce)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -211,13 +230,26 @@ def run_trial(trial_dir: Path, *, plan: ParallelPlan, config: TrialConfig,
     step_losses = [s / max(c, 1e-12) for s, c in zip(sums[:n], sums[n:], strict=True)]
     times = _reduce(times, device, dist.ReduceOp.MAX)  # a step is as slow as its slowest rank
     (peak,) = _reduce([peak], device, dist.ReduceOp.MAX)
-    extra = {"peak_memory_method": method, **mem_extra, "losses": step_losses, "step_times_s": times,
-             "device": device.type, "world_size": dist.get_world_size(), "warmup_steps": config.warmup_steps}
-    return _result(plan, config, times[config.warmup_steps:], step_losses, peak, extra)
+    extra = {
+        "peak_memory_method": method,
+        **mem_extra,
+        "losses": step_losses,
+        "step_times_s": times,
+        "device": device.type,
+        "world_size": dist.get_world_size(),
+        "warmup_steps": config.warmup_steps,
+    }
+    return _result(plan, config, times[config.warmup_steps :], step_losses, peak, extra)
 
 
-def _result(plan: ParallelPlan, config: TrialConfig, measured: list[float], losses: list[float],
-            peak: float, extra: dict[str, Any]) -> TrialResult:
+def _result(
+    plan: ParallelPlan,
+    config: TrialConfig,
+    measured: list[float],
+    losses: list[float],
+    peak: float,
+    extra: dict[str, Any],
+) -> TrialResult:
     median = statistics.median(measured)
     mean = statistics.fmean(measured)
     cov = statistics.pstdev(measured) / mean if len(measured) > 1 else 0.0
@@ -226,14 +258,23 @@ def _result(plan: ParallelPlan, config: TrialConfig, measured: list[float], loss
     if config.peak_flops_per_gpu:
         flops = model_flops_per_token(config.model, plan.seq_len) * tokens_per_s
         mfu = flops / (plan.world_size * config.peak_flops_per_gpu)
-    return TrialResult(status=TrialStatus.OK, tokens_per_s=tokens_per_s, step_time_s=median,
-                       step_time_cov=cov, peak_memory_bytes=peak, mfu=mfu, loss=losses[-1], extra=extra)
+    return TrialResult(
+        status=TrialStatus.OK,
+        tokens_per_s=tokens_per_s,
+        step_time_s=median,
+        step_time_cov=cov,
+        peak_memory_bytes=peak,
+        mfu=mfu,
+        loss=losses[-1],
+        extra=extra,
+    )
 
 
 def _fail(trial_dir: Path, rank: int, status: TrialStatus, exc: BaseException) -> None:
     line = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
     TrialResult(status=status, error=f"rank {rank}: {line}").write(trial_dir / f"result.rank{rank}.json")
     import traceback
+
     traceback.print_exc()
     sys.stderr.flush()
     sys.stdout.flush()
@@ -261,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         _fail(trial_dir, rank, TrialStatus.ERROR, e)
     if config.script:  # the user's script forms its own process group and reports (autotune.contract)
         from autotune.trials.script import run_script
+
         run_script(trial_dir, config, rank)
     try:
         device = init_distributed(config.device)

@@ -74,8 +74,14 @@ class TinyGPT(nn.Module):
 
 def build(spec: ModelSpec, plan: ParallelPlan, device: torch.device) -> Workload:
     with torch.device(device):
-        model = TinyGPT(vocab=spec.vocab_size, width=spec.hidden_size, heads=spec.num_heads,
-                        ffn=spec.ffn_hidden_size, layers=spec.num_layers, max_len=max(plan.seq_len, 8))
+        model = TinyGPT(
+            vocab=spec.vocab_size,
+            width=spec.hidden_size,
+            heads=spec.num_heads,
+            ffn=spec.ffn_hidden_size,
+            layers=spec.num_layers,
+            max_len=max(plan.seq_len, 8),
+        )
 
     def batch(step: int, micro_batch: int, seq_len: int, device: torch.device):
         """Counting sequences (learnable); the same for every rank of a step, as TP ranks need."""
@@ -85,6 +91,16 @@ def build(spec: ModelSpec, plan: ParallelPlan, device: torch.device) -> Workload
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
     return Workload(
-        model=model, batch=batch, block=GPTBlock, selective=("attn.core",),
-        tp_plan={"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.out": "rowwise",
-                 "fc": "colwise", "proj": "rowwise"})
+        model=model,
+        batch=batch,
+        block=GPTBlock,
+        selective=("attn.core",),
+        tp_plan={
+            "attn.q": "colwise",
+            "attn.k": "colwise",
+            "attn.v": "colwise",
+            "attn.out": "rowwise",
+            "fc": "colwise",
+            "proj": "rowwise",
+        },
+    )

@@ -38,9 +38,11 @@ class LM(nn.Module):
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.pos = nn.Parameter(torch.zeros(seq_len, WIDTH))
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(WIDTH, HEADS, 4 * WIDTH, dropout=0.0, batch_first=True,
-                                       norm_first=True)
-            for _ in range(LAYERS))
+            nn.TransformerEncoderLayer(
+                WIDTH, HEADS, 4 * WIDTH, dropout=0.0, batch_first=True, norm_first=True
+            )
+            for _ in range(LAYERS)
+        )
         self.head = nn.Linear(WIDTH, VOCAB)
         self.mask = nn.Transformer.generate_square_subsequent_mask(seq_len)
 
@@ -67,12 +69,14 @@ def parallelize(model: LM, plan: dict, device: torch.device) -> None:
         mesh = init_device_mesh(device.type, (plan["dp"],))
     if plan["sharding"] == "none":  # DDP-style: every rank holds everything, gradients all-reduced
         from torch.distributed._composable.replicate_with_fsdp import replicate as wrap
+
         kwargs: dict = {"mesh": mesh, "mp_policy": mp}
     else:
         wrap = fully_shard
         kwargs = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": plan["sharding"] != "fsdp-grad-op"}
         if plan["offload"] and device.type == "cuda":  # optimizer states (and the step) on the host
             from torch.distributed.fsdp import CPUOffloadPolicy
+
             kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in model.layers:
         wrap(layer, **kwargs)
@@ -92,8 +96,9 @@ def deepspeed_engine(model: LM) -> nn.Module:
 def main() -> None:
     plan = contract.plan()
     if (plan["tp"], plan["pp"], plan["cp"]) != (1, 1, 1) or plan["framework"] not in ("fsdp", "deepspeed"):
-        raise ValueError("this example runs data parallelism with FSDP2 or DeepSpeed ZeRO only: pin --tp 1 "
-                         "--pp 1 --cp 1")
+        raise ValueError(
+            "this example runs data parallelism with FSDP2 or DeepSpeed ZeRO only: pin --tp 1 --pp 1 --cp 1"
+        )
     use_cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if use_cuda else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
@@ -122,8 +127,11 @@ def main() -> None:
             torch.cuda.synchronize(device)
         if step >= contract.warmup_steps():
             contract.step(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_allocated(device) if use_cuda
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # CPU: the process's peak RSS
+    peak = (
+        torch.cuda.max_memory_allocated(device)
+        if use_cuda
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )  # CPU: the process's peak RSS
     peak_t = torch.tensor([float(peak)], device=device)
     dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
     contract.report(peak_memory_bytes=peak_t.item(), loss=loss.item())

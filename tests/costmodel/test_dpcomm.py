@@ -20,8 +20,9 @@ def test_deepspeed_all_reduces_its_gradient_buckets_megatron_reduce_scatters(sha
     link = comm.group_link(cluster, 8, 1)
     others = [("megatron", comm.reduce_scatter_s)] if sharding == "zero1" else []  # Megatron has no ZeRO-2
     for framework, grads in [("deepspeed", comm.allreduce_s), *others]:
-        plan = ParallelPlan(dp=8, global_batch=16, micro_batch=1, seq_len=2048, sharding=sharding,
-                            framework=framework)
+        plan = ParallelPlan(
+            dp=8, global_batch=16, micro_batch=1, seq_len=2048, sharding=sharding, framework=framework
+        )
         gathers, reduces = collective_calls(model, plan, params, model.num_layers)
         grads_s = grads(params * GRAD_REDUCE_BYTES[framework], 8, link, reduces)
         params_s = comm.allgather_s(params * PARAM_GATHER_BYTES, 8, link, gathers)
@@ -83,8 +84,9 @@ def test_deepspeed_zero3_keeps_small_parameters_and_fetches_the_rest_every_micro
         assert zero3_gathers(tiny, tp).fetched_params == 2 * tiny.vocab_size * tiny.hidden_size
 
     cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
-    one = ParallelPlan(dp=8, global_batch=8, micro_batch=1, seq_len=2048, sharding="zero3",
-                       framework="deepspeed")
+    one = ParallelPlan(
+        dp=8, global_batch=8, micro_batch=1, seq_len=2048, sharding="zero3", framework="deepspeed"
+    )
     two = one.replace(global_batch=16)
     params = model.num_params
     d1, d2 = (dp_comm_s(cluster, model, p, params, model.num_layers) for p in (one, two))

@@ -17,8 +17,17 @@ from autotune.plan import ParallelPlan
 
 
 def _megatron(**kw) -> ParallelPlan:
-    base = dict(tp=8, pp=1, dp=2, micro_batch=1, global_batch=64, seq_len=4096, sharding="zero1",
-                sequence_parallel=True, framework="megatron")
+    base = dict(
+        tp=8,
+        pp=1,
+        dp=2,
+        micro_batch=1,
+        global_batch=64,
+        seq_len=4096,
+        sharding="zero1",
+        sequence_parallel=True,
+        framework="megatron",
+    )
     return ParallelPlan(**(base | kw))
 
 
@@ -39,37 +48,64 @@ def test_te_overlap_slows_the_gemms_it_overlaps_by_the_sms_it_holds():
 
 def test_rowwise_pays_backward_rescale_and_keeps_its_all_gathers_under_async_tp():
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=64)
-    fsdp = dict(tp=8, pp=1, dp=8, micro_batch=4, global_batch=32, seq_len=8192, sharding="fsdp-full",
-                sequence_parallel=True, framework="fsdp", precision="fp8", compile=True)
+    fsdp = dict(
+        tp=8,
+        pp=1,
+        dp=8,
+        micro_batch=4,
+        global_batch=32,
+        seq_len=8192,
+        sharding="fsdp-full",
+        sequence_parallel=True,
+        framework="fsdp",
+        precision="fp8",
+        compile=True,
+    )
     rowwise = ParallelPlan(**fsdp, fp8_recipe="rowwise")
     tensorwise = ParallelPlan(**fsdp, fp8_recipe="tensorwise")
     tokens = 4 * 8192
     shapes = gemms.block_gemms(model, rowwise, tokens, fused=False)
     assert compute.rowwise_rescale_bytes(rowwise, shapes) == pytest.approx(
-        4 * sum(g.count * (g.m * g.k + g.n * g.k) for g in shapes))
+        4 * sum(g.count * (g.m * g.k + g.n * g.k) for g in shapes)
+    )
     assert compute.rowwise_rescale_bytes(tensorwise, shapes) == 0.0
     # async TP hides the forward all-gathers for tensorwise but not for rowwise (pytorch/pytorch#149990)
-    tw_gain = (block_times(model, cluster, tensorwise).tp_s
-               - block_times(model, cluster, tensorwise.replace(async_tp=True)).tp_s)
-    rw_gain = (block_times(model, cluster, rowwise).tp_s
-               - block_times(model, cluster, rowwise.replace(async_tp=True)).tp_s)
+    tw_gain = (
+        block_times(model, cluster, tensorwise).tp_s
+        - block_times(model, cluster, tensorwise.replace(async_tp=True)).tp_s
+    )
+    rw_gain = (
+        block_times(model, cluster, rowwise).tp_s
+        - block_times(model, cluster, rowwise.replace(async_tp=True)).tp_s
+    )
     assert 0 < rw_gain < tw_gain
 
 
 def test_megatron_without_dp_overlap_flags_exposes_the_gather_and_the_reduction():
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="b200")
-    plan = ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=128, seq_len=8192, sharding="zero1",
-                        framework="megatron")
+    plan = ParallelPlan(
+        tp=1,
+        pp=1,
+        dp=8,
+        micro_batch=2,
+        global_batch=128,
+        seq_len=8192,
+        sharding="zero1",
+        framework="megatron",
+    )
     params = model.num_params
     both = dpcomm.dp_comm_s(cluster, model, plan, params, model.num_layers)
-    no_gather = dpcomm.dp_comm_s(cluster, model, plan.replace(overlap_param_gather=False), params,
-                                 model.num_layers)
+    no_gather = dpcomm.dp_comm_s(
+        cluster, model, plan.replace(overlap_param_gather=False), params, model.num_layers
+    )
     neither_plan = plan.replace(overlap_param_gather=False, overlap_grad_reduce=False)
     neither = dpcomm.dp_comm_s(cluster, model, neither_plan, params, model.num_layers)
     assert both.tail_s == 0.0 and neither.once_s == 0.0
     assert 0 < no_gather.tail_s < neither.tail_s == pytest.approx(both.once_s)
-    assert step_time(model, cluster, plan).step_time_s < step_time(
-        model, cluster, plan.replace(overlap_param_gather=False)).step_time_s
+    assert (
+        step_time(model, cluster, plan).step_time_s
+        < step_time(model, cluster, plan.replace(overlap_param_gather=False)).step_time_s
+    )
 
 
 def test_megatron_cpu_offload_runs_torch_unfused_adamw():
@@ -86,16 +122,28 @@ def test_megatron_cpu_offload_runs_torch_unfused_adamw():
 def test_torchtitan_op_sac_reruns_every_second_matmul_and_no_attention():
     # torchtitan _apply_op_sac: q, k, v, o, gate, up, down -> k, o, up recomputed; SDPA's output is saved
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
-    plan = ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=16, seq_len=8192, sharding="fsdp-full",
-                        framework="fsdp", recompute="selective", compile=True)
+    plan = ParallelPlan(
+        tp=1,
+        pp=1,
+        dp=8,
+        micro_batch=2,
+        global_batch=16,
+        seq_len=8192,
+        sharding="fsdp-full",
+        framework="fsdp",
+        recompute="selective",
+        compile=True,
+    )
     h, kv, f, tokens = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, 2 * 8192
-    unsaved = sum(compute.kernels.gemm_s(cluster.gpu, "bf16", tokens, n, k)
-                  for n, k in ((kv, h), (h, h), (f, h)))
+    unsaved = sum(
+        compute.kernels.gemm_s(cluster.gpu, "bf16", tokens, n, k) for n, k in ((kv, h), (h, h), (f, h))
+    )
     bt = block_times(model, cluster, plan)
     assert bt.recompute_s == pytest.approx(unsaved + bt.ew_s, rel=1e-9)
     assert bt.recompute_s < bt.gemm_s + bt.ew_s  # not a full forward: q, v, gate, down are saved
-    megatron = block_times(model, cluster,
-                           plan.replace(framework="megatron", sharding="zero1", compile=False))
+    megatron = block_times(
+        model, cluster, plan.replace(framework="megatron", sharding="zero1", compile=False)
+    )
     assert megatron.recompute_s == pytest.approx(megatron.attn_s)  # Megatron: the attention core only
 
 
@@ -105,8 +153,17 @@ def test_hidden_fsdp_collectives_slow_the_compute_by_the_sms_nccl_holds():
     from autotune.costmodel import ncclsm
 
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
-    plan = ParallelPlan(tp=1, pp=1, dp=8, micro_batch=2, global_batch=16, seq_len=8192, sharding="fsdp-full",
-                        framework="fsdp", compile=True)
+    plan = ParallelPlan(
+        tp=1,
+        pp=1,
+        dp=8,
+        micro_batch=2,
+        global_batch=16,
+        seq_len=8192,
+        sharding="fsdp-full",
+        framework="fsdp",
+        compile=True,
+    )
     blind = replace(cluster, gpu=replace(cluster.gpu, sm_count=None))
     with_sms, without = step_time(model, cluster, plan), step_time(model, blind, plan)
     hidden = without.dp_comm_total_s - without.dp_comm_s

@@ -66,8 +66,9 @@ def test_operator_time_is_charged_per_micro_batch_and_recompute():
     cpu = dataclasses.replace(base, gpu=_with_host(base.gpu, op_overhead_s=10e-6))
     plan = ParallelPlan(pp=2, global_batch=8, micro_batch=1, seq_len=64)
     bigger_mb = plan.replace(micro_batch=2)
-    added = [step_time(model, cpu, p).overhead_s - step_time(model, base, p).overhead_s
-             for p in (plan, bigger_mb)]
+    added = [
+        step_time(model, cpu, p).overhead_s - step_time(model, base, p).overhead_s for p in (plan, bigger_mb)
+    ]
     assert added[0] == pytest.approx(2 * added[1])  # half the micro-batches, half the operators
     blocks = model.num_layers // 2
     ops = plan.num_microbatches * (blocks * block_ops(model, plan) + EDGE_OPS)
@@ -87,8 +88,10 @@ def test_dtensor_operators_are_charged_to_torch_tp_only():
     fp, fd, bp, bd = TP_BLOCK_OPS[True, False]
     assert (plain, dtensor) == (fp + bp, fd + bd)
     assert block_host_s(model, catalog, tp) == pytest.approx(
-        plain * catalog.gpu.host.op_overhead_s + dtensor * catalog.gpu.host.dtensor_op_overhead_s
-        + 4 * catalog.gpu.host.dtensor_collective_overhead_s)
+        plain * catalog.gpu.host.op_overhead_s
+        + dtensor * catalog.gpu.host.dtensor_op_overhead_s
+        + 4 * catalog.gpu.host.dtensor_collective_overhead_s
+    )
     # sequence parallelism runs more of the block on DTensors: more host time per micro-batch
     sp = tp.replace(sequence_parallel=True)
     assert block_host_s(model, catalog, sp) > block_host_s(model, catalog, tp)
@@ -108,15 +111,17 @@ def test_tp_collectives_through_dtensor_are_charged_once_each():
     ``tpcomm.collective_calls`` counts (itself checked against CommDebugMode in test_tp_comm)."""
     model = load_model("tiny")
     cpu = make_cluster(num_gpus=2, gpu="cpu")
-    gpu = _with_host(cpu.gpu, op_overhead_s=0.0, dtensor_op_overhead_s=0.0,
-                     dtensor_collective_overhead_s=1e-3)
+    gpu = _with_host(
+        cpu.gpu, op_overhead_s=0.0, dtensor_op_overhead_s=0.0, dtensor_collective_overhead_s=1e-3
+    )
     cluster = dataclasses.replace(cpu, gpu=gpu)
     assert make_cluster(num_gpus=2, gpu="cpu").gpu.host.dtensor_collective_overhead_s > 0
     assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.dtensor_collective_overhead_s == 0
     for sp in (False, True):
         for recompute in ("none", "full"):
-            plan = ParallelPlan(tp=2, global_batch=4, micro_batch=2, seq_len=64, sequence_parallel=sp,
-                                recompute=recompute)
+            plan = ParallelPlan(
+                tp=2, global_batch=4, micro_batch=2, seq_len=64, sequence_parallel=sp, recompute=recompute
+            )
             blocks = model.num_layers * block_host_s(model, cluster, plan)
             charged = blocks + edge_host_s(model, cluster, plan)
             assert charged == pytest.approx(sum(collective_calls(model, plan)) * 1e-3)
@@ -139,8 +144,9 @@ def test_deepspeed_zero3_host_time_per_module_and_parameter_byte():
     gpu = cpu.gpu
     assert gpu.host.zero3_host_module_s > 0 and gpu.host.zero3_host_bytes_per_s > 0
     assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.zero3_host_module_s == 0
-    zero3 = ParallelPlan(dp=2, global_batch=4, micro_batch=1, seq_len=64, framework="deepspeed",
-                         sharding="zero3")
+    zero3 = ParallelPlan(
+        dp=2, global_batch=4, micro_batch=1, seq_len=64, framework="deepspeed", sharding="zero3"
+    )
     params = model.num_params
     # per module and per parameter byte, in each of the 2 micro-batches
     host = gpu.host
@@ -169,8 +175,9 @@ def test_fsdp2_host_time_per_wrapped_unit_and_micro_batch():
     # in the step: on top of the same plan without it, for replicate (sharding none) as for fully_shard
     for sharding in ("none", "fsdp-grad-op", "fsdp-full"):
         p = plan.replace(sharding=sharding)
-        without = dataclasses.replace(cpu, gpu=_with_host(gpu, fsdp_host_unit_s=0.0,
-                                                          fsdp_host_bytes_per_s=0.0))
+        without = dataclasses.replace(
+            cpu, gpu=_with_host(gpu, fsdp_host_unit_s=0.0, fsdp_host_bytes_per_s=0.0)
+        )
         added = step_time(model, cpu, p).overhead_s - step_time(model, without, p).overhead_s
         assert added == pytest.approx(2 * per_mb)
     # nothing to wrap on one rank, and DeepSpeed has its own hooks

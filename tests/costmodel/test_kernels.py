@@ -37,8 +37,10 @@ def test_fp8_linear_speedup_matches_the_torchao_microbenchmark():
 
     def speedup(m, k, n):
         bf16 = 3 * kernels.gemm_s(h100, "bf16", m, n, k)
-        fp8 = 3 * kernels.gemm_s(h100, "fp8", m, n, k) + kernels.fp8_cast_bytes("tensorwise", m * k + k * n
-                                                                                + m * n) / hbm
+        fp8 = (
+            3 * kernels.gemm_s(h100, "fp8", m, n, k)
+            + kernels.fp8_cast_bytes("tensorwise", m * k + k * n + m * n) / hbm
+        )
         return bf16 / fp8
 
     assert speedup(4096, 8192, 16384) == pytest.approx(1.39, abs=0.03)
@@ -66,8 +68,9 @@ def test_a_power_capped_card_computes_slower_but_streams_as_fast():
     assert kernels.clock_factor(capped) == pytest.approx((500 / 700) ** (1 / 3))
     assert kernels.clock_factor(dataclasses.replace(h100, tdp_w=None, power_limit_w=500.0)) == 1.0
     big = (16384, 16384, 16384)
-    assert kernels.gemm_s(capped, "bf16", *big) == pytest.approx(kernels.gemm_s(h100, "bf16", *big)
-                                                                 / kernels.clock_factor(capped))
+    assert kernels.gemm_s(capped, "bf16", *big) == pytest.approx(
+        kernels.gemm_s(h100, "bf16", *big) / kernels.clock_factor(capped)
+    )
 
 
 def test_attention_curves_reproduce_the_h200_sdpa_measurement():
@@ -82,8 +85,9 @@ def test_attention_curves_reproduce_the_h200_sdpa_measurement():
 
 def test_long_context_attention_is_priced_by_the_kernel_each_ring_step_runs():
     model, cluster = load_model("7b"), make_cluster(num_gpus=16, gpu="h100-sxm")
-    plan = ParallelPlan(tp=4, cp=4, global_batch=4, seq_len=131072, framework="megatron",
-                        sequence_parallel=True)
+    plan = ParallelPlan(
+        tp=4, cp=4, global_batch=4, seq_len=131072, framework="megatron", sequence_parallel=True
+    )
     tokens = plan.seq_len / plan.cp
     fa2 = compute.attention_s(model, cluster, plan, tokens, kernel="fa2")
     cudnn = compute.attention_s(model, cluster, plan, tokens, kernel="cudnn")
@@ -94,11 +98,14 @@ def test_context_parallel_exchange_modes():
     """p2p hides behind the ring's attention steps; allgather only behind the local chunk; Ulysses a2a
     hides nothing."""
     model, cluster = load_model("7b"), make_cluster(num_gpus=16, gpu="h100-sxm")
-    base = ParallelPlan(tp=4, cp=4, global_batch=4, seq_len=131072, framework="megatron",
-                        sequence_parallel=True)
+    base = ParallelPlan(
+        tp=4, cp=4, global_batch=4, seq_len=131072, framework="megatron", sequence_parallel=True
+    )
     tokens = base.seq_len / base.cp
     fwd, bwd = compute.attention_s(model, cluster, base, tokens)
-    exposed = {mode: cpcomm.cp_exposed_s(model, cluster, base.replace(cp_comm=mode), tokens, fwd, bwd)
-               for mode in ("p2p", "allgather", "a2a")}
+    exposed = {
+        mode: cpcomm.cp_exposed_s(model, cluster, base.replace(cp_comm=mode), tokens, fwd, bwd)
+        for mode in ("p2p", "allgather", "a2a")
+    }
     assert exposed["p2p"] <= exposed["allgather"] and exposed["a2a"] > 0
     assert cpcomm.cp_exposed_s(model, cluster, base.replace(cp=1, dp=4), tokens, fwd, bwd) == 0.0

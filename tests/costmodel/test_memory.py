@@ -33,8 +33,14 @@ DS_SHAPES = [(1.3e9, 8, 1), (7e9, 8, 2), (70e9, 8, 8), (175e9, 16, 4)]
 
 
 def _ds_plan(num_gpus: int, sharding: str, offload: bool = False) -> ParallelPlan:
-    return ParallelPlan(dp=num_gpus, sharding=sharding, framework="deepspeed", offload=offload,
-                        global_batch=num_gpus, seq_len=2048)
+    return ParallelPlan(
+        dp=num_gpus,
+        sharding=sharding,
+        framework="deepspeed",
+        offload=offload,
+        global_batch=num_gpus,
+        seq_len=2048,
+    )
 
 
 def _states_sum(num_params: float, plan: ParallelPlan) -> float:
@@ -43,16 +49,20 @@ def _states_sum(num_params: float, plan: ParallelPlan) -> float:
     The partition lives in the step only; our ``step_bytes`` also holds AdamW's foreach buffer, so it is
     taken from the per-parameter table instead."""
     s = model_state_bytes(num_params, plan)
-    fp32_grads = 0.0 if plan.offload else (
-        num_params / plan.dp * state_bytes_per_param(plan, MIXED_BF16).grad_fp32_partition)
+    fp32_grads = (
+        0.0
+        if plan.offload
+        else (num_params / plan.dp * state_bytes_per_param(plan, MIXED_BF16).grad_fp32_partition)
+    )
     return s.weights_bytes + s.gradients_bytes + s.optimizer_bytes + fp32_grads
 
 
 @pytest.mark.parametrize(("num_params", "per_node", "nodes"), DS_SHAPES)
 @pytest.mark.parametrize("offload", [False, True])
 def test_zero2_states_equal_deepspeed_estimator(num_params, per_node, nodes, offload):
-    _, ds_gpu = estimate_zero2_model_states_mem_needs(total_params=num_params, num_gpus_per_node=per_node,
-                                                      num_nodes=nodes, cpu_offload=offload)
+    _, ds_gpu = estimate_zero2_model_states_mem_needs(
+        total_params=num_params, num_gpus_per_node=per_node, num_nodes=nodes, cpu_offload=offload
+    )
     # No offload: 2 psi (bf16 params) + 18 psi / N. Offload: only the bf16 params stay, 2 psi.
     ours = _states_sum(num_params, _ds_plan(per_node * nodes, "zero2", offload))
     assert ours == pytest.approx(ds_gpu, abs=2)
@@ -66,8 +76,14 @@ def test_zero3_states_equal_deepspeed_estimator(num_params, per_node, nodes, off
     plan = _ds_plan(n, "zero3", offload)
     largest = largest_module_params_per_gpu(model, plan, first=True, last=True)
     ds_cpu, ds_gpu, ds_largest = estimate_zero3_model_states_mem_needs(
-        total_params=num_params, largest_layer_params=largest, num_gpus_per_node=per_node, num_nodes=nodes,
-        cpu_offload=offload, cpu_offload_params=False, zero_init=True)
+        total_params=num_params,
+        largest_layer_params=largest,
+        num_gpus_per_node=per_node,
+        num_nodes=nodes,
+        cpu_offload=offload,
+        cpu_offload_params=False,
+        zero_init=True,
+    )
     # DeepSpeed's gather term (largest module's bf16 param + grad, 4 B/param) is our ZeRO-3 gather term
     # without the prefetch bucket, which its estimator leaves out.
     ours_gather = gathered_bytes(model, plan, first=True, last=True, backward=True)
@@ -83,8 +99,12 @@ def test_zero3_states_equal_deepspeed_estimator(num_params, per_node, nodes, off
 
 
 # Korthikanti et al. 2022 Table 3 shapes: (h, a, s, L, t, b)
-PAPER_SHAPES = {"22B": (6144, 64, 2048, 48, 8, 4), "175B": (12288, 96, 2048, 96, 8, 1),
-                "530B": (20480, 128, 2048, 105, 8, 1), "1T": (25600, 160, 2048, 128, 8, 1)}
+PAPER_SHAPES = {
+    "22B": (6144, 64, 2048, 48, 8, 4),
+    "175B": (12288, 96, 2048, 96, 8, 1),
+    "530B": (20480, 128, 2048, 105, 8, 1),
+    "1T": (25600, 160, 2048, 128, 8, 1),
+}
 PAPER_KERNELS = Kernels(flash_attention=False, dropout=True)
 
 
@@ -117,8 +137,9 @@ def test_flash_attention_drops_the_score_terms_only():
     h, a, s, _, t, b = PAPER_SHAPES["175B"]
     x = _gpt_layer(h, a, s, b)
     eager = layer_activation_bytes(x, tp=t, sp=True, recompute=Recompute.NONE, e=2, k=PAPER_KERNELS)
-    flash = layer_activation_bytes(x, tp=t, sp=True, recompute=Recompute.NONE, e=2,
-                                   k=Kernels(flash_attention=True, dropout=True))
+    flash = layer_activation_bytes(
+        x, tp=t, sp=True, recompute=Recompute.NONE, e=2, k=Kernels(flash_attention=True, dropout=True)
+    )
     assert eager - flash == pytest.approx(5 * a * s * s * b / t - 4 * a * s * b / t)
 
 
@@ -130,10 +151,12 @@ def test_gqa_and_swiglu_terms():
     k = Kernels()
     base = layer_activation_bytes(x, tp=1, sp=False, recompute=Recompute.SELECTIVE, e=2, k=k)
     sbh = 4096 * m.hidden_size
-    assert base == pytest.approx(sbh * 2 * (4 + 2) + 4096 * 2 * 2 * m.kv_hidden_size
-                                 + 4096 * m.ffn_hidden_size * 4 * 2)
-    fused = layer_activation_bytes(x, tp=1, sp=False, recompute=Recompute.SELECTIVE, e=2,
-                                   k=Kernels(fused_swiglu=True))
+    assert base == pytest.approx(
+        sbh * 2 * (4 + 2) + 4096 * 2 * 2 * m.kv_hidden_size + 4096 * m.ffn_hidden_size * 4 * 2
+    )
+    fused = layer_activation_bytes(
+        x, tp=1, sp=False, recompute=Recompute.SELECTIVE, e=2, k=Kernels(fused_swiglu=True)
+    )
     assert base - fused == pytest.approx(4096 * m.ffn_hidden_size * 2)
 
 
@@ -150,8 +173,9 @@ def test_pipeline_in_flight_microbatches():
 
 
 def _mem(model, gpus, numerics=MIXED_BF16, **plan):
-    return memory_breakdown(load_model(model), make_cluster(num_gpus=gpus), ParallelPlan(**plan),
-                            numerics=numerics)
+    return memory_breakdown(
+        load_model(model), make_cluster(num_gpus=gpus), ParallelPlan(**plan), numerics=numerics
+    )
 
 
 def test_70b_does_not_fit_one_gpu():
@@ -177,8 +201,15 @@ def test_70b_fits_16_h100_with_tp8_and_zero3_over_2():
 def test_fsdp_peak_includes_the_foreach_adamw_buffer():
     """torch's multi-tensor AdamW allocates one fp32 tensor per updated parameter in its step: with
     activations recomputed, that is the peak (a fused AdamW would not have it)."""
-    common = {"tp": 8, "dp": 2, "global_batch": 512, "seq_len": 4096, "recompute": "full",
-              "sharding": "fsdp-full", "sequence_parallel": True}
+    common = {
+        "tp": 8,
+        "dp": 2,
+        "global_batch": 512,
+        "seq_len": 4096,
+        "recompute": "full",
+        "sharding": "fsdp-full",
+        "sequence_parallel": True,
+    }
     foreach = _mem("70b", 16, numerics=dataclasses.replace(MIXED_BF16, foreach_adamw=True), **common)
     fused = _mem("70b", 16, **common)  # the default: a fused AdamW, as the GPU trials run it
     assert foreach.optimizer_bytes - fused.optimizer_bytes == pytest.approx(4 * 69e9 / 16, rel=0.02)
@@ -187,22 +218,49 @@ def test_fsdp_peak_includes_the_foreach_adamw_buffer():
 
 def test_memory_falls_with_more_sharding():
     common = {"dp": 8, "global_batch": 64, "seq_len": 4096, "recompute": "full"}
-    ds = [_mem("7b", 8, sharding=s, framework="deepspeed", **common).total_bytes
-          for s in ("none", "zero1", "zero2", "zero3")]
+    ds = [
+        _mem("7b", 8, sharding=s, framework="deepspeed", **common).total_bytes
+        for s in ("none", "zero1", "zero2", "zero3")
+    ]
     assert ds == sorted(ds, reverse=True) and len(set(ds)) == 4
     fsdp = [_mem("7b", 8, sharding=s, **common).total_bytes for s in ("none", "fsdp-grad-op", "fsdp-full")]
     assert fsdp == sorted(fsdp, reverse=True) and len(set(fsdp)) == 3
 
 
 def test_memory_falls_with_recompute_and_sequence_parallel():
-    common = {"tp": 8, "dp": 2, "global_batch": 64, "seq_len": 4096, "sharding": "zero3",
-              "framework": "deepspeed"}
+    common = {
+        "tp": 8,
+        "dp": 2,
+        "global_batch": 64,
+        "seq_len": 4096,
+        "sharding": "zero3",
+        "framework": "deepspeed",
+    }
     by_rc = [_mem("70b", 16, recompute=r, **common).activations_bytes for r in ("none", "selective", "full")]
     assert by_rc == sorted(by_rc, reverse=True) and len(set(by_rc)) == 3
-    off = _mem("70b", 16, recompute="selective", framework="megatron", tp=8, dp=2, global_batch=64,
-               seq_len=4096, sharding="zero1")
-    on = _mem("70b", 16, recompute="selective", framework="megatron", tp=8, dp=2, global_batch=64,
-              seq_len=4096, sharding="zero1", sequence_parallel=True)
+    off = _mem(
+        "70b",
+        16,
+        recompute="selective",
+        framework="megatron",
+        tp=8,
+        dp=2,
+        global_batch=64,
+        seq_len=4096,
+        sharding="zero1",
+    )
+    on = _mem(
+        "70b",
+        16,
+        recompute="selective",
+        framework="megatron",
+        tp=8,
+        dp=2,
+        global_batch=64,
+        seq_len=4096,
+        sharding="zero1",
+        sequence_parallel=True,
+    )
     assert on.activations_bytes < off.activations_bytes / 2 and on.total_bytes < off.total_bytes
 
 
@@ -223,8 +281,14 @@ def test_worst_stage_and_tied_embeddings():
 
 
 def test_offload_moves_states_to_the_host():
-    common = {"dp": 8, "global_batch": 64, "seq_len": 4096, "recompute": "full", "sharding": "zero3",
-              "framework": "deepspeed"}
+    common = {
+        "dp": 8,
+        "global_batch": 64,
+        "seq_len": 4096,
+        "recompute": "full",
+        "sharding": "zero3",
+        "framework": "deepspeed",
+    }
     on, off = _mem("70b", 8, offload=True, **common), _mem("70b", 8, **common)
     assert on.optimizer_bytes == 0 and on.gradients_bytes == 0 and off.host_bytes_per_node == 0
     # fp32 master + Adam (12) + fp32 gradient partition (4) + bf16 gradient partition (2), for 8 GPUs
@@ -232,8 +296,11 @@ def test_offload_moves_states_to_the_host():
 
 
 def test_breakdown_sums_and_cpu_reserve_is_small():
-    mem = memory_breakdown(load_model("tiny"), make_cluster(num_gpus=2, gpu="cpu"),
-                           ParallelPlan(dp=2, global_batch=8, seq_len=256, sharding="fsdp-full"))
+    mem = memory_breakdown(
+        load_model("tiny"),
+        make_cluster(num_gpus=2, gpu="cpu"),
+        ParallelPlan(dp=2, global_batch=8, seq_len=256, sharding="fsdp-full"),
+    )
     parts = {k: v for k, v in mem.as_dict().items() if k != "host_bytes_per_node"}
     assert sum(parts.values()) == pytest.approx(mem.total_bytes)
     assert mem.reserve_bytes == CPU_RESERVE_BYTES < 100 * 1024**2

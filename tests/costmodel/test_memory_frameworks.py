@@ -21,8 +21,9 @@ _8B = {"dp": 8, "micro_batch": 2, "global_batch": 16, "seq_len": 8192, "sharding
 
 def _layer(plan, model="llama3-8b"):
     x = LayerShape.of(load_model(model), plan)
-    return layer_activation_bytes(x, tp=plan.tp, sp=plan.sequence_parallel, recompute=plan.recompute, e=2,
-                                  k=kernels_for(plan))
+    return layer_activation_bytes(
+        x, tp=plan.tp, sp=plan.sequence_parallel, recompute=plan.recompute, e=2, k=kernels_for(plan)
+    )
 
 
 def test_torchtitan_op_sac_keeps_every_other_matmul_output():
@@ -83,8 +84,11 @@ def test_megatron_fsdp_shards_everything_and_gathers_per_layer():
     assert fsdp.weights_bytes == pytest.approx(dist_opt.weights_bytes / 8)
     assert fsdp.gradients_bytes == pytest.approx(dist_opt.gradients_bytes / 8)
     from autotune.costmodel.states import gathered_bytes
-    gathered = [gathered_bytes(model, ParallelPlan(**base, sharding=s), first=True, last=True, backward=True)
-                for s in ("fsdp-full", "zero1")]
+
+    gathered = [
+        gathered_bytes(model, ParallelPlan(**base, sharding=s), first=True, last=True, backward=True)
+        for s in ("fsdp-full", "zero1")
+    ]
     assert gathered[0] > 0 == gathered[1]
     text = megatron_args_text(ParallelPlan(**base, sharding="fsdp-full"), model)
     assert "--use-megatron-fsdp\n" in text

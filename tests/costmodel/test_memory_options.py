@@ -21,8 +21,15 @@ GIB = 1024**3
 
 
 def _fsdp70b(**changes) -> ParallelPlan:
-    base = dict(framework="megatron", dp=64, micro_batch=1, global_batch=128, seq_len=8192,
-                sharding="fsdp-full", precision="fp8")
+    base = dict(
+        framework="megatron",
+        dp=64,
+        micro_batch=1,
+        global_batch=128,
+        seq_len=8192,
+        sharding="fsdp-full",
+        precision="fp8",
+    )
     return ParallelPlan(**{**base, **changes})
 
 
@@ -61,8 +68,15 @@ def test_activation_offload_is_a_megatron_option_without_pipelining():
     with pytest.raises(ConfigError, match="offload-activation-layers"):
         _fsdp70b(offload_activation_layers=4, framework="fsdp")
     with pytest.raises(ConfigError, match="offload-activation-layers"):
-        ParallelPlan(framework="megatron", pp=2, dp=4, global_batch=8, seq_len=4096, sharding="zero1",
-                     offload_activation_layers=2)
+        ParallelPlan(
+            framework="megatron",
+            pp=2,
+            dp=4,
+            global_batch=8,
+            seq_len=4096,
+            sharding="zero1",
+            offload_activation_layers=2,
+        )
     args = megatron_args(_fsdp70b(offload_activation_layers=40), load_model("llama3-70b"))
     assert ["--cpu-offloading-num-layers", "40"] in args and ["--cpu-offloading"] in args
     with pytest.raises(ConfigError, match="cpu-offloading-num-layers"):
@@ -73,8 +87,16 @@ def test_precision_aware_optimizer_keeps_16_bit_master_remainders():
     """NeMo 24.07's Llama-2-70B SFT on 16 H100 (TP4 PP4, DP 1): 12 -> 10 B of optimizer state per
     parameter is what brings it under 80 GB."""
     model, cluster = load_model("70b"), make_cluster(gpu="h100-sxm", num_gpus=16)
-    plan = ParallelPlan(framework="megatron", tp=4, pp=4, dp=1, global_batch=32, seq_len=4096,
-                        sequence_parallel=True, precision="fp8")
+    plan = ParallelPlan(
+        framework="megatron",
+        tp=4,
+        pp=4,
+        dp=1,
+        global_batch=32,
+        seq_len=4096,
+        sequence_parallel=True,
+        precision="fp8",
+    )
     aware = plan.replace(precision_aware_optimizer=True)
     base, less = memory_breakdown(model, cluster, plan), memory_breakdown(model, cluster, aware)
     assert less.optimizer_bytes == pytest.approx(base.optimizer_bytes * 10 / 12)
@@ -103,21 +125,25 @@ def test_bf16_grad_reduce_halves_megatron_gradients_and_their_reduction():
     fp8 = plan.replace(precision="fp8")
     assert ["--grad-reduce-in-bf16"] in megatron_args(fp8, model)
     assert ["--grad-reduce-in-bf16"] not in megatron_args(fp8.replace(grad_reduce_dtype="fp32"), model)
-    assert memory_breakdown(model, cluster, fp8.replace(grad_reduce_dtype="fp32")).gradients_bytes > \
-        memory_breakdown(model, cluster, fp8).gradients_bytes
+    assert (
+        memory_breakdown(model, cluster, fp8.replace(grad_reduce_dtype="fp32")).gradients_bytes
+        > memory_breakdown(model, cluster, fp8).gradients_bytes
+    )
     with pytest.raises(ConfigError, match="grad-reduce-dtype"):
         ParallelPlan(dp=8, global_batch=8, seq_len=4096, sharding="fsdp-full", grad_reduce_dtype="bf16")
     with pytest.raises(ConfigError, match="grad_reduce_dtype"):
-        ParallelPlan.from_dict({"global_batch": 8, "seq_len": 4096, "framework": "megatron",
-                                "grad_reduce_dtype": "fp16"})
+        ParallelPlan.from_dict(
+            {"global_batch": 8, "seq_len": 4096, "framework": "megatron", "grad_reduce_dtype": "fp16"}
+        )
 
 
 def test_torchtitan_compile_keeps_compute_dtype_logits_for_its_loss():
     """torchtitan compiles the loss with the model: 2 B stored + 2 B gradient per logit instead of the eager
     4 + 8 (benchmarks/results/compiled_loss_saved.json); with TP the loss_parallel path is kept."""
     model, cluster = load_model("llama3-8b"), make_cluster(gpu="h200", num_gpus=32)
-    plan = ParallelPlan(dp=32, micro_batch=2, global_batch=64, seq_len=8192, sharding="fsdp-full",
-                        recompute="selective")
+    plan = ParallelPlan(
+        dp=32, micro_batch=2, global_batch=64, seq_len=8192, sharding="fsdp-full", recompute="selective"
+    )
     eager, compiled = (memory_breakdown(model, cluster, p) for p in (plan, plan.replace(compile=True)))
     logits = 2 * 8192 * model.vocab_size
     assert eager.logits_bytes == pytest.approx(12 * logits)  # the loss is the eager peak
@@ -131,10 +157,15 @@ def test_torch_tp_saves_the_gathered_input_of_the_output_layer():
     from autotune.costmodel.activations import head_activation_bytes
 
     model = load_model("llama3-70b")
-    plans = [ParallelPlan(framework=fw, tp=8, dp=4, global_batch=4, seq_len=8192, sequence_parallel=True,
-                          sharding=sh) for fw, sh in (("fsdp", "fsdp-full"), ("megatron", "zero1"))]
+    plans = [
+        ParallelPlan(
+            framework=fw, tp=8, dp=4, global_batch=4, seq_len=8192, sequence_parallel=True, sharding=sh
+        )
+        for fw, sh in (("fsdp", "fsdp-full"), ("megatron", "zero1"))
+    ]
     x = LayerShape.of(model, plans[0])
-    torch_tp, megatron = (head_activation_bytes(x, tp=8, sp=True, e=2, k=kernels_for(p), first=False,
-                                                last=True) for p in plans)
+    torch_tp, megatron = (
+        head_activation_bytes(x, tp=8, sp=True, e=2, k=kernels_for(p), first=False, last=True) for p in plans
+    )
     sbh = 8192 * model.hidden_size
     assert torch_tp == pytest.approx(2 * sbh * (1 / 8 + 1)) and megatron == pytest.approx(2 * sbh * 2 / 8)

@@ -49,17 +49,21 @@ def test_pipelined_fsdp_memory_counts_the_unsharded_stage():
         mem = stage_memory(model, cluster, plan, rank=1)
         assert mem.prefetch_bytes >= kept.params_bytes + kept.grads_bytes, sharding
     shape = {"global_batch": 64, "seq_len": 4096}
-    for plan in (ParallelPlan(dp=8, sharding="fsdp-full", **shape),
-                 ParallelPlan(pp=2, dp=4, sharding="zero1", framework="megatron", **shape),
-                 ParallelPlan(pp=2, dp=4, **shape)):  # replicate: its gradients are whole anyway
+    for plan in (
+        ParallelPlan(dp=8, sharding="fsdp-full", **shape),
+        ParallelPlan(pp=2, dp=4, sharding="zero1", framework="megatron", **shape),
+        ParallelPlan(pp=2, dp=4, **shape),
+    ):  # replicate: its gradients are whole anyway
         kept = deferred_reduce_bytes(model, plan, first=True, last=True, sharded_grad_bytes=0.0)
         assert kept == KeptBytes()
 
 
 # --------------------------------------------------------------------------- pipelining + FSDP2 (torch 2.13)
-PP_FSDP_CASES = {"fsdp-full/1f1b": {"sharding": "fsdp-full"},
-                 "fsdp-full/gpipe": {"sharding": "fsdp-full", "schedule": "gpipe"},
-                 "fsdp-grad-op/1f1b": {"sharding": "fsdp-grad-op"}}
+PP_FSDP_CASES = {
+    "fsdp-full/1f1b": {"sharding": "fsdp-full"},
+    "fsdp-full/gpipe": {"sharding": "fsdp-full", "schedule": "gpipe"},
+    "fsdp-grad-op/1f1b": {"sharding": "fsdp-grad-op"},
+}
 
 
 def _pp_fsdp_plan(fields: dict[str, str]) -> ParallelPlan:
@@ -70,21 +74,33 @@ def _fsdp_snapshot(root, blocks) -> dict[str, object]:
     """FSDP2 state of a stage as a block's forward starts: which block units are gathered, and the bytes of
     the gathered compute copies and of the unsharded accumulated gradients over all units."""
     groups = [g for m in (root, *blocks) for g in m._get_fsdp_state()._fsdp_param_groups]
-    acc = [fp.unsharded_accumulated_grad for g in groups for fp in g.fsdp_params
-           if fp.unsharded_accumulated_grad is not None]
-    return {"blocks_gathered": [b._get_fsdp_state()._fsdp_param_groups[0].is_unsharded for b in blocks],
-            "gathered_bytes": sum(fp._orig_size.numel() * fp.param_dtype.itemsize for g in groups
-                                  if g.is_unsharded for fp in g.fsdp_params),
-            "acc_bytes": sum(t.numel() * t.element_size() for t in acc),
-            "acc_dtypes": sorted({str(t.dtype) for t in acc}),
-            "sharded_grads": any(p.grad is not None for p in root.parameters())}
+    acc = [
+        fp.unsharded_accumulated_grad
+        for g in groups
+        for fp in g.fsdp_params
+        if fp.unsharded_accumulated_grad is not None
+    ]
+    return {
+        "blocks_gathered": [b._get_fsdp_state()._fsdp_param_groups[0].is_unsharded for b in blocks],
+        "gathered_bytes": sum(
+            fp._orig_size.numel() * fp.param_dtype.itemsize
+            for g in groups
+            if g.is_unsharded
+            for fp in g.fsdp_params
+        ),
+        "acc_bytes": sum(t.numel() * t.element_size() for t in acc),
+        "acc_dtypes": sorted({str(t.dtype) for t in acc}),
+        "sharded_grads": any(p.grad is not None for p in root.parameters()),
+    }
 
 
 def _counted(collective, name: str, calls: Counter):
     """``collective`` that first counts a call per FSDP unit (keyed by its first ``FSDPParam``)."""
+
     def wrapper(fsdp_params, *args, **kwargs):
         calls[name, id(fsdp_params[0])] += 1
         return collective(fsdp_params, *args, **kwargs)
+
     return wrapper
 
 
@@ -108,11 +124,13 @@ def _probe_stage(plan: ParallelPlan, calls: Counter) -> dict[str, object]:
     from autotune.trials.train import lm_loss
 
     mesh = build_mesh(plan, "cpu")
-    ((stage, chunk),) = split_stages(build_model(load_model("tiny"), device="cpu", seed=0), plan=plan,
-                                     pp_rank=mesh.get_local_rank("pp"))
+    ((stage, chunk),) = split_stages(
+        build_model(load_model("tiny"), device="cpu", seed=0), plan=plan, pp_rank=mesh.get_local_rank("pp")
+    )
     root = parallelize(chunk, plan=plan, mesh=mesh, param_dtype=torch.bfloat16)
-    schedule = build_schedule([(stage, root)], plan=plan, mesh=mesh, device=torch.device("cpu"),
-                              loss_fn=lm_loss)
+    schedule = build_schedule(
+        [(stage, root)], plan=plan, mesh=mesh, device=torch.device("cpu"), loss_fn=lm_loss
+    )
     blocks = list(root.layers.values())
     seen: list[dict[str, object]] = []
     blocks[0].register_forward_pre_hook(lambda *_: seen.append(_fsdp_snapshot(root, blocks)), prepend=True)
@@ -126,9 +144,14 @@ def _probe_stage(plan: ParallelPlan, calls: Counter) -> dict[str, object]:
         else:
             schedule.step(target=tokens[1], losses=[])
     firsts = [id(b._get_fsdp_state()._fsdp_param_groups[0].fsdp_params[0]) for b in blocks]
-    return {"stage": stage, "seen": seen, "numel": sum(p.numel() for p in root.parameters()),
-            "gathers": [calls["foreach_all_gather", f] for f in firsts],
-            "reduces": [calls["foreach_reduce", f] for f in firsts], "after": _fsdp_snapshot(root, blocks)}
+    return {
+        "stage": stage,
+        "seen": seen,
+        "numel": sum(p.numel() for p in root.parameters()),
+        "gathers": [calls["foreach_all_gather", f] for f in firsts],
+        "reduces": [calls["foreach_reduce", f] for f in firsts],
+        "after": _fsdp_snapshot(root, blocks),
+    }
 
 
 def _run_pp_fsdp_probe() -> list[dict[str, object]]:
@@ -157,8 +180,9 @@ def test_pipelined_fsdp_keeps_the_stage_unsharded_as_torch_does():
             first, last = stage == 0, stage == plan.pp - 1
             assert numel == states_mod.stage_params_per_gpu(load_model("tiny"), plan, first=first, last=last)
             sharded = model_state_bytes(numel, plan).gradients_bytes
-            kept = deferred_reduce_bytes(load_model("tiny"), plan, first=first, last=last,
-                                         sharded_grad_bytes=sharded)
+            kept = deferred_reduce_bytes(
+                load_model("tiny"), plan, first=first, last=last, sharded_grad_bytes=sharded
+            )
             warmup = m if plan.schedule.value == "gpipe" else int(in_flight_microbatches(plan, rank=stage))
             assert len(seen) == m, (rank, case)
             for i, snap in enumerate(seen):  # the forwards before the first backward: nothing accumulated

@@ -23,14 +23,27 @@ def test_ep_on_a_dense_model_is_illegal_with_a_reason():
     assert any("dense model" in r for r in reasons)
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    ({"dp": 4, "ep": 8, "framework": "megatron"}, "EP x ETP = 8 x 1 to divide"),
-    ({"dp": 8, "ep": 8, "framework": "fsdp", "sharding": "none"}, "torchtitan borrows EP"),
-    ({"dp": 4, "tp": 2, "ep": 2, "etp": 4, "framework": "fsdp", "sharding": "fsdp-full",
-      "sequence_parallel": True}, "ETP = 1 or ETP = TP"),
-    ({"dp": 8, "ep": 8, "framework": "deepspeed", "sharding": "zero3"}, "ZeRO-3"),
-    ({"dp": 6, "ep": 4, "framework": "deepspeed", "global_batch": 60}, "divide DP"),
-])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"dp": 4, "ep": 8, "framework": "megatron"}, "EP x ETP = 8 x 1 to divide"),
+        ({"dp": 8, "ep": 8, "framework": "fsdp", "sharding": "none"}, "torchtitan borrows EP"),
+        (
+            {
+                "dp": 4,
+                "tp": 2,
+                "ep": 2,
+                "etp": 4,
+                "framework": "fsdp",
+                "sharding": "fsdp-full",
+                "sequence_parallel": True,
+            },
+            "ETP = 1 or ETP = TP",
+        ),
+        ({"dp": 8, "ep": 8, "framework": "deepspeed", "sharding": "zero3"}, "ZeRO-3"),
+        ({"dp": 6, "ep": 4, "framework": "deepspeed", "global_batch": 60}, "divide DP"),
+    ],
+)
 def test_each_framework_places_ep_its_own_way(kw, message):
     with pytest.raises(ConfigError, match=message):
         _plan(**kw)
@@ -38,12 +51,17 @@ def test_each_framework_places_ep_its_own_way(kw, message):
 
 def test_model_rules_for_experts():
     mixtral, cluster = load_model("mixtral-8x7b"), make_cluster(num_gpus=16)
-    assert any("does not divide the 8 routed" in r for r in
-               check_plan(_plan(dp=16, ep=16, sharding="fsdp-full"), mixtral, cluster))
-    assert any("needs --sequence-parallel" in r for r in
-               check_plan(_plan(tp=2, dp=8, ep=8, framework="megatron"), mixtral, cluster))
-    assert not check_plan(_plan(tp=2, dp=8, ep=8, framework="megatron", sequence_parallel=True), mixtral,
-                          cluster)
+    assert any(
+        "does not divide the 8 routed" in r
+        for r in check_plan(_plan(dp=16, ep=16, sharding="fsdp-full"), mixtral, cluster)
+    )
+    assert any(
+        "needs --sequence-parallel" in r
+        for r in check_plan(_plan(tp=2, dp=8, ep=8, framework="megatron"), mixtral, cluster)
+    )
+    assert not check_plan(
+        _plan(tp=2, dp=8, ep=8, framework="megatron", sequence_parallel=True), mixtral, cluster
+    )
 
 
 def test_experts_shard_over_ep_and_their_optimizer_over_expert_dp():
@@ -106,26 +124,67 @@ def test_mla_and_sliding_windows_in_attention_flops():
 
 
 def test_deepseek_v3_on_eight_a100_is_infeasible_with_the_reason():
-    est = estimate(load_model("deepseek-v3"), make_cluster(num_gpus=8, gpu="a100-40gb"),
-                   _plan(tp=8, global_batch=8, framework="megatron", sequence_parallel=True, sharding="none"))
+    est = estimate(
+        load_model("deepseek-v3"),
+        make_cluster(num_gpus=8, gpu="a100-40gb"),
+        _plan(tp=8, global_batch=8, framework="megatron", sequence_parallel=True, sharding="none"),
+    )
     assert not est.feasible and "out of memory" in est.reasons[0]
 
 
 def test_estimate_json_reports_what_was_read(capsys):
-    assert main(["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--sharding", "fsdp-full",
-                 "--global-batch", "64", "--seq-len", "4096", "--json"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "mixtral-8x7b",
+                "--gpus",
+                "8",
+                "--ep",
+                "8",
+                "--sharding",
+                "fsdp-full",
+                "--global-batch",
+                "64",
+                "--seq-len",
+                "4096",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["name"] == "mixtral-8x7b"
     assert out["model"]["total_params"] / 1e9 == pytest.approx(46.7, rel=0.01)
     assert out["model"]["active_params"] / 1e9 == pytest.approx(12.9, rel=0.01)
     assert out["plan"]["ep"] == 8 and out["time_breakdown"]["ep_comm_s"] > 0
-    assert main(["estimate", "--model", "mixtral-8x7b", "--gpus", "8", "--ep", "8", "--sharding", "fsdp-full",
-                 "--global-batch", "64", "--seq-len", "4096"]) == 0
+    assert (
+        main(
+            [
+                "estimate",
+                "--model",
+                "mixtral-8x7b",
+                "--gpus",
+                "8",
+                "--ep",
+                "8",
+                "--sharding",
+                "fsdp-full",
+                "--global-batch",
+                "64",
+                "--seq-len",
+                "4096",
+            ]
+        )
+        == 0
+    )
     assert "46.7B total, 12.9B active" in capsys.readouterr().out
 
 
 def test_local_layers_visit_their_window_or_chunk():
     from autotune.modelshape import attention_span_fraction
+
     gemma = load_model("gemma2-27b")  # 23 of 46 layers slide over 4096 keys
     s = 16384
     sliding = (4096 - 4096**2 / (2 * s)) / s
@@ -183,14 +242,26 @@ def test_deepep_sends_a_token_once_per_node_across_nodes_only():
     per routed expert; inside a node nothing changes."""
     qwen = load_model("qwen3-235b-a22b")
     cluster = make_cluster(num_gpus=256, gpu="h100-sxm")
-    kw = dict(tp=2, pp=8, dp=16, ep=32, virtual_stages=4, schedule="interleaved", global_batch=2048,
-              seq_len=4096, framework="megatron", sharding="zero1", sequence_parallel=True)
+    kw = dict(
+        tp=2,
+        pp=8,
+        dp=16,
+        ep=32,
+        virtual_stages=4,
+        schedule="interleaved",
+        global_batch=2048,
+        seq_len=4096,
+        framework="megatron",
+        sharding="zero1",
+        sequence_parallel=True,
+    )
     plain, flex = _plan(**kw), _plan(**kw, moe_dispatcher="deepep")
     a2a, deepep = (moe.dispatch_s(qwen, cluster, p, 4096, 2) for p in (plain, flex))
     assert 0.3 < deepep / a2a < 0.6  # 8 x 3/4 = 6 copies over IB against ~2.7
     inside = dict(kw, pp=32, dp=4, ep=8, virtual_stages=3, global_batch=2048)
     assert moe.dispatch_s(qwen, cluster, _plan(**inside), 4096, 2) == moe.dispatch_s(
-        qwen, cluster, _plan(**inside, moe_dispatcher="hybridep"), 4096, 2)
+        qwen, cluster, _plan(**inside, moe_dispatcher="hybridep"), 4096, 2
+    )
 
 
 def test_flex_dispatcher_is_megatrons():

@@ -9,8 +9,17 @@ from autotune.plan import ParallelPlan
 
 
 def _plan(**kw):
-    return ParallelPlan(**{"dp": 8, "ep": 8, "global_batch": 64, "seq_len": 4096, "framework": "megatron",
-                           "sharding": "zero1", **kw})
+    return ParallelPlan(
+        **{
+            "dp": 8,
+            "ep": 8,
+            "global_batch": 64,
+            "seq_len": 4096,
+            "framework": "megatron",
+            "sharding": "zero1",
+            **kw,
+        }
+    )
 
 
 def test_operations_grow_with_local_experts_and_full_recompute():

@@ -10,8 +10,15 @@ from autotune.plan import ParallelPlan, check_plan
 
 
 def _plan(**kw):
-    base = {"global_batch": 256, "seq_len": 4096, "dp": 8, "ep": 8, "framework": "megatron",
-            "sharding": "zero1", "recompute": "selective"}
+    base = {
+        "global_batch": 256,
+        "seq_len": 4096,
+        "dp": 8,
+        "ep": 8,
+        "framework": "megatron",
+        "sharding": "zero1",
+        "recompute": "selective",
+    }
     return ParallelPlan(**{**base, **kw})
 
 
@@ -26,8 +33,9 @@ def test_modules_need_selective_megatron_and_known_names():
         _plan(recompute="full", recompute_modules=("moe",))
     with pytest.raises(ConfigError, match="list of module names"):
         ParallelPlan.from_dict({"global_batch": 8, "seq_len": 128, "recompute_modules": "moe"})
-    reasons = check_plan(_plan(recompute_modules=("mla_up_proj",)), load_model("qwen3-30b-a3b"),
-                         make_cluster(num_gpus=8))
+    reasons = check_plan(
+        _plan(recompute_modules=("mla_up_proj",)), load_model("qwen3-30b-a3b"), make_cluster(num_gpus=8)
+    )
     assert any("multi-latent attention" in r for r in reasons)
 
 
@@ -61,9 +69,27 @@ def test_the_megatron_emitter_writes_the_modules():
 def test_the_cli_takes_the_modules_and_refuses_them_without_selective(capsys):
     from autotune.cli import main
 
-    base = ["estimate", "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpu", "b200", "--dp", "8",
-            "--ep", "8", "--framework", "megatron", "--global-batch", "64", "--seq-len", "4096",
-            "--recompute-modules", "moe"]
+    base = [
+        "estimate",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpus",
+        "8",
+        "--gpu",
+        "b200",
+        "--dp",
+        "8",
+        "--ep",
+        "8",
+        "--framework",
+        "megatron",
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "4096",
+        "--recompute-modules",
+        "moe",
+    ]
     assert main([*base, "--recompute", "selective"]) == 0
     assert "ac:selective[moe]" in capsys.readouterr().out
     assert main([*base, "--recompute", "full"]) != 0
@@ -77,4 +103,3 @@ def test_recomputing_the_moe_layer_reruns_its_dispatch():
     plain = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16), 4096, 2)
     rerun = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16, recompute_modules=("moe",)), 4096, 2)
     assert rerun == pytest.approx(plain * 6 / 4)
-

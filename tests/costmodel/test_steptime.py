@@ -25,8 +25,17 @@ def _with_host(gpu, **fields):
 
 
 def _gpt(h: int = 12288, layers: int = 96, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
-    return ModelSpec(name="gpt", hidden_size=h, num_layers=layers, num_heads=h // 128, num_kv_heads=h // 128,
-                     ffn_hidden_size=4 * h, vocab_size=vocab, max_seq_len=seq, gated_mlp=False)
+    return ModelSpec(
+        name="gpt",
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=h // 128,
+        num_kv_heads=h // 128,
+        ffn_hidden_size=4 * h,
+        vocab_size=vocab,
+        max_seq_len=seq,
+        gated_mlp=False,
+    )
 
 
 def test_flops_reproduce_narayanan_eq3_and_korthikanti_eq7():
@@ -50,7 +59,8 @@ def test_gqa_and_gated_mlp_gemm_count():
     h, kv, f = 8192, 1024, 28672
     assert flops.layer_gemm_flops_per_token(llama) == 2 * (2 * h * h + 2 * h * kv + 3 * h * f)
     assert flops.layer_gemm_flops_per_token(llama) == pytest.approx(
-        2 * (llama.params_per_layer - 2 * h), rel=1e-12)  # = 2 x weights (norms are not GEMMs)
+        2 * (llama.params_per_layer - 2 * h), rel=1e-12
+    )  # = 2 x weights (norms are not GEMMs)
 
 
 def test_bubble_shrinks_with_microbatches_and_virtual_stages():
@@ -62,11 +72,14 @@ def test_bubble_shrinks_with_microbatches_and_virtual_stages():
     base = {"tp": 8, "pp": 4, "dp": 1, "seq_len": 4096}
     few = step_time(model, cluster, ParallelPlan(global_batch=8, **base)).pp_bubble_s
     many = step_time(model, cluster, ParallelPlan(global_batch=64, **base))
-    inter = step_time(model, cluster,
-                      ParallelPlan(global_batch=64, schedule="interleaved", virtual_stages=4, **base))
+    inter = step_time(
+        model, cluster, ParallelPlan(global_batch=64, schedule="interleaved", virtual_stages=4, **base)
+    )
     assert many.pp_bubble_s == pytest.approx(few)  # (p-1) slots of one micro-batch either way ...
-    assert many.pp_bubble_s / many.step_time_s < 0.5 * few / step_time(
-        model, cluster, ParallelPlan(global_batch=8, **base)).step_time_s  # ... a smaller share of the step
+    assert (
+        many.pp_bubble_s / many.step_time_s
+        < 0.5 * few / step_time(model, cluster, ParallelPlan(global_batch=8, **base)).step_time_s
+    )  # ... a smaller share of the step
     assert inter.pp_bubble_s == pytest.approx(many.pp_bubble_s / 4)
 
 
@@ -92,8 +105,16 @@ def test_tp_across_nodes_is_much_slower_than_inside_a_node():
 
 def test_70b_on_16_h100_tp8_dp2_is_sane():
     model, cluster = load_model("70b"), make_cluster(num_gpus=16, gpu="h100-sxm")
-    plan = ParallelPlan(tp=8, dp=2, global_batch=64, seq_len=4096, sharding="zero1", sequence_parallel=True,
-                        recompute="selective", framework="megatron")
+    plan = ParallelPlan(
+        tp=8,
+        dp=2,
+        global_batch=64,
+        seq_len=4096,
+        sharding="zero1",
+        sequence_parallel=True,
+        recompute="selective",
+        framework="megatron",
+    )
     t = step_time(model, cluster, plan)
     mfu = t.model_flops / t.step_time_s / 16 / cluster.gpu.peak_flops("bf16")
     assert 0.25 < mfu < 0.65
@@ -105,16 +126,20 @@ def test_70b_on_16_h100_tp8_dp2_is_sane():
 def test_dp_over_1gbe_dominates_and_sharding_traffic_scales_as_documented():
     model = load_model("13b")
     plan = {"dp": 16, "global_batch": 64, "seq_len": 4096, "micro_batch": 1}
-    slow = step_time(model, make_cluster(num_gpus=16, inter_node="1gbe", nics_per_node=1),
-                     ParallelPlan(sharding="zero1", framework="deepspeed", **plan))
+    slow = step_time(
+        model,
+        make_cluster(num_gpus=16, inter_node="1gbe", nics_per_node=1),
+        ParallelPlan(sharding="zero1", framework="deepspeed", **plan),
+    )
     assert slow.dp_comm_s > 5 * slow.compute_s
     ib = make_cluster(num_gpus=16)
     zero1 = step_time(model, ib, ParallelPlan(sharding="zero1", framework="megatron", **plan))
     fsdp = step_time(model, ib, ParallelPlan(sharding="fsdp-full", **plan))
     # 4 micro-batches: FSDP gathers twice and reduce-scatters every micro-batch, ZeRO-1 syncs once per step
     assert fsdp.dp_comm_total_s > 3 * zero1.dp_comm_total_s
-    offload = step_time(model, ib,
-                        ParallelPlan(sharding="zero2", framework="deepspeed", offload=True, **plan))
+    offload = step_time(
+        model, ib, ParallelPlan(sharding="zero2", framework="deepspeed", offload=True, **plan)
+    )
     assert offload.optimizer_s > zero1.optimizer_s and offload.offload_s > 0
 
 
@@ -136,23 +161,32 @@ def test_fsdp_offload_copies_the_param_shard_in_every_microbatch():
 
 
 def test_offload_traffic_per_framework_scales_as_documented():
-    plan = ParallelPlan(dp=16, global_batch=16, seq_len=4096, sharding="zero2", framework="deepspeed",
-                        offload=True)
+    plan = ParallelPlan(
+        dp=16, global_batch=16, seq_len=4096, sharding="zero2", framework="deepspeed", offload=True
+    )
     shard = 1e9
     # one micro-batch: fp32 gradient partition down (4 B), 16-bit parameter partition up (2 B), once
     assert host_traffic(plan, shard) == HostTraffic(0.0, 0.0, 6 * shard, 0.0)
     for m in (2, 8, 64):  # accumulation round-trips the 16-bit partition through the pinned host buffer
         t = host_traffic(plan.replace(global_batch=16 * m), shard)
-        assert t == HostTraffic(overlapped_h2d_bytes=(m - 1) * 2 * shard, overlapped_d2h_bytes=m * 2 * shard,
-                                step_bytes=6 * shard, host_accumulate_bytes=0.0)
+        assert t == HostTraffic(
+            overlapped_h2d_bytes=(m - 1) * 2 * shard,
+            overlapped_d2h_bytes=m * 2 * shard,
+            step_bytes=6 * shard,
+            host_accumulate_bytes=0.0,
+        )
         assert host_traffic(plan.replace(global_batch=16 * m, sharding="zero3"), shard) == t
         zero1 = host_traffic(plan.replace(global_batch=16 * m, sharding="zero1"), shard)
         assert zero1 == HostTraffic(0.0, 0.0, 10 * shard, 0.0)  # reduced (and round-tripped) at the boundary
         megatron = plan.replace(global_batch=16 * m, sharding="zero1", framework="megatron")
         assert host_traffic(megatron, shard) == HostTraffic(0.0, 0.0, 6 * shard, 0.0)
         fsdp = host_traffic(plan.replace(global_batch=16 * m, sharding="fsdp-full", framework="fsdp"), shard)
-        assert fsdp == HostTraffic(overlapped_h2d_bytes=m * 8 * shard, overlapped_d2h_bytes=m * 4 * shard,
-                                   step_bytes=0.0, host_accumulate_bytes=(m - 1) * 12 * shard)
+        assert fsdp == HostTraffic(
+            overlapped_h2d_bytes=m * 8 * shard,
+            overlapped_d2h_bytes=m * 4 * shard,
+            step_bytes=0.0,
+            host_accumulate_bytes=(m - 1) * 12 * shard,
+        )
     assert host_traffic(plan.replace(offload=False), shard) == HostTraffic(0.0, 0.0, 0.0, 0.0)
     # 13B over 16 GPUs: the 1.6 GB per-micro-batch round trip hides behind 0.5 s of compute but for the
     # first bucket; the once-per-step copies never hide
@@ -170,8 +204,14 @@ def test_search_ranks_offload_only_where_it_pays():
     without recompute at a once-per-step host cost of ~29 s of ~215 s (the host step is torch's unfused CPU
     AdamW, ``TORCH_CPU_ADAMW_BYTES_PER_PARAM``); FSDP2 offload, which re-copies the parameters every
     micro-batch, ranks nowhere near the top."""
-    ranking = plan_search(load_space(None), load_model("70b"), make_cluster(num_gpus=16), pins={},
-                          global_batch=1024, seq_len=4096)
+    ranking = plan_search(
+        load_space(None),
+        load_model("70b"),
+        make_cluster(num_gpus=16),
+        pins={},
+        global_batch=1024,
+        seq_len=4096,
+    )
     top = ranking.feasible[:5]
     assert not any(e.plan.offload and e.plan.framework is Framework.FSDP for e in top)
     for e in top:
@@ -194,8 +234,10 @@ def test_context_parallel_exchange_hides_behind_long_attention():
 def test_flash_attention_switch():
     model, cluster = load_model("70b"), make_cluster(num_gpus=16)
     plan = ParallelPlan(tp=8, dp=2, global_batch=64, seq_len=4096, sharding="zero1", framework="megatron")
-    assert step_time(model, cluster, plan, flash_attention=False).step_time_s > step_time(
-        model, cluster, plan).step_time_s
+    assert (
+        step_time(model, cluster, plan, flash_attention=False).step_time_s
+        > step_time(model, cluster, plan).step_time_s
+    )
     # Speed is a benchmark (benchmarks/search_speed.py), not a timed unit test.
 
 
@@ -242,6 +284,7 @@ def test_pipelined_fsdp_reduces_once_per_step_and_gathers_m_plus_1_times():
     # fp32 gradients vs bf16 parameters over the same ring, each call paying the ring's latency: one per
     # FSDP unit (the stage's 16 blocks + its root)
     from autotune.costmodel import comm
+
     assert collective_calls(model, ParallelPlan(pp=2, dp=8, global_batch=32, seq_len=4096), 0, 16) == (17, 17)
     latency = 17 * 7 * comm.group_link(cluster, 8, 1).latency_s
     assert reduce_s - latency == pytest.approx(2 * (gather_s - latency), rel=0.01)
@@ -302,10 +345,14 @@ def test_torch_ring_adds_fp32_gradient_rotation_and_merges():
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     kv_elems = 2 * tokens * model.kv_hidden_size
     out_elems = tokens * model.hidden_size
-    hbm = (out_elems * cpcomm.MERGE_BYTES + 2 * (out_elems * cpcomm.GRAD_ACC_BYTES[0]
-                                                 + kv_elems * cpcomm.GRAD_ACC_BYTES[1]))
-    expected = (2 * comm.p2p_s(kv_elems * cpu.gpu.half_bytes, link) + 2 * comm.p2p_s(4 * kv_elems, link)
-                + hbm / compute.hbm_rate(cpu))
+    hbm = out_elems * cpcomm.MERGE_BYTES + 2 * (
+        out_elems * cpcomm.GRAD_ACC_BYTES[0] + kv_elems * cpcomm.GRAD_ACC_BYTES[1]
+    )
+    expected = (
+        2 * comm.p2p_s(kv_elems * cpu.gpu.half_bytes, link)
+        + 2 * comm.p2p_s(4 * kv_elems, link)
+        + hbm / compute.hbm_rate(cpu)
+    )
     assert block_times(model, cpu, plan).cp_s == pytest.approx(expected)
     megatron = block_times(model, cpu, plan.replace(framework="megatron")).cp_s
     assert megatron < expected
@@ -334,21 +381,25 @@ def test_sequence_parallel_reduces_the_partial_norm_gradients():
     assert seconds == pytest.approx(8 * each)
     gpt = dataclasses.replace(model, bias=True, gated_mlp=False)  # LayerNorm: weight and bias
     assert norm_grad_tensors(gpt, 4, False) == 2 * norm_grad_tensors(model, 4, False) == 16
-    for plan in (base.replace(sequence_parallel=False), base.replace(framework="deepspeed", sharding="zero1",
-                                                                     sequence_parallel=False)):
+    for plan in (
+        base.replace(sequence_parallel=False),
+        base.replace(framework="deepspeed", sharding="zero1", sequence_parallel=False),
+    ):
         assert sp_norm_grads(model, cluster, plan, model.num_layers, True) == (0.0, 0)
     # in the step: TP time on the critical path, and on the CPU trial device DTensor's host cost per call
     cpu = make_cluster(num_gpus=4, gpu="cpu")
     tiny = load_model("tiny")
-    sp = ParallelPlan(tp=2, dp=2, global_batch=8, micro_batch=1, seq_len=64, sequence_parallel=True,
-                      sharding="fsdp-full")
+    sp = ParallelPlan(
+        tp=2, dp=2, global_batch=8, micro_batch=1, seq_len=64, sequence_parallel=True, sharding="fsdp-full"
+    )
     _, norm_calls = sp_norm_grads(tiny, cpu, sp, tiny.num_layers, True)
     assert norm_calls == 4 * 9
     with_norms = step_time(tiny, cpu, sp)
     plain = dataclasses.replace(cpu, gpu=_with_host(cpu.gpu, dtensor_collective_overhead_s=0.0))
     calls = sp.num_microbatches * sum(tp_calls(tiny, sp)) + norm_calls  # the blocks' and edges' TP calls too
     assert with_norms.overhead_s - step_time(tiny, plain, sp).overhead_s == pytest.approx(
-        calls * cpu.gpu.host.dtensor_collective_overhead_s)
+        calls * cpu.gpu.host.dtensor_collective_overhead_s
+    )
     pp = ParallelPlan(tp=2, pp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True)
     assert sp_norm_grads(tiny, cpu, pp, 2, False)[0] < sp_norm_grads(tiny, cpu, pp, 2, True)[0]
 
@@ -359,15 +410,18 @@ def test_a_measured_pipeline_action_cost_replaces_the_send_latency_of_torch_sche
     link = comm.group_link(cpu, 2, 1)
     nbytes = 2 * 64 * tiny.hidden_size * cpu.gpu.half_bytes  # one micro-batch of 2 x 64 tokens
     per_action = {"1f1b": 3e-4, "gpipe": 4e-4, "interleaved": 1e-3}
-    measured = dataclasses.replace(cpu, gpu=_with_host(cpu.gpu,
-                                                       pipeline_action_overhead_s=tuple(per_action.items())))
+    measured = dataclasses.replace(
+        cpu, gpu=_with_host(cpu.gpu, pipeline_action_overhead_s=tuple(per_action.items()))
+    )
     unmeasured = dataclasses.replace(cpu, gpu=_with_host(cpu.gpu, pipeline_action_overhead_s=()))
     for schedule, v in (("1f1b", 1), ("gpipe", 1), ("interleaved", 2)):
-        plan = ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64, schedule=schedule,
-                            virtual_stages=v)
+        plan = ParallelPlan(
+            pp=2, global_batch=8, micro_batch=2, seq_len=64, schedule=schedule, virtual_stages=v
+        )
         sends = plan.num_microbatches * 2 * v  # a forward and a backward send per micro-batch and chunk
         assert step_time(tiny, measured, plan).pp_p2p_s == pytest.approx(
-            sends * (per_action[schedule] + nbytes / link.bw_bytes_per_s))
+            sends * (per_action[schedule] + nbytes / link.bw_bytes_per_s)
+        )
         assert step_time(tiny, unmeasured, plan).pp_p2p_s == pytest.approx(sends * comm.p2p_s(nbytes, link))
     # the interleaved runtime's actions cost the host more: PP2 1F1B now ranks ahead of it on the CPU
     one_f = ParallelPlan(pp=2, global_batch=4, micro_batch=2, seq_len=64)

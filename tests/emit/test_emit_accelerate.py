@@ -25,8 +25,17 @@ from accelerate.utils import FullyShardedDataParallelPlugin, launch  # noqa: E40
 
 
 def _launch_env(path, monkeypatch) -> dict[str, str]:
-    argv = ["--config_file", str(path), "--machine_rank", "0", "--main_process_ip", "10.0.0.1",
-            "--main_process_port", "0", "train.py"]
+    argv = [
+        "--config_file",
+        str(path),
+        "--machine_rank",
+        "0",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--main_process_port",
+        "0",
+        "train.py",
+    ]
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv))
     with mock.patch.object(launch, "is_fp8_available", return_value=True):  # no torchao/TE on CI
         env = launch.prepare_multi_gpu_env(args)
@@ -49,8 +58,9 @@ def test_accelerate_config_passes_accelerate(name, emitted, monkeypatch):
     assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
     assert env["ACCELERATE_MIXED_PRECISION"] == str(plan.precision)
     grad_op = str(plan.sharding) == "fsdp-grad-op"
-    assert env["FSDP_SHARDING_STRATEGY"] == ("SHARD_GRAD_OP" if grad_op else
-                                             "HYBRID_SHARD" if str(plan.sharding) == "hsdp" else "FULL_SHARD")
+    assert env["FSDP_SHARDING_STRATEGY"] == (
+        "SHARD_GRAD_OP" if grad_op else "HYBRID_SHARD" if str(plan.sharding) == "hsdp" else "FULL_SHARD"
+    )
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2
     assert plugin.reshard_after_forward is (not grad_op)
@@ -61,7 +71,11 @@ def test_accelerate_config_passes_accelerate(name, emitted, monkeypatch):
         pc = ParallelismConfig(tp_handler=object() if plan.tp > 1 else None)
         assert pc.total_size == cluster.num_gpus
         assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size, pc.cp_size) == (
-            plan.dp // plan.shard_degree, plan.shard_degree, plan.tp, plan.cp)
+            plan.dp // plan.shard_degree,
+            plan.shard_degree,
+            plan.tp,
+            plan.cp,
+        )
 
 
 def test_every_fsdp_and_parallelism_key_is_a_launch_flag():
@@ -73,8 +87,11 @@ def test_every_fsdp_and_parallelism_key_is_a_launch_flag():
         if accelerate_unsupported(plan):
             continue
         cfg = to_accelerate_config(plan, model, cluster)
-        keys = [*cfg["fsdp_config"], *cfg.get("parallelism_config", {}),
-                *(f"fp8_{key}" for key in cfg.get("fp8_config", {}))]  # accelerate adds the fp8_ prefix
+        keys = [
+            *cfg["fsdp_config"],
+            *cfg.get("parallelism_config", {}),
+            *(f"fp8_{key}" for key in cfg.get("fp8_config", {})),
+        ]  # accelerate adds the fp8_ prefix
         for key in keys:
             assert key in flags, f"{name}: {key} is no accelerate launch flag"
 
@@ -83,8 +100,11 @@ def test_parallelism_config_only_when_the_mesh_needs_it(emitted):
     data = yaml.safe_load((emitted("hsdp") / "accelerate_fsdp.yaml").read_text())
     assert data["distributed_type"] == "FSDP" and data["fsdp_config"]["fsdp_version"] == 2
     assert data["parallelism_config"] == {
-        "parallelism_config_dp_replicate_size": 4, "parallelism_config_dp_shard_size": 8,
-        "parallelism_config_tp_size": 1, "parallelism_config_cp_size": 1}
+        "parallelism_config_dp_replicate_size": 4,
+        "parallelism_config_dp_shard_size": 8,
+        "parallelism_config_tp_size": 1,
+        "parallelism_config_cp_size": 1,
+    }
     plain = ParallelPlan(dp=8, global_batch=64, seq_len=4096, sharding="fsdp-full")
     _, model, cluster = CASES["zero0"].build()
     assert "parallelism_config" not in to_accelerate_config(plain, model, cluster)
@@ -96,14 +116,17 @@ def test_gpt_models_wrap_gpt2_blocks():
     assert transformer_layer_cls(CASES["hsdp"].build()[1]) == "LlamaDecoderLayer"
 
 
-@pytest.mark.parametrize(("changes", "reason"), [
-    ({"sharding": "none"}, "plain DDP"),
-    ({"sharding": "zero1", "framework": "deepspeed"}, "optimizer-only"),
-    ({"pp": 2, "dp": 4}, "pipeline"),
-    ({"offload": True}, "parameters and gradients too"),
-    ({"recompute": "selective"}, "not selectively"),
-    ({"tp": 2, "dp": 4, "sequence_parallel": True}, "sequence parallel"),
-])
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"sharding": "none"}, "plain DDP"),
+        ({"sharding": "zero1", "framework": "deepspeed"}, "optimizer-only"),
+        ({"pp": 2, "dp": 4}, "pipeline"),
+        ({"offload": True}, "parameters and gradients too"),
+        ({"recompute": "selective"}, "not selectively"),
+        ({"tp": 2, "dp": 4, "sequence_parallel": True}, "sequence parallel"),
+    ],
+)
 def test_plans_accelerate_cannot_run_get_no_config(changes, reason):
     base = dict(dp=8, micro_batch=1, global_batch=64, seq_len=4096, sharding="fsdp-full")
     plan = ParallelPlan(**{**base, **changes})

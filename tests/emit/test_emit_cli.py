@@ -51,16 +51,23 @@ def test_flags_override_the_recorded_cluster(emitted, tmp_path, capsys):
     plan_json = str(emitted("zero0") / "plan.json")  # 8 GPUs
     assert main(["emit", "--plan", plan_json, "--out", str(tmp_path / "a"), "--gpus", "16"]) == 2
     assert "does not equal the 16 GPUs" in _error(capsys)
-    assert main(["emit", "--plan", plan_json, "--out", str(tmp_path / "b"), "--gpus", "8",
-                 "--gpus-per-node", "4"]) == 0
+    assert (
+        main(
+            ["emit", "--plan", plan_json, "--out", str(tmp_path / "b"), "--gpus", "8", "--gpus-per-node", "4"]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "b" / "plan.json").read_text())["cluster"]["num_nodes"] == 2
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{not json", "not valid JSON"),
-    ('{"plan": {"tp": 1}, "extra": 1}', "unknown key 'extra'"),
-    ('{"tp": 1, "seq_len": 2048}', "missing plan field 'global_batch'"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"plan": {"tp": 1}, "extra": 1}', "unknown key 'extra'"),
+        ('{"tp": 1, "seq_len": 2048}', "missing plan field 'global_batch'"),
+    ],
+)
 def test_bad_plan_files_are_one_line(tmp_path, capsys, content, message):
     path = tmp_path / "plan.json"
     path.write_text(content)

@@ -39,8 +39,11 @@ class _MPU:
 
 def _deepspeed_config(cfg: dict, *, dp: int, world: int):
     import deepspeed.comm as dist
-    with mock.patch.object(dist, "get_rank", return_value=0), \
-            mock.patch.object(dist, "get_world_size", return_value=world):
+
+    with (
+        mock.patch.object(dist, "get_rank", return_value=0),
+        mock.patch.object(dist, "get_world_size", return_value=world),
+    ):
         return ds_config_module.DeepSpeedConfig(cfg, mpu=_MPU(dp))
 
 
@@ -105,12 +108,15 @@ def test_every_emitted_key_is_one_deepspeed_reads():
         assert set(cfg.get("pipeline", {})) <= pipeline_keys
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"train_batch_size": 65}, "train_batch_size 65"),
-    ({"gradient_accumulation_steps": 3}, "accumulation 3"),
-    ({"optimizer": {"type": "AdamW"}}, "key 'optimizer'"),
-    ({"bf16": {"enabled": "auto"}}, "'auto'"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"train_batch_size": 65}, "train_batch_size 65"),
+        ({"gradient_accumulation_steps": 3}, "accumulation 3"),
+        ({"optimizer": {"type": "AdamW"}}, "key 'optimizer'"),
+        ({"bf16": {"enabled": "auto"}}, "'auto'"),
+    ],
+)
 def test_emitter_checks_what_deepspeed_only_asserts(change, message):
     plan, model, _ = CASES["zero0"].build()
     cfg = {**to_ds_config(plan, model), **change}
@@ -118,14 +124,17 @@ def test_emitter_checks_what_deepspeed_only_asserts(change, message):
         check_ds_config(cfg, dp=plan.dp, global_batch=plan.global_batch)
 
 
-@pytest.mark.parametrize(("changes", "reason"), [
-    ({"cp": 2, "dp": 4}, "context parallelism"),
-    ({"sharding": "hsdp", "hsdp_shard_size": 4}, "MiCS"),
-    ({"sharding": "fsdp-grad-op"}, "ZeRO-2 keeps them whole"),
-    ({"precision": "fp8"}, "fp8"),
-    ({"tp": 2, "dp": 4, "sequence_parallel": True}, "sequence parallel"),
-    ({"pp": 2, "dp": 4, "schedule": "gpipe", "framework": "fsdp"}, "1F1B only"),
-])
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"cp": 2, "dp": 4}, "context parallelism"),
+        ({"sharding": "hsdp", "hsdp_shard_size": 4}, "MiCS"),
+        ({"sharding": "fsdp-grad-op"}, "ZeRO-2 keeps them whole"),
+        ({"precision": "fp8"}, "fp8"),
+        ({"tp": 2, "dp": 4, "sequence_parallel": True}, "sequence parallel"),
+        ({"pp": 2, "dp": 4, "schedule": "gpipe", "framework": "fsdp"}, "1F1B only"),
+    ],
+)
 def test_plans_deepspeed_cannot_run_get_no_config(changes, reason):
     base = dict(dp=8, micro_batch=1, global_batch=64, seq_len=4096, sharding="fsdp-full")
     plan = ParallelPlan(**{**base, **changes})

@@ -13,8 +13,13 @@ import pytest
 from emit_cases import CASES
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "emit"
-PINNED = ("ds_config.json", "accelerate_fsdp.yaml", "torchrun_args.txt", "torchtitan.toml",
-          "megatron_args.txt")
+PINNED = (
+    "ds_config.json",
+    "accelerate_fsdp.yaml",
+    "torchrun_args.txt",
+    "torchtitan.toml",
+    "megatron_args.txt",
+)
 
 
 @pytest.mark.parametrize("name", list(CASES))

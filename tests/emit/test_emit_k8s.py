@@ -26,9 +26,12 @@ def _job(emitted, name: str) -> dict:
 def test_pod_templates_are_valid_core_v1(name, emitted):
     job = _job(emitted, name)
     for role, spec in job["spec"]["pytorchReplicaSpecs"].items():
-        pod_template = {"apiVersion": "v1", "kind": "PodTemplate",
-                        "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}"},
-                        "template": spec["template"]}
+        pod_template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}"},
+            "template": spec["template"],
+        }
         kv.validate(pod_template, kv.latest_version(), strict=True)
 
 
@@ -63,7 +66,9 @@ def test_pytorchjob_satisfies_the_operator_webhook(name, emitted):
         assert container["command"][:2] == ["/bin/sh", "-c"] and container["args"] == []
         assert '. "$RUN_DIR/autotune_env.sh"' in container["command"][2]
     volume = replicas["Master"]["template"]["spec"]["volumes"][0]["configMap"]
-    assert _DNS_1035.match(volume["name"]) and f"create configmap {volume['name']}" in (
-        emitted(name) / "pytorchjob.yaml").read_text()
+    assert (
+        _DNS_1035.match(volume["name"])
+        and f"create configmap {volume['name']}" in (emitted(name) / "pytorchjob.yaml").read_text()
+    )
     for item in volume["items"]:  # every file the pods need, at its place in the emitted folder
         assert (emitted(name) / item["path"]).is_file() and item["key"] == item["path"].rsplit("/")[-1]

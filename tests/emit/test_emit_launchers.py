@@ -30,22 +30,31 @@ def stubs(tmp_path):
     """A bin/ folder of recording stubs; ``run(script, *args, env=...) -> [argv, ...]``."""
     bin_dir, log = tmp_path / "bin", tmp_path / "argv.jsonl"
     bin_dir.mkdir()
-    recorder = (f"#!{sys.executable}\nimport json, os, sys\n"
-                "argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]\n"
-                f"open({str(log)!r}, 'a').write(json.dumps(argv) + '\\n')\n")
+    recorder = (
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(argv) + '\\n')\n"
+    )
     for name in ("torchrun", "deepspeed", "srun"):
         (bin_dir / name).write_text(recorder)
         (bin_dir / name).chmod(0o755)
     (bin_dir / "scontrol").write_text(  # `show job` names the submitted script, as Slurm does
         '#!/bin/sh\nif [ "$2" = job ]; then echo "   Command=$STUB_COMMAND"\n'
-        "else printf 'node-a\\nnode-b\\n'; fi\n")
+        "else printf 'node-a\\nnode-b\\n'; fi\n"
+    )
     (bin_dir / "scontrol").chmod(0o755)
 
     def run(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), **(env or {})}
         log.unlink(missing_ok=True)
-        done = subprocess.run(["bash", str(script), *args], env=full_env, capture_output=True, text=True,
-                              cwd=tmp_path, timeout=30)
+        done = subprocess.run(
+            ["bash", str(script), *args],
+            env=full_env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=30,
+        )
         done.argvs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         return done
 
@@ -64,7 +73,10 @@ def test_torchrun_args_parse_with_torchrun(name, emitted):
     argv = shlex.split((emitted(name) / "torchrun_args.txt").read_text())
     args, config, cmd_args = _torchrun(argv)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (
-        cluster.num_nodes, cluster.num_nodes, cluster.gpus_per_node)
+        cluster.num_nodes,
+        cluster.num_nodes,
+        cluster.gpus_per_node,
+    )
     assert config.rdzv_backend == "c10d" and config.max_restarts == 0
     assert args.module and args.training_script == WORKER_MODULE
     assert cmd_args[-3:] == [WORKER_MODULE, "--trial-dir", "trial"]
@@ -111,8 +123,11 @@ def test_slurm_script_one_agent_per_node(emitted, stubs):
     sbatch = (out / "launch_slurm.sbatch").read_text()
     for header in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8"):
         assert header in sbatch
-    env = {"SLURM_JOB_NODELIST": "node-[a-d]", "SLURM_JOB_ID": "42",
-           "STUB_COMMAND": str(out / "launch_slurm.sbatch")}
+    env = {
+        "SLURM_JOB_NODELIST": "node-[a-d]",
+        "SLURM_JOB_ID": "42",
+        "STUB_COMMAND": str(out / "launch_slurm.sbatch"),
+    }
     done = stubs(out / "launch_slurm.sbatch", env=env)
     assert done.returncode == 0, done.stderr
     (argv,) = done.argvs
@@ -145,8 +160,9 @@ def test_deepspeed_script_multi_node_reads_a_hostfile(emitted, stubs, tmp_path):
     hostfile = tmp_path / "my hosts"
     hostfile.write_text("# nodes\nnode-a slots=8\nnode-b slots=8\n")
     env_file = tmp_path / "ds env"
-    done = stubs(out / "launch_deepspeed.sh", "train.py", env={"HOSTFILE": str(hostfile),
-                                                               "DS_ENV_FILE": str(env_file)})
+    done = stubs(
+        out / "launch_deepspeed.sh", "train.py", env={"HOSTFILE": str(hostfile), "DS_ENV_FILE": str(env_file)}
+    )
     assert done.returncode == 0, done.stderr
     args = _deepspeed_runner_args(done.argvs[0][1:])
     assert (args.num_nodes, args.num_gpus, args.hostfile, args.master_addr) == (2, 8, str(hostfile), "node-a")

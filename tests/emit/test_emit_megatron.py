@@ -22,22 +22,56 @@ from autotune.plan import ParallelPlan
 def _megatron_parser() -> argparse.ArgumentParser:
     """Only the flags autotune emits, with Megatron's types and choices."""
     p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
-    for flag in ("tensor-model-parallel-size", "pipeline-model-parallel-size", "context-parallel-size",
-                 "num-layers-per-virtual-pipeline-stage", "micro-batch-size", "global-batch-size",
-                 "num-layers", "hidden-size", "num-attention-heads", "ffn-hidden-size", "seq-length",
-                 "max-position-embeddings", "num-query-groups", "recompute-num-layers",
-                 "fp8-amax-history-len", "kv-channels", "num-experts", "moe-router-topk",
-                 "moe-ffn-hidden-size", "moe-shared-expert-intermediate-size", "expert-model-parallel-size",
-                 "expert-tensor-parallel-size", "kv-lora-rank", "q-lora-rank", "qk-head-dim",
-                 "qk-pos-emb-head-dim", "v-head-dim"):
+    for flag in (
+        "tensor-model-parallel-size",
+        "pipeline-model-parallel-size",
+        "context-parallel-size",
+        "num-layers-per-virtual-pipeline-stage",
+        "micro-batch-size",
+        "global-batch-size",
+        "num-layers",
+        "hidden-size",
+        "num-attention-heads",
+        "ffn-hidden-size",
+        "seq-length",
+        "max-position-embeddings",
+        "num-query-groups",
+        "recompute-num-layers",
+        "fp8-amax-history-len",
+        "kv-channels",
+        "num-experts",
+        "moe-router-topk",
+        "moe-ffn-hidden-size",
+        "moe-shared-expert-intermediate-size",
+        "expert-model-parallel-size",
+        "expert-tensor-parallel-size",
+        "kv-lora-rank",
+        "q-lora-rank",
+        "qk-head-dim",
+        "qk-pos-emb-head-dim",
+        "v-head-dim",
+    ):
         p.add_argument(f"--{flag}", type=int)
     for flag in ("attention-dropout", "hidden-dropout"):
         p.add_argument(f"--{flag}", type=float)
-    for flag in ("sequence-parallel", "use-distributed-optimizer", "optimizer-cpu-offload",
-                 "use-precision-aware-optimizer", "group-query-attention", "swiglu", "disable-bias-linear",
-                 "untie-embeddings-and-output-weights", "bf16", "fp16", "tp-comm-overlap",
-                 "overlap-grad-reduce", "overlap-param-gather", "grad-reduce-in-bf16", "moe-grouped-gemm",
-                 "multi-latent-attention"):
+    for flag in (
+        "sequence-parallel",
+        "use-distributed-optimizer",
+        "optimizer-cpu-offload",
+        "use-precision-aware-optimizer",
+        "group-query-attention",
+        "swiglu",
+        "disable-bias-linear",
+        "untie-embeddings-and-output-weights",
+        "bf16",
+        "fp16",
+        "tp-comm-overlap",
+        "overlap-grad-reduce",
+        "overlap-param-gather",
+        "grad-reduce-in-bf16",
+        "moe-grouped-gemm",
+        "multi-latent-attention",
+    ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float)
     positions = ["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
@@ -105,13 +139,23 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     a = _megatron_parser().parse_args(shlex.split(path.read_text()))
     _check_megatron_rules(a, plan.world_size)
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size) == (
-        plan.tp, plan.pp, plan.cp)
-    assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (plan.micro_batch, plan.global_batch,
-                                                                       plan.seq_len)
+        plan.tp,
+        plan.pp,
+        plan.cp,
+    )
+    assert (a.micro_batch_size, a.global_batch_size, a.seq_length) == (
+        plan.micro_batch,
+        plan.global_batch,
+        plan.seq_len,
+    )
     per_stage = model.num_layers // plan.pp
     assert per_stage // (a.num_layers_per_virtual_pipeline_stage or per_stage) == plan.virtual_stages
     assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.ffn_hidden_size) == (
-        model.num_layers, model.hidden_size, model.num_heads, model.ffn_hidden_size)
+        model.num_layers,
+        model.hidden_size,
+        model.num_heads,
+        model.ffn_hidden_size,
+    )
     assert (a.num_query_groups or a.num_attention_heads) == model.num_kv_heads
     assert a.swiglu == model.gated_mlp and a.disable_bias_linear == (not model.bias)
     assert a.sequence_parallel == plan.sequence_parallel
@@ -123,7 +167,8 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     if model.is_moe:
         flex = str(plan.moe_dispatcher) != "alltoall"
         assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (
-            ("flex", str(plan.moe_dispatcher)) if flex else ("alltoall", None))
+            ("flex", str(plan.moe_dispatcher)) if flex else ("alltoall", None)
+        )
     if model.is_moe:
         freq = a.moe_layer_freq
         flags = [1] * model.num_layers if freq == 1 else freq
@@ -152,10 +197,20 @@ def test_fp8_runs_on_bf16():
 
 def test_speed_knobs_turn_on_the_overlaps_the_model_assumes():
     model = CASES["autotp"].build()[1]
-    plan = ParallelPlan(tp=2, dp=2, cp=2, global_batch=64, seq_len=4096, precision="fp8",
-                        framework="megatron",
-                        sharding="zero1", sequence_parallel=True, tp_comm_overlap=True, fp8_recipe="mx",
-                        cp_comm="a2a")
+    plan = ParallelPlan(
+        tp=2,
+        dp=2,
+        cp=2,
+        global_batch=64,
+        seq_len=4096,
+        precision="fp8",
+        framework="megatron",
+        sharding="zero1",
+        sequence_parallel=True,
+        tp_comm_overlap=True,
+        fp8_recipe="mx",
+        cp_comm="a2a",
+    )
     a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
     _check_megatron_rules(a, plan.world_size)
     assert a.tp_comm_overlap and a.overlap_grad_reduce and a.overlap_param_gather
@@ -165,10 +220,13 @@ def test_speed_knobs_turn_on_the_overlaps_the_model_assumes():
     assert not (b.tp_comm_overlap or b.overlap_grad_reduce or b.overlap_param_gather)
 
 
-@pytest.mark.parametrize(("changes", "reason"), [
-    ({"sharding": "fsdp-full"}, "optimizer states only"),
-    ({"pp": 2, "dp": 4, "schedule": "gpipe"}, "not GPipe"),
-])
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"sharding": "fsdp-full"}, "optimizer states only"),
+        ({"pp": 2, "dp": 4, "schedule": "gpipe"}, "not GPipe"),
+    ],
+)
 def test_plans_megatron_cannot_run_get_no_args(changes, reason):
     plan = ParallelPlan(**{**dict(dp=8, global_batch=64, seq_len=4096), **changes})
     assert any(reason in r for r in megatron_unsupported(plan))
@@ -177,8 +235,15 @@ def test_plans_megatron_cannot_run_get_no_args(changes, reason):
 
 
 def test_megatron_rules_are_checked_before_emitting():
-    plan = ParallelPlan(pp=2, dp=2, global_batch=12, seq_len=2048, framework="megatron",
-                        schedule="interleaved", virtual_stages=3)
+    plan = ParallelPlan(
+        pp=2,
+        dp=2,
+        global_batch=12,
+        seq_len=2048,
+        framework="megatron",
+        schedule="interleaved",
+        virtual_stages=3,
+    )
     too_many = plan.replace(virtual_stages=18, global_batch=36)  # 36 chunks > 32 layers + 2
     with pytest.raises(ConfigError, match="cannot split 32 layers into PP x virtual stages = 2 x 18"):
         megatron_args(too_many, CASES["zero0"].build()[1])
@@ -196,7 +261,14 @@ def test_flex_dispatcher_is_emitted_as_megatrons_flags():
     from autotune.plan import ParallelPlan
 
     model = load_model("qwen3-30b-a3b")
-    plan = ParallelPlan(dp=16, ep=16, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1",
-                        moe_dispatcher="hybridep")
+    plan = ParallelPlan(
+        dp=16,
+        ep=16,
+        global_batch=64,
+        seq_len=4096,
+        framework="megatron",
+        sharding="zero1",
+        moe_dispatcher="hybridep",
+    )
     a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
     assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("flex", "hybridep")

@@ -83,8 +83,12 @@ def test_megatron_core_accepts_the_emitted_flags(name, emitted):
     config = _transformer_config(flags)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
     assert config.attention_dropout == 0.0 and config.hidden_dropout == 0.0  # the cost model has no dropout
-    ddp = DistributedDataParallelConfig(**{k: bool(flags.get(k)) for k in (
-        "overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer")})
+    ddp = DistributedDataParallelConfig(
+        **{
+            k: bool(flags.get(k))
+            for k in ("overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer")
+        }
+    )
     assert ddp.overlap_grad_reduce == (plan.dp > 1)  # the estimate hides DP communication behind compute
     assert ddp.overlap_param_gather == (plan.dp > 1 and ddp.use_distributed_optimizer)
 
@@ -104,7 +108,8 @@ def test_the_launch_environment_has_what_validate_args_asserts(name, emitted):
     out = emitted(name)
     env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     show = '. "$RUN_DIR/autotune_env.sh"; echo "${CUDA_DEVICE_MAX_CONNECTIONS-}"'
-    printed = subprocess.run(["bash", "-c", show], env={**env, "RUN_DIR": str(out)}, capture_output=True,
-                             text=True, check=True)
+    printed = subprocess.run(
+        ["bash", "-c", show], env={**env, "RUN_DIR": str(out)}, capture_output=True, text=True, check=True
+    )
     needed = str(plan.framework) == "megatron" and (plan.tp > 1 or plan.cp > 1)
     assert printed.stdout.strip() == ("1" if needed else "")

@@ -26,25 +26,63 @@ tomllib = pytest.importorskip("tomllib")
 
 V0_2_2_FIELDS = {
     "model": {"name", "flavor", "hf_assets_path", "tokenizer_path", "converters", "print_after_conversion"},
-    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm",
-                 "steps", "enable_cpu_offload", "dtype", "mixed_precision_param", "mixed_precision_reduce",
-                 "gc_freq", "gc_debug", "dataloader"},
-    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree",
-                    "fsdp_reshard_after_forward",
-                    "tensor_parallel_degree", "disable_loss_parallel", "enable_async_tensor_parallel",
-                    "pipeline_parallel_degree", "module_fqns_per_model_part",
-                    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
-                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
-                    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
-                    "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
-                    "context_parallel_load_balancer", "context_parallel_rotate_method",
-                    "expert_parallel_degree", "expert_tensor_parallel_degree",
-                    "expert_parallel_comm_backend"},
-    "activation_checkpoint": {"mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
-                              "early_stop", "memory_budget", "visualize_memory_budget_pareto",
-                              "preserve_rng_state", "determinism_check", "debug"},
-    "quantize.linear.float8": {"enable_fsdp_float8_all_gather", "precompute_float8_dynamic_scale_for_fsdp",
-                               "recipe_name", "filter_fqns", "emulate"},
+    "training": {
+        "dataset",
+        "dataset_path",
+        "local_batch_size",
+        "global_batch_size",
+        "seq_len",
+        "max_norm",
+        "steps",
+        "enable_cpu_offload",
+        "dtype",
+        "mixed_precision_param",
+        "mixed_precision_reduce",
+        "gc_freq",
+        "gc_debug",
+        "dataloader",
+    },
+    "parallelism": {
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward",
+        "tensor_parallel_degree",
+        "disable_loss_parallel",
+        "enable_async_tensor_parallel",
+        "pipeline_parallel_degree",
+        "module_fqns_per_model_part",
+        "pipeline_parallel_first_stage_less_layers",
+        "pipeline_parallel_last_stage_less_layers",
+        "pipeline_parallel_layers_per_stage",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_schedule_csv",
+        "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_expert_parallel_overlap",
+        "context_parallel_degree",
+        "context_parallel_load_balancer",
+        "context_parallel_rotate_method",
+        "expert_parallel_degree",
+        "expert_tensor_parallel_degree",
+        "expert_parallel_comm_backend",
+    },
+    "activation_checkpoint": {
+        "mode",
+        "selective_ac_option",
+        "per_op_sac_force_recompute_mm_shapes_by_fqns",
+        "early_stop",
+        "memory_budget",
+        "visualize_memory_budget_pareto",
+        "preserve_rng_state",
+        "determinism_check",
+        "debug",
+    },
+    "quantize.linear.float8": {
+        "enable_fsdp_float8_all_gather",
+        "precompute_float8_dynamic_scale_for_fsdp",
+        "recipe_name",
+        "filter_fqns",
+        "emulate",
+    },
     "quantize.linear.mx": {"mxfp8_dim1_cast_kernel_choice", "recipe_name", "filter_fqns"},
     "compile": {"enable", "components", "backend"},
 }
@@ -56,8 +94,12 @@ V0_2_2_LITERALS = {
     ("quantize.linear.float8", "recipe_name"): {"tensorwise", "rowwise", "rowwise_with_gw_hp"},
     ("parallelism", "context_parallel_rotate_method"): {"allgather", "alltoall"},
 }
-CONVERTERS = {"quantize.linear.float8", "quantize.grouped_mm.float8", "quantize.linear.mx",
-              "quantize.grouped_mm.mx"}
+CONVERTERS = {
+    "quantize.linear.float8",
+    "quantize.grouped_mm.float8",
+    "quantize.linear.mx",
+    "quantize.grouped_mm.mx",
+}
 
 
 def _flatten(data: dict, prefix: str = "") -> dict[str, dict]:
@@ -110,30 +152,48 @@ def test_layout_batch_and_pipeline_follow_torchtitan_rules(name, emitted):
         return
     schedule = get_schedule_class(par["pipeline_parallel_schedule"])  # torch's own registry
     per_stage = par["pipeline_parallel_layers_per_stage"]
-    stages = math.ceil((model.num_layers + par["pipeline_parallel_first_stage_less_layers"]
-                        + par["pipeline_parallel_last_stage_less_layers"]) / per_stage)  # pipeline_llm
+    stages = math.ceil(
+        (
+            model.num_layers
+            + par["pipeline_parallel_first_stage_less_layers"]
+            + par["pipeline_parallel_last_stage_less_layers"]
+        )
+        / per_stage
+    )  # pipeline_llm
     assert stages % plan.pp == 0
     assert (stages // plan.pp == 1) == issubclass(schedule, PipelineScheduleSingle)
     assert stages == plan.pp * plan.virtual_stages and per_stage * stages == model.num_layers
     assert train["local_batch_size"] % par["pipeline_parallel_microbatch_size"] == 0
-    assert accumulation * train["local_batch_size"] // par["pipeline_parallel_microbatch_size"] \
+    assert (
+        accumulation * train["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
         == plan.num_microbatches
+    )
 
 
 def test_interleaved_pipeline_maps_to_interleaved1f1b():
-    plan = ParallelPlan(pp=4, dp=2, global_batch=64, seq_len=2048, schedule="interleaved", virtual_stages=2,
-                        sharding="fsdp-full")
+    plan = ParallelPlan(
+        pp=4,
+        dp=2,
+        global_batch=64,
+        seq_len=2048,
+        schedule="interleaved",
+        virtual_stages=2,
+        sharding="fsdp-full",
+    )
     par = to_torchtitan_config(plan, CASES["zero0"].build()[1])["parallelism"]
     assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert par["pipeline_parallel_layers_per_stage"] == 4  # 32 layers / (4 x 2)
 
 
-@pytest.mark.parametrize(("changes", "reason"), [
-    ({"sharding": "zero1", "framework": "deepspeed"}, "optimizer-only"),
-    ({"sharding": "none", "tp": 2, "dp": 4}, "DDP"),
-    ({"offload": True, "sharding": "fsdp-full"}, "parameters and gradients too"),
-    ({"precision": "fp16"}, "fp16"),
-])
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"sharding": "zero1", "framework": "deepspeed"}, "optimizer-only"),
+        ({"sharding": "none", "tp": 2, "dp": 4}, "DDP"),
+        ({"offload": True, "sharding": "fsdp-full"}, "parameters and gradients too"),
+        ({"precision": "fp16"}, "fp16"),
+    ],
+)
 def test_plans_torchtitan_cannot_run_get_no_config(changes, reason):
     plan = ParallelPlan(**{**dict(dp=8, global_batch=64, seq_len=4096), **changes})
     assert any(reason in r for r in torchtitan_unsupported(plan))
@@ -152,9 +212,16 @@ def test_torchtitan_itself_parses_it_when_installed(name, emitted):
     plan = CASES[name].build()[0]
     job = config.ConfigManager().parse_args(["--job.config_file", str(emitted(name) / "torchtitan.toml")])
     p = job.parallelism
-    ParallelDims(dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
-                 cp=p.context_parallel_degree, tp=p.tensor_parallel_degree, pp=p.pipeline_parallel_degree,
-                 ep=1, etp=1, world_size=plan.world_size)
+    ParallelDims(
+        dp_replicate=p.data_parallel_replicate_degree,
+        dp_shard=p.data_parallel_shard_degree,
+        cp=p.context_parallel_degree,
+        tp=p.tensor_parallel_degree,
+        pp=p.pipeline_parallel_degree,
+        ep=1,
+        etp=1,
+        world_size=plan.world_size,
+    )
     assert job.model.name == "llama3"  # alone, the fragment no longer loads as torchtitan's debug model
     assert job.model.flavor == (torchtitan_flavor(CASES[name].build()[1]) or CASES[name].build()[1].name)
 
@@ -163,20 +230,31 @@ def test_torchtitan_itself_parses_it_when_installed(name, emitted):
 def test_llama3_flavors_are_torchtitans():
     """Each flavor's shape, FFN width as torchtitan's FeedForward rounds it, built on the meta device."""
     import torch
+
     llama3 = pytest.importorskip("torchtitan.models.llama3")
     for flavor, (dim, layers, heads, kv_heads, ffn, vocab) in LLAMA3_FLAVORS.items():
         args = llama3.llama3_args[flavor]
         with torch.device("meta"):
             block = llama3.Transformer(args).layers["0"]
         assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size) == (
-            dim, layers, heads, kv_heads, vocab), flavor
+            dim,
+            layers,
+            heads,
+            kv_heads,
+            vocab,
+        ), flavor
         assert block.feed_forward.w1.out_features == ffn, flavor
 
 
 def test_catalog_llama3_models_get_their_flavor(emitted):
     from autotune.catalog import load_model
+
     assert [torchtitan_flavor(load_model(m)) for m in ("llama3-8b", "llama3-70b", "llama3-405b", "7b")] == [
-        "8B", "70B", "405B", None]
+        "8B",
+        "70B",
+        "405B",
+        None,
+    ]
     assert 'name = "llama3"' in (emitted("hsdp") / "torchtitan.toml").read_text()
 
 
@@ -184,9 +262,20 @@ def test_speed_knobs_are_written_as_torchtitan_keys():
     """compile, async TP, the float8 recipe and the CP rotation reach the TOML (v0.2.2 keys and literals);
     rowwise scaling gets no fp8 FSDP all-gather (torchtitan supports it for tensorwise only)."""
     model = CASES["fsdp_full"].build()[1]
-    plan = ParallelPlan(tp=2, dp=2, cp=2, global_batch=8, seq_len=1024, sharding="fsdp-full", compile=True,
-                        async_tp=True, sequence_parallel=True, precision="fp8", fp8_recipe="rowwise",
-                        cp_comm="allgather")
+    plan = ParallelPlan(
+        tp=2,
+        dp=2,
+        cp=2,
+        global_batch=8,
+        seq_len=1024,
+        sharding="fsdp-full",
+        compile=True,
+        async_tp=True,
+        sequence_parallel=True,
+        precision="fp8",
+        fp8_recipe="rowwise",
+        cp_comm="allgather",
+    )
     cfg = to_torchtitan_config(plan, model)
     sections = _flatten(tomllib.loads(dumps_toml(cfg)))
     for section, keys in sections.items():

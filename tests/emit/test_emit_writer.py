@@ -17,9 +17,17 @@ from autotune.emit import ARTEFACT_FILES, emit_all, read_plan_document
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
-ALWAYS = {"plan.json", "trial/plan.json", "trial/trial.json", "torchrun_args.txt", "autotune_env.sh",
-          "launch_torchrun.sh",
-          "launch_slurm.sbatch", "pytorchjob.yaml", "summary.md"}
+ALWAYS = {
+    "plan.json",
+    "trial/plan.json",
+    "trial/trial.json",
+    "torchrun_args.txt",
+    "autotune_env.sh",
+    "launch_torchrun.sh",
+    "launch_slurm.sbatch",
+    "pytorchjob.yaml",
+    "summary.md",
+}
 DS = {"ds_config.json", "launch_deepspeed.sh"}
 EXPECTED = {  # the frameworks that can run each plan as priced
     "zero0": DS | {"torchtitan.toml", "megatron_args.txt"},
@@ -119,9 +127,16 @@ def test_plan_json_round_trips(emitted):
 
 
 def test_estimate_is_recorded_and_summarised(tmp_path):
-    estimate = {"feasible": False, "reasons": ["out of memory: needs 90 GiB"],
-                "memory_bytes_per_gpu": 90 * 2**30, "memory_capacity_bytes": 80 * 2**30, "step_time_s": 1.5,
-                "tokens_per_s": 1e5, "mfu": 0.41, "bottleneck": "memory"}
+    estimate = {
+        "feasible": False,
+        "reasons": ["out of memory: needs 90 GiB"],
+        "memory_bytes_per_gpu": 90 * 2**30,
+        "memory_capacity_bytes": 80 * 2**30,
+        "step_time_s": 1.5,
+        "tokens_per_s": 1e5,
+        "mfu": 0.41,
+        "bottleneck": "memory",
+    }
     _emit("zero0", tmp_path, estimate=estimate)
     assert read_plan_document(tmp_path / "plan.json").estimate == estimate
     summary = (tmp_path / "summary.md").read_text()
@@ -156,8 +171,15 @@ def test_artefact_list_is_complete():
 def test_a_plan_deepspeed_cannot_run_is_never_priced():
     """DeepSpeed AutoTP has no sequence parallelism: the plan rules reject it, so no search prices it."""
     with pytest.raises(ConfigError, match="no Megatron-style sequence parallelism"):
-        ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero2", sequence_parallel=True,
-                     framework="deepspeed")
+        ParallelPlan(
+            tp=2,
+            dp=4,
+            global_batch=64,
+            seq_len=4096,
+            sharding="zero2",
+            sequence_parallel=True,
+            framework="deepspeed",
+        )
 
 
 @pytest.mark.parametrize("name", list(CASES))

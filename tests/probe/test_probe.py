@@ -49,9 +49,15 @@ def test_alpha_beta_fit_recovers_a_synthetic_ring():
     got_alpha, got_bw = fit_alpha_beta(points)
     assert got_alpha == pytest.approx(alpha, rel=1e-6) and got_bw == pytest.approx(bw, rel=1e-6)
     # an all-gather's ring: n-1 steps and (n-1)/n of the gathered buffer
-    gathers = [{"op": "all_gather", "num_ranks": n, "size_bytes": s,
-                "time_s": (n - 1) * 3 * alpha + (n - 1) / n * s / (bw / 2)}
-               for s in message_sizes(1024, 2**26)]
+    gathers = [
+        {
+            "op": "all_gather",
+            "num_ranks": n,
+            "size_bytes": s,
+            "time_s": (n - 1) * 3 * alpha + (n - 1) / n * s / (bw / 2),
+        }
+        for s in message_sizes(1024, 2**26)
+    ]
     got_alpha, got_bw = fit_alpha_beta(gathers)
     assert got_alpha == pytest.approx(3 * alpha, rel=1e-6) and got_bw == pytest.approx(bw / 2, rel=1e-6)
 
@@ -93,8 +99,12 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
         assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * BUSBW_FACTOR[r["op"]](2))
         assert len(r["sweeps_s"]) == 2 and r["time_s"] == pytest.approx(statistics.median(r["sweeps_s"]))
     assert doc["summary"]["collective_sweeps"] == 2  # and how far apart the sweeps were, per collective
-    spread = {f"intra {op}": statistics.median((max(r["sweeps_s"]) - min(r["sweeps_s"])) / r["time_s"]
-                                               for r in rows if r["op"] == op) for op in OPS}
+    spread = {
+        f"intra {op}": statistics.median(
+            (max(r["sweeps_s"]) - min(r["sweeps_s"])) / r["time_s"] for r in rows if r["op"] == op
+        )
+        for op in OPS
+    }
     assert doc["summary"]["sweep_spread"] == pytest.approx(spread, abs=1e-3)
     assert {g["dtype"] for g in doc["measurements"]["gemm"]} >= {"fp32"}
     link = doc["intra_node_link"]
@@ -107,8 +117,16 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     assert cluster.collective_efficiency == 1.0 and cluster.profile == profile.label
     # overlap: the fraction of an all-reduce hidden behind GEMMs, recomputed from the timed runs
     overlap = doc["measurements"]["overlap"]
-    hidden = sorted(min(1.0, max(0.0, (r["collective_s"] + r["compute_s"] - r["both_s"])
-                                 / min(r["collective_s"], r["compute_s"]))) for r in overlap["runs"])
+    hidden = sorted(
+        min(
+            1.0,
+            max(
+                0.0,
+                (r["collective_s"] + r["compute_s"] - r["both_s"]) / min(r["collective_s"], r["compute_s"]),
+            ),
+        )
+        for r in overlap["runs"]
+    )
     assert overlap["num_ranks"] == 2 and overlap["gemms"] >= 1 and len(hidden) % 2 == 1
     assert overlap["dp_overlap_fraction"] == pytest.approx(hidden[len(hidden) // 2])
     assert cluster.dp_overlap_fraction == pytest.approx(doc["cluster"]["dp_overlap_fraction"], abs=1e-3)
@@ -119,6 +137,7 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     base = doc["intra_node_link"]
     fits = doc["intra_node_collectives"]
     assert set(fits) == {"all_gather", "reduce_scatter"}
+
     def ratio(key: str, op: str) -> float:  # a term the short sweep cannot resolve (inf bandwidth) stays x1
         a, b = fits[op][key], base[key]
         return a / b if 0 < a < math.inf and 0 < b < math.inf else 1.0
@@ -151,7 +170,8 @@ def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_pa
     overrides = {**doc["gpu_overrides"], "dtensor_collective_op_overhead_us": per_kind}
     legacy.write_text(yaml.safe_dump({**doc, "gpu_overrides": overrides}, sort_keys=False))
     assert with_profile(make_cluster(num_gpus=2, gpu="cpu"), legacy).gpu == dataclasses.replace(
-        cluster.gpu, sources=(*cluster.gpu.sources[:-1], load_profile(legacy).label))
+        cluster.gpu, sources=(*cluster.gpu.sources[:-1], load_profile(legacy).label)
+    )
     # host time per action of each torch pipeline schedule: the slope of step time over actions, per rank
     # the median of the sweeps, then the median rank; the interleaved runtime sends and receives apart
     pipe = doc["measurements"]["pipeline"]
@@ -182,15 +202,23 @@ def test_a_profile_for_another_gpu_is_refused_with_the_fix(tmp_path):
         ({"gpu": "cpu", "cluster": {"step_overhead_s": -1}}, "must be a number >= 0"),
         ({"gpu": "cpu", "cluster": {"shared_core_latency": 2}}, "'shared_core_latency' is a fraction"),
         ({"gpu": "cpu", "intra_node_link": {"latency_us": 3}}, "needs a positive 'bw_gb_s'"),
-        ({"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1}, "intra_node_collectives": {"send_recv": {}}},
-         "intra_node_collectives: a mapping of all_gather, reduce_scatter"),
-        ({"gpu": "cpu", "intra_node_collectives": {"all_gather": {"bw_gb_s": 1}}},
-         "needs intra_node_link"),
-        ({"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1},
-          "intra_node_collectives": {"reduce_scatter": {"latency_us": 9}}},
-         "reduce_scatter needs a positive"),
-        ({"gpu": "cpu", "gpu_overrides": {"pipeline_action_us": {"zb": 3}}},
-         "pipeline_action_us: unknown key 'zb'; allowed: 1f1b, gpipe, interleaved"),
+        (
+            {"gpu": "cpu", "intra_node_link": {"bw_gb_s": 1}, "intra_node_collectives": {"send_recv": {}}},
+            "intra_node_collectives: a mapping of all_gather, reduce_scatter",
+        ),
+        ({"gpu": "cpu", "intra_node_collectives": {"all_gather": {"bw_gb_s": 1}}}, "needs intra_node_link"),
+        (
+            {
+                "gpu": "cpu",
+                "intra_node_link": {"bw_gb_s": 1},
+                "intra_node_collectives": {"reduce_scatter": {"latency_us": 9}},
+            },
+            "reduce_scatter needs a positive",
+        ),
+        (
+            {"gpu": "cpu", "gpu_overrides": {"pipeline_action_us": {"zb": 3}}},
+            "pipeline_action_us: unknown key 'zb'; allowed: 1f1b, gpipe, interleaved",
+        ),
     ],
 )
 def test_bad_profiles_are_one_line_errors(tmp_path, doc, message):
@@ -203,11 +231,19 @@ def test_bad_profiles_are_one_line_errors(tmp_path, doc, message):
 
 def test_collective_fits_become_finite_multiples_of_the_all_reduce_fit(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump({
-        "gpu": "cpu", "intra_node_link": {"bw_gb_s": 2.0, "latency_us": 100.0},
-        "intra_node_collectives": {"all_gather": {"bw_gb_s": 1.0, "latency_us": 50.0},
-                                   # a sweep of small messages only: the bandwidth is unresolved (inf)
-                                   "reduce_scatter": {"bw_gb_s": float("inf"), "latency_us": 300.0}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpu": "cpu",
+                "intra_node_link": {"bw_gb_s": 2.0, "latency_us": 100.0},
+                "intra_node_collectives": {
+                    "all_gather": {"bw_gb_s": 1.0, "latency_us": 50.0},
+                    # a sweep of small messages only: the bandwidth is unresolved (inf)
+                    "reduce_scatter": {"bw_gb_s": float("inf"), "latency_us": 300.0},
+                },
+            }
+        )
+    )
     cluster = with_profile(make_cluster(num_gpus=2, gpu="cpu"), path)
     assert cluster.collective_scales == (("all_gather", 0.5, 0.5), ("reduce_scatter", 3.0, 1.0))
 
@@ -226,14 +262,43 @@ def test_bad_sweep_counts_are_one_line_usage_errors(value, capsys):
 def test_a_probe_across_two_torchrun_agents_measures_the_link_between_nodes(tmp_path):
     """Two agents (``--nnodes 2``, one rank each, c10d rendezvous on loopback) run ``autotune probe`` as a
     user runs it across nodes: rank 0 writes a profile whose between-node link a 2-node cluster then uses."""
-    port, env = free_port(), {**os.environ, "OMP_NUM_THREADS": "1",
-                              "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "probe-2n",
-           "-m", "autotune", "probe", "--device", "cpu", "--quick", "--max-size", "64K", "--sweeps", "1",
-           "--out", str(tmp_path), "--name", "two-nodes"]
-    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for _ in range(2)]
+    port, env = (
+        free_port(),
+        {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "probe-2n",
+        "-m",
+        "autotune",
+        "probe",
+        "--device",
+        "cpu",
+        "--quick",
+        "--max-size",
+        "64K",
+        "--sweeps",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--name",
+        "two-nodes",
+    ]
+    agents = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
     try:
         logs = [a.communicate(timeout=240)[0] for a in agents]
     finally:

@@ -25,8 +25,11 @@ def main(out: Path) -> None:
         request = make_request(plan, out / name, num_nodes=num_nodes, timeout_s=90)
         result = executor.run(request, config=trial_config(request, device="cpu"))
         cmd = out / name / "cmd.txt"
-        report[name] = {"status": str(result.status), "error": result.error,
-                        "cmd": cmd.read_text() if cmd.exists() else None}
+        report[name] = {
+            "status": str(result.status),
+            "error": result.error,
+            "cmd": cmd.read_text() if cmd.exists() else None,
+        }
     print(json.dumps(report))
 
 

@@ -23,8 +23,18 @@ from pathlib import Path
 
 __all__ = ["BINARIES", "LocalSlurm", "missing_requirements"]
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "salloc", "scontrol", "scancel", "squeue",
-            "sinfo")
+BINARIES = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "salloc",
+    "scontrol",
+    "scancel",
+    "squeue",
+    "sinfo",
+)
 NODES = ("n1", "n2")
 
 
@@ -64,35 +74,67 @@ class LocalSlurm:
         key.chmod(0o400)
         for path in (munge, key):
             os.chown(path, pwd.getpwnam("munge").pw_uid, pwd.getpwnam("munge").pw_gid)
-        return ["munged", "-F", f"--key-file={key}", f"--socket={munge / 'munge.sock'}",
-                f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
-                f"--seed-file={munge / 'munged.seed'}"]
+        return [
+            "munged",
+            "-F",
+            f"--key-file={key}",
+            f"--socket={munge / 'munge.sock'}",
+            f"--pid-file={munge / 'munged.pid'}",
+            f"--log-file={munge / 'munged.log'}",
+            f"--seed-file={munge / 'munged.seed'}",
+        ]
 
     def _write_conf(self) -> None:
         r, cpus = self.root, os.cpu_count() or 1
         for d in ("state", "spool"):
             (r / d).mkdir()
         lines = [
-            "ClusterName=autotune", "SlurmctldHost=localhost", f"SlurmctldPort={_free_port()}",
-            "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
-            f"AuthInfo=socket={r / 'munge' / 'munge.sock'}", f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool' / '%n'}", f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'slurmd.%n.pid'}", f"SlurmctldLogFile={r / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'slurmd.%n.log'}", "ProctrackType=proctrack/linuxproc",
+            "ClusterName=autotune",
+            "SlurmctldHost=localhost",
+            f"SlurmctldPort={_free_port()}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={r / 'munge' / 'munge.sock'}",
+            f"StateSaveLocation={r / 'state'}",
+            f"SlurmdSpoolDir={r / 'spool' / '%n'}",
+            f"SlurmctldPidFile={r / 'slurmctld.pid'}",
+            f"SlurmdPidFile={r / 'slurmd.%n.pid'}",
+            f"SlurmctldLogFile={r / 'slurmctld.log'}",
+            f"SlurmdLogFile={r / 'slurmd.%n.log'}",
+            "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none", "JobCompType=jobcomp/none", "MpiDefault=none",
-            "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-            "ReturnToService=2", "KillWait=2", "InactiveLimit=0",
-            *(f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} State=UNKNOWN"
-              for n in NODES),
+            "JobAcctGatherType=jobacct_gather/none",
+            "JobCompType=jobcomp/none",
+            "MpiDefault=none",
+            "SchedulerType=sched/builtin",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "ReturnToService=2",
+            "KillWait=2",
+            "InactiveLimit=0",
+            *(
+                f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} State=UNKNOWN"
+                for n in NODES
+            ),
             f"PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=UP",
         ]
         self.conf.write_text("\n".join(lines) + "\n")
 
     def _spawn(self, argv: list[str], log: str, **kw) -> None:
         with (self.root / log).open("wb") as out:
-            self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                                stdin=subprocess.DEVNULL, start_new_session=True, **kw))
+            self._procs.append(
+                subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    **kw,
+                )
+            )
 
     def start(self, timeout_s: float = 30.0) -> None:
         munge_argv = self._munge()
@@ -113,17 +155,26 @@ class LocalSlurm:
         deadline = time.monotonic() + timeout_s
         while not ready():
             if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
-                logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                                 for p in sorted(self.root.glob("*.out")))
+                logs = "\n".join(
+                    f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                    for p in sorted(self.root.glob("*.out"))
+                )
                 self.stop()
                 raise RuntimeError(f"local Slurm: {what}\n{logs}")
             time.sleep(0.2)
 
-    def run(self, *argv: str, check: bool = True, timeout: float = 60,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, *argv: str, check: bool = True, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
         """A Slurm command against this cluster (``env``: more variables)."""
-        return subprocess.run(argv, env={**self.env, **(env or {})}, capture_output=True, text=True,
-                              check=check, timeout=timeout)
+        return subprocess.run(
+            argv,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
+        )
 
     def stop(self) -> None:
         """Cancel every job, wait for them to leave, then stop the daemons (SIGTERM, then SIGKILL)."""

@@ -25,8 +25,10 @@ __all__ = ["postgres_url", "pg_bindir"]
 
 def pg_bindir() -> Path | None:
     """The newest PostgreSQL bin directory that has initdb and pg_ctl."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name)
-                   if Path(p).parent.name.isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"),
+        key=lambda p: int(Path(p).parent.name) if Path(p).parent.name.isdigit() else 0,
+    )
     candidates = [Path(p) for p in reversed(found)]
     if shutil.which("initdb"):
         candidates.append(Path(shutil.which("initdb")).parent)  # type: ignore[arg-type]
@@ -54,16 +56,33 @@ def _as_postgres() -> tuple[list[str], int | None]:
 def postgres_url() -> Iterator[str]:
     bindir = pg_bindir()
     if bindir is None:
-        pytest.skip("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb nor initdb on PATH); "
-                    "apt-get install -y postgresql, or run .ci/services/postgres.sh")
+        pytest.skip(
+            "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb nor initdb on PATH); "
+            "apt-get install -y postgresql, or run .ci/services/postgres.sh"
+        )
     psycopg2 = pytest.importorskip("psycopg2", reason="psycopg2-binary is not installed")
     prefix, uid = _as_postgres()
     root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
     if uid is not None:
         os.chown(root, uid, -1)
     data = root / "data"
-    subprocess.run([*prefix, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-                    "--no-sync", "-E", "UTF8"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            *prefix,
+            str(bindir / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     port = _start(prefix, bindir, root, data)
     try:
         conn = psycopg2.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres")
@@ -72,8 +91,11 @@ def postgres_url() -> Iterator[str]:
         conn.close()
         yield f"postgresql+psycopg2://postgres@127.0.0.1:{port}/autotune"
     finally:
-        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -82,9 +104,25 @@ def _start(prefix: list[str], bindir: Path, root: Path, data: Path) -> int:
     for _ in range(3):
         port = _free_port()
         opts = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=200"
-        done = subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(data), "-o", opts,
-                               "-l", str(root / "server.log"), "-w", "-t", "60", "start"],
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [
+                *prefix,
+                str(bindir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(root / "server.log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if done.returncode == 0:
             return port
     log = (root / "server.log").read_text(errors="replace")[-2000:] if (root / "server.log").exists() else ""

@@ -18,8 +18,17 @@ from optuna.trial import TrialState
 
 from autotune.scaleout import open_storage
 
-__all__ = ["SIMULATE_7B", "ELSEWHERE", "autotune", "spawn", "kill_9", "wait_for", "load", "launched",
-           "states"]
+__all__ = [
+    "SIMULATE_7B",
+    "ELSEWHERE",
+    "autotune",
+    "spawn",
+    "kill_9",
+    "wait_for",
+    "load",
+    "launched",
+    "states",
+]
 
 SIMULATE_7B = ["--model", "7b", "--gpus", "8", "--global-batch", "64", "--backend", "simulate"]
 """A study whose trials are the cost model's predictions: fast, deterministic, and large enough."""
@@ -30,11 +39,18 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env | (extra or {})
 
 
-def autotune(*argv: str, cwd: Path, env: dict[str, str] | None = None,
-             timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def autotune(
+    *argv: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m autotune ARGV`` to completion."""
-    return subprocess.run([sys.executable, "-m", "autotune", *argv], cwd=cwd, env=_env(env), text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *argv],
+        cwd=cwd,
+        env=_env(env),
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 ELSEWHERE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
@@ -42,16 +58,23 @@ ELSEWHERE = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
 its heartbeat can tell them it died (on one host a dead worker's trial is recognised at once)."""
 
 
-def spawn(*argv: str, cwd: Path, log: Path, env: dict[str, str] | None = None,
-          elsewhere: bool = False) -> subprocess.Popen[bytes]:
+def spawn(
+    *argv: str, cwd: Path, log: Path, env: dict[str, str] | None = None, elsewhere: bool = False
+) -> subprocess.Popen[bytes]:
     """Start ``python -m autotune ARGV`` in its own session (so a SIGKILL reaches all of it)."""
     if elsewhere and (os.geteuid() != 0 or not shutil.which("unshare")):
         pytest.skip("a worker 'on another node' needs unshare --pid as root")
     prefix = ELSEWHERE if elsewhere else []
     out = log.open("wb")
-    return subprocess.Popen([*prefix, sys.executable, "-m", "autotune", *argv], cwd=cwd, env=_env(env),
-                            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-m", "autotune", *argv],
+        cwd=cwd,
+        env=_env(env),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def kill_9(proc: subprocess.Popen[bytes]) -> None:
@@ -79,8 +102,13 @@ def load(name: str, url: str) -> optuna.Study:
 
 def launched(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that ran a plan (not infeasible proposals, nor re-told duplicates)."""
-    return [t for t in study.get_trials() if t.state is TrialState.COMPLETE
-            and t.user_attrs.get("status") == "ok" and "duplicate_of" not in t.user_attrs]
+    return [
+        t
+        for t in study.get_trials()
+        if t.state is TrialState.COMPLETE
+        and t.user_attrs.get("status") == "ok"
+        and "duplicate_of" not in t.user_attrs
+    ]
 
 
 def states(study: optuna.Study) -> dict[str, int]:

@@ -48,9 +48,16 @@ def _best_copy(tmp_path: Path, nodes: int = 1, **plan_fields) -> tuple[ParallelP
 
 def _env(**extra: str) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)  # torchrun, deepspeed and python of this environment
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-            "AUTOTUNE_WARMUP_STEPS": "1", "AUTOTUNE_MEASURE_STEPS": str(MEASURE_STEPS),
-            "MASTER_PORT": str(_free_port()), "DS_ACCELERATOR": "cpu", **extra}
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",
+        "AUTOTUNE_WARMUP_STEPS": "1",
+        "AUTOTUNE_MEASURE_STEPS": str(MEASURE_STEPS),
+        "MASTER_PORT": str(_free_port()),
+        "DS_ACCELERATOR": "cpu",
+        **extra,
+    }
 
 
 def _assert_ran_the_plan(plan: ParallelPlan, trial_dir: Path, log: str) -> None:
@@ -104,9 +111,15 @@ def test_pytorchjob_container_runs_the_example(tmp_path):
         shutil.copy(best / item["path"], config / item["path"])
     config.chmod(0o555)
     run.mkdir()
-    env = _env(AUTOTUNE_CONFIG_DIR=str(config), RUN_DIR=str(run), PET_NNODES="1",
-               PET_NPROC_PER_NODE=job["spec"]["nprocPerNode"], PET_NODE_RANK="0", PET_MASTER_ADDR="127.0.0.1",
-               PET_MASTER_PORT=str(_free_port()))
+    env = _env(
+        AUTOTUNE_CONFIG_DIR=str(config),
+        RUN_DIR=str(run),
+        PET_NNODES="1",
+        PET_NPROC_PER_NODE=job["spec"]["nprocPerNode"],
+        PET_NODE_RANK="0",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=str(_free_port()),
+    )
     log = _run([*container["command"], str(script)], tmp_path, env, 360)
     _assert_ran_the_plan(plan, run / "trial", log)
 
@@ -120,8 +133,15 @@ def test_sbatch_runs_the_example_from_a_copy_of_best(slurm, tmp_path, nodes):
     2 (one torchrun agent per node, joined at MASTER_ADDR)."""
     plan, best, script = _best_copy(tmp_path, nodes, sharding="fsdp-full")
     # the local nodes have CPUs and no GPU gres: the command line overrides the file's --gpus-per-node
-    argv = ["sbatch", "--wait", "--gpus-per-node=0", "--time=8", f"--chdir={script.parent}",
-            str(best / "launch_slurm.sbatch"), "train.py"]
+    argv = [
+        "sbatch",
+        "--wait",
+        "--gpus-per-node=0",
+        "--time=8",
+        f"--chdir={script.parent}",
+        str(best / "launch_slurm.sbatch"),
+        "train.py",
+    ]
     # the emulated nodes' names do not resolve: MASTER_ADDR overrides the first node's name
     done = slurm.run(*argv, env=_env(MASTER_ADDR="127.0.0.1"), timeout=560, check=False)
     logs = "\n".join(p.read_text(errors="replace") for p in script.parent.glob("*.out"))

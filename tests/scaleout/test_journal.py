@@ -17,18 +17,43 @@ _HEARTBEAT_S = 2  # journal writes take the file lock: a longer grace than on Po
 
 
 def _worker(url, tmp_path, node, trials, slowdown_ms, elsewhere=False):
-    return spawn("worker", "--study", "j", "--storage", url, "--trials", str(trials), "--heartbeat",
-                 str(_HEARTBEAT_S),
-                 "--out", f"runs-{node}", cwd=tmp_path, log=tmp_path / f"{node}.log",
-                 env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)}, elsewhere=elsewhere)
+    return spawn(
+        "worker",
+        "--study",
+        "j",
+        "--storage",
+        url,
+        "--trials",
+        str(trials),
+        "--heartbeat",
+        str(_HEARTBEAT_S),
+        "--out",
+        f"runs-{node}",
+        cwd=tmp_path,
+        log=tmp_path / f"{node}.log",
+        env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)},
+        elsewhere=elsewhere,
+    )
 
 
 @pytest.mark.dist(timeout=150)
 def test_journal_workers_share_a_study_and_a_killed_workers_trial_is_retried(tmp_path):
     url = f"journal://{tmp_path / 'shared' / 'j.log'}"  # journal:///abs/path
     (tmp_path / "shared").mkdir()
-    done = autotune("search", *SIMULATE_7B, "--study", "j", "--storage", url, "--create-only", "--top", "2",
-                    "--out", "runs", cwd=tmp_path)
+    done = autotune(
+        "search",
+        *SIMULATE_7B,
+        "--study",
+        "j",
+        "--storage",
+        url,
+        "--create-only",
+        "--top",
+        "2",
+        "--out",
+        "runs",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
 
     victim = _worker(url, tmp_path, "victim", trials=1, slowdown_ms=5000, elsewhere=True)  # "another node"
@@ -48,8 +73,10 @@ def test_journal_workers_share_a_study_and_a_killed_workers_trial_is_retried(tmp
     study = load("j", url)
     numbers = [t.number for t in study.trials]
     assert sorted(numbers) == list(range(len(numbers)))
-    said = sum(int(re.search(r"launched (\d+) trial", (tmp_path / f"node{i}.log").read_text()).group(1))
-               for i in range(2))
+    said = sum(
+        int(re.search(r"launched (\d+) trial", (tmp_path / f"node{i}.log").read_text()).group(1))
+        for i in range(2)
+    )
     assert said == 6 and len(launched(study)) == 6
     assert study.trials[orphan.number].state is TrialState.FAIL
     (retry,) = [t for t in study.trials if t.system_attrs.get("failed_trial") == orphan.number]

@@ -25,10 +25,11 @@ _CRON_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 
 def _retune_args(words: list[str]):
     """The ``autotune retune ...`` inside a shell command, parsed as the CLI parses it."""
-    start = next(i for i, w in enumerate(words)
-                 if w.endswith("autotune") and words[i + 1:i + 2] == ["retune"])
+    start = next(
+        i for i, w in enumerate(words) if w.endswith("autotune") and words[i + 1 : i + 2] == ["retune"]
+    )
     argv = []
-    for word in words[start + 1:]:
+    for word in words[start + 1 :]:
         if re.fullmatch(r"[;&|<>()]+|\d?>+&?\d*", word):  # the end of the command: a shell operator
             break
         argv.append(word)
@@ -114,10 +115,16 @@ def test_systemd_service_and_timer():
 def test_systemd_analyze_verifies_the_units(tmp_path):
     for name in ("autotune-retune.service", "autotune-retune.timer"):
         shutil.copy(LAUNCHERS / name, tmp_path / name)
-    done = subprocess.run(["systemd-analyze", "verify", "autotune-retune.service", "autotune-retune.timer"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "autotune-retune.service", "autotune-retune.timer"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     schedule = _unit(LAUNCHERS / "autotune-retune.timer")["Timer"]["OnCalendar"]
-    calendar = subprocess.run(["systemd-analyze", "calendar", schedule], capture_output=True, text=True,
-                              timeout=60)
+    calendar = subprocess.run(
+        ["systemd-analyze", "calendar", schedule], capture_output=True, text=True, timeout=60
+    )
     assert calendar.returncode == 0 and "02:30:00" in calendar.stdout

@@ -35,7 +35,7 @@ def test_two_agents_on_loopback_form_one_two_node_trial(tmp_path):
         config, _, _ = config_from_args(args)
         assert (config.min_nodes, config.nproc_per_node, args.standalone) == (2, 1, False)
         endpoints.add((config.rdzv_endpoint, config.run_id))
-    (endpoint, _), = endpoints  # both agents join the same rendezvous
+    ((endpoint, _),) = endpoints  # both agents join the same rendezvous
     assert endpoint.startswith("127.0.0.1:")
     assert sorted(p.name for p in request.trial_dir.glob("joined.*")) == ["joined.0", "joined.1"]
     assert_nothing_left(request.trial_dir)

@@ -21,28 +21,66 @@ _HEARTBEAT_S = 1
 
 
 def _create(name: str, url: str, tmp_path, top: int) -> None:
-    done = autotune("search", *SIMULATE_7B, "--study", name, "--storage", url, "--create-only",
-                    "--top", str(top), "--out", "runs", cwd=tmp_path)
+    done = autotune(
+        "search",
+        *SIMULATE_7B,
+        "--study",
+        name,
+        "--storage",
+        url,
+        "--create-only",
+        "--top",
+        str(top),
+        "--out",
+        "runs",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     assert f"autotune worker --study {name} --storage" in done.stdout
 
 
-def _worker(name: str, url: str, tmp_path, node: str, trials: int, slowdown_ms: int,
-            heartbeat_s: int = _HEARTBEAT_S, elsewhere: bool = False):
-    return spawn("worker", "--study", name, "--storage", url, "--trials", str(trials), "--heartbeat",
-                 str(heartbeat_s), "--out", f"runs-{node}", cwd=tmp_path, log=tmp_path / f"{node}.log",
-                 env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)}, elsewhere=elsewhere)
+def _worker(
+    name: str,
+    url: str,
+    tmp_path,
+    node: str,
+    trials: int,
+    slowdown_ms: int,
+    heartbeat_s: int = _HEARTBEAT_S,
+    elsewhere: bool = False,
+):
+    return spawn(
+        "worker",
+        "--study",
+        name,
+        "--storage",
+        url,
+        "--trials",
+        str(trials),
+        "--heartbeat",
+        str(heartbeat_s),
+        "--out",
+        f"runs-{node}",
+        cwd=tmp_path,
+        log=tmp_path / f"{node}.log",
+        env={"AUTOTUNE_SLOWDOWN_MS": str(slowdown_ms)},
+        elsewhere=elsewhere,
+    )
 
 
 @pytest.mark.dist(timeout=150)
 def test_three_workers_share_one_study_without_losing_or_duplicating_a_trial(postgres_url, tmp_path):  # noqa: F811
     _create("three", postgres_url, tmp_path, top=3)
-    workers = [_worker("three", postgres_url, tmp_path, f"node{i}", trials=4, slowdown_ms=40, heartbeat_s=10)
-               for i in range(3)]  # no worker dies here: a long grace, so a loaded CI box cannot fake one
+    workers = [
+        _worker("three", postgres_url, tmp_path, f"node{i}", trials=4, slowdown_ms=40, heartbeat_s=10)
+        for i in range(3)
+    ]  # no worker dies here: a long grace, so a loaded CI box cannot fake one
     for w in workers:
         assert w.wait(timeout=120) == 0, (tmp_path / f"node{workers.index(w)}.log").read_text()
-    said = [int(re.search(r"launched (\d+) trial", (tmp_path / f"node{i}.log").read_text()).group(1))
-            for i in range(3)]
+    said = [
+        int(re.search(r"launched (\d+) trial", (tmp_path / f"node{i}.log").read_text()).group(1))
+        for i in range(3)
+    ]
     assert said == [4, 4, 4]
 
     study = load("three", postgres_url)
@@ -58,8 +96,15 @@ def test_three_workers_share_one_study_without_losing_or_duplicating_a_trial(pos
 @pytest.mark.dist(timeout=150)
 def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried(postgres_url, tmp_path):  # noqa: F811
     _create("killed", postgres_url, tmp_path, top=1)
-    victim = _worker("killed", postgres_url, tmp_path, "victim", trials=1, slowdown_ms=5000,  # 35 s trial
-                     elsewhere=True)  # as on another node: only the heartbeat can tell that it died
+    victim = _worker(
+        "killed",
+        postgres_url,
+        tmp_path,
+        "victim",
+        trials=1,
+        slowdown_ms=5000,  # 35 s trial
+        elsewhere=True,
+    )  # as on another node: only the heartbeat can tell that it died
 
     def running():
         trials = load("killed", postgres_url).get_trials(states=(TrialState.RUNNING,))

@@ -33,8 +33,19 @@ _SLOW = {"AUTOTUNE_SLOWDOWN_MS": "200"}  # 7 simulated steps: ~1.4 s per trial
 
 @pytest.mark.dist(timeout=150)
 def test_kill_9_mid_study_then_resume_loses_no_finished_trial(tmp_path):
-    argv = ["search", *SIMULATE_7B, "--study", "r", "--out", "runs", "--heartbeat", "1", "--top", "2",
-            "--quiet"]
+    argv = [
+        "search",
+        *SIMULATE_7B,
+        "--study",
+        "r",
+        "--out",
+        "runs",
+        "--heartbeat",
+        "1",
+        "--top",
+        "2",
+        "--quiet",
+    ]
     url = f"sqlite:///{tmp_path / 'runs' / 'r' / 'study.db'}"
     proc = spawn(*argv, "--trials", "30", cwd=tmp_path, log=tmp_path / "first.log", env=_SLOW)
 
@@ -42,8 +53,11 @@ def test_kill_9_mid_study_then_resume_loses_no_finished_trial(tmp_path):
         if not _created(tmp_path / "runs" / "r" / "study.db"):
             return None
         study = load("r", url)
-        running = [t for t in study.get_trials(states=(TrialState.RUNNING,)) if "plan" in t.user_attrs
-                   and datetime.now() - t.datetime_start < timedelta(seconds=0.8)]  # well before its end
+        running = [
+            t
+            for t in study.get_trials(states=(TrialState.RUNNING,))
+            if "plan" in t.user_attrs and datetime.now() - t.datetime_start < timedelta(seconds=0.8)
+        ]  # well before its end
         return study if len(launched(study)) >= 3 and running else None
 
     wait_for("3 finished trials and one running", mid_study, timeout=90, procs=[proc])

@@ -12,8 +12,20 @@ from scaleout_helpers import SIMULATE_7B, autotune
 from autotune.errors import ConfigError
 from autotune.retune import Measurement, compare, environment_drift, parse_budget, plan_diff
 
-_TINY_CPU = ["--model", "tiny", "--gpus", "1", "--device", "cpu", "--backend", "torchrun", "--seq-len", "64",
-             "--global-batch", "1"]  # steps of milliseconds: an injected +1 s per step stands out
+_TINY_CPU = [
+    "--model",
+    "tiny",
+    "--gpus",
+    "1",
+    "--device",
+    "cpu",
+    "--backend",
+    "torchrun",
+    "--seq-len",
+    "64",
+    "--global-batch",
+    "1",
+]  # steps of milliseconds: an injected +1 s per step stands out
 
 
 def _history(tmp_path, study):
@@ -27,8 +39,21 @@ def _retune(tmp_path, study, *argv, env=None):
 
 @pytest.mark.dist(timeout=500)
 def test_torchrun_study_stable_then_an_injected_slowdown_is_a_regression(tmp_path):
-    done = autotune("search", *_TINY_CPU, "--study", "rt", "--trials", "1", "--top", "1", "--out", "runs",
-                    "--quiet", cwd=tmp_path, timeout=300)
+    done = autotune(
+        "search",
+        *_TINY_CPU,
+        "--study",
+        "rt",
+        "--trials",
+        "1",
+        "--top",
+        "1",
+        "--out",
+        "runs",
+        "--quiet",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     # A shared 2-core CI machine: tokens/s wander between runs far more than on a GPU node, hence 0.3.
     flags = ("--budget", "0", "--top", "0", "--threshold", "0.3")
@@ -65,8 +90,9 @@ def test_torchrun_study_stable_then_an_injected_slowdown_is_a_regression(tmp_pat
 @pytest.mark.dist(timeout=200)
 def test_a_better_plan_found_later_is_promoted_with_the_old_one_kept(tmp_path):
     def search(*argv):
-        done = autotune("search", *SIMULATE_7B, "--study", "imp", "--out", "runs", "--quiet", *argv,
-                        cwd=tmp_path)
+        done = autotune(
+            "search", *SIMULATE_7B, "--study", "imp", "--out", "runs", "--quiet", *argv, cwd=tmp_path
+        )
         assert done.returncode == 0, done.stderr
 
     search("--trials", "2", "--top", "0")  # two (seeded) random proposals: the cost model's top-K not yet run
@@ -88,12 +114,20 @@ def test_a_better_plan_found_later_is_promoted_with_the_old_one_kept(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- the rule
 def _m(tokens_per_s, plan="a", noise=0.02, steps=5, status="ok"):
-    return Measurement(plan={"p": plan}, summary=f"plan {plan}", status=status, tokens_per_s=tokens_per_s,
-                       predicted_tokens_per_s=1000.0, noise_cov=noise, num_steps=steps)
+    return Measurement(
+        plan={"p": plan},
+        summary=f"plan {plan}",
+        status=status,
+        tokens_per_s=tokens_per_s,
+        predicted_tokens_per_s=1000.0,
+        noise_cov=noise,
+        num_steps=steps,
+    )
 
 
 def _last(m, env=None):
     from dataclasses import asdict
+
     return {"best": asdict(m), "environment": env or {"torch": "2.13.0", "knobs": {}}}
 
 

@@ -43,15 +43,31 @@ def test_time_limit_is_the_timeout_in_whole_minutes():
 
 def _agent_as_task(srun: list[str], node_id: int) -> list[str]:
     """The argv one srun task's shell would exec (``SLURM_NODEID`` = ``node_id``), printed instead."""
-    env = {"SLURM_NODEID": str(node_id), "SLURM_JOB_ID": "7", "AUTOTUNE_RDZV_ENDPOINT": "n1:20007",
-           "PATH": "/bin"}
-    return subprocess.run(["bash", "-c", srun[6].replace("exec ", "exec printf '%s\\n' ", 1)], env=env,
-                          capture_output=True, text=True, check=True).stdout.splitlines()
+    env = {
+        "SLURM_NODEID": str(node_id),
+        "SLURM_JOB_ID": "7",
+        "AUTOTUNE_RDZV_ENDPOINT": "n1:20007",
+        "PATH": "/bin",
+    }
+    return subprocess.run(
+        ["bash", "-c", srun[6].replace("exec ", "exec printf '%s\\n' ", 1)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
 
 
 def test_each_task_runs_one_torchrun_agent_and_node_0_serves_the_store(tmp_path):
-    srun = srun_command(tmp_path / "a b", nnodes=2, nproc=4, python="py", join_timeout_s=30,
-                        rdzv_endpoint=ShellRef("$AUTOTUNE_RDZV_ENDPOINT"), rdzv_id=ShellRef("$SLURM_JOB_ID"))
+    srun = srun_command(
+        tmp_path / "a b",
+        nnodes=2,
+        nproc=4,
+        python="py",
+        join_timeout_s=30,
+        rdzv_endpoint=ShellRef("$AUTOTUNE_RDZV_ENDPOINT"),
+        rdzv_id=ShellRef("$SLURM_JOB_ID"),
+    )
     assert srun[:4] == ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert srun[4:6] == ["bash", "-c"]
     script = tmp_path / "job.sbatch"
@@ -68,17 +84,27 @@ def test_each_task_runs_one_torchrun_agent_and_node_0_serves_the_store(tmp_path)
         assert cmd_args[-2:] == ["--trial-dir", str(tmp_path / "a b")]
 
 
-@pytest.mark.parametrize(("state", "files", "stop", "ran", "status", "error"), [
-    ("COMPLETED", {"result.json": "ok"}, None, True, "ok", None),
-    ("FAILED", {"started.0": "", "started.1": "", "result.rank1.json": "oom"}, None, True, "oom", "rank 1"),
-    ("FAILED", {"started.0": "", "result.rank0.json": "error"}, None, True, "error", "rank 0"),
-    ("FAILED", {}, None, True, "rendezvous_error", "no worker started"),
-    ("CANCELLED", {"started.0": ""}, "timeout", True, "timeout", "slurm job 9 cancelled (scancel)"),
-    ("TIMEOUT", {"started.0": ""}, None, True, "timeout", "ended by Slurm's time limit"),
-    ("OUT_OF_MEMORY", {"started.0": ""}, None, True, "oom", "slurm job 9 ended OUT_OF_MEMORY"),
-    ("CANCELLED", {}, None, False, "error", "slurm job 9 ended CANCELLED without running"),
-    ("CANCELLED", {}, "queue", False, "error", "still queued after 30 s"),
-])
+@pytest.mark.parametrize(
+    ("state", "files", "stop", "ran", "status", "error"),
+    [
+        ("COMPLETED", {"result.json": "ok"}, None, True, "ok", None),
+        (
+            "FAILED",
+            {"started.0": "", "started.1": "", "result.rank1.json": "oom"},
+            None,
+            True,
+            "oom",
+            "rank 1",
+        ),
+        ("FAILED", {"started.0": "", "result.rank0.json": "error"}, None, True, "error", "rank 0"),
+        ("FAILED", {}, None, True, "rendezvous_error", "no worker started"),
+        ("CANCELLED", {"started.0": ""}, "timeout", True, "timeout", "slurm job 9 cancelled (scancel)"),
+        ("TIMEOUT", {"started.0": ""}, None, True, "timeout", "ended by Slurm's time limit"),
+        ("OUT_OF_MEMORY", {"started.0": ""}, None, True, "oom", "slurm job 9 ended OUT_OF_MEMORY"),
+        ("CANCELLED", {}, None, False, "error", "slurm job 9 ended CANCELLED without running"),
+        ("CANCELLED", {}, "queue", False, "error", "still queued after 30 s"),
+    ],
+)
 def test_job_outcomes_keep_the_local_failure_classes(tmp_path, state, files, stop, ran, status, error):
     """From the worker's files and the job's final state (fabricated here; the real ones are above)."""
     for name, value in files.items():
@@ -95,11 +121,41 @@ def test_job_outcomes_keep_the_local_failure_classes(tmp_path, state, files, sto
 
 @pytest.mark.dist(timeout=150)
 def test_search_cli_runs_a_two_node_trial_as_its_own_job(slurm, tmp_path):
-    cmd = [sys.executable, "-m", "autotune", "search", "--model", "tiny", "--gpus", "2", "--gpus-per-node",
-           "1", "--gpu", "cpu", "--device", "cpu", "--framework", "fsdp", "--executor", "slurm",
-           "--trials", "1", "--top", "1", "--out", str(tmp_path), "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=140, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    cmd = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--gpu",
+        "cpu",
+        "--device",
+        "cpu",
+        "--framework",
+        "fsdp",
+        "--executor",
+        "slurm",
+        "--trials",
+        "1",
+        "--top",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=140,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert summary["value_source"] == "measured" and summary["trials"]["ok"] == 1
@@ -143,8 +199,17 @@ def test_a_hanging_trial_is_cancelled_at_its_timeout(slurm, tmp_path):
 def test_trials_as_srun_steps_inside_an_allocation(slurm, tmp_path):
     driver = Path(__file__).with_name("alloc_driver.py")
     pythonpath = os.pathsep.join([str(REPO), str(driver.parent)])
-    done = slurm.run("salloc", "--nodes=2", "--time=3", sys.executable, str(driver), str(tmp_path),
-                     check=False, timeout=140, env={"PYTHONPATH": pythonpath})
+    done = slurm.run(
+        "salloc",
+        "--nodes=2",
+        "--time=3",
+        sys.executable,
+        str(driver),
+        str(tmp_path),
+        check=False,
+        timeout=140,
+        env={"PYTHONPATH": pythonpath},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["two-nodes"]["status"] == "ok", report["two-nodes"]["error"]

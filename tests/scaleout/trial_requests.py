@@ -14,11 +14,19 @@ PLAN = ParallelPlan(dp=2, global_batch=4, seq_len=32)
 """Two ranks: one per node on two nodes, or both on one."""
 
 
-def make_request(plan: ParallelPlan, trial_dir: Path, *, num_nodes: int = 1,
-                 timeout_s: float = 120.0) -> TrialRequest:
+def make_request(
+    plan: ParallelPlan, trial_dir: Path, *, num_nodes: int = 1, timeout_s: float = 120.0
+) -> TrialRequest:
     cluster = make_cluster(num_gpus=plan.world_size, gpu="cpu", gpus_per_node=plan.world_size // num_nodes)
-    return TrialRequest(model=load_model("tiny"), cluster=cluster, plan=plan, trial_dir=trial_dir,
-                        timeout_s=timeout_s, warmup_steps=1, measure_steps=2)
+    return TrialRequest(
+        model=load_model("tiny"),
+        cluster=cluster,
+        plan=plan,
+        trial_dir=trial_dir,
+        timeout_s=timeout_s,
+        warmup_steps=1,
+        measure_steps=2,
+    )
 
 
 def _alive(pid: int) -> bool:

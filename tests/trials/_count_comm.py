@@ -35,7 +35,8 @@ from autotune.trials.worker import make_trainer
 
 TP_LAYOUTS = {"torch": {}, "torch-sp": {"sequence_parallel": True}, "deepspeed": {"framework": "deepspeed"}}
 DP_LAYOUTS = {  # name: (framework, sharding, micro-batch, model)
-    "fsdp-none-m2": ("fsdp", "none", 1, "tiny"), "fsdp-full-m2": ("fsdp", "fsdp-full", 1, "tiny"),
+    "fsdp-none-m2": ("fsdp", "none", 1, "tiny"),
+    "fsdp-full-m2": ("fsdp", "fsdp-full", 1, "tiny"),
     "deepspeed-zero1-m1": ("deepspeed", "zero1", 2, "tiny"),
     "deepspeed-zero3-m1": ("deepspeed", "zero3", 2, "tiny"),
     "deepspeed-zero3-m2": ("deepspeed", "zero3", 1, "tiny"),
@@ -82,8 +83,9 @@ def tp_counts(spec: ModelSpec) -> dict[str, list[int]]:
     for name, extra in TP_LAYOUTS.items():
         plan = ParallelPlan(tp=2, global_batch=2, micro_batch=2, seq_len=64, **extra)
         if name == "deepspeed":
-            trainer = DeepSpeedTrainer(plan=plan, config=TrialConfig(model=spec, device="cpu"),
-                                       device=torch.device("cpu"))
+            trainer = DeepSpeedTrainer(
+                plan=plan, config=TrialConfig(model=spec, device="cpu"), device=torch.device("cpu")
+            )
             forward, backward = trainer.engine, trainer.engine.backward
         else:
             model = build_model(spec, device="cpu", seed=0)
@@ -127,15 +129,18 @@ def host_counts(spec: ModelSpec) -> dict[str, dict[str, list[int]]]:
             one, two = (_tp_ops(dataclasses.replace(shape, num_layers=n), sp) for n in (1, 2))
             block = [b - a for a, b in zip(one, two, strict=True)]
             out[f"{'llama' if gated else 'gpt'}{'-sp' if sp else ''}"] = {
-                "block": block, "edge": [a - b for a, b in zip(one, block, strict=True)]}
+                "block": block,
+                "edge": [a - b for a, b in zip(one, block, strict=True)],
+            }
     return out
 
 
 def dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
     out = {}
     for name, (framework, sharding, mbs, model) in DP_LAYOUTS.items():
-        plan = ParallelPlan(dp=2, global_batch=4, micro_batch=mbs, seq_len=64, sharding=sharding,
-                            framework=framework)
+        plan = ParallelPlan(
+            dp=2, global_batch=4, micro_batch=mbs, seq_len=64, sharding=sharding, framework=framework
+        )
         config = TrialConfig(model=spec if model == spec.name else load_model(model), device="cpu")
         trainer = make_trainer(plan, config, torch.device("cpu"))
         trainer.step(0)
@@ -152,10 +157,10 @@ def tp_dp_counts(spec: ModelSpec) -> dict[str, dict[str, int]]:
     """4 ranks, TP 2 x DP 2: DeepSpeed under ZeRO-3 (AutoTP keeps the embedding and head whole); FSDP2 with
     sequence parallelism at 2 micro-batches (its partial norm gradients)."""
     out = {}
-    for name, extra in (("deepspeed-tp2-zero3-m1", {"micro_batch": 2, "sharding": "zero3",
-                                                     "framework": "deepspeed"}),
-                        ("fsdp-tp2-sp-m2", {"micro_batch": 1, "sharding": "fsdp-full",
-                                            "sequence_parallel": True})):
+    for name, extra in (
+        ("deepspeed-tp2-zero3-m1", {"micro_batch": 2, "sharding": "zero3", "framework": "deepspeed"}),
+        ("fsdp-tp2-sp-m2", {"micro_batch": 1, "sharding": "fsdp-full", "sequence_parallel": True}),
+    ):
         plan = ParallelPlan(tp=2, dp=2, global_batch=4, seq_len=64, **extra)
         trainer = make_trainer(plan, TrialConfig(model=spec, device="cpu"), torch.device("cpu"))
         trainer.step(0)

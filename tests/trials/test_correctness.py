@@ -24,7 +24,7 @@ SEQ = 32
 
 LAYOUTS: dict[str, dict[str, object]] = {
     # two ranks, global batch 4
-    "dp2": {"dp": 2},                                                   # replicate (DDP), 2 micro-batches
+    "dp2": {"dp": 2},  # replicate (DDP), 2 micro-batches
     "tp2-sp": {"tp": 2, "sequence_parallel": True, "micro_batch": 2},
     "pp2-1f1b": {"pp": 2},
     "pp2-gpipe": {"pp": 2, "schedule": "gpipe", "micro_batch": 2},
@@ -41,8 +41,14 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "hsdp-2x2": {"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 2},
     "tp2xdp2-fsdp": {"tp": 2, "dp": 2, "sharding": "fsdp-full"},
     "pp2xdp2": {"pp": 2, "dp": 2},
-    "tp2xpp2-interleaved-sp": {"tp": 2, "pp": 2, "schedule": "interleaved", "virtual_stages": 2,
-                               "recompute": "selective", "sequence_parallel": True},  # Partial norm grads
+    "tp2xpp2-interleaved-sp": {
+        "tp": 2,
+        "pp": 2,
+        "schedule": "interleaved",
+        "virtual_stages": 2,
+        "recompute": "selective",
+        "sequence_parallel": True,
+    },  # Partial norm grads
     "tp2xdp2-fsdp-sp": {"tp": 2, "dp": 2, "sharding": "fsdp-full", "sequence_parallel": True},
 }
 

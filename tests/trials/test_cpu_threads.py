@@ -11,13 +11,16 @@ from autotune.trials.cpu import CPU_AFFINITY_ENV, cpu_share
 from autotune.trials.worker import pin_cpu_threads
 
 
-@pytest.mark.parametrize(("cores", "ranks", "single_node", "expected"), [
-    (2, 1, True, (1, True)),     # a spare core: leave it to the launcher, pin the rank
-    (16, 4, True, (3, True)),    # (16 - 1) // 4 cores each, one left over at least
-    (2, 2, True, (1, False)),    # no spare core: one thread each, unpinned (gloo threads share it)
-    (2, 4, True, (1, False)),    # oversubscribed
-    (8, 2, False, (4, False)),   # agents of a multi-node job may share a host: never pin
-])
+@pytest.mark.parametrize(
+    ("cores", "ranks", "single_node", "expected"),
+    [
+        (2, 1, True, (1, True)),  # a spare core: leave it to the launcher, pin the rank
+        (16, 4, True, (3, True)),  # (16 - 1) // 4 cores each, one left over at least
+        (2, 2, True, (1, False)),  # no spare core: one thread each, unpinned (gloo threads share it)
+        (2, 4, True, (1, False)),  # oversubscribed
+        (8, 2, False, (4, False)),  # agents of a multi-node job may share a host: never pin
+    ],
+)
 def test_cpu_share(cores, ranks, single_node, expected):
     assert cpu_share(cores, ranks, single_node=single_node) == expected
 

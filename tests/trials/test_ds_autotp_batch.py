@@ -14,9 +14,13 @@ from autotune.plan import ParallelPlan
 
 pytest.importorskip("deepspeed")
 
-_TOY_SPECS = {"use_default_specs": False, "layer_specs": [  # the toy model's layers for AutoTP (user's part)
-    {"patterns": [r".*\.up_proj\.weight$"], "partition_type": "column"},
-    {"patterns": [r".*\.down_proj\.weight$"], "partition_type": "row"}]}
+_TOY_SPECS = {
+    "use_default_specs": False,
+    "layer_specs": [  # the toy model's layers for AutoTP (user's part)
+        {"patterns": [r".*\.up_proj\.weight$"], "partition_type": "column"},
+        {"patterns": [r".*\.down_proj\.weight$"], "partition_type": "row"},
+    ],
+}
 
 
 def _engine_counters(rank: int, world_size: int, cfg: dict, tp: int, use_mpu: bool) -> dict:
@@ -45,8 +49,9 @@ def _engine_counters(rank: int, world_size: int, cfg: dict, tp: int, use_mpu: bo
             groups._init_tp_mesh_device(tensor_model_parallel_size=tp)
             kwargs["mpu"] = groups
     try:
-        engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
-                                          config=cfg, **kwargs)
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), config=cfg, **kwargs
+        )
     except AssertionError as e:
         return {"rejected": str(e)}
     micro, accum = cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]
@@ -54,8 +59,12 @@ def _engine_counters(rank: int, world_size: int, cfg: dict, tp: int, use_mpu: bo
         x = torch.randn(micro, 16, generator=torch.Generator().manual_seed(100 * (rank // tp) + i))
         engine.backward(engine(x.to(next(engine.parameters()).dtype)).float().sum())
         engine.step()
-    return {"train_batch_size": engine.train_batch_size(), "global_samples": engine.global_samples,
-            "global_steps": engine.global_steps, "dp": engine.dp_world_size}
+    return {
+        "train_batch_size": engine.train_batch_size(),
+        "global_samples": engine.global_samples,
+        "global_steps": engine.global_steps,
+        "dp": engine.dp_world_size,
+    }
 
 
 @pytest.mark.slow
@@ -63,13 +72,24 @@ def _engine_counters(rank: int, world_size: int, cfg: dict, tp: int, use_mpu: bo
 @pytest.mark.parametrize(("tp", "sharding"), [(1, "zero1"), (2, "none")])  # 2 ranks: DP 2, or TP 2 x DP 1
 def test_engine_counts_the_plans_global_batch(tp, sharding, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    plan = ParallelPlan(tp=tp, dp=2 // tp, micro_batch=1, global_batch=4 // tp, seq_len=64, sharding=sharding,
-                        framework="deepspeed")
+    plan = ParallelPlan(
+        tp=tp,
+        dp=2 // tp,
+        micro_batch=1,
+        global_batch=4 // tp,
+        seq_len=64,
+        sharding=sharding,
+        framework="deepspeed",
+    )
     cfg = to_ds_config(plan)
     assert cfg["train_batch_size"] == plan.global_batch
     counters = run_on_ranks(_engine_counters, 2, cfg, tp, True, timeout_s=240)[0]
-    assert counters == {"train_batch_size": plan.global_batch, "global_samples": plan.global_batch,
-                        "global_steps": 1, "dp": plan.dp}
+    assert counters == {
+        "train_batch_size": plan.global_batch,
+        "global_samples": plan.global_batch,
+        "global_steps": 1,
+        "dp": plan.dp,
+    }
 
 
 @pytest.mark.slow

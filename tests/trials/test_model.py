@@ -41,7 +41,6 @@ def test_pipeline_chunks_keep_the_reference_weights(tiny):
     assert "lm_head.weight" in names and "embed_tokens.weight" not in names
 
 
-
 def test_uneven_pipeline_chunks_follow_torchtitans_split(tiny):
     """4 layers over 3 stages: torchtitan's weighted split (stagesplit.py) gives 1, 2, 1 blocks."""
     plan = ParallelPlan(pp=3, global_batch=6, seq_len=32)
@@ -49,11 +48,15 @@ def test_uneven_pipeline_chunks_follow_torchtitans_split(tiny):
     kept = [set(chunk[0][1].layers) for chunk in chunks]
     assert kept == [{"0"}, {"1", "2"}, {"3"}]
 
-@pytest.mark.parametrize("variant", [
-    {},
-    {"gated_mlp": False, "learned_positions": True, "bias": True},  # GPT-2 style
-    {"tie_embeddings": True, "num_kv_heads": 2},                     # GQA, tied
-])
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"gated_mlp": False, "learned_positions": True, "bias": True},  # GPT-2 style
+        {"tie_embeddings": True, "num_kv_heads": 2},  # GQA, tied
+    ],
+)
 def test_parameter_count_matches_the_spec(variant):
     spec = dataclasses.replace(load_model("tiny"), **variant)
     model = Transformer(spec)
@@ -106,8 +109,10 @@ def test_trial_ds_config_on_cpu():
 @pytest.mark.slow
 def test_gpu_side_modules_import_neither_deepspeed_nor_optuna():
     """The GPU validation machine has torch and yaml only."""
-    code = ("import sys, autotune.trials.worker, autotune.trials.train, autotune.trials.deepspeed_engine, "
-            "autotune.trials.runner, autotune.costmodel; "
-            "bad = sorted({m.split('.')[0] for m in sys.modules} & {'deepspeed', 'optuna'}); "
-            "assert not bad, bad")
+    code = (
+        "import sys, autotune.trials.worker, autotune.trials.train, autotune.trials.deepspeed_engine, "
+        "autotune.trials.runner, autotune.costmodel; "
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'deepspeed', 'optuna'}); "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

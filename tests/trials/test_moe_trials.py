@@ -66,8 +66,9 @@ def test_load_balancing_loss_is_one_when_uniform_and_trains_the_router(tiny_moe)
     assert load_balancing_loss(probs, counts, k).item() == pytest.approx(1.0)
 
     x = torch.randn(2, 8, tiny_moe.hidden_size)
-    plain, balanced = (build_model(tiny_moe, device="cpu", seed=0, aux_loss_coef=c).layers["1"].mlp
-                       for c in (0.0, 0.1))
+    plain, balanced = (
+        build_model(tiny_moe, device="cpu", seed=0, aux_loss_coef=c).layers["1"].mlp for c in (0.0, 0.1)
+    )
     outs = [m(x) for m in (plain, balanced)]
     assert torch.equal(outs[0], outs[1])  # the aux loss changes gradients only
     for y in outs:
@@ -79,11 +80,11 @@ def test_load_balancing_loss_is_one_when_uniform_and_trains_the_router(tiny_moe)
 # -- parity of expert-parallel layouts with one process ------------------------------------------------------
 
 LAYOUTS: dict[str, dict[str, object]] = {
-    "ep2": {"dp": 2, "ep": 2, "sharding": "fsdp-full"},                          # 2 ranks, edp 1
-    "ep2xdp2": {"dp": 4, "ep": 2, "sharding": "fsdp-full"},                      # 4 ranks, edp 2
+    "ep2": {"dp": 2, "ep": 2, "sharding": "fsdp-full"},  # 2 ranks, edp 1
+    "ep2xdp2": {"dp": 4, "ep": 2, "sharding": "fsdp-full"},  # 4 ranks, edp 2
     "ep2xhsdp2x2+full-ac": {"dp": 4, "ep": 2, "sharding": "hsdp", "hsdp_shard_size": 2, "recompute": "full"},
-    "pp2xep2": {"pp": 2, "dp": 2, "ep": 2, "sharding": "fsdp-full"},             # 4 ranks
-    "ds-zero3": {"dp": 2, "sharding": "zero3", "framework": "deepspeed"},        # MoE layers under ZeRO-3
+    "pp2xep2": {"pp": 2, "dp": 2, "ep": 2, "sharding": "fsdp-full"},  # 4 ranks
+    "ds-zero3": {"dp": 2, "sharding": "zero3", "framework": "deepspeed"},  # MoE layers under ZeRO-3
 }
 
 
@@ -121,8 +122,9 @@ def test_reference_is_sensitive_to_the_update(tiny_moe):
     assert abs(trained[-1] - frozen[-1]) / frozen[-1] > 20 * REL_TOL
 
 
-def _grads_of_one_step(rank: int, world: int, plan: ParallelPlan,
-                       model: ModelSpec) -> dict[str, torch.Tensor]:
+def _grads_of_one_step(
+    rank: int, world: int, plan: ParallelPlan, model: ModelSpec
+) -> dict[str, torch.Tensor]:
     """This rank's gradients of step 0, as the trainer leaves them for the optimizer (reduced over DP):
     DTensors gathered whole, each expert tensor as its ``E / ep`` local experts keyed by the first one's
     index."""
@@ -132,8 +134,9 @@ def _grads_of_one_step(rank: int, world: int, plan: ParallelPlan,
 
     config = TrialConfig(model=model, seed=SEED, lr=LR, device="cpu")
     trainer = NativeTrainer(plan=plan, config=config, device=torch.device("cpu"))
-    x, y = synthetic_batch(model, batch=plan.global_batch, seq_len=SEQ, step=0, seed=SEED,
-                           rows=dp_rows(plan, trainer.dp_rank))
+    x, y = synthetic_batch(
+        model, batch=plan.global_batch, seq_len=SEQ, step=0, seed=SEED, rows=dp_rows(plan, trainer.dp_rank)
+    )
     trainer._step(x, y)
     ep_rank = trainer.expert_mesh.get_local_rank("ep")
     out = {}
@@ -196,9 +199,30 @@ def test_a_cpu_search_over_an_moe_model_measures_an_expert_parallel_plan(tmp_pat
     from autotune.cli import main
 
     out = io.StringIO()
-    argv = ["search", "--model", "tiny-moe", "--gpus", "2", "--gpu", "cpu", "--device", "cpu", "--backend",
-            "torchrun", "--trials", "2", "--global-batch", "8", "--seq-len", "64", "--study", "s",
-            "--out", str(tmp_path), "--json"]
+    argv = [
+        "search",
+        "--model",
+        "tiny-moe",
+        "--gpus",
+        "2",
+        "--gpu",
+        "cpu",
+        "--device",
+        "cpu",
+        "--backend",
+        "torchrun",
+        "--trials",
+        "2",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "64",
+        "--study",
+        "s",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert main(argv) == 0
     summary = json.loads(out.getvalue())

@@ -24,9 +24,12 @@ def _layouts(rank: int, world_size: int) -> dict[str, dict[str, object]]:
         mesh = build_mesh(plan, "cpu")
         model = parallelize(build_model(load_model("tiny"), device="cpu", seed=0), plan=plan, mesh=mesh)
         q = dict(model.named_parameters())["layers.0._checkpoint_wrapped_module.self_attn.q_proj.weight"]
-        out[name] = {"mesh": dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)),
-                     "placements": [str(p) for p in q.placements], "local": tuple(q.to_local().shape),
-                     "wrapped": type(model.layers["0"]).__name__}
+        out[name] = {
+            "mesh": dict(zip(mesh.mesh_dim_names, mesh.shape, strict=True)),
+            "placements": [str(p) for p in q.placements],
+            "local": tuple(q.to_local().shape),
+            "wrapped": type(model.layers["0"]).__name__,
+        }
     return out
 
 

@@ -27,9 +27,24 @@ PLAN = ParallelPlan(dp=2, global_batch=4, seq_len=32)
 
 def test_standalone_and_multi_node_commands(tmp_path):
     local = launch_command(tmp_path, nproc=2, launch=Launch(python="py"))
-    assert local == ["py", "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-                     "--rdzv_backend", "c10d", "--max_restarts", "0", "--standalone",
-                     "-m", "autotune.trials.worker", "--trial-dir", str(tmp_path)]
+    assert local == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "--rdzv_backend",
+        "c10d",
+        "--max_restarts",
+        "0",
+        "--standalone",
+        "-m",
+        "autotune.trials.worker",
+        "--trial-dir",
+        str(tmp_path),
+    ]
     launch = Launch(python="py", nnodes=2, node_rank=1, rdzv_endpoint="n0:29500", rdzv_conf="join_timeout=60")
     multi = launch_command(tmp_path, nproc=8, launch=launch)
     assert "--standalone" not in multi
@@ -42,8 +57,12 @@ def test_trial_config_device_and_peak(tiny, tmp_path):
     cpu = trial_config(make_request(tiny, PLAN, tmp_path))
     assert cpu.device == "cpu" and cpu.peak_flops_per_gpu == pytest.approx(0.1e12)  # catalog cpu fp32
     h100 = make_request(tiny, PLAN, tmp_path)
-    h100 = type(h100)(**{**{f: getattr(h100, f) for f in h100.__slots__},
-                         "cluster": make_cluster(num_gpus=2, gpu="h100-sxm")})
+    h100 = type(h100)(
+        **{
+            **{f: getattr(h100, f) for f in h100.__slots__},
+            "cluster": make_cluster(num_gpus=2, gpu="h100-sxm"),
+        }
+    )
     gpu = trial_config(h100, seed=9)
     assert gpu.device == "auto" and gpu.seed == 9
     assert gpu.peak_flops_per_gpu == pytest.approx(989.4e12, rel=0.01)

@@ -32,9 +32,32 @@ def test_a_short_real_cpu_search_measures_and_survives_a_failed_trial(tmp_path, 
 
     monkeypatch.setattr(TorchrunBackend, "run", first_crashes)
     out = io.StringIO()
-    argv = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "cpu", "--device", "cpu", "--backend",
-            "torchrun", "--trials", "3", "--top", "3", "--global-batch", "8", "--seq-len", "64",
-            "--study", "s", "--out", str(tmp_path), "--json"]
+    argv = [
+        "search",
+        "--model",
+        "tiny",
+        "--gpus",
+        "2",
+        "--gpu",
+        "cpu",
+        "--device",
+        "cpu",
+        "--backend",
+        "torchrun",
+        "--trials",
+        "3",
+        "--top",
+        "3",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "64",
+        "--study",
+        "s",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         assert main(argv) == 0
     summary = json.loads(out.getvalue())

@@ -24,16 +24,44 @@ from optuna.trial import TrialState
 
 from autotune.scaleout import open_storage
 
-_SEARCH = ["search", "--model", "tiny", "--gpus", "2", "--gpu", "cpu", "--device", "cpu", "--backend",
-           "torchrun", "--top", "3", "--global-batch", "8", "--seq-len", "64", "--study", "s",
-           "--out", "runs", "--quiet", "--heartbeat", "1"]
+_SEARCH = [
+    "search",
+    "--model",
+    "tiny",
+    "--gpus",
+    "2",
+    "--gpu",
+    "cpu",
+    "--device",
+    "cpu",
+    "--backend",
+    "torchrun",
+    "--top",
+    "3",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "64",
+    "--study",
+    "s",
+    "--out",
+    "runs",
+    "--quiet",
+    "--heartbeat",
+    "1",
+]
 
 
 def _start(tmp_path: Path, trials: int, *extra: str, log: str = "search.log") -> subprocess.Popen[bytes]:
     """``autotune search`` in a session of its own: a signal to its pid reaches it alone, as ``kill`` does."""
-    return subprocess.Popen([sys.executable, "-m", "autotune", *_SEARCH, "--trials", str(trials), *extra],
-                            cwd=tmp_path, stdout=(tmp_path / log).open("ab"), stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", *_SEARCH, "--trials", str(trials), *extra],
+        cwd=tmp_path,
+        stdout=(tmp_path / log).open("ab"),
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _trial_processes(tmp_path: Path) -> list[int]:
@@ -54,8 +82,9 @@ def _trial_dirs(tmp_path: Path) -> set[Path]:
     return set((tmp_path / "runs" / "s" / "trials").glob("*"))
 
 
-def _running_trial(tmp_path: Path, proc: subprocess.Popen[bytes], timeout: float = 240,
-                   older: set[Path] = frozenset()) -> Path:
+def _running_trial(
+    tmp_path: Path, proc: subprocess.Popen[bytes], timeout: float = 240, older: set[Path] = frozenset()
+) -> Path:
     """Wait until a trial of ``proc`` (not one of the ``older`` trial directories, which an orphan of a killed
     search may still be running in) has started its ranks and has no result yet; its directory."""
     deadline = time.monotonic() + timeout
@@ -81,14 +110,24 @@ def _study(tmp_path: Path) -> optuna.Study:
 
 
 def _completed(study: optuna.Study) -> dict[int, tuple[dict, float]]:
-    return {t.number: (t.params, t.value) for t in study.trials
-            if t.state is TrialState.COMPLETE and t.user_attrs.get("status") == "ok"}
+    return {
+        t.number: (t.params, t.value)
+        for t in study.trials
+        if t.state is TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
+    }
 
 
 def _started_since(study: optuna.Study, since: datetime) -> list[optuna.trial.FrozenTrial]:
     """Trials that ran a plan, first started first, among those started at or after ``since``."""
-    ran = [t for t in study.trials if t.datetime_start and t.datetime_start >= since and t.params
-           and t.user_attrs.get("status") != "infeasible" and "duplicate_of" not in t.user_attrs]
+    ran = [
+        t
+        for t in study.trials
+        if t.datetime_start
+        and t.datetime_start >= since
+        and t.params
+        and t.user_attrs.get("status") != "infeasible"
+        and "duplicate_of" not in t.user_attrs
+    ]
     return sorted(ran, key=lambda t: t.datetime_start)
 
 

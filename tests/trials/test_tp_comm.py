@@ -23,11 +23,24 @@ pytestmark = pytest.mark.dist(timeout=120)  # each test runs torchrun with 2 glo
 
 
 def _count(kind: str, out: Path, nproc: int = 2) -> dict:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-               TORCH_EXTENSIONS_DIR=str(ROOT / ".torch_extensions"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(Path(__file__).with_name("_count_comm.py")), kind, str(out)]
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        TORCH_EXTENSIONS_DIR=str(ROOT / ".torch_extensions"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        str(Path(__file__).with_name("_count_comm.py")),
+        kind,
+        str(out),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
@@ -63,8 +76,11 @@ def test_cost_model_counts_the_dp_collectives_of_the_trials(tmp_path):
     assert zero1.get("allreduce", 0) >= 1 and zero1.get("allgather") == 1 and "reduce_scatter" not in zero1
     # ZeRO-3: each persistent parameter once per step, the others in one coalesced fetch per micro-batch
     # (dpcomm.zero3_gathers); tiny fetches its embedding and head, small also its MLP matrices
-    for name, model, micro_batches in (("deepspeed-zero3-m1", "tiny", 1), ("deepspeed-zero3-m2", "tiny", 2),
-                                       ("deepspeed-zero3-m2-small", "small", 2)):
+    for name, model, micro_batches in (
+        ("deepspeed-zero3-m1", "tiny", 1),
+        ("deepspeed-zero3-m2", "tiny", 2),
+        ("deepspeed-zero3-m2-small", "small", 2),
+    ):
         g = zero3_gathers(load_model(model), 1)
         assert measured[name]["allgather"] == g.persistent + micro_batches * g.fetch_calls, name
         assert measured[name]["reduce_scatter"] == micro_batches, name
@@ -80,8 +96,9 @@ def test_cost_model_counts_the_tp_x_dp_collectives_of_the_trials(tmp_path):
     g = zero3_gathers(spec, 2)
     assert g.fetched_params == 2 * spec.vocab_size * spec.hidden_size and g.fetch_calls == 1
     assert measured["deepspeed-tp2-zero3-m1"]["allgather"] == g.persistent + g.fetch_calls
-    plan = ParallelPlan(tp=2, dp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True,
-                        sharding="fsdp-full")
+    plan = ParallelPlan(
+        tp=2, dp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True, sharding="fsdp-full"
+    )
     calls = sp_norm_grads(spec, make_cluster(num_gpus=4, gpu="cpu"), plan, spec.num_layers, True)[1]
     assert measured["fsdp-tp2-sp-m2"]["all_reduce"] == calls == 2 * (2 * spec.num_layers + 1)
 

@@ -31,8 +31,25 @@ from autotune.trials.script import NO_RESULT, script_env, write_script_configs
 from autotune.workload import load_builder
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU_SEARCH = ["--model", "tiny", "--gpus", "2", "--gpu", "cpu", "--device", "cpu", "--backend", "torchrun",
-              "--global-batch", "8", "--seq-len", "64", "--top", "2", "--quiet"]
+CPU_SEARCH = [
+    "--model",
+    "tiny",
+    "--gpus",
+    "2",
+    "--gpu",
+    "cpu",
+    "--device",
+    "cpu",
+    "--backend",
+    "torchrun",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "64",
+    "--top",
+    "2",
+    "--quiet",
+]
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
@@ -42,12 +59,15 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-@pytest.mark.parametrize(("flag", "value", "says"), [
-    ("--workload", "examples.custom_workload.build", "expected MODULE:FUNCTION"),
-    ("--workload", "no_such_pkg.models:build", "cannot import no_such_pkg.models (ModuleNotFoundError"),
-    ("--workload", "examples.custom_workload.build:nope", "custom_workload.build.nope does not exist"),
-    ("--script", "examples/no_such_script.py", "no such file"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--workload", "examples.custom_workload.build", "expected MODULE:FUNCTION"),
+        ("--workload", "no_such_pkg.models:build", "cannot import no_such_pkg.models (ModuleNotFoundError"),
+        ("--workload", "examples.custom_workload.build:nope", "custom_workload.build.nope does not exist"),
+        ("--script", "examples/no_such_script.py", "no such file"),
+    ],
+)
 def test_bad_workload_or_script_is_one_line_before_any_trial(tmp_path, monkeypatch, flag, value, says):
     monkeypatch.chdir(ROOT)
     code, err = _cli(["search", *CPU_SEARCH, "--trials", "1", flag, value, "--out", str(tmp_path)])
@@ -77,8 +97,11 @@ def test_workload_needs_real_trials_and_pins_pp_cp(monkeypatch):
 def test_contract_writes_the_trial_result_from_rank_zero(tmp_path, monkeypatch):
     plan = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64)
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
-    env = {"plan": tmp_path / "plan.json", "result": tmp_path / "result.json",
-           "progress": tmp_path / "progress.jsonl"}
+    env = {
+        "plan": tmp_path / "plan.json",
+        "result": tmp_path / "result.json",
+        "progress": tmp_path / "progress.jsonl",
+    }
     for key, path in env.items():
         monkeypatch.setenv(contract.ENV[key], str(path))
     monkeypatch.setattr(contract, "_step_times_s", [])
@@ -125,8 +148,19 @@ def test_custom_workload_example_end_to_end(tmp_path, monkeypatch):
 def test_train_script_example_end_to_end(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     # the example runs FSDP2 data parallelism only and says so (pins as in the README)
-    study = _search(tmp_path, "--script", "examples/train_script/train.py", "--tp", "1", "--pp", "1",
-                    "--cp", "1", "--trials", "1")
+    study = _search(
+        tmp_path,
+        "--script",
+        "examples/train_script/train.py",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--cp",
+        "1",
+        "--trials",
+        "1",
+    )
     _assert_measured(tmp_path, study)
     trial_dir = next((tmp_path / "s" / "trials").glob("*/"))
     plan = ParallelPlan.from_dict(json.loads((trial_dir / "plan.json").read_text()))
@@ -146,8 +180,9 @@ def test_script_that_reports_nothing_is_an_error(tiny, tmp_path):
 
 def test_a_script_gets_the_config_its_plan_can_use(tiny, tmp_path):
     cluster = make_cluster(num_gpus=2, gpu="cpu")
-    ds = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="zero2",
-                      framework="deepspeed")
+    ds = ParallelPlan(
+        dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="zero2", framework="deepspeed"
+    )
     write_script_configs(tmp_path, ds, tiny, cluster)
     env = script_env(tmp_path, TrialConfig(model=tiny, warmup_steps=1, measure_steps=3))
     assert json.loads(Path(env[contract.ENV["ds_config"]]).read_text())["train_batch_size"] == 8

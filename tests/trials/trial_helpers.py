@@ -19,15 +19,29 @@ WARMUP, MEASURE = 1, 2
 """Three optimizer steps per trial: enough for the weights of steps 2 and 3 to depend on the update."""
 
 
-def make_request(model: ModelSpec, plan: ParallelPlan, trial_dir: Path, *, timeout_s: float = 120.0,
-                 warmup_steps: int = WARMUP, measure_steps: int = MEASURE) -> TrialRequest:
-    return TrialRequest(model=model, cluster=make_cluster(num_gpus=plan.world_size, gpu="cpu"), plan=plan,
-                        trial_dir=trial_dir, timeout_s=timeout_s, warmup_steps=warmup_steps,
-                        measure_steps=measure_steps)
+def make_request(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    trial_dir: Path,
+    *,
+    timeout_s: float = 120.0,
+    warmup_steps: int = WARMUP,
+    measure_steps: int = MEASURE,
+) -> TrialRequest:
+    return TrialRequest(
+        model=model,
+        cluster=make_cluster(num_gpus=plan.world_size, gpu="cpu"),
+        plan=plan,
+        trial_dir=trial_dir,
+        timeout_s=timeout_s,
+        warmup_steps=warmup_steps,
+        measure_steps=measure_steps,
+    )
 
 
-def reference_losses(model: ModelSpec, *, global_batch: int, seq_len: int, steps: int, seed: int = SEED,
-                     lr: float = LR) -> list[float]:
+def reference_losses(
+    model: ModelSpec, *, global_batch: int, seq_len: int, steps: int, seed: int = SEED, lr: float = LR
+) -> list[float]:
     """One process, no torch.distributed, the whole batch at once: the loss before each optimizer step.
 
     Written independently of the trainers: same weights (``build_model``), same data, same AdamW
