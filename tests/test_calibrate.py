@@ -31,8 +31,9 @@ TRUE = Factors(
 
 @pytest.fixture(scope="module")
 def setup():
-    """The 40 fastest feasible FSDP/TP/PP plans of a 7B model on 2 nodes of 8 H100 over 100 GbE (not a
-    random sample of a set the memory model moves): every factor matters (compiled: eager kernels' extra
+    """40 feasible FSDP/TP/PP plans of a 7B model on 2 nodes of 8 H100 over 100 GbE, spread evenly over the
+    cost model's ranking (not a random sample of a set the memory model moves; the fastest alone hide DP
+    behind compute, so its overlap is not identified): every factor matters (compiled: eager kernels' extra
     traffic would widen every backward window until DP overlap no longer shows)."""
     model = load_model("7b")
     cluster = make_cluster(num_gpus=16, gpu="h100-sxm", inter_node="100gbe")
@@ -44,7 +45,8 @@ def setup():
         global_batch=64,
         seq_len=4096,
     )
-    plans = [e.plan for e in ranking.feasible][:40]
+    feasible = [e.plan for e in ranking.feasible]
+    plans = feasible[:: max(1, len(feasible) // 40)][:40]
     return model, cluster, plans
 
 
@@ -108,7 +110,7 @@ def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
 def test_a_fit_is_data_on_the_specs_never_a_module_global(setup):
     model, cluster, plans = setup
     before = (steptime.DP_OVERLAP_FRACTION, cluster.gpu.gemm_efficiency, cluster.collective_efficiency)
-    calibrated = fit(model, cluster, _observe(model, cluster, plans[:12], TRUE)).factors.apply(cluster, "fit")
+    calibrated = fit(model, cluster, _observe(model, cluster, plans[::3], TRUE)).factors.apply(cluster, "fit")
     assert (
         steptime.DP_OVERLAP_FRACTION,
         cluster.gpu.gemm_efficiency,
