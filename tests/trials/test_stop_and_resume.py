@@ -151,8 +151,9 @@ def _kill(proc: subprocess.Popen[bytes], sig: signal.Signals) -> int:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_2_a_stop_signal_ends_the_trial_records_it_and_resume_runs_it_first(tmp_path, sig):
     """Was (SIGTERM): exit 143 with no message, torchrun and its ranks re-parented to PID 1 running on; and
-    after SIGINT the trial stayed FAIL and was never queued again."""
-    proc = _start(tmp_path, 2)
+    after SIGINT the trial stayed FAIL and was never queued again. Three trials, so that the signal finds the
+    search busy even when the trial seen running ends just before it (two left a race: exit 0)."""
+    proc = _start(tmp_path, 3)
     _running_trial(tmp_path, proc)
     code = _kill(proc, sig)
     assert code == 128 + sig, (tmp_path / "search.log").read_text()
