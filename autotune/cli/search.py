@@ -13,60 +13,28 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.cli._args import (
-    add_model_cluster_args,
-    add_plan_args,
-    cluster_from_flags,
-    default_seq_len,
-    implied_framework,
-    resolve_model_cluster,
-)
+from autotune.cli._args import add_model_cluster_args, add_plan_args, implied_framework, resolve_model_cluster
 from autotune.cli._notes import batch_notes
+from autotune.cli._searchplans import CPU_SEQUENCES_PER_PROCESS, choose_and_rank, open_search_study
+from autotune.cli._searchreport import search_report, search_summary, trial_row
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
-from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM, room_left
-from autotune.modelshape import trial_model_gap
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM, MAX_MEMORY_HEADROOM
 from autotune.plan import ParallelPlan
 from autotune.preflight import check_writable
-from autotune.probe.profile import with_profile
 from autotune.progress import SearchProgress, wants_progress
-from autotune.render import gib, params_line, plan_summary
+from autotune.render import plan_summary
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.trialrecord import record_of
 
 __all__ = ["SearchCommand"]
 
-_PIN_KEYS = (
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "micro_batch",
-    "sharding",
-    "hsdp_shard_size",
-    "recompute",
-    "sequence_parallel",
-    "schedule",
-    "virtual_stages",
-    "offload",
-    "precision",
-    "framework",
-    "ep",
-    "etp",
-    "fp8_recipe",
-    "compile",
-    "async_tp",
-    "tp_comm_overlap",
-    "cp_comm",
-)
 _DEFAULT_MEASURED_TRIALS = 16
-_CPU_SEQUENCES_PER_PROCESS = 4
 
 
 def _count(text: str) -> int:
@@ -169,7 +137,7 @@ class SearchCommand:
             "--device",
             choices=("cpu", "cuda"),
             help="cpu: gloo trials on CPU processes (global "
-            f"batch default: {_CPU_SEQUENCES_PER_PROCESS} sequences per process)",
+            f"batch default: {CPU_SEQUENCES_PER_PROCESS} sequences per process)",
         )
         g.add_argument("--out", default="runs", metavar="DIR", help="runs directory (default ./runs)")
         g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -195,7 +163,7 @@ class SearchCommand:
         _check_precision(args, cluster)
         check_writable(args.out, "--out")
         with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
-            choice, ranking = _rank(args, model, cluster, progress.ranking_estimator())
+            choice, ranking = choose_and_rank(args, model, cluster, progress.ranking_estimator())
             for line in batch_notes(
                 model,
                 cluster,
@@ -206,7 +174,7 @@ class SearchCommand:
                 note(line)
             progress.ranked(len(ranking.feasible))
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            study, study_dir, url = _open(args, model, cluster, ranking)
+            study, study_dir, url = open_search_study(args, model, cluster, ranking)
             describe_study(
                 study,
                 make_setup(
@@ -258,9 +226,14 @@ class SearchCommand:
         assert best_plan is not None  # a finished trial was judged with its plan
         best_est = estimate(model, cluster, best_plan)
         emitted = _emit(
-            best_plan, model, cluster, best_est, study_dir.best, [_row(t) for t in top] if measured else None
+            best_plan,
+            model,
+            cluster,
+            best_est,
+            study_dir.best,
+            [trial_row(t) for t in top] if measured else None,
         )
-        out = _summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
+        out = search_summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
         out.update(
             model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, study_dir=str(study_dir.root)
         )
@@ -272,7 +245,7 @@ class SearchCommand:
         elif args.quiet:
             print(f"best: {plan_summary(best_plan)}  {top[0].value:,.0f} tokens/s ({out['value_source']})")
         else:
-            print(_report(out, model, cluster, ranking))
+            print(search_report(out, model, cluster, ranking))
         return 0
 
 
@@ -312,106 +285,6 @@ def note(text: str) -> None:
     print(f"autotune search: note: {text}", file=sys.stderr)
 
 
-def _rank(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, estimator: Any = estimate
-) -> tuple[Any, Any]:
-    """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
-    from autotune.backends.registry import apply_pins, get_backend, trial_options
-    from autotune.search import plan_search
-    from autotune.space import load_space
-
-    space = load_space(args.space)
-    options = trial_options(workload=args.workload, script=args.script)
-    choice = get_backend(
-        args.backend,
-        cluster=cluster,
-        device=args.device,
-        options=options,
-        executor=args.executor,
-        model=model,
-    )
-    runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
-    preflight = getattr(choice.backend, "preflight", None)
-    if preflight is not None and runnable:  # before anything is written: no CUDA, no launcher -> one line
-        preflight(cluster)
-    gap = trial_model_gap(model)
-    if getattr(choice.backend, "measures", False) and not options and gap:
-        raise ConfigError(
-            f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
-            "simulate, or run your own model with --workload / --script"
-        )
-    global_batch = args.global_batch
-    if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
-        global_batch = _CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
-    pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
-    ranking = plan_search(
-        space,
-        model,
-        cluster,
-        pins=pins,
-        global_batch=global_batch,
-        seq_len=args.seq_len or default_seq_len(model),
-        frameworks=choice.frameworks,
-        cluster_at=_cluster_at(args, cluster),
-        estimator=estimator,
-        memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM),
-    )
-    return choice, ranking
-
-
-def _open(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, ranking: Any
-) -> tuple[Any, Any, str]:
-    import optuna
-
-    from autotune.search import make_sampler
-    from autotune.store import open_study, study_name_for
-
-    ctx = ranking.ctx
-    identity = {
-        "model": model.name,
-        "num_params": model.num_params,
-        "cluster": cluster.name,
-        "num_gpus": cluster.num_gpus,
-        "global_batch": ctx.global_batch,
-        "seq_len": ctx.seq_len,
-        "space": ranking.choices,
-    }
-    if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
-        identity["profile"] = args.profile
-    study, study_dir, url = open_study(
-        name=args.study if args.study is not None else study_name_for(model, cluster),
-        runs_dir=Path(args.out),
-        storage=args.storage,
-        identity=identity,
-        resume=args.resume,
-        force=args.force,
-        sampler=make_sampler(args.seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1),
-        heartbeat_s=args.heartbeat,
-    )
-    study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
-    return study, study_dir, url
-
-
-def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
-    """The same cluster with another GPU count: for "the smallest cluster that would fit"."""
-    if args.cluster:
-
-        def from_file(n: int) -> ClusterSpec:
-            if n % cluster.gpus_per_node:
-                raise ConfigError(f"{n} GPUs is not a whole number of nodes")
-            return dataclasses.replace(cluster, num_nodes=n // cluster.gpus_per_node)
-
-        return from_file
-
-    def from_flags(n: int) -> ClusterSpec:
-        bigger = cluster_from_flags(args, n)
-        return with_profile(bigger, args.profile) if args.profile else bigger  # measured, as this one
-
-    return from_flags
-
-
 def _emit(
     plan: ParallelPlan,
     model: ModelSpec,
@@ -430,104 +303,6 @@ def _emit(
     return [str(p) for p in emit_all(plan, model, cluster, est, out_dir, force=True, measured=measured)]
 
 
-def _summary(
-    best: Estimate,
-    top: list[Any],
-    study: Any,
-    url: str,
-    ranking: Any,
-    emitted: list[str] | None,
-    launched: int,
-    measured: bool,
-    note: str | None,
-) -> dict[str, Any]:
-    """The ``--json`` object: the best plan's estimate (as ``estimate --json``) plus the search around it."""
-    records = [record_of(t) for t in study.trials]
-    states = [r.shown_status for r in records]
-    return {
-        **best.to_dict(),
-        "study": study.study_name,
-        "storage": url,
-        "backend_note": note,
-        "value_source": "measured" if measured else "predicted",
-        "best_trial": top[0].number,
-        "best_value_tokens_per_s": top[0].value,
-        "trials": {
-            "total": len(states),
-            "launched_this_run": launched,
-            "ok": states.count("ok"),
-            "infeasible": states.count("infeasible"),
-            "failed": sum(r.failed for r in records),
-        },
-        "num_legal_plans": ranking.num_legal,
-        "num_feasible_plans": len(ranking.feasible),
-        "pruned_by_reason": ranking.pruned,
-        "emitted": emitted if emitted is not None else [],
-        "emit_available": emitted is not None,
-        "memory_headroom": ranking.ctx.memory_headroom,
-        "memory_room_left": room_left(best),
-        "top": [_row(t) for t in top],
-    }
-
-
-def _row(trial: Any) -> dict[str, Any]:
-    record = record_of(trial)
-    predicted, measured = record.predicted, record.measured
-    return {
-        "trial": trial.number,
-        "plan": record.plan,
-        "status": record.status,
-        "tokens_per_s": trial.value,
-        "predicted_tokens_per_s": predicted.get("tokens_per_s"),
-        "measured_tokens_per_s": measured.get("tokens_per_s"),
-        "mfu": measured.get("mfu", predicted.get("mfu")),
-        "memory_bytes_per_gpu": measured.get("peak_memory_bytes", predicted.get("memory_bytes_per_gpu")),
-        "memory_capacity_bytes": predicted.get("memory_capacity_bytes"),
-        "predicted_memory_bytes": predicted.get("memory_bytes_per_gpu"),
-        "measured_memory_bytes": measured.get("peak_memory_bytes"),
-        "bottleneck": predicted.get("bottleneck"),
-    }
-
-
-def _report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, ranking: Any) -> str:
-    ctx = ranking.ctx
-    lines = [
-        f"model     {model.name} ({params_line(model)}) on {cluster.name}",
-        f"batch     {ctx.global_batch} sequences x {ctx.seq_len} tokens per step",
-        f"space     {out['num_legal_plans']:,} legal plans, {out['num_feasible_plans']:,} fit; "
-        "combinations pruned, by reason:",
-    ]
-    lines += [f"  {n:>12,}  {reason}" for reason, n in out["pruned_by_reason"].items()]
-    trials = out["trials"]
-    lines += [
-        f"study     {out['study']} ({out['storage']}): {trials['total']} trials, "
-        f"{trials['launched_this_run']} launched now, {trials['infeasible']} infeasible proposals "
-        "never launched",
-        "",
-    ]
-    lines += _table(out["top"], measured=out["value_source"] == "measured")
-    best = ParallelPlan.from_dict(out["plan"])
-    lines += [
-        "",
-        f"best      {plan_summary(best)}",
-        f"memory    {out['memory_room_left']} (headroom asked: {out['memory_headroom']:.0%})",
-    ]
-    if out["emit_available"]:
-        lines += [f"emitted   {path}" for path in out["emitted"]]
-    else:
-        lines.append("emitted   nothing yet: autotune.emit is not installed (launch files come with it)")
-    if cluster.profile:
-        lines.append(f"hardware  {cluster.profile}")
-    if out.get("calibration"):
-        c = out["calibration"]
-        lines.append(
-            f"calibration  Kendall tau {_tau(c['before'])} -> {_tau(c['after'])}, MAPE "
-            f"{c['before']['mape']:.0%} -> {c['after']['mape']:.0%} over {c['num_trials']} trials "
-            f"({c['path']}; autotune calibrate --study {out['study']} for every trial)"
-        )
-    return "\n".join(lines)
-
-
 def _refiner(ranking: Any) -> Any:
     from autotune.calibrate import Refiner
 
@@ -538,26 +313,3 @@ def _calibrate(study: Any, model: ModelSpec, cluster: ClusterSpec, root: Path) -
     from autotune.calibrate import calibrate_study
 
     return calibrate_study(study, model, cluster, root)
-
-
-def _tau(fidelity: dict[str, Any]) -> str:
-    return "n/a" if fidelity["kendall_tau"] is None else f"{fidelity['kendall_tau']:+.2f}"
-
-
-def _table(rows: list[dict[str, Any]], *, measured: bool) -> list[str]:
-    plans = [plan_summary(ParallelPlan.from_dict(row["plan"])) for row in rows]
-    width = max(len(p) for p in plans)
-    head = (
-        f"{'#':>3}  {'plan':<{width}}  "
-        + (f"{'meas tok/s':>10} " if measured else "")
-        + f"{'pred tok/s':>10} {'MFU':>6}  {'memory/GPU':<21} {'binds':<26} status"
-    )
-    lines = [head]
-    for i, (row, plan) in enumerate(zip(rows, plans, strict=True), start=1):
-        mem = f"{gib(row['memory_bytes_per_gpu'])} / {gib(row['memory_capacity_bytes'])}"
-        meas = f"{row['measured_tokens_per_s'] or 0:>10,.0f} " if measured else ""
-        lines.append(
-            f"{i:>3}  {plan:<{width}}  {meas}{row['predicted_tokens_per_s']:>10,.0f} "
-            f"{row['mfu']:>6.1%}  {mem:<21} {row['bottleneck']:<26} {row['status']}"
-        )
-    return lines

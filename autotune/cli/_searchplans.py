@@ -1,0 +1,146 @@
+"""``autotune search``, before any trial: the backend, every legal plan ranked by the cost model, the study.
+
+Bad input raises here, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from autotune.cli._args import cluster_from_flags, default_seq_len
+from autotune.costmodel import estimate
+from autotune.errors import ConfigError
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM
+from autotune.modelshape import trial_model_gap
+from autotune.probe.profile import with_profile
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["CPU_SEQUENCES_PER_PROCESS", "open_search_study", "choose_and_rank"]
+
+_PIN_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "micro_batch",
+    "sharding",
+    "hsdp_shard_size",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+    "virtual_stages",
+    "offload",
+    "precision",
+    "framework",
+    "ep",
+    "etp",
+    "fp8_recipe",
+    "compile",
+    "async_tp",
+    "tp_comm_overlap",
+    "cp_comm",
+)
+CPU_SEQUENCES_PER_PROCESS = 4
+
+
+def choose_and_rank(
+    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, estimator: Any = estimate
+) -> tuple[Any, Any]:
+    """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
+    from autotune.backends.registry import apply_pins, get_backend, trial_options
+    from autotune.search import plan_search
+    from autotune.space import load_space
+
+    space = load_space(args.space)
+    options = trial_options(workload=args.workload, script=args.script)
+    choice = get_backend(
+        args.backend,
+        cluster=cluster,
+        device=args.device,
+        options=options,
+        executor=args.executor,
+        model=model,
+    )
+    runnable = choice.frameworks is None or args.framework in (None, *choice.frameworks)  # else: plan_search
+    preflight = getattr(choice.backend, "preflight", None)
+    if preflight is not None and runnable:  # before anything is written: no CUDA, no launcher -> one line
+        preflight(cluster)
+    gap = trial_model_gap(model)
+    if getattr(choice.backend, "measures", False) and not options and gap:
+        raise ConfigError(
+            f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
+            "simulate, or run your own model with --workload / --script"
+        )
+    global_batch = args.global_batch
+    if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
+        global_batch = CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
+    pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
+    ranking = plan_search(
+        space,
+        model,
+        cluster,
+        pins=pins,
+        global_batch=global_batch,
+        seq_len=args.seq_len or default_seq_len(model),
+        frameworks=choice.frameworks,
+        cluster_at=_cluster_at(args, cluster),
+        estimator=estimator,
+        memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM),
+    )
+    return choice, ranking
+
+
+def open_search_study(
+    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, ranking: Any
+) -> tuple[Any, Any, str]:
+    import optuna
+
+    from autotune.search import make_sampler
+    from autotune.store import open_study, study_name_for
+
+    ctx = ranking.ctx
+    identity = {
+        "model": model.name,
+        "num_params": model.num_params,
+        "cluster": cluster.name,
+        "num_gpus": cluster.num_gpus,
+        "global_batch": ctx.global_batch,
+        "seq_len": ctx.seq_len,
+        "space": ranking.choices,
+    }
+    if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
+        identity["profile"] = args.profile
+    study, study_dir, url = open_study(
+        name=args.study if args.study is not None else study_name_for(model, cluster),
+        runs_dir=Path(args.out),
+        storage=args.storage,
+        identity=identity,
+        resume=args.resume,
+        force=args.force,
+        sampler=make_sampler(args.seed),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=1),
+        heartbeat_s=args.heartbeat,
+    )
+    study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
+    return study, study_dir, url
+
+
+def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
+    """The same cluster with another GPU count: for "the smallest cluster that would fit"."""
+    if args.cluster:
+
+        def from_file(n: int) -> ClusterSpec:
+            if n % cluster.gpus_per_node:
+                raise ConfigError(f"{n} GPUs is not a whole number of nodes")
+            return dataclasses.replace(cluster, num_nodes=n // cluster.gpus_per_node)
+
+        return from_file
+
+    def from_flags(n: int) -> ClusterSpec:
+        bigger = cluster_from_flags(args, n)
+        return with_profile(bigger, args.profile) if args.profile else bigger  # measured, as this one
+
+    return from_flags
