@@ -16,9 +16,9 @@ from typing import Any
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan, Recompute, Schedule, Sharding, check_plan
+from autotune.ranking import Estimator
 from autotune.render import gib
 from autotune.report.data import memory_groups, time_groups
-from autotune.search import Estimator
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["Suggestion", "Explanation", "explain", "neighbours"]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.backends.base import Backend
-    from autotune.search import Ranking
+    from autotune.ranking import Ranking
     from autotune.store import StudyDir
 
 __all__ = ["Joined", "join_study"]
@@ -45,8 +45,9 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     from sqlalchemy.exc import SQLAlchemyError
 
     from autotune.backends.registry import get_backend, trial_options
+    from autotune.ranking import rank_plans
     from autotune.scaleout import cluster_from_dict, model_from_dict, open_storage, study_setup
-    from autotune.search import make_sampler, rank_plans
+    from autotune.search import make_sampler
     from autotune.space import PlanContext, SearchSpace, resolve_choices
     from autotune.store import StudyDir, default_storage_url
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
+from autotune.ranking import Estimator, rank_plans
 from autotune.render import plan_summary
 from autotune.report.data import time_groups
-from autotune.search import Estimator, rank_plans
 from autotune.space import BATCH_RULE, PlanContext, SearchSpace, resolve_choices
 from autotune.specs import ClusterSpec, ModelSpec
 

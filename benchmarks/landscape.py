@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.plan import ParallelPlan, Recompute, Schedule  # noqa: E402
 from autotune.probe.profile import with_profile  # noqa: E402
-from autotune.search import Ranking, plan_search  # noqa: E402
+from autotune.ranking import Ranking, plan_search  # noqa: E402
 from autotune.space import load_space  # noqa: E402
 from autotune.trialrecord import plan_key  # noqa: E402
 from autotune.trials.config import TrialConfig  # noqa: E402

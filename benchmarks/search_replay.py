@@ -45,7 +45,8 @@ import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from autotune.calibrate import Refiner  # noqa: E402
-from autotune.search import Ranking, StudyOptions, make_sampler, run_study  # noqa: E402
+from autotune.ranking import Ranking  # noqa: E402
+from autotune.search import StudyOptions, make_sampler, run_study  # noqa: E402
 from autotune.space import KNOBS, suggest_plan  # noqa: E402
 from autotune.trials.request import TrialRequest  # noqa: E402
 from autotune.trials.result import TrialResult, TrialStatus  # noqa: E402

@@ -17,7 +17,7 @@ from autotune.cli import main
 from autotune.costmodel import steptime
 from autotune.plan import ParallelPlan
 from autotune.probe.profile import with_profile
-from autotune.search import plan_search
+from autotune.ranking import plan_search
 from autotune.space import load_space
 
 TRUE = Factors(

@@ -6,7 +6,7 @@ from autotune.catalog import load_model, make_cluster
 from autotune.cli._args import default_seq_len
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
-from autotune.search import plan_search, rank_plans
+from autotune.ranking import plan_search, rank_plans
 from autotune.space import load_space, resolve_choices
 
 SPACES = ("default", "fsdp", "deepspeed", "megatron")

@@ -15,15 +15,8 @@ from autotune.costmodel.steptime import TimeBreakdown
 from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason
 from autotune.plan import Framework, Recompute
-from autotune.search import (
-    StudyOptions,
-    make_sampler,
-    opening_plans,
-    plan_search,
-    rule_of,
-    run_study,
-    top_trials,
-)
+from autotune.ranking import plan_search, rule_of
+from autotune.search import StudyOptions, make_sampler, opening_plans, run_study, top_trials
 from autotune.space import SearchSpace, load_space, params_of, resolve_choices
 from autotune.store import open_study
 from autotune.trials.result import TrialResult, TrialStatus

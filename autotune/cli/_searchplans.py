@@ -51,7 +51,7 @@ def choose_and_rank(
 ) -> tuple[Any, Any]:
     """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
     from autotune.backends.registry import apply_pins, get_backend, trial_options
-    from autotune.search import plan_search
+    from autotune.ranking import plan_search
     from autotune.space import load_space
 
     space = load_space(args.space)

@@ -98,7 +98,7 @@ def model_error(rows: list[PlanRow]) -> ModelError | None:
 
 def pruned(trials: list[Any]) -> dict[str, int]:
     """Proposals that never launched, by the rule or cost-model reason (numbers stripped)."""
-    from autotune.search import rule_of
+    from autotune.ranking import rule_of
 
     records = [record_of(t) for t in trials]
     reasons = [str(r.reason) for r in records if r.status == TrialStatus.INFEASIBLE and r.reason is not None]

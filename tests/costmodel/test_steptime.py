@@ -13,7 +13,7 @@ from autotune.costmodel.tpcomm import NORM_GRAD_BYTES, norm_grad_tensors, sp_nor
 from autotune.costmodel.tpcomm import collective_calls as tp_calls
 from autotune.errors import ConfigError
 from autotune.plan import Framework, ParallelPlan
-from autotune.search import plan_search
+from autotune.ranking import plan_search
 from autotune.space import load_space
 from autotune.specs import ModelSpec
 from benchmarks import modern_runs, published_runs

@@ -1,0 +1,227 @@
+"""The ranking: every legal plan of a search space, estimated by the cost model, best first.
+
+``plan_search`` enumerates the space (``space.py``) and estimates every legal plan, smallest micro-batch
+first; once a plan does not fit, the larger micro-batches of its ladder are counted with it (memory grows
+with the micro-batch) instead of estimated. Bad input is a ``ConfigError`` that names the fix: no legal plan,
+a global batch no layout divides, or no plan that fits (with the smallest cluster that would).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.batch import default_global_batch
+from autotune.costmodel import Estimate, estimate
+from autotune.errors import ConfigError
+from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
+from autotune.plan import Framework, ParallelPlan
+from autotune.space import (
+    BATCH_RULE,
+    PlanContext,
+    SearchSpace,
+    Tally,
+    enumerate_plans,
+    layout_dps,
+    resolve_choices,
+)
+from autotune.specs import ClusterSpec, ModelSpec
+
+__all__ = ["ClusterAt", "Estimator", "Ranking", "plan_search", "rank_plans", "rule_of"]
+
+Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
+ClusterAt = Callable[[int], ClusterSpec]
+"""Builds the same kind of cluster with another GPU count (for "the smallest cluster that fits")."""
+
+_MAX_FIT_DOUBLINGS = 12
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ranking:
+    """Every legal plan of a space, judged by the cost model."""
+
+    ctx: PlanContext
+    choices: dict[str, list[Any]]
+    """Per knob, the values legal plans use: the study's categorical choices."""
+    feasible: list[Estimate]
+    """Best predicted tokens/s first."""
+    pruned: dict[str, int]
+    """Rule (illegal) or cost-model reason (infeasible) -> combinations, most first."""
+    num_legal: int
+    closest: Estimate | None
+    """The infeasible legal plan that overcommits memory (GPU or host) the least."""
+
+
+def rule_of(reason: str) -> str:
+    """A reason without its numbers: 'out of memory: needs 91.2 GiB ...' -> 'out of memory'."""
+    return re.sub(r"\s*\b\d[\d.,]*\b", "", reason.split(":", 1)[0]).strip()
+
+
+def rank_plans(
+    choices: Mapping[str, tuple[Any, ...]],
+    ctx: PlanContext,
+    estimator: Estimator = estimate,
+    *,
+    first_fit: bool = False,
+) -> Ranking:
+    """Estimate every legal plan (stop at the first that fits with ``first_fit``)."""
+    tally, feasible, closest = Tally(), [], None
+    for ladder in enumerate_plans(choices, ctx, tally):
+        for i, micro_batch in enumerate(ladder.micro_batches):
+            try:
+                plan = ladder.plan(micro_batch)
+            except ConfigError as e:  # a plan.py rule space.py does not mirror yet: counted, never fatal
+                tally.count(rule_of(str(e)), len(ladder.micro_batches) - i)
+                break
+            est = estimator(ctx.model, ctx.cluster, plan)
+            above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
+            if est.feasible and above is None:
+                feasible.append(est)
+                continue
+            reason = above or est.reasons[0]
+            tally.count(rule_of(reason), len(ladder.micro_batches) - i)  # larger ones cannot fit
+            if closest is None or _overcommit(est, ctx) < _overcommit(closest, ctx):
+                closest = est
+            break
+        if first_fit and feasible:
+            break
+    feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
+    return Ranking(
+        ctx=ctx,
+        choices=tally.choices(),
+        feasible=feasible,
+        num_legal=tally.num_legal,
+        pruned=dict(tally.pruned.most_common()),
+        closest=closest,
+    )
+
+
+def _overcommit(est: Estimate, ctx: PlanContext) -> float:
+    """How far over its tightest memory (GPU or host) a plan is: 1.0 just fits."""
+    return max(
+        est.memory_bytes_per_gpu / est.memory_capacity_bytes,
+        est.memory.host_bytes_per_node / ctx.cluster.host_memory_bytes_per_node,
+    )
+
+
+def plan_search(
+    space: SearchSpace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    *,
+    pins: Mapping[str, Any],
+    global_batch: int | None,
+    seq_len: int,
+    estimator: Estimator = estimate,
+    frameworks: Collection[Framework] | None = None,
+    cluster_at: ClusterAt | None = None,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
+) -> Ranking:
+    """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
+
+    ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
+    a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended.
+    """
+    if frameworks is not None:
+        space = _only_frameworks(space, model, cluster, pins, frameworks)
+    choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
+    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom)
+    ranking = rank_plans(choices, ctx, estimator)
+    if ranking.feasible:
+        return ranking
+    if ranking.num_legal == 0 and BATCH_RULE in ranking.pruned and layout_dps(choices, ctx):
+        raise ConfigError(_batch_error(choices, ctx))
+    if ranking.num_legal == 0:
+        top = "; ".join(f"{n:,} {r}" for r, n in list(ranking.pruned.items())[:3])
+        raise ConfigError(f"no legal plan for {model.name} on {cluster.name} in {space.source}: {top}")
+    raise ConfigError(_fits_nowhere(ranking, space, pins, global_batch, estimator, cluster_at))
+
+
+def _only_frameworks(
+    space: SearchSpace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    pins: Mapping[str, Any],
+    frameworks: Collection[Framework],
+) -> SearchSpace:
+    wanted = resolve_choices(space, model, cluster, pins)["framework"]
+    kept = tuple(f for f in wanted if f in frameworks)
+    if not kept:
+        asked, runs = ", ".join(map(str, wanted)), ", ".join(sorted(map(str, frameworks)))
+        raise ConfigError(
+            f"framework {asked} cannot be measured here (this backend runs {runs}); "
+            "use --backend simulate to plan it"
+        )
+    return dataclasses.replace(space, knobs={**space.knobs, "framework": kept})
+
+
+def _context(
+    space: SearchSpace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    pins: Mapping[str, Any],
+    global_batch: int | None,
+    seq_len: int,
+) -> tuple[dict[str, tuple[Any, ...]], PlanContext]:
+    choices = resolve_choices(space, model, cluster, pins)
+    ctx = PlanContext(
+        model=model, cluster=cluster, global_batch=global_batch or 1, seq_len=seq_len, dp=pins.get("dp")
+    )
+    if global_batch is None:  # ~4M tokens, a multiple of the smallest DP a legal layout has
+        smallest_dp = min(layout_dps(choices, ctx), default=1)
+        ctx = dataclasses.replace(ctx, global_batch=default_global_batch(seq_len, smallest_dp))
+    return choices, ctx
+
+
+def _batch_error(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> str:
+    dps = sorted(layout_dps(choices, ctx))
+    gb = ctx.global_batch
+    near = sorted(
+        {d * k for d in dps for k in range(max(1, gb // d - 2), gb // d + 4)}, key=lambda x: (abs(x - gb), x)
+    )
+    fix = next(
+        (x for x in near[:24] if any(enumerate_plans(choices, dataclasses.replace(ctx, global_batch=x)))),
+        None,
+    )
+    hint = f"; try --global-batch {fix}" if fix else ""
+    return (
+        f"--global-batch {gb}: no DP x micro-batch of a legal layout divides it "
+        f"(DP can be {', '.join(map(str, dps))}){hint}"
+    )
+
+
+def _fits_nowhere(
+    ranking: Ranking,
+    space: SearchSpace,
+    pins: Mapping[str, Any],
+    global_batch: int | None,
+    estimator: Estimator,
+    cluster_at: ClusterAt | None,
+) -> str:
+    ctx, closest = ranking.ctx, ranking.closest
+    cluster = ctx.cluster
+    first = (
+        (closest.reasons[0] if closest.reasons else headroom_reason(closest, ctx.memory_headroom))
+        if closest
+        else None
+    )
+    need = f" (the closest: {first})" if first else ""
+    head = (
+        f"{ctx.model.name} fits nowhere on {cluster.num_gpus} {cluster.gpu.key}: "
+        f"every legal plan is infeasible{need}"
+    )
+    if cluster_at is None:
+        return head
+    n = cluster.num_gpus
+    for _ in range(_MAX_FIT_DOUBLINGS):
+        n *= 2
+        try:
+            choices, bigger = _context(space, ctx.model, cluster_at(n), pins, global_batch, ctx.seq_len)
+        except ConfigError:
+            continue
+        if rank_plans(choices, bigger, estimator, first_fit=True).feasible:
+            return f"{head}; the cost model finds plans that fit on {n} GPUs: --gpus {n}"
+    return f"{head}, even on {n} GPUs"
