@@ -1,28 +1,40 @@
 """Which plans are legal, stated once: ``plan_errors`` (the plan alone), ``check_plan`` (with the model and
 cluster), ``expert_errors`` (where EP/ETP fold into a stage's ranks).
 
-Each rule that the search space also prunes by is a predicate here (``hsdp_group_bad``, ``deepspeed_broken``,
-``expert_fold_broken``, ...): ``autotune.spacerules`` asks these on its partial combinations and words the
-reason its own way, so the enumerator, the Optuna path and ``ParallelPlan`` cannot drift apart.
+Each rule that the search space also prunes by is a predicate in ``autotune.legalrules``, asked here and by
+``autotune.spacerules``, which words the reason its own way.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.legalrules import (
+    a2a_heads_bad,
+    a2a_outside_megatron,
+    cp_seq_bad,
+    deepspeed_broken,
+    expert_fold_broken,
+    expert_model_broken,
+    fp8_recipe_missing,
+    hsdp_group_bad,
+    interleave_bad,
+    megatron_fsdp_bad,
+    microbatch_broken,
+    nothing_to_shard,
+    offload_unsharded,
+    shard_ranks,
+    tp_split_broken,
+)
 from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
     RECOMPUTE_MODULES,
-    CpComm,
-    Fp8Recipe,
     Framework,
     MoeDispatcher,
-    Precision,
     Recompute,
     Schedule,
     Sharding,
-    zero_stage,
 )
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_error
@@ -30,26 +42,7 @@ from autotune.stagesplit import split_error
 if TYPE_CHECKING:
     from autotune.plan import ParallelPlan
 
-__all__ = [
-    "plan_errors",
-    "check_plan",
-    "expert_errors",
-    "tp_split_broken",
-    "cp_seq_bad",
-    "a2a_outside_megatron",
-    "a2a_heads_bad",
-    "fp8_recipe_missing",
-    "hsdp_group_bad",
-    "shard_ranks",
-    "nothing_to_shard",
-    "offload_unsharded",
-    "megatron_fsdp_bad",
-    "interleave_bad",
-    "microbatch_broken",
-    "deepspeed_broken",
-    "expert_model_broken",
-    "expert_fold_broken",
-]
+__all__ = ["plan_errors", "check_plan", "expert_errors"]
 
 
 def plan_errors(plan: ParallelPlan) -> list[str]:
@@ -327,129 +320,3 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             "(Megatron's transformer_config.py refuses it otherwise)"
         )
     return errors + _expert_model_errors(plan, model)
-
-
-# ---------------------------------------------------------------------------------------------- predicates
-# One function per rule the search space also prunes by; each takes the few values the rule reads, so the
-# space can ask it of a combination before any ParallelPlan exists.
-def tp_split_broken(model: ModelSpec, tp: int) -> list[str]:
-    """What TP does not divide: attention ``heads``, ``kv-heads``, the ``mlp`` width."""
-    sizes = {"heads": model.num_heads, "kv-heads": model.num_kv_heads, "mlp": model.ffn_hidden_size}
-    return [name for name, n in sizes.items() if n % tp]
-
-
-def cp_seq_bad(seq_len: int, cp: int) -> bool:
-    """Load-balanced ring attention splits each sequence into 2 x CP chunks."""
-    return cp > 1 and seq_len % (2 * cp) != 0
-
-
-def a2a_outside_megatron(fw: Framework, cp: int, cp_comm: CpComm) -> bool:
-    return cp > 1 and cp_comm is CpComm.A2A and fw is not Framework.MEGATRON
-
-
-def a2a_heads_bad(model: ModelSpec, tp: int, cp: int, cp_comm: CpComm) -> bool:
-    """Ulysses all-to-all splits the heads over TP x CP."""
-    return cp > 1 and cp_comm is CpComm.A2A and model.num_heads % (tp * cp) != 0
-
-
-def fp8_recipe_missing(fw: Framework, precision: Precision, recipe: Fp8Recipe) -> bool:
-    return precision is Precision.FP8 and bool(FP8_RECIPES[fw]) and recipe not in FP8_RECIPES[fw]
-
-
-def hsdp_group_bad(size: int | None, dp: int) -> bool:
-    """HSDP needs a shard-group size strictly between 1 and DP that divides DP."""
-    return size is None or not 1 < size < dp or dp % size != 0
-
-
-def shard_ranks(fw: Framework, dp: int, cp: int) -> int:
-    """Ranks a sharded mode splits states over: DP, or DP x CP for Megatron's distributed optimizer
-    (megatron/core/optimizer/__init__.py: ``intra_dp_cp_group``), so CP > 1 gives it ranks at DP = 1."""
-    return dp * (cp if fw is Framework.MEGATRON else 1)
-
-
-def nothing_to_shard(sharding: Sharding, ranks: int) -> bool:
-    """A sharded mode over a single rank shards nothing."""
-    return sharding is not Sharding.NONE and ranks == 1
-
-
-def offload_unsharded(offload: bool, sharding: Sharding) -> bool:
-    return offload and sharding is Sharding.NONE
-
-
-def megatron_fsdp_bad(fw: Framework, sharding: Sharding, pp: int, offload: bool) -> bool:
-    """Megatron-FSDP is priced as Megatron-Bridge's recipes run it: no pipelining, no optimizer offload."""
-    return fw is Framework.MEGATRON and sharding is Sharding.FSDP_FULL and (pp > 1 or offload)
-
-
-def interleave_bad(schedule: Schedule, pp: int, virtual_stages: int) -> bool:
-    return schedule is Schedule.INTERLEAVED and (pp == 1 or virtual_stages < 2)
-
-
-def microbatch_broken(schedule: Schedule, pp: int, num_microbatches: int) -> list[str]:
-    """Pipeline schedules that need more micro-batches: ``too-few`` (< PP), ``not-divisible`` (by PP)."""
-    if pp == 1:
-        return []
-    broken = ["too-few"] if schedule is not Schedule.GPIPE and num_microbatches < pp else []
-    return broken + (["not-divisible"] if schedule is Schedule.INTERLEAVED and num_microbatches % pp else [])
-
-
-def deepspeed_broken(
-    *,
-    tp: int,
-    pp: int,
-    cp: int,
-    sharding: Sharding,
-    schedule: Schedule,
-    precision: Precision,
-    sequence_parallel: bool,
-) -> list[str]:
-    """What DeepSpeed's engine does not run, in the order the rules are reported."""
-    rules = {
-        "pipeline-zero": pp > 1 and zero_stage(sharding) > 1,
-        "pipeline-tp": pp > 1 and tp > 1,
-        "pipeline-schedule": pp > 1 and schedule is not Schedule.ONE_F_ONE_B,
-        "cp": cp > 1,
-        "fp8": precision is Precision.FP8,
-        "sp": sequence_parallel,
-    }
-    return [name for name, broken in rules.items() if broken]
-
-
-def expert_model_broken(
-    model: ModelSpec, fw: Framework, *, ep: int, etp: int, tp: int, sequence_parallel: bool
-) -> list[str]:
-    """``dense`` (EP/ETP > 1 without routed experts), or what EP/ETP do not divide (``experts``,
-    ``width``), and ``megatron-sp`` (megatron/training/arguments.py: MoE with TP needs sequence
-    parallelism)."""
-    if not model.is_moe:
-        return ["dense"] if ep > 1 or etp > 1 else []
-    rules = {
-        "experts": model.num_experts % ep != 0,
-        "width": model.expert_ffn_hidden_size % etp != 0,
-        "megatron-sp": fw is Framework.MEGATRON and tp > 1 and not sequence_parallel,
-    }
-    return [name for name, broken in rules.items() if broken]
-
-
-def expert_fold_broken(
-    fw: Framework, *, ep: int, etp: int, tp: int, dp: int, cp: int, shard: int, sharding: Sharding
-) -> str | None:
-    """The first way EP x ETP fails to fold into a stage's ``tp x dp x cp`` ranks (``shard``: the ranks
-    the states are sharded over, 1 unsharded)."""
-    if ep == 1 and etp == 1:
-        return None
-    if fw is Framework.MEGATRON and (tp * dp * cp) % (ep * etp):
-        return "megatron"  # megatron/core/parallel_state.py: etp x ep x expert-dp tiles tp x cp x dp
-    if fw is Framework.FSDP:
-        if etp not in (1, tp):  # torchtitan/distributed/parallel_dims.py _validate
-            return "torchtitan-etp"
-        if (shard * cp * (tp // etp)) % ep:  # parallel_dims.py: efsdp = dp_shard x cp x tp / (etp x ep)
-            return "torchtitan-borrow"
-    if fw is Framework.DEEPSPEED:
-        if etp > 1 or tp > 1:
-            return "deepspeed-tp"
-        if dp % ep:  # deepspeed/utils/groups.py _create_expert_and_data_parallel: EP divides DP
-            return "deepspeed-dp"
-        if zero_stage(sharding) == 3:  # deepspeed/runtime/engine.py: "MoE not supported with Stage 3"
-            return "deepspeed-zero3"
-    return None

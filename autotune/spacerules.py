@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from autotune.legality import (
+from autotune.legalrules import (
     a2a_heads_bad,
     a2a_outside_megatron,
     cp_seq_bad,
