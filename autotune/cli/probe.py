@@ -185,7 +185,8 @@ def _launch(args: argparse.Namespace, device: str) -> dict[str, Any]:
 
 
 def _write(args: argparse.Namespace, raw: dict[str, Any]) -> int:
-    from autotune.probe.profile import probe_profile, write_profile
+    from autotune.probe.fit import probe_profile
+    from autotune.probe.profile import write_profile
 
     key = args.gpu or ("cpu" if raw["device"] == "cpu" else _guess_gpu(raw["device_name"]))
     gpu = load_gpu(key)

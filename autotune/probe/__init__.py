@@ -1,8 +1,8 @@
 """``autotune probe``: microbenchmarks of the present devices, and the hardware profile they produce.
 
 ``gemm`` and ``collectives`` measure (they import torch); ``worker`` runs them on every rank under torchrun;
-``profile`` turns the measurements into a YAML profile and applies one to a ``ClusterSpec`` (torch-free, so
-``estimate --profile`` stays fast).
+``fit`` turns the measurements into a profile mapping; ``profile`` writes, reads and applies one to a
+``ClusterSpec`` (torch-free, so ``estimate --profile`` stays fast).
 """
 
 from autotune.probe.profile import Profile, apply_profile, load_profile

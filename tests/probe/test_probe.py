@@ -22,8 +22,9 @@ from autotune.costmodel import comm
 from autotune.costmodel.hostops import BLOCK_OPS
 from autotune.errors import ConfigError
 from autotune.probe.collectives import BUSBW_FACTOR, OPS, message_sizes
+from autotune.probe.fit import fit_alpha_beta
 from autotune.probe.pipeline import MICROBATCHES, SCHEDULES
-from autotune.probe.profile import fit_alpha_beta, load_profile, with_profile
+from autotune.probe.profile import load_profile, with_profile
 
 
 def test_busbw_factors_are_nccl_tests_performance_md():
