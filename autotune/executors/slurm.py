@@ -39,48 +39,36 @@ from pathlib import Path
 
 from autotune.emit.command import ShellRef, shell_join, torchrun_command, worker_entry
 from autotune.executors.multinode import node_layout
+from autotune.executors.slurmctl import (
+    ACTIVE,
+    WAITING,
+    cancel_job,
+    cancel_steps,
+    exit_code,
+    hostnames,
+    job_fields,
+    job_result,
+    node_address,
+)
 from autotune.trials.config import TrialConfig
 from autotune.trials.request import ReportFn, TrialRequest
 from autotune.trials.result import TrialResult, TrialStatus
-from autotune.trials.runner import Launch, _classify, _environment, _prepare, _Progress, run_commands
+from autotune.trials.runner import Launch, _environment, _prepare, _Progress, run_commands
 
 __all__ = [
     "MODES",
     "SlurmExecutor",
-    "hostnames",
-    "node_address",
     "srun_command",
     "job_script",
     "time_limit_minutes",
 ]
 
 MODES = ("auto", "jobs", "steps")
-_WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"})
-_ACTIVE = _WAITING | {"RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"}
 _IS_HOST = "is_host=$((SLURM_NODEID == 0))"
 """Expanded by each task's shell: node 0 of the job (or step) serves the c10d store."""
 _PORT = "${AUTOTUNE_RDZV_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
 _LOST_S = 60.0
 """How long ``scontrol`` may fail to report a job before the trial gives up on it."""
-
-
-def _slurm(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
-
-
-def _fields(text: str) -> dict[str, str]:
-    """The ``Key=Value`` words of ``scontrol -o`` output (a value with spaces keeps its first word)."""
-    return dict(word.split("=", 1) for word in text.split() if "=" in word)
-
-
-def hostnames(nodelist: str) -> list[str]:
-    """``scontrol show hostnames``: ``n[1-2]`` -> ``["n1", "n2"]``."""
-    return str(_slurm("scontrol", "show", "hostnames", nodelist).stdout).split()
-
-
-def node_address(node: str) -> str:
-    """The node's ``NodeAddr`` (how Slurm reaches it; usually its hostname), else its name."""
-    return _fields(_slurm("scontrol", "show", "node", "-o", node).stdout).get("NodeAddr") or node
 
 
 def time_limit_minutes(timeout_s: float) -> int:
@@ -215,7 +203,7 @@ class SlurmExecutor:
             launch=self.launch,
             nproc=nproc,
             report=report,
-            cancel=lambda: _cancel_steps(job_id, name),
+            cancel=lambda: cancel_steps(job_id, name),
         )
 
     # -- one sbatch job per trial --------------------------------------------------------------------------
@@ -276,11 +264,11 @@ class SlurmExecutor:
         try:
             fields, stop, started = self._watch(job_id, request.timeout_s, progress)
         finally:
-            if fields.get("JobState", "PENDING") in _ACTIVE:  # stopped by autotune, or interrupted
-                fields = _cancel_job(job_id, self.poll_s) or fields
+            if fields.get("JobState", "PENDING") in ACTIVE:  # stopped by autotune, or interrupted
+                fields = cancel_job(job_id, self.poll_s) or fields
         end = time.monotonic()
         progress.poll()
-        result = _job_result(
+        result = job_result(
             trial_dir,
             job_id,
             fields,
@@ -300,7 +288,7 @@ class SlurmExecutor:
             result,
             wall_s=end - (started or end),
             extra={
-                "exit_code": _exit_code(fields),
+                "exit_code": exit_code(fields),
                 "launched_at": launched_at,
                 "progress": progress.steps,
                 "slurm": slurm,
@@ -317,15 +305,15 @@ class SlurmExecutor:
         started: float | None = None
         while True:
             now = time.monotonic()
-            seen = _job(job_id)
+            seen = job_fields(job_id)
             if seen is not None:
                 fields, last_seen = seen, now
             elif now - last_seen > _LOST_S:
                 return fields | {"JobState": "LOST"}, None, started
             state = fields.get("JobState", "")
-            if started is None and state not in _WAITING:
+            if started is None and state not in WAITING:
                 started = now
-            if state not in _ACTIVE:
+            if state not in ACTIVE:
                 return fields, None, started
             if started is not None:
                 if progress.poll():
@@ -335,77 +323,6 @@ class SlurmExecutor:
             elif self.queue_timeout_s is not None and now - submitted > self.queue_timeout_s:
                 return fields, "queue", started
             time.sleep(self.poll_s)
-
-
-def _job(job_id: str) -> dict[str, str] | None:
-    """``scontrol show job``'s fields; None when it cannot say (purged after MinJobAge, or no answer)."""
-    done = _slurm("scontrol", "show", "job", "-o", job_id)
-    return _fields(done.stdout) if done.returncode == 0 and "JobState=" in done.stdout else None
-
-
-def _cancel_job(job_id: str, poll_s: float, wait_s: float = 120.0) -> dict[str, str] | None:
-    """``scancel`` and wait until Slurm has stopped the job's processes (it leaves ``COMPLETING``)."""
-    _slurm("scancel", job_id)
-    deadline, fields = time.monotonic() + wait_s, None
-    while time.monotonic() < deadline:
-        fields = _job(job_id)
-        if fields is None or fields.get("JobState") not in _ACTIVE:
-            break
-        time.sleep(poll_s)
-    return fields
-
-
-def _cancel_steps(job_id: str, name: str) -> None:
-    """``scancel`` the trial's step (found by its name) in allocation ``job_id``; nothing once it ended."""
-    listing = _slurm("squeue", "-h", "-s", "-j", job_id, "-o", "%i %j").stdout
-    for line in listing.splitlines():
-        step, _, step_name = line.partition(" ")
-        if step_name == name:
-            _slurm("scancel", step)
-
-
-def _exit_code(fields: Mapping[str, str]) -> int:
-    """``ExitCode=code:signal`` of the batch script as a Popen return code (``-signal`` when signalled)."""
-    code, _, sig = fields.get("ExitCode", "0:0").partition(":")
-    if sig.isdigit() and int(sig):
-        return -int(sig)
-    return int(code) if code.isdigit() else 1
-
-
-def _job_result(
-    trial_dir: Path,
-    job_id: str,
-    fields: Mapping[str, str],
-    stop: str | None,
-    *,
-    ran: bool,
-    timeout_s: float,
-    queue_timeout_s: float | None,
-) -> TrialResult:
-    state, reason = fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None")
-    ran = ran or fields.get("NodeList", "(null)") not in ("", "(null)")
-    has_result = (trial_dir / "result.json").exists()
-    if stop == "queue":
-        return TrialResult(
-            status=TrialStatus.ERROR,
-            error=f"slurm job {job_id} still queued after {queue_timeout_s:g} s (Reason={reason}); cancelled",
-        )
-    if not ran and not has_result:
-        return TrialResult(
-            status=TrialStatus.ERROR,
-            error=f"slurm job {job_id} ended {state} without running (Reason={reason})",
-        )
-    if state == "OUT_OF_MEMORY" and not has_result and not any(trial_dir.glob("result.rank*.json")):
-        return TrialResult(status=TrialStatus.OOM, error=f"slurm job {job_id} ended OUT_OF_MEMORY")
-    timed_out = stop == "timeout" or state == "TIMEOUT"
-    result = _classify(
-        trial_dir, _exit_code(fields), timed_out=timed_out, pruned=stop == "pruned", timeout_s=timeout_s
-    )
-    if result.status is TrialStatus.TIMEOUT and not has_result:
-        how = "cancelled (scancel)" if stop == "timeout" else "ended by Slurm's time limit"
-        error = f"no result after {timeout_s:g} s; slurm job {job_id} {how}"
-        result = dataclasses.replace(result, error=error)
-    return result
 
 
 def _finish(trial_dir: Path, result: TrialResult, *, wall_s: float, extra: dict[str, object]) -> TrialResult:

@@ -20,7 +20,8 @@ from torch.distributed.run import config_from_args, get_args_parser
 from trial_requests import PLAN, assert_nothing_left, make_request
 
 from autotune.emit.command import ShellRef
-from autotune.executors.slurm import SlurmExecutor, _job_result, job_script, srun_command, time_limit_minutes
+from autotune.executors.slurm import SlurmExecutor, job_script, srun_command, time_limit_minutes
+from autotune.executors.slurmctl import job_result
 from autotune.trials.config import FAULT_ENV
 from autotune.trials.result import TrialResult, TrialStatus
 from autotune.trials.runner import Launch, trial_config
@@ -114,7 +115,7 @@ def test_job_outcomes_keep_the_local_failure_classes(tmp_path, state, files, sto
         else:
             (tmp_path / name).write_text("1\n")
     fields = {"JobState": state, "ExitCode": "1:0", "NodeList": "n1" if ran else "(null)", "Reason": "None"}
-    result = _job_result(tmp_path, "9", fields, stop, ran=ran, timeout_s=20, queue_timeout_s=30)
+    result = job_result(tmp_path, "9", fields, stop, ran=ran, timeout_s=20, queue_timeout_s=30)
     assert str(result.status) == status
     assert error is None or error in result.error
 
