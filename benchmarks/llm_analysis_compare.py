@@ -40,6 +40,7 @@ import yaml  # noqa: E402
 from autotune.costmodel.steptime import HBM_EFFICIENCY  # noqa: E402
 from autotune.plan import ParallelPlan  # noqa: E402
 from autotune.specs import ClusterSpec, ModelSpec  # noqa: E402
+from benchmarks import _published_setup as setup  # noqa: E402
 from benchmarks import published_runs as pr  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -105,12 +106,12 @@ def compare_row(row: dict[str, Any]) -> dict[str, Any] | None:
     outcome = pr.predict_row(row)
     if isinstance(outcome, str) or outcome.metric.startswith("ms/layer"):
         return None
-    fill, _ = pr.ASSUMPTIONS.get(row["id"], ({}, ""))
+    fill, _ = setup.ASSUMPTIONS.get(row["id"], ({}, ""))
     vocab = int(fill.get("vocab") or row.get("vocab"))
-    model, cluster, plan = pr._model(row, vocab), pr._cluster(row), pr._plan(row, fill)
+    model, cluster, plan = setup.row_model(row, vocab), setup.row_cluster(row), setup.row_plan(row, fill)
     peak = cluster.gpu.peak_flops(str(plan.precision)) or 0.0
     _, _, measured_s = pr._measured_time(row, vocab, peak)
-    flash = pr._software(row)["flash_attention"]
+    flash = setup.row_software(row)["flash_attention"]
     out = {
         "id": row["id"],
         "setup": outcome.setup,
