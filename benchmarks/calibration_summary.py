@@ -4,14 +4,14 @@ Reads (never measures): profiles/cpu-*rank.yaml (``autotune probe``), landscape_
 landscape_*.jsonl (benchmarks/landscape.py), fidelity.json (fidelity.py), search_replay.json
 (search_replay.py), llm_analysis_compare.json (llm_analysis_compare.py), ds_autotuning.json
 (ds_autotuning.py); the probe sections and the repeated-probe rows are in probe_runs.py.
-The README block between ``<!-- calibration:begin -->`` and ``<!-- calibration:end -->`` is replaced.
+The README block between ``<!-- calibration:begin -->`` and ``<!-- calibration:end -->`` is replaced
+(``_calibration_readme.py``).
 
 Usage:  python benchmarks/calibration_summary.py
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,18 +20,16 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for benchmarks.*
+from benchmarks._calibration_readme import count_text, replace_readme_block  # noqa: E402
 from benchmarks.landscape import CELLS, CUTS, load_landscape, result_path  # noqa: E402
 from benchmarks.probe_runs import (  # noqa: E402
     RESULTS,
     fidelity_repeat_section,
     load_result,
-    pairs_stats,
-    probe_pairs,
     probe_section,
     with_repeats,
 )
 
-BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
 STRATEGIES = ("autotune", "autotune_profile", "autotune_recalibrate", "tpe", "random", "grid", "deepspeed")
 
 
@@ -189,7 +187,7 @@ def replay_section() -> list[str]:
                 if v is None
                 else "never"
                 if v["median_trials"] == float("inf")
-                else f"{_num(v['median_trials'])} ({_num(v['median_trial_s'])} s)"
+                else f"{count_text(v['median_trials'])} ({count_text(v['median_trial_s'])} s)"
             )
         ratios = [
             f"{c[k]['median_trials'] / c['grid']['median_trials']:.0%}" if c.get(k) else ""
@@ -226,13 +224,9 @@ def probe_repeat_section(rep: dict[str, Any]) -> list[str]:
         for _, r in runs:
             other = r["cells"][i]
             t = other["autotune_profile"]["median_trials"]
-            cols.append(f"{_num(t)} ({t / other['grid']['median_trials']:.0%})")
+            cols.append(f"{count_text(t)} ({t / other['grid']['median_trials']:.0%})")
         lines.append(f"| {c['cell']} | {c['space']} | " + " | ".join(cols) + " |")
     return lines + [""]
-
-
-def _num(x: float) -> str:
-    return "never" if x == float("inf") else f"{x:.0f}" if x >= 10 or x == int(x) else f"{x:.1f}"
 
 
 def llm_analysis_section() -> list[str]:
@@ -293,108 +287,6 @@ def deepspeed_section() -> list[str]:
     return lines + [""]
 
 
-def readme_block() -> str:
-    fid = load_result("fidelity.json") or {"cells": []}
-    rep = load_result("search_replay.json") or {"cells": []}
-    cmp = load_result("llm_analysis_compare.json")
-    h2h = load_result("ds_autotuning.json")
-    catalog = [c for c in fid["cells"] if c["base"] == "catalog cpu"]
-    lines = [
-        BEGIN,
-        "",
-        "| claim (full tables: benchmarks/results/calibration_summary.md) | target | measured |",
-        "|---|---|---|",
-    ]
-    profiled = [c for c in fid["cells"] if c["base"] != "catalog cpu" and not c["cell"].startswith("h200")]
-    for cells, how in ((catalog, "catalog `cpu` base"), (profiled, "probe-profile base")):
-        if not cells:
-            continue
-        taus = sorted(c["after_held_out"]["kendall_tau"] or 0 for c in cells)
-        mapes = sorted(c["after_held_out"]["mape"] for c in cells)
-        ceil = sorted(
-            c["repeat_ceiling"]["kendall_tau"]
-            for c in cells
-            if c["repeat_ceiling"]["kendall_tau"] is not None
-        ) or [0.0]
-        ceil_mape = sorted(
-            c["repeat_ceiling"]["mape"] for c in cells if c["repeat_ceiling"]["mape"] is not None
-        )
-        lines += [
-            f"| CPU landscape, {how}: step-time Kendall tau after calibration, held-out, per cell | >= 0.8 | "
-            f"{taus[0]:.2f} - {taus[-1]:.2f} ({sum(t >= 0.8 for t in taus)} of {len(taus)} cells; "
-            f"repeat-vs-repeat ceiling {ceil[0]:.2f} - {ceil[-1]:.2f}) |",
-            f"| CPU landscape, {how}: step-time MAPE after calibration, held-out | <= 10 % | "
-            f"{mapes[0]:.1%} - {mapes[-1]:.1%} ({sum(m <= 0.10 for m in mapes)} of {len(mapes)} cells; "
-            f"repeat-vs-repeat {ceil_mape[0]:.0%} - {ceil_mape[-1]:.0%}) |",
-        ]
-        split = [c["held_out_splits"] for c in cells if c.get("held_out_splits")]
-        if split:
-            st = sorted(x["kendall_tau"]["median"] for x in split)
-            sm = sorted(x["mape"]["median"] for x in split)
-            lines.append(
-                f"| CPU landscape, {how}: held-out tau / MAPE, median of {split[0]['splits']} random splits "
-                f"per cell | >= 0.8 / <= 10 % | tau {st[0]:.2f} - {st[-1]:.2f} "
-                f"({sum(t >= 0.8 for t in st)} of {len(st)}); MAPE {sm[0]:.1%} - {sm[-1]:.1%} "
-                f"({sum(m <= 0.10 for m in sm)} of {len(sm)}) |"
-            )
-    pairs = probe_pairs(fid)
-    if len({probe for _, probe in pairs}) > 1:
-        ok, mean, (cell, probe, worst) = pairs_stats(pairs)
-        runs = sorted({probe for _, probe in pairs})
-        day = re.compile(r"\d{4}-\d\d-\d\d")
-        days = {m.group() for m in map(day.search, runs) if m}
-        lines.append(
-            f"| CPU landscape, probe-profile base, each of {len(runs)} probe runs "
-            f"({len(days)} days): held-out tau / MAPE, median of the splits, per cell "
-            f"| >= 0.8 / <= 10 % | {ok} of {len(pairs)} cell x probe pairs; mean MAPE {mean:.1%}, "
-            f"worst {worst:.1%} ({cell}, {probe}) |"
-        )
-    for c in (c for c in fid["cells"] if c["cell"].startswith("h200")):
-        lines += [
-            f"| {c['cell']}: held-out MAPE before -> after the fit | | {c['before_held_out']['mape']:.0%} -> "
-            f"{c['after_held_out']['mape']:.0%} (tau {c['after_held_out']['kendall_tau']:+.2f}) |",
-        ]
-    full = [c for c in rep["cells"] if c["space"] == "full"]
-    for key, how in (("autotune", "catalog `cpu` entry"), ("autotune_profile", "probe `--profile`")):
-        if not full or key not in full[0]:
-            continue
-        med = sorted(c[key]["median_trials"] for c in full)
-        ratio = sorted(c[key]["median_trials"] / c["grid"]["median_trials"] for c in full)
-        met = sum(m <= 3 for m in med)
-        lines += [
-            f"| trials to within 5 % of best (median over seeds, per cell), {how} | <= 3 | "
-            f"{_num(med[0])} - {_num(med[-1])} ({met} of {len(med)} cells <= 3) |",
-            f"| autotune trials / NeMo-order grid trials, {how} | <= 25 % | "
-            f"{ratio[0]:.0%} - {ratio[-1]:.0%} |",
-        ]
-    if cmp:
-        s = cmp["stats"]
-        lines.append(
-            f"| published runs, median abs error ({s['rows']} rows) | below llm-analysis | autotune "
-            f"{s['autotune_median_abs_error_common']:.1%}, llm-analysis "
-            f"{s['llm_analysis_median_abs_error_common']:.1%} |"
-        )
-    if h2h and h2h.get("measured"):
-        m = h2h["measured"]
-        lines.append(
-            f"| vs DeepSpeed Autotuning: wall time, measured tokens/s of its pick | | autotune "
-            f"{h2h['autotune']['wall_s']:.0f} s, "
-            f"{(m.get('autotune') or {}).get('median_tokens_per_s') or 0:,.0f}"
-            f"; DeepSpeed {h2h['deepspeed']['wall_s']:.0f} s, "
-            f"{(m.get('deepspeed') or {}).get('median_tokens_per_s') or 0:,.0f} |"
-        )
-    return "\n".join(
-        lines
-        + [
-            "",
-            "Regenerate: `python benchmarks/calibration_summary.py` (from the committed "
-            "results; each result file names the command that measures it).",
-            "",
-            END,
-        ]
-    )
-
-
 def main() -> None:
     lines = [
         "# Calibrate and prove: results on this machine's CPU",
@@ -407,11 +299,7 @@ def main() -> None:
     lines += probe_section() + landscape_section() + fidelity_section() + replay_section()
     lines += llm_analysis_section() + deepspeed_section()
     (RESULTS / "calibration_summary.md").write_text("\n".join(lines) + "\n")
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        readme.write_text(head + readme_block() + rest.split(END, 1)[1])
+    replace_readme_block(ROOT / "README.md")
     print(RESULTS / "calibration_summary.md")
 
 
