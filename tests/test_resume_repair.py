@@ -10,8 +10,8 @@ import time
 
 import optuna
 import pytest
+from fakesearch import RecordingBackend, fake_estimate, fake_ranking
 from optuna.trial import TrialState
-from test_search import RecordingBackend, _ranking, fake_estimate
 
 from autotune.scaleout import _OWNER, _host, beat
 from autotune.search import StudyOptions, run_study
@@ -95,7 +95,7 @@ def _dead_owner(study, trial):
 
 def _killed_mid_trial(tmp_path, *, finished: bool):
     """A study whose search died during trial 0 (the cost model's #1 plan), with 2 more plans queued."""
-    study, ranking = optuna.create_study(direction="maximize"), _ranking()
+    study, ranking = optuna.create_study(direction="maximize"), fake_ranking()
     run_study(
         study,
         ranking,
@@ -168,7 +168,7 @@ def test_a_result_written_as_the_signal_came_is_kept(tmp_path):
     with pytest.raises(KeyboardInterrupt) as stopped:
         run_study(
             study,
-            _ranking(),
+            fake_ranking(),
             FinishedThenStopped(),
             StudyOptions(n_trials=1, top_k=1),
             trials_dir=tmp_path,
