@@ -20,6 +20,7 @@ from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
 from autotune.costmodel.kernels import HBM_EFFICIENCY
+from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.offload import (
     HOST_ACCUMULATE_BYTES_PER_PARAM,
     HOST_OPTIMIZER_BYTES_PER_S,
@@ -255,7 +256,7 @@ def block_times(
         tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = 3 * compute.head_gemm_s(
         model, cluster, vocab_split(plan), tokens
-    ) + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan)
+    ) + tokens * loss_bytes_per_vocab(plan) * model.vocab_size / hbm_rate / vocab_split(plan)
     cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
     bt = BlockTimes(

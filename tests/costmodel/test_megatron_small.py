@@ -1,0 +1,42 @@
+"""Megatron terms that weigh most on small and mid models (issue 22, ``small``): the eager fp32
+vocab-parallel cross-entropy."""
+
+import pytest
+
+from autotune.catalog import load_model, make_cluster
+from autotune.costmodel import compute, flops, lossbytes
+from autotune.costmodel.states import vocab_split
+from autotune.costmodel.steptime import block_times
+from autotune.plan import ParallelPlan
+
+
+def _plan(**kw) -> ParallelPlan:
+    base = dict(tp=2, dp=4, micro_batch=1, global_batch=16, seq_len=4096, sequence_parallel=True)
+    return ParallelPlan(**(base | {"framework": "megatron"} | kw))
+
+
+def test_megatron_loss_moves_its_fp32_passes_over_the_vocab_slice():
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan = _plan()
+    tokens = plan.micro_batch * plan.seq_len
+    loss_s = block_times(model, cluster, plan).head_s - 3 * compute.head_gemm_s(
+        model, cluster, vocab_split(plan), tokens
+    )
+    # 40 B forward + 14 B backward per logit (cross_entropy.py), on V / tp logits per token
+    per_logit = 40 + 14
+    assert loss_s == pytest.approx(tokens * per_logit * model.vocab_size / 2 / compute.hbm_rate(cluster))
+    assert lossbytes.loss_bytes_per_vocab(plan) > flops.LOGITS_BYTES_PER_VOCAB
+
+
+def test_only_megatron_pays_the_eager_loss():
+    cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
+    fsdp = _plan(framework="fsdp", tp=1, dp=8, sharding="fsdp-full", sequence_parallel=False)
+    assert lossbytes.loss_bytes_per_vocab(fsdp) == flops.LOGITS_BYTES_PER_VOCAB
+    # the loss is a larger share of a small model's step: its head costs more relative to its blocks
+    plan = _plan()
+    share = {}
+    for name in ("llama3-8b", "llama3-70b"):
+        m = load_model(name)
+        bt = block_times(m, cluster, plan)
+        share[name] = bt.head_s / (m.num_layers * (bt.fwd_s + bt.bwd_s))
+    assert share["llama3-8b"] > 2 * share["llama3-70b"]
