@@ -1,5 +1,5 @@
 """Megatron terms that weigh most on small and mid models (issue 22, ``small``): the eager fp32
-vocab-parallel cross-entropy."""
+vocab-parallel cross-entropy, and the equal pipeline chunks that leave the LM head on the last rank."""
 
 import pytest
 
@@ -40,3 +40,15 @@ def test_only_megatron_pays_the_eager_loss():
         bt = block_times(m, cluster, plan)
         share[name] = bt.head_s / (m.num_layers * (bt.fwd_s + bt.bwd_s))
     assert share["llama3-8b"] > 2 * share["llama3-70b"]
+
+
+def test_equal_chunks_leave_the_head_on_the_last_rank():
+    # Nemotron-4 22B shape (40 layers, 256k vocab) at PP4 x VP10: one block per chunk, as Megatron cuts it
+    from autotune.costmodel import pipeline
+
+    plan = _plan(tp=2, pp=4, dp=1, global_batch=16, schedule="interleaved", virtual_stages=10)
+    assert pipeline.rank_blocks(40, plan, 6.5) == (10, 10)
+    assert pipeline.stage_split(40, 4, 6.5) == (5, 12)  # the head-balanced split Megatron does not make
+    # an uneven count keeps the framework's split: --account-for-embedding/loss-in-pipeline-split, 9/10/10/9
+    uneven = plan.replace(virtual_stages=1, schedule="1f1b")
+    assert pipeline.rank_blocks(38, uneven, 6.5) == (9, 10)
