@@ -1,6 +1,6 @@
 """Time of one optimizer step on the critical path: the busiest pipeline rank of one replica.
 
-Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.stage_split``); collectives are
+Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.rank_blocks``); collectives are
 timed by ``comm`` on the links ``comm.group_link`` assigns from the rank order ``pp, dp, cp, tp`` (outer to
 inner: TP stride 1, CP stride ``tp``, DP stride ``tp*cp``, PP stride ``tp*cp*dp``). Every term is one small
 function citing its source; the overhead constants below and in ``offload`` are the only knobs besides the
