@@ -18,6 +18,7 @@ from typing import NamedTuple
 from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
+from autotune.costmodel.gradbuffer import megatron_grad_buffer_s
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
 from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.costmodel.lossbytes import loss_bytes_per_vocab
@@ -428,7 +429,7 @@ def step_time(
             cluster.cores_per_node,
         ),
         dp_comm_s=dp_exposed,
-        optimizer_s=optimizer_s(cluster, plan, shard),
+        optimizer_s=optimizer_s(cluster, plan, shard) + megatron_grad_buffer_s(cluster, plan, params),
         offload_s=offload_s,
         ep_comm_s=m * blocks * bt.ep_s,
         model_flops=model_flops,

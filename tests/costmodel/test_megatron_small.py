@@ -52,3 +52,27 @@ def test_equal_chunks_leave_the_head_on_the_last_rank():
     # an uneven count keeps the framework's split: --account-for-embedding/loss-in-pipeline-split, 9/10/10/9
     uneven = plan.replace(virtual_stages=1, schedule="1f1b")
     assert pipeline.rank_blocks(38, uneven, 6.5) == (9, 10)
+
+
+def test_megatron_passes_over_its_whole_grad_buffer_once_per_step():
+    from autotune.costmodel import gradbuffer
+    from autotune.costmodel.offload import optimizer_s
+    from autotune.costmodel.steptime import step_time
+
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    hbm = compute.hbm_rate(cluster)
+    plan = _plan(tp=1, dp=8, sequence_parallel=False, sharding="zero1")
+    # fp32 main_grad under bf16: zero (write), NaN-check norm (read), 1/dp scaling (read + write)
+    assert gradbuffer.megatron_grad_buffer_s(cluster, plan, 1e9) == pytest.approx(4 * 4 * 1e9 / hbm)
+    # no DP: nothing to scale before a collective; fp8 recipes reduce a bf16 buffer
+    assert gradbuffer.megatron_grad_buffer_s(cluster, plan.replace(dp=1, sharding="none"), 1e9) == (
+        pytest.approx(2 * 4 * 1e9 / hbm)
+    )
+    fp8 = plan.replace(precision="fp8", fp8_recipe="delayed")
+    assert gradbuffer.megatron_grad_buffer_s(cluster, fp8, 1e9) == pytest.approx(4 * 2 * 1e9 / hbm)
+    fsdp = _plan(framework="fsdp", tp=1, dp=8, sharding="fsdp-full", sequence_parallel=False)
+    assert gradbuffer.megatron_grad_buffer_s(cluster, fsdp, 1e9) == 0.0
+    # the whole buffer (all of the rank's parameters), not the optimizer's 1/dp shard
+    whole = gradbuffer.megatron_grad_buffer_s(cluster, plan, model.num_params)
+    expected = optimizer_s(cluster, plan, model.num_params / plan.dp) + whole
+    assert step_time(model, cluster, plan).optimizer_s == pytest.approx(expected, rel=1e-6)
