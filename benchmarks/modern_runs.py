@@ -152,6 +152,10 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["cp_comm"] = "allgather"
     if row.get("grad_reduce_dtype") and fw == "megatron":  # the recipe's gradient dtype (data note)
         extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
+    # Megatron --recompute-method block --recompute-num-layers N, as benchmarks/memory_published.py reads it
+    layers = re.search(r"recompute_num_layers=(\d+)", str(row.get("recompute_detail")))
+    if layers and fw == "megatron":
+        extra["recompute_layers"] = int(layers.group(1))
     precision = row.get("precision", "bf16")
     if precision == "fp8":
         extra["fp8_recipe"] = _RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))

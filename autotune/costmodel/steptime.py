@@ -1,6 +1,6 @@
 """Time of one optimizer step on the critical path: the busiest pipeline rank of one replica.
 
-Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.stage_split``); collectives are
+Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.rank_blocks``); collectives are
 timed by ``comm`` on the links ``comm.group_link`` assigns from the rank order ``pp, dp, cp, tp`` (outer to
 inner: TP stride 1, CP stride ``tp``, DP stride ``tp*cp``, PP stride ``tp*cp*dp``). Every term is one small
 function citing its source; the overhead constants below and in ``offload`` are the only knobs besides the
@@ -18,8 +18,10 @@ from typing import NamedTuple
 from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
+from autotune.costmodel.gradbuffer import megatron_grad_buffer_s
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
 from autotune.costmodel.kernels import HBM_EFFICIENCY
+from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.offload import (
     HOST_ACCUMULATE_BYTES_PER_PARAM,
     HOST_OPTIMIZER_BYTES_PER_S,
@@ -255,7 +257,7 @@ def block_times(
         tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, _overlap_fraction(cluster))
     head_s = 3 * compute.head_gemm_s(
         model, cluster, vocab_split(plan), tokens
-    ) + tokens * flops.LOGITS_BYTES_PER_VOCAB * model.vocab_size / hbm_rate / vocab_split(plan)
+    ) + tokens * loss_bytes_per_vocab(plan) * model.vocab_size / hbm_rate / vocab_split(plan)
     cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
     bt = BlockTimes(
@@ -427,7 +429,7 @@ def step_time(
             cluster.cores_per_node,
         ),
         dp_comm_s=dp_exposed,
-        optimizer_s=optimizer_s(cluster, plan, shard),
+        optimizer_s=optimizer_s(cluster, plan, shard) + megatron_grad_buffer_s(cluster, plan, params),
         offload_s=offload_s,
         ep_comm_s=m * blocks * bt.ep_s,
         model_flops=model_flops,
