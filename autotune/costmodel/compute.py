@@ -26,6 +26,7 @@ __all__ = [
     "default_attention_kernel",
     "eager_extra_bytes_per_token",
     "op_sac_recompute_s",
+    "eager_loss_extra_bytes_per_vocab",
 ]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
@@ -59,6 +60,25 @@ def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: Pa
     norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
     gate = EAGER_SWIGLU_BYTES * f / tp if model.gated_mlp else 0.0
     return norms + EAGER_ROPE_BYTES * (h + kv) / tp + gate
+
+
+EAGER_LOSS_EXTRA_BYTES = 26
+"""Extra HBM bytes per token and vocabulary entry of torchtitan's loss run eagerly,
+``cross_entropy(pred.flatten(0, 1).float(), labels)`` (train.py at 9dec370, "compiling loss function causes
+CUDA errors"; torchtitan/components/loss.py compiles it only with ``[compile] components`` holding "loss"),
+over the fused loss ``flops.LOGITS_BYTES_PER_VOCAB`` (12 B) prices. One pass per kernel, at least: forward
+``.float()`` (read 2, write 4), fp32 ``log_softmax`` (read 4, write 4); backward ``nll_loss_backward``'s
+zero-filled fp32 gradient (write 4), ``log_softmax_backward`` (read 4 + 4, write 4), the cast back to 16 bits
+(read 4, write 2): 36 B against the fused path's 10 beyond writing the logits."""
+
+
+def eager_loss_extra_bytes_per_vocab(cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """``EAGER_LOSS_EXTRA_BYTES`` for a torch (fsdp framework) plan without torch.compile on a GPU; 0 for
+    compiled plans, Megatron/DeepSpeed (fused or vocab-parallel fp32 kernels) and the CPU trial device, whose
+    eager operators are priced by their measured host time (``costmodel.hostops``)."""
+    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
+        return 0.0
+    return float(EAGER_LOSS_EXTRA_BYTES)
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:

@@ -1,0 +1,77 @@
+"""FSDP2's copy-out / copy-in kernels on the compute stream (``costmodel.fsdpcopy``) and torchtitan's eager
+fp32 loss (``compute.eager_loss_extra_bytes_per_vocab``)."""
+
+from dataclasses import replace
+
+import pytest
+
+from autotune.catalog import load_model, make_cluster
+from autotune.costmodel import compute, flops, fsdpcopy
+from autotune.costmodel.kernels import HBM_EFFICIENCY
+from autotune.costmodel.steptime import block_times, step_time
+from autotune.plan import ParallelPlan
+
+
+def _fsdp(**kw) -> ParallelPlan:
+    base = dict(
+        tp=1,
+        pp=1,
+        dp=8,
+        micro_batch=2,
+        global_batch=32,
+        seq_len=8192,
+        sharding="fsdp-full",
+        framework="fsdp",
+        compile=True,
+    )
+    return ParallelPlan(**(base | kw))
+
+
+def test_copies_move_four_bytes_per_gather_and_six_per_fp32_reduce():
+    cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan = _fsdp()  # 2 micro-batches: 2 x (forward + backward gather) and 2 reduce-scatters
+    assert fsdpcopy.collective_copies(plan) == (4.0, 2.0)
+    params = 8e9
+    expected = params * (4 * 4 + 2 * 6) / (cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY)
+    assert fsdpcopy.fsdp_copy_s(cluster, plan, params) == pytest.approx(expected)
+    # reshard_after_forward=False keeps the forward gather for backward: one gather per micro-batch
+    assert fsdpcopy.collective_copies(plan.replace(sharding="fsdp-grad-op")) == (2.0, 2.0)
+
+
+def test_pipelined_stages_gather_m_plus_one_times_and_reduce_once():
+    plan = _fsdp(pp=4, dp=2, global_batch=16, micro_batch=1)  # 8 micro-batches
+    assert fsdpcopy.collective_copies(plan) == (9.0, 1.0)
+
+
+def test_copies_only_for_sharded_torch_plans_on_gpus():
+    gpu = make_cluster(num_gpus=8, gpu="h100-sxm")
+    assert fsdpcopy.fsdp_copy_s(gpu, _fsdp(sharding="none"), 8e9) == 0.0
+    assert fsdpcopy.fsdp_copy_s(gpu, _fsdp(framework="megatron", sharding="zero1", compile=False), 8e9) == 0.0
+    assert fsdpcopy.fsdp_copy_s(make_cluster(num_gpus=8, gpu="cpu"), _fsdp(), 8e9) == 0.0
+    blind = replace(gpu, gpu=replace(gpu.gpu, sm_count=None))
+    assert fsdpcopy.fsdp_copy_s(blind, _fsdp(), 8e9) == 0.0
+
+
+def test_step_pays_the_copies_in_its_dp_term():
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan = _fsdp()
+    blind = replace(cluster, gpu=replace(cluster.gpu, sm_count=None))
+    copies = fsdpcopy.fsdp_copy_s(cluster, plan, model.num_params)
+    assert copies > 0.01  # 8B params x 28 B over 2.7 TB/s: tens of ms
+    with_copies = step_time(model, cluster, plan)
+    assert with_copies.dp_comm_s > step_time(model, blind, plan).dp_comm_s + copies * 0.99
+
+
+def test_eager_torch_loss_pays_its_fp32_passes_on_the_head():
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    eager, compiled = _fsdp(compile=False), _fsdp()
+    assert compute.eager_loss_extra_bytes_per_vocab(cluster, eager) == compute.EAGER_LOSS_EXTRA_BYTES
+    assert compute.eager_loss_extra_bytes_per_vocab(cluster, compiled) == 0.0
+    megatron = _fsdp(framework="megatron", sharding="zero1", compile=False)
+    assert compute.eager_loss_extra_bytes_per_vocab(cluster, megatron) == 0.0
+    assert compute.eager_loss_extra_bytes_per_vocab(make_cluster(num_gpus=8, gpu="cpu"), eager) == 0.0
+    tokens = eager.micro_batch * eager.seq_len
+    extra = tokens * compute.EAGER_LOSS_EXTRA_BYTES * model.vocab_size / compute.hbm_rate(cluster)
+    head = block_times(model, cluster, eager).head_s - block_times(model, cluster, compiled).head_s
+    assert head == pytest.approx(extra)
+    assert compute.EAGER_LOSS_EXTRA_BYTES > flops.LOGITS_BYTES_PER_VOCAB  # eager costs more than fused
