@@ -50,16 +50,25 @@ EAGER_SWIGLU_BYTES = 4
 
 
 def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """Forward HBM bytes per token and block that a torch model run without torch.compile moves beyond the
-    fused kernels ``flops.elementwise_bytes_per_token`` assumes (fsdp framework with ``compile`` off). Zero
-    on a device whose eager operators are priced by their measured host time (``HostProfile.op_overhead_s``,
-    the CPU trial device: ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
-    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
+    """Forward HBM bytes per token and block that a torch model moves beyond the fused kernels
+    ``flops.elementwise_bytes_per_token`` assumes (fsdp framework): without torch.compile its norms, RoPE
+    and SwiGLU; with it still the RoPE, which torchtitan computes in complex numbers (``apply_rotary_emb``:
+    ``view_as_complex``, complex multiply; torchtitan/models/llama3/model.py, models/common/rope.py today)
+    and which inductor does not generate code for: it decomposes complex ``add`` only
+    (torch/_inductor/decomposition.py) and runs the complex multiply as an eager fallback kernel between the
+    fp32 casts (lowering.py ``_warn_complex_not_supported``; pytorch/torchtitan#15, "Performance may be worse
+    than eager"), so the 20 B per q/k element of the eager path remain. Zero on a device whose eager
+    operators are priced by their measured host time (``HostProfile.op_overhead_s``, the CPU trial device:
+    ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
+    if plan.framework is not Framework.FSDP or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
     h, kv, f, tp = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, plan.tp
+    rope = EAGER_ROPE_BYTES * (h + kv) / tp
+    if plan.compile:
+        return rope
     norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
     gate = EAGER_SWIGLU_BYTES * f / tp if model.gated_mlp else 0.0
-    return norms + EAGER_ROPE_BYTES * (h + kv) / tp + gate
+    return norms + rope + gate
 
 
 EAGER_LOSS_EXTRA_BYTES = 26

@@ -75,3 +75,16 @@ def test_eager_torch_loss_pays_its_fp32_passes_on_the_head():
     head = block_times(model, cluster, eager).head_s - block_times(model, cluster, compiled).head_s
     assert head == pytest.approx(extra)
     assert compute.EAGER_LOSS_EXTRA_BYTES > flops.LOGITS_BYTES_PER_VOCAB  # eager costs more than fused
+
+
+def test_compiled_torch_model_still_pays_its_complex_rope():
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    h, kv = model.hidden_size, model.kv_hidden_size
+    rope = compute.EAGER_ROPE_BYTES * (h + kv)
+    assert compute.eager_extra_bytes_per_token(model, cluster, _fsdp()) == pytest.approx(rope)
+    eager = compute.eager_extra_bytes_per_token(model, cluster, _fsdp(compile=False))
+    assert eager > rope  # norms and SwiGLU fuse under compile, the complex multiply does not
+    tp8 = _fsdp(tp=8, dp=1, sharding="none", sequence_parallel=True)
+    assert compute.eager_extra_bytes_per_token(model, cluster, tp8) == pytest.approx(rope / 8)
+    megatron = _fsdp(framework="megatron", sharding="zero1", compile=False)
+    assert compute.eager_extra_bytes_per_token(model, cluster, megatron) == 0.0
