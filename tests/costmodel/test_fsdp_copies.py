@@ -88,3 +88,28 @@ def test_compiled_torch_model_still_pays_its_complex_rope():
     assert compute.eager_extra_bytes_per_token(model, cluster, tp8) == pytest.approx(rope / 8)
     megatron = _fsdp(framework="megatron", sharding="zero1", compile=False)
     assert compute.eager_extra_bytes_per_token(model, cluster, megatron) == 0.0
+
+
+@pytest.mark.slow
+def test_inductor_leaves_the_complex_rope_multiply_to_an_eager_kernel():
+    """The platform fact ``EAGER_ROPE_BYTES`` under compile rests on: inductor generates no code for a
+    complex multiply (torchtitan's ``apply_rotary_emb`` form) and warns so. When this fails, torch fuses the
+    RoPE and ``compute.eager_extra_bytes_per_token`` should drop the term for compiled plans."""
+    import warnings
+
+    import torch
+
+    def rope(xq, freqs):
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        return torch.view_as_real(xq_ * freqs).flatten(3).type_as(xq)
+
+    from torch._inductor import lowering
+
+    lowering._warn_complex_not_supported.cache_clear()  # warns once per process
+    xq = torch.randn(2, 16, 2, 8, dtype=torch.bfloat16)
+    freqs = torch.polar(torch.ones(16, 1, 4), torch.randn(16, 1, 4))
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught, torch._inductor.config.patch(fx_graph_cache=False):
+        warnings.simplefilter("always")
+        torch.compile(rope)(xq, freqs)
+    assert any("does not support code generation for complex" in str(w.message) for w in caught)
