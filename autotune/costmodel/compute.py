@@ -27,6 +27,7 @@ __all__ = [
     "eager_extra_bytes_per_token",
     "op_sac_recompute_s",
     "eager_loss_extra_bytes_per_vocab",
+    "ring_noncausal_speedup",
 ]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
@@ -221,6 +222,23 @@ def default_attention_kernel(cluster: ClusterSpec) -> str:
     return "cudnn"
 
 
+NONCAUSAL_SPEEDUP = {"fa2": (1.302, 1.012), "fa3": (1.046, 1.042)}
+"""(forward, backward) rate of a non-causal attention call over a causal one of the same length, by kernel:
+flash-attention's hopper/benchmark_attn.py at head dim 128, seqlen 8192 on an H100 (output in
+Dao-AILab/flash-attention#1791): FA2 forward 369.9 / 284.1 TF, backward 290.6 / 287.1 TF; FA3 659.1 / 630.0
+and 553.9 / 531.6 TF. The attention curves are causal; a kernel without a figure (cudnn) gets 1."""
+
+
+def ring_noncausal_speedup(kernel: str, cp: int) -> tuple[float, float]:
+    """(forward, backward) rate multiple of a load-balanced causal CP ring's attention calls over the causal
+    curve: its first step is causal, the ``cp - 1`` later ones non-causal over the half chunks that are
+    needed (TE ``AttnFuncWithCPAndKVP2P``, torch ``_templated_ring_attention``), i.e. ``1 - 1/cp`` of the
+    work; harmonic blend of ``NONCAUSAL_SPEEDUP`` by that share."""
+    fwd, bwd = NONCAUSAL_SPEEDUP.get(kernel, (1.0, 1.0))
+    share = 1.0 - 1.0 / max(1, cp)
+    return 1.0 / (1.0 - share + share / fwd), 1.0 / (1.0 - share + share / bwd)
+
+
 def attention_s(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -239,9 +257,11 @@ def attention_s(
     gpu = cluster.gpu
     causal = flops.CAUSAL_ATTENTION_FRACTION if flash else 1.0
     work = tokens * flops.attention_flops_per_token(model, plan.seq_len, causal_fraction=causal) / plan.tp
-    rates = kernels.attention_rates(gpu, kernel or default_attention_kernel(cluster), plan.seq_len / plan.cp)
+    kernel = kernel or default_attention_kernel(cluster)
+    rates = kernels.attention_rates(gpu, kernel, plan.seq_len / plan.cp)
     if rates is not None and flash:
-        return work / rates[0], 2 * work / rates[1]
+        fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp)
+        return work / (rates[0] * fwd_x), 2 * work / (rates[1] * bwd_x)
     half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
     peak = half if str(plan.precision) == "fp8" else (gpu.peak_flops(str(plan.precision)) or half)
     fwd = work / (peak * gpu.gemm_efficiency * kernels.clock_factor(gpu))

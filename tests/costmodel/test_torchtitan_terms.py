@@ -126,3 +126,25 @@ def test_fa2_causal_8k_matches_the_published_hopper_benchmark():
     fwd, bwd = kernels.attention_rates(h100, "fa2", 8192)
     assert fwd / 1e12 == pytest.approx(284.1, rel=0.02)
     assert bwd / 1e12 == pytest.approx(287.1, rel=0.03)
+
+
+def test_a_load_balanced_ring_runs_its_later_steps_at_the_non_causal_rate():
+    assert compute.ring_noncausal_speedup("fa2", 1) == (1.0, 1.0)  # one causal call
+    assert compute.ring_noncausal_speedup("cudnn", 4) == (1.0, 1.0)  # no published figure
+    fwd, bwd = compute.ring_noncausal_speedup("fa2", 2)  # half the work in non-causal calls
+    assert fwd == pytest.approx(1 / (0.5 + 0.5 * 284.1 / 369.9), rel=1e-3)
+    assert bwd == pytest.approx(1 / (0.5 + 0.5 * 287.1 / 290.6), rel=1e-3)
+    fwd8, _ = compute.ring_noncausal_speedup("fa2", 8)
+    assert fwd < fwd8 < 369.9 / 284.1
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan = _fsdp(cp=2, dp=4, micro_batch=1, global_batch=4, seq_len=65536)
+    tokens = plan.seq_len / plan.cp
+    work = tokens * flops.attention_flops_per_token(
+        model, plan.seq_len, causal_fraction=flops.CAUSAL_ATTENTION_FRACTION
+    )
+    from autotune.costmodel import kernels
+
+    rate_fwd, rate_bwd = kernels.attention_rates(cluster.gpu, "fa2", plan.seq_len / plan.cp)
+    ring = compute.attention_s(model, cluster, plan, tokens, kernel="fa2")
+    assert ring[0] == pytest.approx(work / (rate_fwd * fwd))
+    assert ring[1] == pytest.approx(2 * work / (rate_bwd * bwd))
