@@ -134,6 +134,10 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
     )
     if sharding == "zero1" and dp == 1:
         sharding = "none"
+    if row.get("framework") == "torchtitan" and pp > 1 and sharding == "fsdp-full":
+        # torchtitan keeps pipelined blocks gathered after forward (reshard_after_forward=False "to avoid
+        # per-microbatch all-gathers": torchtitan/parallelisms/parallelize_llama.py apply_fsdp at 9dec370)
+        sharding = "fsdp-grad-op"
     knobs = {k: v for k, v in (row.get("knobs") or {}).items() if v is not None}
     extra: dict[str, Any] = {k: bool(knobs[k]) for k in _KNOB_FIELDS if k in knobs}
     if fw != "megatron":

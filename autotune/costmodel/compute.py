@@ -26,6 +26,8 @@ __all__ = [
     "default_attention_kernel",
     "eager_extra_bytes_per_token",
     "op_sac_recompute_s",
+    "eager_loss_extra_bytes_per_vocab",
+    "ring_noncausal_speedup",
 ]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6}
@@ -49,16 +51,44 @@ EAGER_SWIGLU_BYTES = 4
 
 
 def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """Forward HBM bytes per token and block that a torch model run without torch.compile moves beyond the
-    fused kernels ``flops.elementwise_bytes_per_token`` assumes (fsdp framework with ``compile`` off). Zero
-    on a device whose eager operators are priced by their measured host time (``HostProfile.op_overhead_s``,
-    the CPU trial device: ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
-    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
+    """Forward HBM bytes per token and block that a torch model moves beyond the fused kernels
+    ``flops.elementwise_bytes_per_token`` assumes (fsdp framework): without torch.compile its norms, RoPE
+    and SwiGLU; with it still the RoPE, which torchtitan computes in complex numbers (``apply_rotary_emb``:
+    ``view_as_complex``, complex multiply; torchtitan/models/llama3/model.py, models/common/rope.py today)
+    and which inductor does not generate code for: it decomposes complex ``add`` only
+    (torch/_inductor/decomposition.py) and runs the complex multiply as an eager fallback kernel between the
+    fp32 casts (lowering.py ``_warn_complex_not_supported``; pytorch/torchtitan#15, "Performance may be worse
+    than eager"), so the 20 B per q/k element of the eager path remain. Zero on a device whose eager
+    operators are priced by their measured host time (``HostProfile.op_overhead_s``, the CPU trial device:
+    ``costmodel.hostops`` holds them) and for Megatron/DeepSpeed (fused kernels)."""
+    if plan.framework is not Framework.FSDP or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
     h, kv, f, tp = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, plan.tp
+    rope = EAGER_ROPE_BYTES * (h + kv) / tp
+    if plan.compile:
+        return rope
     norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
     gate = EAGER_SWIGLU_BYTES * f / tp if model.gated_mlp else 0.0
-    return norms + EAGER_ROPE_BYTES * (h + kv) / tp + gate
+    return norms + rope + gate
+
+
+EAGER_LOSS_EXTRA_BYTES = 26
+"""Extra HBM bytes per token and vocabulary entry of torchtitan's loss run eagerly,
+``cross_entropy(pred.flatten(0, 1).float(), labels)`` (train.py at 9dec370, "compiling loss function causes
+CUDA errors"; torchtitan/components/loss.py compiles it only with ``[compile] components`` holding "loss"),
+over the fused loss ``flops.LOGITS_BYTES_PER_VOCAB`` (12 B) prices. One pass per kernel, at least: forward
+``.float()`` (read 2, write 4), fp32 ``log_softmax`` (read 4, write 4); backward ``nll_loss_backward``'s
+zero-filled fp32 gradient (write 4), ``log_softmax_backward`` (read 4 + 4, write 4), the cast back to 16 bits
+(read 4, write 2): 36 B against the fused path's 10 beyond writing the logits."""
+
+
+def eager_loss_extra_bytes_per_vocab(cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """``EAGER_LOSS_EXTRA_BYTES`` for a torch (fsdp framework) plan without torch.compile on a GPU; 0 for
+    compiled plans, Megatron/DeepSpeed (fused or vocab-parallel fp32 kernels) and the CPU trial device, whose
+    eager operators are priced by their measured host time (``costmodel.hostops``)."""
+    if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
+        return 0.0
+    return float(EAGER_LOSS_EXTRA_BYTES)
 
 
 def hbm_rate(cluster: ClusterSpec) -> float:
@@ -192,6 +222,23 @@ def default_attention_kernel(cluster: ClusterSpec) -> str:
     return "cudnn"
 
 
+NONCAUSAL_SPEEDUP = {"fa2": (1.302, 1.012), "fa3": (1.046, 1.042)}
+"""(forward, backward) rate of a non-causal attention call over a causal one of the same length, by kernel:
+flash-attention's hopper/benchmark_attn.py at head dim 128, seqlen 8192 on an H100 (output in
+Dao-AILab/flash-attention#1791): FA2 forward 369.9 / 284.1 TF, backward 290.6 / 287.1 TF; FA3 659.1 / 630.0
+and 553.9 / 531.6 TF. The attention curves are causal; a kernel without a figure (cudnn) gets 1."""
+
+
+def ring_noncausal_speedup(kernel: str, cp: int) -> tuple[float, float]:
+    """(forward, backward) rate multiple of a load-balanced causal CP ring's attention calls over the causal
+    curve: its first step is causal, the ``cp - 1`` later ones non-causal over the half chunks that are
+    needed (TE ``AttnFuncWithCPAndKVP2P``, torch ``_templated_ring_attention``), i.e. ``1 - 1/cp`` of the
+    work; harmonic blend of ``NONCAUSAL_SPEEDUP`` by that share."""
+    fwd, bwd = NONCAUSAL_SPEEDUP.get(kernel, (1.0, 1.0))
+    share = 1.0 - 1.0 / max(1, cp)
+    return 1.0 / (1.0 - share + share / fwd), 1.0 / (1.0 - share + share / bwd)
+
+
 def attention_s(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -210,9 +257,11 @@ def attention_s(
     gpu = cluster.gpu
     causal = flops.CAUSAL_ATTENTION_FRACTION if flash else 1.0
     work = tokens * flops.attention_flops_per_token(model, plan.seq_len, causal_fraction=causal) / plan.tp
-    rates = kernels.attention_rates(gpu, kernel or default_attention_kernel(cluster), plan.seq_len / plan.cp)
+    kernel = kernel or default_attention_kernel(cluster)
+    rates = kernels.attention_rates(gpu, kernel, plan.seq_len / plan.cp)
     if rates is not None and flash:
-        return work / rates[0], 2 * work / rates[1]
+        fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp)
+        return work / (rates[0] * fwd_x), 2 * work / (rates[1] * bwd_x)
     half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
     peak = half if str(plan.precision) == "fp8" else (gpu.peak_flops(str(plan.precision)) or half)
     fwd = work / (peak * gpu.gemm_efficiency * kernels.clock_factor(gpu))

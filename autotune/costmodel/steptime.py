@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
+from autotune.costmodel import comm, compute, cpcomm, flops, fsdpcopy, moe, moehost, ncclsm, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.gradbuffer import megatron_grad_buffer_s
@@ -255,9 +255,10 @@ def block_times(
         )
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
         tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, _overlap_fraction(cluster))
+    loss_bytes = loss_bytes_per_vocab(plan) + compute.eager_loss_extra_bytes_per_vocab(cluster, plan)
     head_s = 3 * compute.head_gemm_s(
         model, cluster, vocab_split(plan), tokens
-    ) + tokens * loss_bytes_per_vocab(plan) * model.vocab_size / hbm_rate / vocab_split(plan)
+    ) + tokens * loss_bytes * model.vocab_size / hbm_rate / vocab_split(plan)
     cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
     embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
     bt = BlockTimes(
@@ -398,6 +399,7 @@ def step_time(
     )
     # the hidden part still holds NCCL's SMs while the compute it overlaps runs (``ncclsm``)
     dp_exposed += ncclsm.hidden_comm_sm_s(cluster, m * dp_mb_s + dp.once_s + dp.tail_s - dp_exposed)
+    dp_exposed += fsdpcopy.fsdp_copy_s(cluster, plan, params)  # FSDP2's copy-out / copy-in kernels
     shard = moe.optimizer_shard_params(model, plan, params, busiest)
     offload_s = _offload_s(cluster, plan, host_traffic(plan, shard), dp_mb_s, mb_compute_s, blocks)
     norm_s, norm_calls = tpcomm.sp_norm_grads(model, cluster, plan, blocks, plan.pp == 1 or last_busier)
