@@ -109,3 +109,31 @@ def test_context_parallel_exchange_modes():
     }
     assert exposed["p2p"] <= exposed["allgather"] and exposed["a2a"] > 0
     assert cpcomm.cp_exposed_s(model, cluster, base.replace(cp=1, dp=4), tokens, fwd, bwd) == 0.0
+
+
+def test_blackwell_curve_is_the_xla_table_it_cites():
+    """hardware.yaml's b200 / gb200 gemm_shape_curve is what benchmarks/blackwell_gemm_curve.py derives from
+    XLA's per-shape B200 table (benchmarks/data/xla_matmul_b200_h100.csv)."""
+    from benchmarks import blackwell_gemm_curve as derive
+
+    derived = derive.curve(derive.load_table())
+    for key in ("b200", "gb200"):
+        stored = load_gpu(key).gemm_shape_curve
+        assert len(stored) == len(derived)
+        for (a, m), (da, dm) in zip(stored, derived, strict=True):
+            assert a == pytest.approx(da, rel=0.01) and m == pytest.approx(dm, abs=0.01)
+
+
+def test_blackwell_fills_late_and_runs_fp8_at_its_bf16_fraction():
+    """On B200 a mid-size GEMM sits well below a large one (XLA table: 0.47 vs 0.74 of peak for 16384 rows
+    with n = k = 1024 vs 4096), and fp8 reaches the bf16 fraction at the same shape, where Hopper's fp8 sits
+    at half the intensity on its curve."""
+    b200, h100 = load_gpu("b200"), load_gpu("h100-sxm")
+    small, large = (16384, 1024, 1024), (16384, 4096, 4096)
+    eff = kernels.gemm_efficiency
+    assert eff(b200, "bf16", *small) < 0.65 * eff(b200, "bf16", *large)
+    for shape in (small, large, (8192, 28672, 8192)):
+        assert kernels.gemm_efficiency(b200, "fp8", *shape) == pytest.approx(
+            kernels.gemm_efficiency(b200, "bf16", *shape)
+        )
+    assert kernels.gemm_efficiency(h100, "fp8", *large) < 0.9 * kernels.gemm_efficiency(h100, "bf16", *large)

@@ -1,0 +1,136 @@
+"""Derive the B200 / GB200 GEMM shape curve (``gemm_shape_curve`` in autotune/data/hardware.yaml) from XLA's
+published per-shape matmul table, and check fp8 against bf16 at the same shape.
+
+Source: openxla/xla commit 71feeddf7cc3 ("Update latency hiding scheduler cost models for B200/H100 FP8
+matmul", 2025-10-21), xla/service/gpu/model/matmul_interpolator_data.h ``kDefaultMatmulPTable``: FLOP/s of
+single dots (``b`` batches of ``m x k`` by ``k x n``, b in 1/2/4, m/n/k in 256..4096) timed by
+xla/tools/matmul_perf_table_gen.cc (one warm-up, five traced runs) on a B200 ("sm_100", renamed
+"sm_100_B200" by openxla/xla#36518) and an H100 ("sm_90"); extracted to
+benchmarks/data/xla_matmul_b200_h100.csv.
+
+The curve: B200 bf16 fraction of 2250 TF per shape, for GEMMs of training size (``b m`` >= 8192 rows, n and k
+>= 1024), scaled by how far a microbenchmark over-reads a training GEMM on Hopper (our H200 measurement of
+8192 x 4096 x 4096, benchmarks/results/gpu_block_h200.json, over the table's H100 figure for the same shape),
+divided by b200's ``gemm_efficiency``, grouped by intensity. The table's H100 fp8 entries exceed the fp8 peak
+(up to 1.3x) and are not used.
+
+Usage:  python benchmarks/blackwell_gemm_curve.py [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from autotune.catalog import load_gpu
+from autotune.costmodel.kernels import intensity
+
+ROOT = Path(__file__).resolve().parent
+TABLE = ROOT / "data" / "xla_matmul_b200_h100.csv"
+H200 = ROOT / "results" / "gpu_block_h200.json"
+PEAK_TFLOPS = {"b200": (2250.0, 4500.0), "h100-sxm": (989.4, 1978.9)}
+MIN_ROWS, MIN_NK = 8192, 1024
+GROUP_SPAN = 1.08
+"""Points whose intensities lie within this ratio of a group's first one form one curve point."""
+
+
+def load_table() -> dict[str, dict[tuple[int, int, int], tuple[float, float]]]:
+    """``{gpu: {(rows, n, k): (bf16 fraction, fp8 fraction)}}`` for training-sized shapes (rows = b m; the
+    batches of a batched dot fill the GPU as the rows of one GEMM do)."""
+    seen: dict[str, dict[tuple[int, int, int], list[tuple[float, float]]]] = {}
+    with TABLE.open() as f:
+        for r in csv.DictReader(f):
+            rows, n, k = int(r["b"]) * int(r["m"]), int(r["n"]), int(r["k"])
+            if rows < MIN_ROWS or n < MIN_NK or k < MIN_NK:
+                continue
+            bf16, fp8 = PEAK_TFLOPS[r["gpu"]]
+            point = (float(r["bf16_tflops"]) / bf16, float(r["fp8_e4m3_tflops"]) / fp8)
+            seen.setdefault(r["gpu"], {}).setdefault((rows, n, k), []).append(point)
+    # b = 2, m = 4096 and b = 4, m = 2048 are the same rows: their mean
+    mean = statistics.fmean
+    return {
+        gpu: {s: (mean(p[0] for p in ps), mean(p[1] for p in ps)) for s, ps in by.items()}
+        for gpu, by in seen.items()
+    }
+
+
+def harness_scale(table: dict[str, dict[tuple[int, int, int], tuple[float, float]]]) -> float:
+    """Our H200 training-harness GEMM of 8192 x 4096 x 4096 over the XLA table's H100 one (same GH100 die,
+    same 700 W): how much a five-run microbenchmark over-reads a GEMM inside a training step."""
+    rows = json.loads(H200.read_text())["gemm"]["8b"]["rows"]
+    ours = next(r["tflops"] for r in rows if (r["m"], r["n"], r["k"]) == (8192, 4096, 4096))
+    return ours / PEAK_TFLOPS["h100-sxm"][0] / table["h100-sxm"][(8192, 4096, 4096)][0]
+
+
+def curve(table: dict[str, dict[tuple[int, int, int], tuple[float, float]]]) -> list[tuple[float, float]]:
+    """``(intensity, multiple of b200's gemm_efficiency)`` points: shapes grouped by intensity, mean bf16
+    fraction x ``harness_scale`` / ``gemm_efficiency``."""
+    scale, eff = harness_scale(table), load_gpu("b200").gemm_efficiency
+    pts = sorted((intensity(*shape), frac[0]) for shape, frac in table["b200"].items())
+    groups: list[list[tuple[float, float]]] = []
+    for p in pts:
+        if groups and p[0] <= groups[-1][0][0] * GROUP_SPAN:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return [
+        (
+            math.exp(statistics.fmean(math.log(a) for a, _ in g)),
+            statistics.fmean(f for _, f in g) * scale / eff,
+        )
+        for g in groups
+    ]
+
+
+def fp8_same_shape(table: dict[str, dict[tuple[int, int, int], tuple[float, float]]]) -> list[tuple]:
+    """B200 fp8 fraction of the fp8 peak over the bf16 fraction of the bf16 peak, at the same shape."""
+    return sorted((intensity(*s), f[1] / f[0], s) for s, f in table["b200"].items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    args = ap.parse_args(argv)
+    table = load_table()
+    pts = curve(table)
+    fp8 = fp8_same_shape(table)
+    lines = [
+        "# B200 GEMM shape curve from XLA's per-shape matmul table",
+        "",
+        "Generated by `python benchmarks/blackwell_gemm_curve.py` from "
+        "benchmarks/data/xla_matmul_b200_h100.csv.",
+        "",
+        f"Harness scale (our H200 8192x4096x4096 / XLA H100 same shape): {harness_scale(table):.3f}",
+        "",
+        "| intensity | multiple of gemm_efficiency |",
+        "|---|---|",
+        *(f"| {a:.0f} | {m:.2f} |" for a, m in pts),
+        "",
+        "B200 fp8 (e4m3, tensor-scaled) fraction / bf16 fraction at the same shape:",
+        "",
+        "| rows x n x k | intensity | bf16 frac | fp8 frac | ratio |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {s[0]}x{s[1]}x{s[2]} | {a:.0f} | {table['b200'][s][0]:.3f} | {table['b200'][s][1]:.3f} "
+            f"| {r:.2f} |"
+            for a, r, s in fp8
+        ),
+        "",
+        f"Median fp8/bf16 ratio at intensity >= 900: "
+        f"{statistics.median(r for a, r, _ in fp8 if a >= 900):.2f}; below: "
+        f"{statistics.median(r for a, r, _ in fp8 if a < 900):.2f}",
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "blackwell_gemm_curve.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print("gemm_shape_curve:", [[round(a), round(m, 2)] for a, m in pts])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
