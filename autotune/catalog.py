@@ -229,6 +229,7 @@ def load_gpu(name: str) -> GPUSpec:
         sm_count=g.get("sm_count"),
         compute_capability=g.get("compute_capability"),
         nvlink_domain_gpus=g.get("nvlink_domain_gpus"),
+        fp8_intensity_factor=float(g.get("fp8_intensity_factor", 0.5)),
     )
 
 

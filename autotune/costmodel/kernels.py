@@ -92,14 +92,14 @@ def clock_factor(gpu: GPUSpec) -> float:
 
 def gemm_efficiency(gpu: GPUSpec, precision: str, m: float, n: float, k: float) -> float:
     """Fraction of the ``precision`` peak one GEMM reaches: ``gemm_efficiency`` x the GPU's shape curve at
-    the GEMM's intensity (fp8: at half of it, x ``fp8_gemm_scale``), x ``clock_factor``. Below the smallest
-    measured intensity the efficiency falls in proportion: the torchao float8 microbenchmark's small linear
-    (M,K,N = 1024,2048,1024: fp8 0.80x bf16) needs it; ``gemm_s`` floors a skinny GEMM at its streaming
-    time."""
+    the GEMM's intensity (fp8: at ``fp8_intensity_factor`` of it, x ``fp8_gemm_scale``), x ``clock_factor``.
+    Below the smallest measured intensity the efficiency falls in proportion: the torchao float8
+    microbenchmark's small linear (M,K,N = 1024,2048,1024: fp8 0.80x bf16) needs it; ``gemm_s`` floors a
+    skinny GEMM at its streaming time."""
     eff = gpu.gemm_efficiency * clock_factor(gpu)
     fp8 = precision == "fp8" and gpu.fp8_flops is not None
     if gpu.gemm_shape_curve:
-        ai = intensity(m, n, k) / (2 if fp8 else 1)
+        ai = intensity(m, n, k) * (gpu.fp8_intensity_factor if fp8 else 1.0)
         eff *= _interp_log(gpu.gemm_shape_curve, ai, below_proportional=True)
     return eff * (gpu.fp8_gemm_scale if fp8 else 1.0)
 

@@ -109,3 +109,55 @@ def test_context_parallel_exchange_modes():
     }
     assert exposed["p2p"] <= exposed["allgather"] and exposed["a2a"] > 0
     assert cpcomm.cp_exposed_s(model, cluster, base.replace(cp=1, dp=4), tokens, fwd, bwd) == 0.0
+
+
+def test_blackwell_curve_is_the_xla_table_it_cites():
+    """hardware.yaml's b200 / gb200 gemm_shape_curve is what benchmarks/blackwell_gemm_curve.py derives from
+    XLA's per-shape B200 table (benchmarks/data/xla_matmul_b200_h100.csv)."""
+    from benchmarks import blackwell_gemm_curve as derive
+
+    derived = derive.curve(derive.load_table())
+    for key in ("b200", "gb200"):
+        stored = load_gpu(key).gemm_shape_curve
+        assert len(stored) == len(derived)
+        for (a, m), (da, dm) in zip(stored, derived, strict=True):
+            assert a == pytest.approx(da, rel=0.01) and m == pytest.approx(dm, abs=0.01)
+
+
+def test_blackwell_fills_late_and_runs_fp8_at_its_bf16_fraction():
+    """On B200 a mid-size GEMM sits well below a large one (XLA table: 0.47 vs 0.74 of peak for 16384 rows
+    with n = k = 1024 vs 4096), and fp8 reaches the bf16 fraction at the same shape, where Hopper's fp8 sits
+    at half the intensity on its curve."""
+    b200, h100 = load_gpu("b200"), load_gpu("h100-sxm")
+    small, large = (16384, 1024, 1024), (16384, 4096, 4096)
+    eff = kernels.gemm_efficiency
+    assert eff(b200, "bf16", *small) < 0.65 * eff(b200, "bf16", *large)
+    for shape in (small, large, (8192, 28672, 8192)):
+        assert kernels.gemm_efficiency(b200, "fp8", *shape) == pytest.approx(
+            kernels.gemm_efficiency(b200, "bf16", *shape)
+        )
+    assert kernels.gemm_efficiency(h100, "fp8", *large) < 0.9 * kernels.gemm_efficiency(h100, "bf16", *large)
+
+
+def test_blackwell_attention_curves_are_the_published_cudnn_benchmark():
+    """b200 / gb200 ``cudnn`` curves are NVIDIA's cuDNN SDPA training benchmark on a B200 (benchmarks/data/
+    cudnn_sdpa_blackwell.csv: causal, head dim 128, 128 query heads; one cuDNN release for both dies) in the
+    model's convention: causal work halved, the backward counted as 2x the forward FLOPs (the source counts
+    2.5x)."""
+    import csv
+
+    path = H200_JSON.parents[1] / "data" / "cudnn_sdpa_blackwell.csv"
+    rows = list(csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#")))
+    for key in ("b200", "gb200"):
+        gpu = load_gpu(key)
+        fwd, bwd = dict(gpu.attention_curves[0][1]), dict(gpu.attention_curves[0][2])
+        points = [r for r in rows if r["gpu"] == "b200" and float(r["seq"]) in fwd]
+        assert len(points) == len(fwd) >= 7
+        b200_peak = load_gpu("b200").bf16_flops
+        for r in points:
+            s = float(r["seq"])
+            work = 4 * s * s * 128 * 128 / 2
+            fwd_s, bwd_s = float(r["forward_ms"]) / 1e3, float(r["backward_ms"]) / 1e3
+            assert fwd[s] * b200_peak == pytest.approx(work / fwd_s, rel=0.01)
+            assert bwd[s] * b200_peak == pytest.approx(2 * work / bwd_s, rel=0.01)
+            assert bwd[s] < 0.75 * fwd[s]  # the backward is the slow half on Blackwell
