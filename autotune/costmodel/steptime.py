@@ -15,7 +15,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
+from autotune.costmodel import (
+    comm,
+    compute,
+    cpcomm,
+    flops,
+    moe,
+    moehost,
+    ncclsm,
+    pipeline,
+    recompute_modules,
+    tpcomm,
+)
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -242,6 +253,8 @@ def block_times(
         if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
         else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s)
     )
+    modules_s = recompute_modules.rerun_s(model, cluster, plan, tokens, attn_s + score_s)  # Megatron's list
+    recompute_s = recompute_s if modules_s is None else modules_s
     tp_s = 0.0
     if tp > 1:
         hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)
