@@ -15,18 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from autotune.costmodel import (
-    comm,
-    compute,
-    cpcomm,
-    flops,
-    moe,
-    moehost,
-    ncclsm,
-    pipeline,
-    recompute_modules,
-    tpcomm,
-)
+from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm, pipeline, tpcomm
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
@@ -42,6 +31,7 @@ from autotune.costmodel.offload import (
     host_traffic,
     optimizer_s,
 )
+from autotune.costmodel.recompute_modules import rerun_s as modules_rerun_s
 from autotune.costmodel.states import vocab_split
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
@@ -253,7 +243,7 @@ def block_times(
         if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
         else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s)
     )
-    modules_s = recompute_modules.rerun_s(model, cluster, plan, tokens, attn_s + score_s)  # Megatron's list
+    modules_s = modules_rerun_s(model, cluster, plan, tokens, attn_s + score_s)  # --recompute-modules
     recompute_s = recompute_s if modules_s is None else modules_s
     tp_s = 0.0
     if tp > 1:
