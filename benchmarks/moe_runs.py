@@ -17,7 +17,8 @@ What is fixed for every row (no per-row or per-model factor):
   overlap, balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose
   notes mention the flex dispatcher;
 - Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
-  (``recompute_modules``); the memory they free is priced, their recompute time is not yet;
+  (``recompute_modules``); the memory they free and the forward work they rerun are priced
+  (``costmodel.recompute_modules``);
 - rows not set up (listed with the reason): a GPU not in autotune's catalog (H800), a micro-batch or
   recompute mode the source does not state, Megatron-FSDP (not a plan sharding).
 

@@ -33,6 +33,7 @@ from autotune.costmodel.offload import (
     host_traffic,
     optimizer_s,
 )
+from autotune.costmodel.recompute_modules import rerun_s as modules_rerun_s
 from autotune.costmodel.states import vocab_split
 from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
@@ -244,6 +245,8 @@ def block_times(
         if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
         else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s)
     )
+    modules_s = modules_rerun_s(model, cluster, plan, tokens, attn_s + score_s)  # --recompute-modules
+    recompute_s = recompute_s if modules_s is None else modules_s
     tp_s = 0.0
     if tp > 1:
         hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)

@@ -103,3 +103,44 @@ def test_recomputing_the_moe_layer_reruns_its_dispatch():
     plain = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16), 4096, 2)
     rerun = moe.dispatch_s(model, cluster, _plan(dp=16, ep=16, recompute_modules=("moe",)), 4096, 2)
     assert rerun == pytest.approx(plain * 6 / 4)
+
+
+def test_only_the_listed_modules_rerun():
+    """The attention core reruns only when listed (or by default); moe_act reruns the gated activation
+    over every routed copy: read two expert-ffn halves, write one, 2 B each."""
+    from autotune.costmodel import recompute_modules
+    from autotune.costmodel.kernels import HBM_EFFICIENCY
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=8, gpu="b200")
+    core, tokens = 1e-3, 4096
+    assert recompute_modules.rerun_s(model, cluster, _plan(), tokens, core) is None
+    only_core = _plan(recompute_modules=("core_attn",))
+    assert recompute_modules.rerun_s(model, cluster, only_core, tokens, core) == core
+    act = recompute_modules.rerun_s(model, cluster, _plan(recompute_modules=("moe_act",)), tokens, core)
+    hbm = cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
+    assert act == pytest.approx(tokens * 8 * 768 * 6 / hbm)
+    whole = recompute_modules.rerun_s(model, cluster, _plan(recompute_modules=("moe",)), tokens, core)
+    assert whole > 5 * act  # the router and expert GEMMs, the permutes and the activation
+
+
+def test_mla_up_proj_reruns_the_up_projection_gemms():
+    from autotune.costmodel import kernels, recompute_modules
+
+    model, cluster = load_model("deepseek-v3"), make_cluster(num_gpus=256, gpu="b200")
+    plan = _plan(pp=8, dp=32, ep=32, global_batch=4096, recompute_modules=("mla_up_proj",))
+    q_up = kernels.gemm_s(cluster.gpu, "bf16", 4096, 128 * 192, 1536)
+    kv_up = kernels.gemm_s(cluster.gpu, "bf16", 4096, 128 * (128 + 128), 512)
+    assert recompute_modules.rerun_s(model, cluster, plan, 4096, 1.0) == pytest.approx(q_up + kv_up)
+
+
+def test_modules_without_core_attn_do_not_rerun_the_core():
+    """Qwen3-235B at 32k tokens: the recipe's ``layernorm moe`` recompute does not rerun the attention
+    core, which is all the plain selective reruns (the step time, not only the memory, follows the list)."""
+    model = load_model("qwen3-235b-a22b")
+    cluster = make_cluster(num_gpus=64, gpu="h100-sxm")
+    kw = dict(tp=4, cp=2, pp=8, dp=1, ep=8, seq_len=32768, global_batch=64, sequence_parallel=True)
+    plain = estimate(model, cluster, _plan(**kw)).time
+    mods = estimate(model, cluster, _plan(**kw, recompute_modules=("layernorm", "moe"))).time
+    core = estimate(model, cluster, _plan(**kw, recompute_modules=("core_attn", "layernorm", "moe"))).time
+    assert core.recompute_s - mods.recompute_s == pytest.approx(plain.recompute_s)
+    assert mods.recompute_s > 0.0

@@ -1,0 +1,23 @@
+"""The published MoE rows carry the recipe their run used (benchmarks/moe_runs.py reads it from the row)."""
+
+import yaml
+
+from benchmarks import moe_runs
+
+
+def _row(run_id: str) -> dict:
+    rows = yaml.safe_load(moe_runs.DATA.read_text())
+    return next(r for r in rows if r["id"] == run_id)
+
+
+def test_deepseek_v3_25_09_rows_run_what_run_script_set():
+    """Megatron-Bridge scripts/performance/run_script.py at fa0315ae2 (the 25.09 summary commit): DeepEP,
+    the EP a2a overlap and ``mla_up_proj mlp`` on H100; token drop, ``mla_up_proj mlp moe_act`` on GB200."""
+    h100 = _row("mb-2509-deepseekv3-h100-1024g-fp8-tp2pp8cp1vp4ep64")
+    assert moe_runs.dispatcher(h100) == "deepep"
+    assert moe_runs.recompute_modules(h100) == ("mla_up_proj", "mlp")
+    assert {"EP a2a overlap", "delayed wgrad"} <= set(moe_runs.unpriced_knobs(h100))
+    gb200 = _row("mb-2509-deepseekv3-gb200-256g-fp8-tp1pp4cp1vp4ep64")
+    assert moe_runs.dispatcher(gb200) == "alltoall"
+    assert moe_runs.recompute_modules(gb200) == ("mla_up_proj", "mlp", "moe_act")
+    assert "token drop" in moe_runs.unpriced_knobs(gb200)
