@@ -41,6 +41,11 @@ _COMPILED_LOSS = ("e7c0cae", "820504e", "6fc499f6")
 """torchtitan commits of the rows that descend from bbb1b616e (2025-04-02), which compiles the loss with the
 model (``git merge-base --is-ancestor bbb1b616e <commit>``); the 2024-12 (9dec370) and 0.0.2 rows do not.
 Their plans set ``compile`` (priced: the compiled loss); the compiled blocks are not: they stay unscored."""
+_END_UNITS = ("6fc499f6",)
+"""torchtitan commits that descend from 83e694105 (2025-07-28): ``apply_fsdp`` wraps ``tok_embeddings`` and
+``[norm, output]`` as their own FSDP units, the latter not resharded after forward. A plan prices autotune's
+FSDP2 wrapping (both ends in the root unit: autotune/trials/parallelize.py, measured by the CPU cross-check);
+the rows' note says so (docs/memory_recipes.md has the size of the difference)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,7 +234,15 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         modelled=not unmodelled,
         note=(_COMPILE if unmodelled else "")
         + ("; compiled loss priced" if plan.get("compile") else "")
+        + ("; ends as own FSDP units (torchtitan 83e694105) not modelled" if _ends_apart(entry) else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),
+    )
+
+
+def _ends_apart(entry: dict[str, Any]) -> bool:
+    """A torchtitan row whose commit wraps the model's ends as their own FSDP units (``_END_UNITS``)."""
+    return str(entry.get("framework")).lower() == "torchtitan" and any(
+        c in str(entry.get("source")) for c in _END_UNITS
     )
 
 
