@@ -49,7 +49,12 @@ from autotune.costmodel.activations import (
     stage_activation_bytes,
 )
 from autotune.costmodel.moe import expert_params_per_gpu
-from autotune.costmodel.pipebuffers import keeps_stage_buffers, stage_buffer_bytes, stage_output_bytes
+from autotune.costmodel.pipebuffers import (
+    keeps_stage_buffers,
+    pipeline_p2p_bytes,
+    stage_buffer_bytes,
+    stage_output_bytes,
+)
 from autotune.costmodel.recompute_modules import freed_bytes_per_layer
 from autotune.costmodel.states import (
     MIXED_BF16,
@@ -158,15 +163,6 @@ class MemoryBreakdown:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-def pipeline_p2p_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16) -> float:
-    """Send and receive buffers of the boundary activation ``s b h`` (``/t`` with SP) between stages
-    (Narayanan et al. 2021 Sec. 4.1's scatter/gather optimisation sends ``1/t`` of it)."""
-    if plan.pp == 1:
-        return 0.0
-    side = plan.tp if plan.sequence_parallel else 1
-    return 2.0 * plan.seq_len / plan.cp * plan.micro_batch * model.hidden_size * numerics.compute_bytes / side
 
 
 def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:

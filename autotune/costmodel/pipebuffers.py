@@ -9,7 +9,7 @@ live for the whole run. ``forward_one_chunk`` keeps each micro-batch's stage out
 its backward (the send reads it; no op of the stage saves it). A receive buffer that holds an in-flight
 micro-batch's input is that micro-batch's first block input, already counted with the activations; the
 others are extra. Megatron instead allocates its receive tensors per transfer and frees each sent output
-(megatron/core/pipeline_parallel/schedules.py ``deallocate_output_tensor``): ``memory.pipeline_p2p_bytes``.
+(megatron/core/pipeline_parallel/schedules.py ``deallocate_output_tensor``): ``pipeline_p2p_bytes``.
 
 Rank ``r`` of ``pp`` runs stages ``r, r + pp, ...`` (``v`` of them): stage 0 (no receive buffers) is on
 rank 0, the last stage (no gradient receive buffers; its output is the logits, priced by the loss terms)
@@ -18,10 +18,17 @@ on rank ``pp - 1``.
 
 from __future__ import annotations
 
+from autotune.costmodel.states import MIXED_BF16, Numerics
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ModelSpec
 
-__all__ = ["keeps_stage_buffers", "boundary_bytes", "stage_buffer_bytes", "stage_output_bytes"]
+__all__ = [
+    "keeps_stage_buffers",
+    "boundary_bytes",
+    "stage_buffer_bytes",
+    "stage_output_bytes",
+    "pipeline_p2p_bytes",
+]
 
 
 def keeps_stage_buffers(plan: ParallelPlan) -> bool:
@@ -62,3 +69,11 @@ def stage_output_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, e: in
         return 0.0
     _, sending = _local_stages(plan, rank)
     return sending * boundary_bytes(model, plan, e)
+
+
+def pipeline_p2p_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16) -> float:
+    """Megatron's and DeepSpeed's send and receive buffers of the boundary activation ``s b h`` (``/t`` with
+    SP) between stages (Narayanan et al. 2021 Sec. 4.1's scatter/gather optimisation sends ``1/t`` of it)."""
+    if plan.pp == 1:
+        return 0.0
+    return 2.0 * boundary_bytes(model, plan, numerics.compute_bytes)
