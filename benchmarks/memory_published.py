@@ -41,6 +41,19 @@ _COMPILED_LOSS = ("e7c0cae", "820504e", "6fc499f6")
 """torchtitan commits of the rows that descend from bbb1b616e (2025-04-02), which compiles the loss with the
 model (``git merge-base --is-ancestor bbb1b616e <commit>``); the 2024-12 (9dec370) and 0.0.2 rows do not.
 Their plans set ``compile`` (priced: the compiled loss); the compiled blocks are not: they stay unscored."""
+_END_UNITS = ("6fc499f6",)
+"""torchtitan commits that descend from 83e694105 (2025-07-28): ``apply_fsdp`` wraps ``tok_embeddings`` and
+``[norm, output]`` as their own FSDP units, the latter not resharded after forward. A plan prices autotune's
+FSDP2 wrapping (both ends in the root unit: autotune/trials/parallelize.py, measured by the CPU cross-check);
+the rows' note says so (docs/memory_recipes.md has the size of the difference)."""
+
+_PUBLISHED_CONFLICT = {
+    "tt-2412-llama31-405b-h100-fsdp8-tp8-pp8-1f1b": "published peaks conflict: Table 6's FSDP 8 CP 1 row "
+    "(same 9dec370 setup, 1F1B, 8 micro-batches of 32k tokens per rank, same 15/16x6/15 split) is 75.3 GiB, "
+    "this 8 x 4 x 8k one 82.5; every memory term scales with the tokens per micro-batch, so both price alike",
+}
+"""Rows whose published peak disagrees with another published peak of the same memory shape (the reason is
+the note; the row stays as published)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,7 +242,16 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         modelled=not unmodelled,
         note=(_COMPILE if unmodelled else "")
         + ("; compiled loss priced" if plan.get("compile") else "")
+        + ("; ends as own FSDP units (torchtitan 83e694105) not modelled" if _ends_apart(entry) else "")
+        + (f"; {_PUBLISHED_CONFLICT[entry['id']]}" if entry.get("id") in _PUBLISHED_CONFLICT else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),
+    )
+
+
+def _ends_apart(entry: dict[str, Any]) -> bool:
+    """A torchtitan row whose commit wraps the model's ends as their own FSDP units (``_END_UNITS``)."""
+    return str(entry.get("framework")).lower() == "torchtitan" and any(
+        c in str(entry.get("source")) for c in _END_UNITS
     )
 
 

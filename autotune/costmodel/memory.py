@@ -17,6 +17,9 @@ unsharded gradients, accumulated from the first backward to the end-of-step redu
 gathered after each backward, with two more moments: the end of a backward (the whole stage gathered, one
 micro-batch's activations freed) and the reduction itself.
 
+torch's pipelining (framework fsdp) keeps a receive buffer per micro-batch and the outputs of in-flight
+micro-batches (``pipebuffers.py``); Megatron two transfer buffers (``pipeline_p2p_bytes``).
+
 Model states (``states.py``) and activations (``activations.py``) cite their sources; the CUDA/NCCL context
 and the allocator slack below are measured constants. The total is the reserved peak as the device shows
 it; a plan is out of memory when the allocated peak (``MemoryBreakdown.needed_bytes``, the total less the
@@ -46,6 +49,12 @@ from autotune.costmodel.activations import (
     stage_activation_bytes,
 )
 from autotune.costmodel.moe import expert_params_per_gpu
+from autotune.costmodel.pipebuffers import (
+    keeps_stage_buffers,
+    pipeline_p2p_bytes,
+    stage_buffer_bytes,
+    stage_output_bytes,
+)
 from autotune.costmodel.recompute_modules import freed_bytes_per_layer
 from autotune.costmodel.states import (
     MIXED_BF16,
@@ -156,15 +165,6 @@ class MemoryBreakdown:
         return asdict(self)
 
 
-def pipeline_p2p_bytes(model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16) -> float:
-    """Send and receive buffers of the boundary activation ``s b h`` (``/t`` with SP) between stages
-    (Narayanan et al. 2021 Sec. 4.1's scatter/gather optimisation sends ``1/t`` of it)."""
-    if plan.pp == 1:
-        return 0.0
-    side = plan.tp if plan.sequence_parallel else 1
-    return 2.0 * plan.seq_len / plan.cp * plan.micro_batch * model.hidden_size * numerics.compute_bytes / side
-
-
 def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
     """CUDA context + NCCL (its first communicator, then one per parallel axis of degree > 1; HSDP has
     two); a small constant on CPU trials."""
@@ -258,7 +258,8 @@ def _moments(
     head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0
     in_flight = in_flight_microbatches(plan, rank=rank)
-    stored = in_flight * (per_stage + head_first) + at_loss * head_last
+    outputs = stage_output_bytes(model, plan, rank=rank, e=e)  # torch pipelining's fwd_cache
+    stored = in_flight * (per_stage + head_first + outputs) + at_loss * head_last
     working = backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
     one_logits = loss_stored_bytes(x, tp=t, e=e, k=k) if last else 0.0
     logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
@@ -271,7 +272,7 @@ def _moments(
     )
     moments = [backward, _Moment(activations=0.0, logits=0.0, prefetch=0.0, step_temp=step_bytes)]
     if kept != KeptBytes():
-        freed = (per_stage + head_first) / plan.virtual_stages + (head_last if last else 0.0)
+        freed = (per_stage + head_first + outputs) / plan.virtual_stages + (head_last if last else 0.0)
         moments += _deferred_reduce_moments(
             kept, after_backward=max(0.0, stored - freed) + working, logits=logits
         )
@@ -336,7 +337,12 @@ def stage_memory(
         model, plan, rank=rank, layers=layers, numerics=numerics, k=k, step_bytes=states.step_bytes, kept=kept
     )
     peak = max(moments, key=sum)
-    comm = comm_bucket_bytes(plan, params, numerics) + pipeline_p2p_bytes(model, plan, numerics)
+    comm = comm_bucket_bytes(plan, params, numerics)
+    if keeps_stage_buffers(plan):  # allocated once, kept: no allocator slack
+        in_flight, e = in_flight_microbatches(plan, rank=rank), numerics.compute_bytes
+        kept_buffers = stage_buffer_bytes(model, plan, rank=rank, in_flight=in_flight, e=e)
+    else:
+        comm, kept_buffers = comm + pipeline_p2p_bytes(model, plan, numerics), 0.0
     transient = peak.activations + peak.logits + peak.prefetch + peak.step_temp + comm
     return MemoryBreakdown(
         weights_bytes=states.weights_bytes,
@@ -345,7 +351,7 @@ def stage_memory(
         activations_bytes=peak.activations,
         logits_bytes=peak.logits,
         prefetch_bytes=peak.prefetch,
-        comm_buffer_bytes=comm,
+        comm_buffer_bytes=comm + kept_buffers,
         reserve_bytes=reserve_bytes(cluster, plan),
         host_bytes_per_node=(
             states.host_bytes

@@ -12,6 +12,7 @@ Only torch is imported: this module runs where optuna and deepspeed are not inst
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -35,6 +36,15 @@ from autotune.trials.parallelize import (
 )
 
 __all__ = ["NativeTrainer", "compute_dtype", "dp_rows", "lm_loss", "make_optimizer", "reduce_partial_grads"]
+
+
+def _no_outputs(schedule) -> dict[str, bool]:
+    """``step(return_outputs=False)`` where torch has it (2.10+, torch/distributed/pipelining/schedules.py):
+    the last stage then keeps no micro-batch outputs for a merge nobody reads, as torchtitan runs it
+    (e5ef99aab) and as the memory model prices it (costmodel/pipebuffers.py); older torch keeps them until
+    the next step."""
+    known = inspect.signature(schedule.step).parameters
+    return {"return_outputs": False} if "return_outputs" in known else {}
 
 
 def compute_dtype(plan: ParallelPlan, device: torch.device) -> torch.dtype:
@@ -205,7 +215,7 @@ class NativeTrainer:
         losses: list[torch.Tensor] = []
         args = (inputs,) if first else ()
         if last:
-            self.schedule.step(*args, target=targets, losses=losses)
+            self.schedule.step(*args, target=targets, losses=losses, **_no_outputs(self.schedule))
             return torch.stack(losses).detach().mean(), 1.0
-        self.schedule.step(*args)
+        self.schedule.step(*args, **_no_outputs(self.schedule))
         return torch.zeros((), device=self.device), 0.0
