@@ -6,9 +6,10 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster, model_from_dict
 from autotune.costmodel import comm, compute, cpcomm, flops, pipeline
+from autotune.costmodel.blocktime import block_times
 from autotune.costmodel.dpcomm import collective_calls
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
+from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, host_traffic, step_time
 from autotune.costmodel.tpcomm import NORM_GRAD_BYTES, norm_grad_tensors, sp_norm_grads
 from autotune.costmodel.tpcomm import collective_calls as tp_calls
 from autotune.errors import ConfigError
