@@ -16,7 +16,8 @@ from autotune.costmodel.activations import (
     in_flight_microbatches,
     layer_activation_bytes,
 )
-from autotune.costmodel.memory import CPU_RESERVE_BYTES, memory_breakdown
+from autotune.costmodel.memory import memory_breakdown
+from autotune.costmodel.reserve import CPU_RESERVE_BYTES
 from autotune.costmodel.states import (
     DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
     MIXED_BF16,
