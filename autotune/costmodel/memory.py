@@ -49,6 +49,7 @@ from autotune.costmodel.activations import (
     stage_activation_bytes,
 )
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
+from autotune.costmodel.dpbuffers import comm_bucket_bytes, gathered_bytes
 from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.pipebuffers import (
     keeps_stage_buffers,
@@ -62,8 +63,6 @@ from autotune.costmodel.states import (
     MIXED_BF16,
     ModelStates,
     Numerics,
-    comm_bucket_bytes,
-    gathered_bytes,
     model_state_bytes,
     stage_params_per_gpu,
 )
