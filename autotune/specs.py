@@ -267,7 +267,7 @@ class ClusterSpec:
     ~0.8-0.9 on NVSwitch and IB). Calibratable."""
     dp_overlap_fraction: float | None = None
     """Share of the compute window that DP/ZeRO/FSDP collectives hide behind (None: the documented
-    ``costmodel.steptime.DP_OVERLAP_FRACTION``). Calibratable."""
+    ``costmodel.overlap.DP_OVERLAP_FRACTION``). Calibratable."""
     step_overhead_s: float = 0.0
     """Fixed seconds per optimizer step that no kernel term covers (framework bookkeeping, host-side
     dispatch). 0 in the catalog; fitted from trials (``autotune calibrate``)."""

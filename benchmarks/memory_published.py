@@ -28,7 +28,7 @@ import yaml
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.memory import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
+from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
 from autotune.plan import ParallelPlan, Sharding
 
 ROOT = Path(__file__).resolve().parent

@@ -28,7 +28,8 @@ from typing import Any
 
 import yaml
 
-from autotune.costmodel.steptime import block_times, step_time
+from autotune.costmodel.blocktime import block_times
+from autotune.costmodel.steptime import step_time
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 

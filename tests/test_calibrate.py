@@ -14,7 +14,7 @@ from autotune.calibrate import Factors, Observation, calibrate_study, fit
 from autotune.calibrate.fit import BOUNDS, predict_s
 from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
-from autotune.costmodel import steptime
+from autotune.costmodel import overlap
 from autotune.plan import ParallelPlan
 from autotune.probe.profile import with_profile
 from autotune.ranking import plan_search
@@ -109,10 +109,10 @@ def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
 @pytest.mark.slow
 def test_a_fit_is_data_on_the_specs_never_a_module_global(setup):
     model, cluster, plans = setup
-    before = (steptime.DP_OVERLAP_FRACTION, cluster.gpu.gemm_efficiency, cluster.collective_efficiency)
+    before = (overlap.DP_OVERLAP_FRACTION, cluster.gpu.gemm_efficiency, cluster.collective_efficiency)
     calibrated = fit(model, cluster, _observe(model, cluster, plans[::3], TRUE)).factors.apply(cluster, "fit")
     assert (
-        steptime.DP_OVERLAP_FRACTION,
+        overlap.DP_OVERLAP_FRACTION,
         cluster.gpu.gemm_efficiency,
         cluster.collective_efficiency,
     ) == before

@@ -5,7 +5,7 @@ The factors are the step-time model's documented knobs that live on the specs as
 =========================  ==================================================================================
 ``gemm_efficiency``        ``GPUSpec``: fraction of the dense peak GEMMs reach (scales all compute)
 ``collective_efficiency``  ``ClusterSpec``: fraction of link bandwidth collectives reach (scales all comm)
-``dp_overlap_fraction``    ``ClusterSpec``: share of compute DP/ZeRO/FSDP traffic hides behind (steptime.py)
+``dp_overlap_fraction``    ``ClusterSpec``: share of compute DP/ZeRO/FSDP traffic hides behind (overlap.py)
 ``latency_scale``          ``LinkSpec.latency_s`` of both links x this: the alpha of every collective and send
 ``host_scale``             ``GPUSpec``'s host-time terms x this (rates / this): eager operators, DTensor,
                            pipeline actions, FSDP2 / ZeRO-3 hooks -- host work the device does not hide
@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.costmodel.steptime import DP_OVERLAP_FRACTION, step_time
+from autotune.costmodel.overlap import DP_OVERLAP_FRACTION
+from autotune.costmodel.steptime import step_time
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 

@@ -2,7 +2,7 @@
 one GPU, from the shapes the plan gives each kernel (``kernels`` prices a kernel; ``flops`` counts work).
 
 Convention: forward times; a GEMM's backward is its two gradient GEMMs of the same intensity (2x the forward,
-``steptime.BlockTimes.bwd_s``). fp8 plans run the block's linears in fp8 and pay their scaling casts
+``blocktime.BlockTimes.bwd_s``). fp8 plans run the block's linears in fp8 and pay their scaling casts
 (``kernels.fp8_cast_bytes``, a third with the forward GEMMs, two thirds with the backward ones); the attention
 core and the LM head stay 16-bit (Transformer Engine's fp8 autocast covers the layers' linears;
 torchtitan's float8 converter skips ``output`` by ``filter_fqns``).

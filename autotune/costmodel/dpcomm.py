@@ -12,12 +12,8 @@ import math
 from typing import NamedTuple
 
 from autotune.costmodel import comm
-from autotune.costmodel.states import (
-    DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
-    DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
-    defers_grad_reduce,
-    megatron_grad_bytes,
-)
+from autotune.costmodel.dpbuffers import DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from autotune.costmodel.states import defers_grad_reduce, megatron_grad_bytes
 from autotune.plan import Framework, ParallelPlan, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 

@@ -12,7 +12,7 @@ moments, and the breakdown shows the components of that moment:
   current and prefetched units and one unsharded gradient (ZeRO-3/FSDP);
 - the optimizer step: no activations, but the step's temporaries (shown in ``optimizer_bytes``).
 
-Pipelining + FSDP2 (``states.defers_grad_reduce``; ``deferred_reduce_bytes`` cites torch) adds the stage's
+Pipelining + FSDP2 (``states.defers_grad_reduce``; ``deferredreduce.py`` cites torch) adds the stage's
 unsharded gradients, accumulated from the first backward to the end-of-step reduction, and parameters left
 gathered after each backward, with two more moments: the end of a backward (the whole stage gathered, one
 micro-batch's activations freed) and the reduction itself.
@@ -21,9 +21,9 @@ torch's pipelining (framework fsdp) keeps a receive buffer per micro-batch and t
 micro-batches (``pipebuffers.py``); Megatron two transfer buffers (``pipeline_p2p_bytes``).
 
 Model states (``states.py``) and activations (``activations.py``) cite their sources; the CUDA/NCCL context
-and the allocator slack below are measured constants. The total is the reserved peak as the device shows
-it; a plan is out of memory when the allocated peak (``MemoryBreakdown.needed_bytes``, the total less the
-slack the allocator gives back before it fails) exceeds the device. Numbers assume bf16 mixed precision
+and the allocator slack (``reserve.py``) are measured constants. The total is the reserved peak as the device
+shows it; a plan is out of memory when the allocated peak (``MemoryBreakdown.needed_bytes``, the total less
+the slack the allocator gives back before it fails) exceeds the device. Numbers assume bf16 mixed precision
 with fp32 master weights (``MIXED_BF16``; fp8 plans keep bf16 weights, and fp8 GEMM inputs where the
 framework saves them: ``activations.kernels_for``); ``numerics=FP32``
 describes plain fp32 training, which is what the CPU cross-check (benchmarks/memory_crosscheck.py)
@@ -48,6 +48,8 @@ from autotune.costmodel.activations import (
     microbatches_at_loss,
     stage_activation_bytes,
 )
+from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
+from autotune.costmodel.dpbuffers import comm_bucket_bytes, gathered_bytes
 from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.pipebuffers import (
     keeps_stage_buffers,
@@ -56,19 +58,15 @@ from autotune.costmodel.pipebuffers import (
     stage_output_bytes,
 )
 from autotune.costmodel.recompute_modules import freed_bytes_per_layer
+from autotune.costmodel.reserve import fragmentation_bytes, reserve_bytes
 from autotune.costmodel.states import (
     MIXED_BF16,
     ModelStates,
     Numerics,
-    comm_bucket_bytes,
-    defers_grad_reduce,
-    gathered_bytes,
-    layer_params_per_gpu,
     model_state_bytes,
-    root_params_per_gpu,
     stage_params_per_gpu,
 )
-from autotune.plan import ParallelPlan, Schedule, Sharding
+from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_layers
 
@@ -76,41 +74,8 @@ __all__ = [
     "MemoryBreakdown",
     "memory_breakdown",
     "stage_memory",
-    "reserve_bytes",
-    "fragmentation_bytes",
     "pipeline_p2p_bytes",
-    "KeptBytes",
-    "deferred_reduce_bytes",
-    "CUDA_CONTEXT_BYTES",
-    "NCCL_CONTEXT_BYTES",
-    "NCCL_BYTES_PER_COMMUNICATOR",
-    "FRAGMENTATION_FRACTION",
-    "CPU_RESERVE_BYTES",
 ]
-
-_MIB = 1024**2
-
-CUDA_CONTEXT_BYTES = 685 * _MIB
-"""CUDA context of a PyTorch process: device memory in use outside the caching allocator after the first
-bf16 GEMM. Measured 718,077,952 B on an H200 with torch 2.11 + CUDA 13.0
-(benchmarks/results/memory_crosscheck_gpu.json, ``context_bytes``)."""
-NCCL_CONTEXT_BYTES = 558 * _MIB
-"""NCCL's first communicator (its device code, proxy and buffers): measured 585,105,408 B for a 1-rank
-communicator after one all-reduce on the same H200 (``nccl_world1_bytes``). Counted once when any
-parallel axis is > 1."""
-NCCL_BYTES_PER_COMMUNICATOR = 256 * _MIB
-"""Peer buffers of each communicator (one per parallel axis of degree > 1): NCCL_BUFFSIZE 4 MiB x up to
-32 channels x send/recv (NCCL environment-variable docs, NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS). Not measured
-here (one GPU); an estimate."""
-FRAGMENTATION_FRACTION = 0.15
-"""Caching-allocator slack (reserved - allocated at the peak) as a share of the bytes that come and go in
-a step (activations, logits, gather buffers, step temporaries): 13-15% when activations dominate,
-up to ~50% when the optimizer step's one large buffer does (benchmarks/results/memory_crosscheck_gpu.json,
-H200). ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` removes most of it (PyTorch CUDA semantics
-notes, "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF")."""
-CPU_RESERVE_BYTES = 64 * _MIB
-"""CPU trials: gloo buffers and allocator slack; no device context exists (glibc malloc returns large
-blocks to the system, so there is no caching-allocator fragmentation to speak of)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,71 +128,6 @@ class MemoryBreakdown:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
-
-
-def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """CUDA context + NCCL (its first communicator, then one per parallel axis of degree > 1; HSDP has
-    two); a small constant on CPU trials."""
-    if cluster.gpu.key == "cpu":
-        return float(CPU_RESERVE_BYTES)
-    axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp)) + (plan.sharding is Sharding.HSDP)
-    nccl = (NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0
-    return CUDA_CONTEXT_BYTES + nccl
-
-
-def fragmentation_bytes(cluster: ClusterSpec, transient_bytes: float) -> float:
-    """Caching-allocator slack on the bytes that come and go (``FRAGMENTATION_FRACTION``); none on CPU."""
-    return 0.0 if cluster.gpu.key == "cpu" else FRAGMENTATION_FRACTION * transient_bytes
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class KeptBytes:
-    """Unsharded FSDP2 buffers a pipeline stage carries from micro-batch to micro-batch (all 0 without)."""
-
-    params_bytes: float = 0.0
-    """Compute-dtype parameters left gathered after a backward: the whole stage at its end (0 for
-    fsdp-grad-op, whose gathered copy is counted with the weights)."""
-    grads_bytes: float = 0.0
-    """Unsharded gradients in the reduce dtype beyond the sharded ones ``model_state_bytes`` counts (those
-    only exist after the end-of-step reduction)."""
-    unit_grad_bytes: float = 0.0
-    """Compute-dtype gradient of the largest unit, before ``accumulate_unsharded_grad_if_needed`` adds it."""
-    reduce_input_bytes: float = 0.0
-    """fp32 reduce-scatter input of the largest unit during the end-of-step reduction."""
-
-
-def deferred_reduce_bytes(
-    model: ModelSpec,
-    plan: ParallelPlan,
-    numerics: Numerics = MIXED_BF16,
-    *,
-    first: bool,
-    last: bool,
-    sharded_grad_bytes: float,
-    layers: float | None = None,
-) -> KeptBytes:
-    """What torch 2.13's pipelining keeps unsharded on a sharded FSDP2 stage (``states.defers_grad_reduce``).
-
-    torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync`` turns off gradient sync and
-    resharding after backward on every FSDP unit of the stage; in FSDP2's ``post_backward``
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py) a unit then neither reshards nor
-    reduce-scatters, and ``FSDPParam.to_accumulated_grad_if_needed`` moves its gradient to an unsharded
-    ``unsharded_accumulated_grad`` in ``reduce_dtype`` (fp32 under autotune/trials/parallelize.py's
-    ``MixedPrecisionPolicy``; fp32 trials accumulate fp32 ``.grad``): 4 B per parameter of the stage until
-    ``perform_reduce_grad``. ``foreach_reduce`` (``_fsdp_collectives.py``) copies a unit's gradients into its
-    reduce-scatter input, then frees them. A unit gathered in backward stays gathered until its next forward
-    reshards it (``reshard_after_forward=True``: fsdp-full, hsdp) or until the reduction (fsdp-grad-op)."""
-    if not defers_grad_reduce(plan) or plan.sharding is Sharding.NONE:
-        return KeptBytes()
-    stage = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
-    unit = max(layer_params_per_gpu(model, plan), root_params_per_gpu(model, plan, first=first, last=last))
-    params = 0.0 if plan.sharding is Sharding.FSDP_GRAD_OP else stage * numerics.compute_bytes
-    return KeptBytes(
-        params_bytes=params,
-        grads_bytes=max(0.0, 4.0 * stage - sharded_grad_bytes),
-        unit_grad_bytes=unit * numerics.compute_bytes,
-        reduce_input_bytes=4.0 * unit,
-    )
 
 
 class _Moment(NamedTuple):

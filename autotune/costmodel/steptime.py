@@ -3,9 +3,10 @@
 Convention: per-GPU work is that of the most-loaded pipeline rank (``pipeline.rank_blocks``); collectives are
 timed by ``comm`` on the links ``comm.group_link`` assigns from the rank order ``pp, dp, cp, tp`` (outer to
 inner: TP stride 1, CP stride ``tp``, DP stride ``tp*cp``, PP stride ``tp*cp*dp``). Every term is one small
-function citing its source; the overhead constants below and in ``offload`` are the only knobs besides the
-per-GPU ``gemm_efficiency`` in ``data/hardware.yaml``, and none is per model or per run. A probe profile or a
-calibration (``autotune.calibrate``) changes the calibratable ones as data, never as module globals:
+function citing its source (one block's in ``blocktime``); the overhead constants in ``overlap``,
+``blocktime`` and ``offload`` are the only knobs besides the per-GPU ``gemm_efficiency`` in
+``data/hardware.yaml``, and none is per model or per run. A probe profile or a calibration
+(``autotune.calibrate``) changes the calibratable ones as data, never as module globals:
 ``GPUSpec.gemm_efficiency``, ``ClusterSpec.collective_efficiency``, ``dp_overlap_fraction``,
 ``step_overhead_s`` and ``microbatch_overhead_s``.
 """
@@ -13,15 +14,14 @@ calibration (``autotune.calibrate``) changes the calibratable ones as data, neve
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, flops, fsdpcopy, moe, moehost, ncclsm, pipeline, tpcomm
+from autotune.costmodel import flops, fsdpcopy, moe, ncclsm, pipeline, tpcomm
+from autotune.costmodel.blocktime import block_times, recomputed_share
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.gradbuffer import megatron_grad_buffer_s
-from autotune.costmodel.hostops import block_host_s, edge_host_s, fsdp_host_s, zero3_host_s
+from autotune.costmodel.hostops import fsdp_host_s, zero3_host_s
 from autotune.costmodel.kernels import HBM_EFFICIENCY
-from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.offload import (
     HOST_ACCUMULATE_BYTES_PER_PARAM,
     HOST_OPTIMIZER_BYTES_PER_S,
@@ -33,17 +33,14 @@ from autotune.costmodel.offload import (
     host_traffic,
     optimizer_s,
 )
-from autotune.costmodel.recompute_modules import rerun_s as modules_rerun_s
+from autotune.costmodel.overlap import dp_overlap_fraction, exposed_s
 from autotune.costmodel.states import vocab_split
-from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
     "TimeBreakdown",
-    "BlockTimes",
     "HostTraffic",
-    "block_times",
     "host_traffic",
     "step_time",
     "OPTIMIZER_BYTES_PER_PARAM",
@@ -53,15 +50,6 @@ __all__ = [
     "HOST_ACCUMULATE_BYTES_PER_PARAM",
     "HBM_EFFICIENCY",
 ]
-
-DP_OVERLAP_FRACTION = 0.8
-"""Share of the overlappable compute window during which DP/ZeRO/FSDP collectives run hidden. Below 1 because
-NCCL kernels take SMs and HBM bandwidth from the GEMMs they hide behind (PyTorch DDP paper, Li et al. 2020,
-Sec. 5: overlap recovers most but not all communication time). The first gather / last reduce of a window is
-always exposed (see ``_exposed_s``)."""
-ELEMENTWISE_BWD_FACTOR = 1.5
-"""Backward/forward HBM traffic of elementwise kernels: the backward of ``y = f(x)`` reads ``x`` (or ``y``)
-and ``dy`` and writes ``dx`` (3 tensors) where the forward read 1 and wrote 1."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -123,193 +111,6 @@ class TimeBreakdown:
         return d
 
 
-class BlockTimes(NamedTuple):
-    """One transformer block, one micro-batch, one GPU (seconds); ``head_s`` is the LM head's."""
-
-    gemm_s: float
-    """Forward GEMMs."""
-    attn_s: float
-    """Forward attention core (``QK^T``, ``PV``)."""
-    attn_bwd_s: float
-    """Backward of the attention core: 2x its forward FLOPs, slower per FLOP with FlashAttention."""
-    ew_s: float
-    """Forward memory-bound kernels (norms, residuals, activation; softmax/dropout without FlashAttention)."""
-    recompute_s: float
-    """Recomputed forward work (full: the whole block; selective: the attention core)."""
-    tp_s: float
-    """Exposed TP collectives: 2 in forward, 2 in backward, 2 more in a fully recomputed forward."""
-    cp_s: float
-    """Exposed ring-attention K/V exchange."""
-    head_s: float
-    """LM head forward + backward and its loss (on the last pipeline rank only)."""
-    head_tp_s: float = 0.0
-    """TP collectives of the LM head and loss (last pipeline rank; ``tpcomm.edge_collectives_s``)."""
-    embed_tp_s: float = 0.0
-    """TP collectives of the embedding (first pipeline rank)."""
-    host_s: float = 0.0
-    """Host time of the block's eager operators where the device does not hide it (``hostops``; 0 on GPUs)."""
-    edge_host_s: float = 0.0
-    """The same for the embedding, head and loss (charged to the last pipeline rank)."""
-    ep_s: float = 0.0
-    """Exposed expert-parallel all-to-all of the block (``moe.dispatch_s``)."""
-
-    @property
-    def fwd_s(self) -> float:
-        return self.gemm_s + self.attn_s + self.ew_s
-
-    @property
-    def bwd_s(self) -> float:
-        """2 x the forward GEMM FLOPs, ``attn_bwd_s``, and elementwise backward kernels moving
-        ``ELEMENTWISE_BWD_FACTOR`` x the forward bytes."""
-        return 2 * self.gemm_s + self.attn_bwd_s + ELEMENTWISE_BWD_FACTOR * self.ew_s
-
-    @property
-    def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s + self.ep_s
-
-
-def _tp_exposed_s(
-    one_s: float,
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: ParallelPlan,
-    wgrad_s: float,
-    overlap: bool,
-    overlap_fraction: float = DP_OVERLAP_FRACTION,
-) -> float:
-    """TP collectives of one block, each an all-reduce of ``b s h`` or with sequence parallelism an all-gather
-    and reduce-scatter pair (``tpcomm.reduction_s``); how many per framework: ``tpcomm.block_collectives``.
-    Forward ones sit between dependent GEMMs and are exposed. With ``overlap`` the backward ones run under
-    the weight-gradient GEMMs (Megatron-LM's async TP all-reduce, since commit 16c90445e7, 2021-09), up to
-    ``DP_OVERLAP_FRACTION`` of them. ``plan.tp_comm_overlap`` (Transformer Engine userbuffers:
-    ``ub_overlap_ag``, ``ub_overlap_rs``, ``ub_overlap_rs_dgrad``, ``ub_bulk_wgrad``) splits each collective
-    and pipelines it with the GEMM it feeds, forward and backward. ``plan.async_tp`` (torch micro-pipelined
-    TP: inductor's ``micro_pipeline_tp`` pass fuses the forward graph's all-gather -> matmul and matmul ->
-    reduce-scatter into ``fused_all_gather_matmul`` / ``fused_matmul_reduce_scatter``) is priced as hiding
-    the forward ones only, the backward keeping plain collectives: an assumption, not a measurement
-    (torchtitan's async-TP benchmark gains 1.04-1.16x on H100, not the ~1.3x that hiding all would give)."""
-    fwd_n, bwd_n = block_collectives(model, plan)
-    fwd_hidden = max(0.0, fwd_n * one_s - overlap_fraction * wgrad_s * fwd_n / 2)  # recompute: 2 forwards
-    if plan.tp_comm_overlap:
-        return fwd_hidden + max(0.0, bwd_n * one_s - overlap_fraction * 2 * wgrad_s)
-    if plan.async_tp and str(plan.fp8_recipe) == "rowwise" and str(plan.precision) == "fp8":
-        # pytorch/pytorch#149990: with rowwise scales inductor fuses matmul -> reduce-scatter but not the
-        # all-gather -> matmul, so only the forward reduce-scatters (half the forward collectives) hide
-        return (
-            fwd_n / 2 * one_s
-            + max(0.0, fwd_n / 2 * one_s - overlap_fraction * wgrad_s * fwd_n / 4)
-            + bwd_n * one_s
-        )
-    if plan.async_tp:
-        return fwd_hidden + bwd_n * one_s
-    if overlap:  # NCCL kernels, holding their SMs while hidden (``ncclsm``)
-        bwd_exposed = max(0.0, bwd_n * one_s - overlap_fraction * wgrad_s)
-        return fwd_n * one_s + bwd_exposed + ncclsm.hidden_comm_sm_s(cluster, bwd_n * one_s - bwd_exposed)
-    return (fwd_n + bwd_n) * one_s
-
-
-def block_times(
-    model: ModelSpec,
-    cluster: ClusterSpec,
-    plan: ParallelPlan,
-    *,
-    flash_attention: bool = True,
-    tp_backward_overlap: bool | None = None,
-    attention_kernel: str | None = None,
-) -> BlockTimes:
-    """Per-block, per-micro-batch times on one GPU: ``FLOPs / (peak x gemm_efficiency)`` for GEMMs and
-    attention, ``bytes / (HBM x HBM_EFFICIENCY)`` for the elementwise kernels (``flops`` module); the sequence
-    is split over CP, weights over TP. Software switches (defaults: today's frameworks):
-    ``flash_attention=False`` models pre-2022 kernels that materialise the ``s x s`` scores (no causal
-    skipping, ``flops.SCORE_BYTES`` of traffic per score); ``tp_backward_overlap`` (default: Megatron only)
-    hides backward TP collectives under GEMMs."""
-    hbm_rate = compute.hbm_rate(cluster)
-    tp, s = plan.tp, plan.seq_len
-    tokens = plan.micro_batch * s / plan.cp
-    gemm_s = compute.block_gemm_s(model, cluster, plan, tokens)
-    attn_s, attn_bwd_s = compute.attention_s(
-        model, cluster, plan, tokens, flash=flash_attention, kernel=attention_kernel
-    )
-    ew_bytes = flops.elementwise_bytes_per_token(
-        model, tp=tp, sequence_parallel=plan.sequence_parallel
-    ) + compute.eager_extra_bytes_per_token(model, cluster, plan)
-    score_s = 0.0 if flash_attention else tokens * flops.score_bytes_per_token(model, s, tp=tp) / hbm_rate
-    ew_s = tokens * (ew_bytes + moe.regroup_bytes_per_token(model, plan)) / hbm_rate + score_s
-    recompute = plan.recompute
-    recompute_s = (
-        recomputed_share(model, plan) * (gemm_s + attn_s + ew_s)
-        if recompute is Recompute.FULL
-        else 0.0
-        if recompute is not Recompute.SELECTIVE
-        else attn_s + score_s
-        if plan.framework is not Framework.FSDP  # torchtitan: op SAC, not Megatron's selective
-        else compute.op_sac_recompute_s(model, cluster, plan, tokens, ew_s - score_s)
-    )
-    modules_s = modules_rerun_s(model, cluster, plan, tokens, attn_s + score_s)  # --recompute-modules
-    recompute_s = recompute_s if modules_s is None else modules_s
-    tp_s = 0.0
-    if tp > 1:
-        hidden_bytes = tokens * model.hidden_size * act_bytes(cluster)
-        # an fp8 all-gather moves half the bytes of its bf16 reduce-scatter partner (compute.fp8_tp_gather)
-        one = reduction_s(
-            hidden_bytes * (0.75 if compute.fp8_tp_gather(plan) else 1.0),
-            plan,
-            comm.group_link(cluster, tp, 1),
-        )
-        overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
-        tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, _overlap_fraction(cluster))
-    loss_bytes = loss_bytes_per_vocab(plan) + compute.eager_loss_extra_bytes_per_vocab(cluster, plan)
-    head_s = 3 * compute.head_gemm_s(
-        model, cluster, vocab_split(plan), tokens
-    ) + tokens * loss_bytes * model.vocab_size / hbm_rate / vocab_split(plan)
-    cp_s = cpcomm.cp_exposed_s(model, cluster, plan, tokens, attn_s, attn_bwd_s)
-    embed_tp_s, head_tp_s = edge_collectives_s(model, cluster, plan, tokens)
-    bt = BlockTimes(
-        gemm_s,
-        attn_s,
-        attn_bwd_s,
-        ew_s,
-        recompute_s,
-        tp_s,
-        cp_s,
-        head_s,
-        head_tp_s,
-        embed_tp_s,
-        block_host_s(model, cluster, plan),
-        edge_host_s(model, cluster, plan),
-        ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)),
-    )
-    return bt._replace(host_s=bt.host_s + _moe_host_s(model, plan, bt))
-
-
-def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
-    """What the per-layer host sync of the MoE dispatcher exposes (``moehost``), against the block's device
-    time: forward work and a third of its TP/CP time, the rest and the recompute in backward; the token
-    exchange split by its calls (2 of 4, or of 6 with full recompute)."""
-    ep_fwd = bt.ep_s * (2 / 6 if plan.recompute is Recompute.FULL else 0.5)
-    comm = bt.tp_s + bt.cp_s
-    return moehost.exposed_s(
-        model, plan, bt.fwd_s + comm / 3 + ep_fwd, bt.bwd_s + bt.recompute_s + 2 * comm / 3 + bt.ep_s - ep_fwd
-    )
-
-
-def _overlap_fraction(cluster: ClusterSpec) -> float:
-    """The cluster's calibrated overlap, else ``DP_OVERLAP_FRACTION``; 0 on a device whose frameworks issue
-    collectives synchronously (``GPUSpec.async_collectives``)."""
-    if not cluster.gpu.async_collectives:
-        return 0.0
-    return DP_OVERLAP_FRACTION if cluster.dp_overlap_fraction is None else cluster.dp_overlap_fraction
-
-
-def _exposed_s(
-    comm_s: float, window_s: float, pieces: int, overlap_fraction: float = DP_OVERLAP_FRACTION
-) -> float:
-    """Communication left on the critical path when it may hide behind ``window_s`` of compute: at least one
-    piece (the first gather / last reduce-scatter bucket of the window has nothing to overlap), else what
-    ``DP_OVERLAP_FRACTION`` of the window cannot cover."""
-    return max(comm_s / max(1, pieces), comm_s - overlap_fraction * window_s)
-
-
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head on a
     pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
@@ -330,24 +131,16 @@ def _offload_s(
     """Exposed seconds of offload traffic at ``PCIE_BYTES_PER_S`` per direction. Copies issued during a
     micro-batch run on the same streams as its DP collectives (FSDP2 copies in on its all-gather stream and
     out on its reduce-scatter stream; DeepSpeed on its reduction stream), so they hide behind that
-    micro-batch's compute together with them (``_exposed_s``); only what they add is charged here. Copies
-    around the host step, and host-side accumulation (at the node's ``HOST_OPTIMIZER_BYTES_PER_S``), are
-    exposed."""
+    micro-batch's compute together with them (``overlap.exposed_s``); only what they add is charged here.
+    Copies around the host step, and host-side accumulation (at the node's ``HOST_OPTIMIZER_BYTES_PER_S``),
+    are exposed."""
     m = plan.num_microbatches
     copy_s = max(traffic.overlapped_h2d_bytes, traffic.overlapped_d2h_bytes) / m / PCIE_BYTES_PER_S
-    overlap = _overlap_fraction(cluster)
-    alone_s = _exposed_s(dp_per_mb_s, window_s, pieces, overlap)
-    added_s = m * (_exposed_s(dp_per_mb_s + copy_s, window_s, pieces, overlap) - alone_s)
+    overlap = dp_overlap_fraction(cluster)
+    alone_s = exposed_s(dp_per_mb_s, window_s, pieces, overlap)
+    added_s = m * (exposed_s(dp_per_mb_s + copy_s, window_s, pieces, overlap) - alone_s)
     host_s = traffic.host_accumulate_bytes * gpus_sharing_host(cluster, plan) / HOST_OPTIMIZER_BYTES_PER_S
     return added_s + traffic.step_bytes / PCIE_BYTES_PER_S + host_s
-
-
-def recomputed_share(model: ModelSpec, plan: ParallelPlan) -> float:
-    """Share of blocks a full recompute reruns: all, or ``recompute_layers`` of each model chunk
-    (Megatron ``--recompute-method block``)."""
-    if plan.recompute_layers is None:
-        return 1.0
-    return min(1.0, plan.recompute_layers * plan.virtual_stages * plan.pp / model.num_layers)
 
 
 def step_time(
@@ -380,7 +173,7 @@ def step_time(
     edge_tp_s = last_tp_s if last_busier else bt.embed_tp_s
     edge_host = bt.edge_host_s if last_busier else 0.0
     m = plan.num_microbatches
-    ov = _overlap_fraction(cluster)
+    ov = dp_overlap_fraction(cluster)
     mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
     mb_s = blocks * block_s + head_s + edge_tp_s + edge_host
     busiest = max(k_last, k_other)
@@ -396,8 +189,8 @@ def step_time(
     )
     # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
     dp_exposed = (
-        m * _exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
-        + _exposed_s(dp.once_s, mb_compute_s, blocks, ov)
+        m * exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
+        + exposed_s(dp.once_s, mb_compute_s, blocks, ov)
         + dp.tail_s
     )
     # the hidden part still holds NCCL's SMs while the compute it overlaps runs (``ncclsm``)

@@ -1,6 +1,6 @@
 """How much of a collective hides behind compute on these devices: the cost model's ``dp_overlap_fraction``.
 
-DP/ZeRO/FSDP traffic overlaps backward GEMMs (steptime.py ``_exposed_s``). How much it can is a property of
+DP/ZeRO/FSDP traffic overlaps backward GEMMs (``costmodel.overlap``). How much it can is a property of
 the machine, not a constant: NCCL kernels take SMs and HBM bandwidth from the GEMMs they run beside (PyTorch
 DDP paper, Li et al. 2020, Sec. 5), and gloo reduces and copies on the same CPU cores the trial's compute
 threads use, so on a CPU node with no spare core little or nothing hides.

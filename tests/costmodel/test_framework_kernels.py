@@ -5,12 +5,12 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import compute, dpcomm, gemms
+from autotune.costmodel.blocktime import block_times
 from autotune.costmodel.offload import optimizer_s as _optimizer_s
 from autotune.costmodel.steptime import (
     HOST_OPTIMIZER_BYTES_PER_S,
     OPTIMIZER_BYTES_PER_PARAM,
     TORCH_CPU_ADAMW_BYTES_PER_PARAM,
-    block_times,
     step_time,
 )
 from autotune.plan import ParallelPlan

@@ -5,8 +5,8 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import compute, flops, lossbytes
+from autotune.costmodel.blocktime import block_times
 from autotune.costmodel.states import vocab_split
-from autotune.costmodel.steptime import block_times
 from autotune.plan import ParallelPlan
 
 

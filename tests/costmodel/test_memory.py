@@ -16,15 +16,14 @@ from autotune.costmodel.activations import (
     in_flight_microbatches,
     layer_activation_bytes,
 )
-from autotune.costmodel.memory import CPU_RESERVE_BYTES, memory_breakdown
-from autotune.costmodel.states import (
+from autotune.costmodel.dpbuffers import (
     DEEPSPEED_PREFETCH_BUCKET_ELEMENTS,
-    MIXED_BF16,
     gathered_bytes,
     largest_module_params_per_gpu,
-    model_state_bytes,
-    state_bytes_per_param,
 )
+from autotune.costmodel.memory import memory_breakdown
+from autotune.costmodel.reserve import CPU_RESERVE_BYTES
+from autotune.costmodel.states import MIXED_BF16, model_state_bytes, state_bytes_per_param
 from autotune.plan import ParallelPlan, Recompute
 from benchmarks import memory_crosscheck as mc
 

@@ -11,7 +11,7 @@ from autotune.costmodel.activations import (
     loss_transient_bytes,
 )
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.memory import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
+from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
 from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param
 from autotune.plan import ParallelPlan, Recompute
 
@@ -83,7 +83,7 @@ def test_megatron_fsdp_shards_everything_and_gathers_per_layer():
     fsdp = estimate(model, cluster, ParallelPlan(**base, sharding="fsdp-full")).memory
     assert fsdp.weights_bytes == pytest.approx(dist_opt.weights_bytes / 8)
     assert fsdp.gradients_bytes == pytest.approx(dist_opt.gradients_bytes / 8)
-    from autotune.costmodel.states import gathered_bytes
+    from autotune.costmodel.dpbuffers import gathered_bytes
 
     gathered = [
         gathered_bytes(model, ParallelPlan(**base, sharding=s), first=True, last=True, backward=True)

@@ -12,7 +12,8 @@ from autotune.costmodel.activations import (
     loss_stored_bytes,
     loss_transient_bytes,
 )
-from autotune.costmodel.memory import FRAGMENTATION_FRACTION, memory_breakdown
+from autotune.costmodel.memory import memory_breakdown
+from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
 from autotune.emit import megatron_args
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan

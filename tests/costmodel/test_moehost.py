@@ -4,7 +4,7 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import moehost
-from autotune.costmodel.steptime import block_times
+from autotune.costmodel.blocktime import block_times
 from autotune.plan import ParallelPlan
 
 

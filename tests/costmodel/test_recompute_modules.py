@@ -4,7 +4,7 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
-from autotune.costmodel.steptime import block_times
+from autotune.costmodel.blocktime import block_times
 from autotune.emit.megatron import megatron_args
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan

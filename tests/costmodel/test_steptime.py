@@ -5,10 +5,9 @@ import dataclasses
 import pytest
 
 from autotune.catalog import load_model, make_cluster, model_from_dict
-from autotune.costmodel import comm, compute, cpcomm, flops, pipeline
+from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls
-from autotune.costmodel.estimate import estimate
-from autotune.costmodel.steptime import PCIE_BYTES_PER_S, HostTraffic, block_times, host_traffic, step_time
+from autotune.costmodel.steptime import step_time
 from autotune.costmodel.tpcomm import NORM_GRAD_BYTES, norm_grad_tensors, sp_norm_grads
 from autotune.costmodel.tpcomm import collective_calls as tp_calls
 from autotune.errors import ConfigError
@@ -143,61 +142,6 @@ def test_dp_over_1gbe_dominates_and_sharding_traffic_scales_as_documented():
     assert offload.optimizer_s > zero1.optimizer_s and offload.offload_s > 0
 
 
-def test_fsdp_offload_copies_the_param_shard_in_every_microbatch():
-    """FSDP2 CPUOffloadPolicy: each micro-batch copies the fp32 param shard host->GPU before its forward and
-    backward all-gathers; 256 micro-batches of a 4.3B-param shard cannot hide behind their compute. (No PP:
-    a pipelined 70B FSDP2 stage keeps its unsharded fp32 gradients on the GPU and fits no H200.)"""
-    model = load_model("70b")
-    plan = ParallelPlan(cp=4, dp=4, global_batch=1024, seq_len=4096, sharding="fsdp-full", offload=True)
-    t = step_time(model, make_cluster(num_gpus=16), plan)
-    shard = model.num_params / (plan.dp * plan.cp)
-    assert t.offload_s >= plan.num_microbatches * shard * 4 / PCIE_BYTES_PER_S  # fp32 shard, one gather each
-    half = step_time(model, make_cluster(num_gpus=16), plan.replace(global_batch=512))
-    assert t.offload_s > 1.9 * half.offload_s  # per-micro-batch traffic, not per step
-    h200 = make_cluster(num_gpus=16, gpu="h200")  # 141 GB: the plan fits with its states on the GPU too
-    offloaded, on_gpu = estimate(model, h200, plan), estimate(model, h200, plan.replace(offload=False))
-    assert offloaded.feasible and on_gpu.feasible
-    assert offloaded.step_time_s > 2 * on_gpu.step_time_s
-
-
-def test_offload_traffic_per_framework_scales_as_documented():
-    plan = ParallelPlan(
-        dp=16, global_batch=16, seq_len=4096, sharding="zero2", framework="deepspeed", offload=True
-    )
-    shard = 1e9
-    # one micro-batch: fp32 gradient partition down (4 B), 16-bit parameter partition up (2 B), once
-    assert host_traffic(plan, shard) == HostTraffic(0.0, 0.0, 6 * shard, 0.0)
-    for m in (2, 8, 64):  # accumulation round-trips the 16-bit partition through the pinned host buffer
-        t = host_traffic(plan.replace(global_batch=16 * m), shard)
-        assert t == HostTraffic(
-            overlapped_h2d_bytes=(m - 1) * 2 * shard,
-            overlapped_d2h_bytes=m * 2 * shard,
-            step_bytes=6 * shard,
-            host_accumulate_bytes=0.0,
-        )
-        assert host_traffic(plan.replace(global_batch=16 * m, sharding="zero3"), shard) == t
-        zero1 = host_traffic(plan.replace(global_batch=16 * m, sharding="zero1"), shard)
-        assert zero1 == HostTraffic(0.0, 0.0, 10 * shard, 0.0)  # reduced (and round-tripped) at the boundary
-        megatron = plan.replace(global_batch=16 * m, sharding="zero1", framework="megatron")
-        assert host_traffic(megatron, shard) == HostTraffic(0.0, 0.0, 6 * shard, 0.0)
-        fsdp = host_traffic(plan.replace(global_batch=16 * m, sharding="fsdp-full", framework="fsdp"), shard)
-        assert fsdp == HostTraffic(
-            overlapped_h2d_bytes=m * 8 * shard,
-            overlapped_d2h_bytes=m * 4 * shard,
-            step_bytes=0.0,
-            host_accumulate_bytes=(m - 1) * 12 * shard,
-        )
-    assert host_traffic(plan.replace(offload=False), shard) == HostTraffic(0.0, 0.0, 0.0, 0.0)
-    # 13B over 16 GPUs: the 1.6 GB per-micro-batch round trip hides behind 0.5 s of compute but for the
-    # first bucket; the once-per-step copies never hide
-    model, cluster = load_model("13b"), make_cluster(num_gpus=16)
-    step_s = 6 * model.num_params / 16 / PCIE_BYTES_PER_S
-    one = step_time(model, cluster, plan)
-    eight = step_time(model, cluster, plan.replace(global_batch=128))
-    assert one.offload_s == pytest.approx(step_s)
-    assert step_s < eight.offload_s < 1.1 * step_s
-
-
 @pytest.mark.slow
 def test_search_ranks_offload_only_where_it_pays():
     """70B on 16 H100s, 4M-token batches: offloading Megatron's distributed optimizer frees the GPU for a plan
@@ -218,17 +162,6 @@ def test_search_ranks_offload_only_where_it_pays():
         assert e.time.optimizer_s + e.time.offload_s < 0.15 * e.time.step_time_s
     best_on_gpu = next(e for e in ranking.feasible if not e.plan.offload)
     assert top[0].plan.offload and top[0].time.recompute_s < best_on_gpu.time.recompute_s
-
-
-def test_context_parallel_exchange_hides_behind_long_attention():
-    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
-    plan = ParallelPlan(cp=8, dp=1, global_batch=1, seq_len=8192, framework="megatron")
-    short = block_times(model, cluster, plan)
-    long = block_times(model, cluster, plan.replace(seq_len=131072))
-    # fully hidden at 128k: what is left is the SMs NCCL's send/recv holds meanwhile (``ncclsm``)
-    blind = dataclasses.replace(cluster, gpu=dataclasses.replace(cluster.gpu, sm_count=None))
-    assert short.cp_s > 0 and block_times(model, blind, plan.replace(seq_len=131072)).cp_s == 0.0
-    assert 0 < long.cp_s < 0.01 * long.total_s
 
 
 def test_flash_attention_switch():
@@ -319,46 +252,6 @@ def test_ranks_sharing_fewer_cores_fill_the_pipeline_bubble():
     on2 = dataclasses.replace(cluster, cores_per_node=2)
     assert step_time(model, cluster, il).step_time_s < step_time(model, cluster, one).step_time_s
     assert step_time(model, on2, il).step_time_s > step_time(model, on2, one).step_time_s
-
-
-def test_ring_attention_transfers_block_on_a_device_without_streams():
-    model = load_model("tiny")
-    cpu = make_cluster(num_gpus=2, gpu="cpu")
-    plan = ParallelPlan(cp=2, global_batch=4, micro_batch=2, seq_len=64, framework="megatron")
-    blocked = block_times(model, cpu, plan).cp_s
-    streams = dataclasses.replace(cpu, gpu=dataclasses.replace(cpu.gpu, async_collectives=True))
-    assert blocked > block_times(model, streams, plan).cp_s >= 0
-    # forward passes K and V once around the ring, backward K, V and their gradients: 3 passes, all exposed
-    link = comm.group_link(cpu, 2, 1)
-    tokens = plan.micro_batch * plan.seq_len / plan.cp
-    one_pass = comm.p2p_s(2 * tokens * model.kv_hidden_size * cpu.gpu.half_bytes, link)
-    assert blocked == pytest.approx(3 * one_pass)
-
-
-def test_torch_ring_adds_fp32_gradient_rotation_and_merges():
-    # torch context_parallel (torchtitan): K/V once each way, fp32 dK/dV after each of the cp steps, plus
-    # the fp32 merges and gradient accumulation at HBM bandwidth (cpcomm.torch_ring_s)
-    model = load_model("tiny")
-    cpu = make_cluster(num_gpus=2, gpu="cpu")
-    plan = ParallelPlan(cp=2, global_batch=4, micro_batch=2, seq_len=64, framework="fsdp", recompute="none")
-    link = comm.group_link(cpu, 2, 1)
-    tokens = plan.micro_batch * plan.seq_len / plan.cp
-    kv_elems = 2 * tokens * model.kv_hidden_size
-    out_elems = tokens * model.hidden_size
-    hbm = out_elems * cpcomm.MERGE_BYTES + 2 * (
-        out_elems * cpcomm.GRAD_ACC_BYTES[0] + kv_elems * cpcomm.GRAD_ACC_BYTES[1]
-    )
-    expected = (
-        2 * comm.p2p_s(kv_elems * cpu.gpu.half_bytes, link)
-        + 2 * comm.p2p_s(4 * kv_elems, link)
-        + hbm / compute.hbm_rate(cpu)
-    )
-    assert block_times(model, cpu, plan).cp_s == pytest.approx(expected)
-    megatron = block_times(model, cpu, plan.replace(framework="megatron")).cp_s
-    assert megatron < expected
-    # full recompute re-runs the forward merges
-    full = block_times(model, cpu, plan.replace(recompute="full")).cp_s
-    assert full == pytest.approx(expected + out_elems * cpcomm.MERGE_BYTES / compute.hbm_rate(cpu))
 
 
 def test_sequence_parallel_reduces_the_partial_norm_gradients():

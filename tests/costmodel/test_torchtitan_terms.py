@@ -8,8 +8,9 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import compute, flops, fsdpcopy
+from autotune.costmodel.blocktime import block_times
 from autotune.costmodel.kernels import HBM_EFFICIENCY
-from autotune.costmodel.steptime import block_times, step_time
+from autotune.costmodel.steptime import step_time
 from autotune.plan import ParallelPlan
 
 
