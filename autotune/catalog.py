@@ -229,8 +229,12 @@ def load_gpu(name: str) -> GPUSpec:
         sm_count=g.get("sm_count"),
         compute_capability=g.get("compute_capability"),
         nvlink_domain_gpus=g.get("nvlink_domain_gpus"),
-        fp8_intensity_factor=float(g.get("fp8_intensity_factor", 0.5)),
+        fp8_intensity_factor=_optional_float(g.get("fp8_intensity_factor")),
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _points(value: Any) -> tuple[tuple[float, float], ...]:

@@ -194,9 +194,8 @@ class GPUSpec:
     factor)`` with intensity ``m n k / (m k + k n + m n)`` (FLOPs per 16-bit operand byte), interpolated in
     log intensity (``costmodel.kernels.gemm_efficiency``). Empty: every shape runs at ``gemm_efficiency``."""
     fp8_gemm_scale: float = 1.0
-    """fp8 GEMM efficiency (of the fp8 peak) as a multiple of the 16-bit one at ``fp8_intensity_factor`` x
-    the intensity: an fp8 tile does twice the FLOPs per fixed cost, so on Hopper it needs twice the problem
-    to fill the GPU as well."""
+    """fp8 GEMM efficiency (of the fp8 peak) as a multiple of the 16-bit one at the intensity an fp8 GEMM of
+    that shape sits at on ``gemm_shape_curve`` (``fp8_intensity_factor``)."""
     attention_curves: tuple[
         tuple[str, tuple[tuple[float, float], ...], tuple[tuple[float, float], ...]], ...
     ] = ()
@@ -216,10 +215,11 @@ class GPUSpec:
     nvlink_domain_gpus: int | None = None
     """GPUs that share one NVLink domain when larger than a node (GB200 NVL72: 72 GPUs over 18 trays of 4,
     one NVLink Switch fabric); None: the node is the domain."""
-    fp8_intensity_factor: float = 0.5
-    """Where on ``gemm_shape_curve`` an fp8 GEMM sits, as a fraction of its 16-bit intensity: 0.5 on Hopper
-    (an fp8 tile does twice the FLOPs per fixed cost), 1.0 where fp8 reaches its 16-bit fraction at the same
-    shape (Blackwell: benchmarks/results/blackwell_gemm_curve.md)."""
+    fp8_intensity_factor: float | None = None
+    """Where on ``gemm_shape_curve`` an fp8 GEMM sits. None: where its operand bytes put it against the
+    doubled peak (``costmodel.kernels.fp8_intensity``: 1-byte inputs, 16-bit output); a number: that fraction
+    of the 16-bit intensity, 1.0 where fp8 was measured at its 16-bit fraction at the same shape (Blackwell:
+    benchmarks/results/blackwell_gemm_curve.md)."""
 
     def peak_flops(self, precision: str) -> float | None:
         """Dense peak FLOP/s for ``bf16 | fp16 | fp8 | fp32``; None where the GPU lacks the format."""

@@ -109,7 +109,14 @@ def block_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tok
             compiled=plan.compile or plan.framework is not Framework.FSDP,
         )
         s += (cast + rowwise_rescale_bytes(plan, shapes)) / hbm_rate(cluster) / 3
+        s += fp8_linears(shapes) * kernels.FP8_LINEAR_FIXED_S / 3
     return s + ub_sm_margin_s(model, cluster, plan, tokens) / 3
+
+
+def fp8_linears(shapes: list[gemms.Gemm]) -> float:
+    """Linears of a block that pay ``kernels.FP8_LINEAR_FIXED_S``: one per GEMM entry and layer share, a
+    grouped expert GEMM (one launch for its local experts) counted once."""
+    return sum(min(g.count, 1.0) for g in shapes)
 
 
 def op_sac_recompute_s(
@@ -130,7 +137,7 @@ def op_sac_recompute_s(
     if precision == "fp8" and gpu.fp8_flops is not None:
         operands = sum(g.count * (g.m * g.k + g.n * g.k) for g in unsaved)
         cast = kernels.fp8_cast_bytes(str(plan.fp8_recipe), operands, compiled=plan.compile)
-        s += cast / hbm_rate(cluster) / 3
+        s += cast / hbm_rate(cluster) / 3 + fp8_linears(unsaved) * kernels.FP8_LINEAR_FIXED_S / 3
     return s + ew_s
 
 

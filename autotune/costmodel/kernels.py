@@ -20,6 +20,8 @@ __all__ = [
     "gemm_efficiency",
     "gemm_s",
     "fp8_cast_bytes",
+    "fp8_intensity",
+    "FP8_LINEAR_FIXED_S",
     "attention_rates",
     "clock_factor",
     "FP8_CAST_BYTES",
@@ -62,6 +64,13 @@ EAGER_CAST_FACTOR = 1.5
 """Unfused torchao casts (no torch.compile): amax, scale, cast and transpose each re-read the bf16 tensor
 (the torchao float8 README: "enable torch.compile to generate fused kernels for float8 scaling and
 casting")."""
+FP8_LINEAR_FIXED_S = 19e-6
+"""GPU seconds an fp8 linear's scaling kernels take, forward + backward, whatever its size: the amax and cast
+passes of its input, weight and output gradient are six to nine extra kernels (torchao/float8/float8_linear.py
+under compile; Transformer Engine's cast-transpose and amax kernels likewise), each paying a launch-to-finish
+floor of 2-3 us on a small tensor. The figure is the one that puts the torchao float8 README's small example
+(M,K,N = 1024,2048,1024: 0.80x bf16 on an H100) where it was measured, with its large one (1.39x) setting
+``fp8_gemm_scale``; at the GEMM sizes of training (milliseconds per linear) it is under a percent."""
 ATTENTION_KERNELS = ("cudnn", "fa2", "fa3")
 
 
@@ -69,6 +78,15 @@ def intensity(m: float, n: float, k: float) -> float:
     """Arithmetic intensity of an ``m x k`` by ``k x n`` GEMM in FLOPs per 16-bit operand byte, ``mnk /
     (mk + kn + mn)``; the same for the three GEMMs of a linear layer (forward, input and weight gradient)."""
     return m * n * k / (m * k + k * n + m * n)
+
+
+def fp8_intensity(m: float, n: float, k: float) -> float:
+    """Where an fp8 GEMM sits on a 16-bit intensity curve: its FLOPs per byte moved (1-byte inputs, 16-bit
+    output: ``2 m n k / (m k + k n + 2 m n)``) against twice the peak, ``m n k / (m k + k n + 2 m n)``. The
+    same compute-to-traffic balance relative to its peak as a 16-bit GEMM of that intensity (the roofline,
+    Williams et al. 2009): a large square GEMM sits at 3/4 of its 16-bit intensity, a short-``k`` one whose
+    16-bit output dominates the traffic near 1/2, a narrow-``n`` one near 1."""
+    return m * n * k / (m * k + k * n + 2 * m * n)
 
 
 def _interp_log(points: tuple[tuple[float, float], ...], x: float, *, below_proportional: bool) -> float:
@@ -92,14 +110,20 @@ def clock_factor(gpu: GPUSpec) -> float:
 
 def gemm_efficiency(gpu: GPUSpec, precision: str, m: float, n: float, k: float) -> float:
     """Fraction of the ``precision`` peak one GEMM reaches: ``gemm_efficiency`` x the GPU's shape curve at
-    the GEMM's intensity (fp8: at ``fp8_intensity_factor`` of it, x ``fp8_gemm_scale``), x ``clock_factor``.
+    the GEMM's intensity (fp8: at ``fp8_intensity``, or at ``fp8_intensity_factor`` x the 16-bit one where
+    the GPU data sets it, x ``fp8_gemm_scale``), x ``clock_factor``.
     Below the smallest measured intensity the efficiency falls in proportion: the torchao float8
     microbenchmark's small linear (M,K,N = 1024,2048,1024: fp8 0.80x bf16) needs it; ``gemm_s`` floors a
     skinny GEMM at its streaming time."""
     eff = gpu.gemm_efficiency * clock_factor(gpu)
     fp8 = precision == "fp8" and gpu.fp8_flops is not None
     if gpu.gemm_shape_curve:
-        ai = intensity(m, n, k) * (gpu.fp8_intensity_factor if fp8 else 1.0)
+        if not fp8:
+            ai = intensity(m, n, k)
+        elif gpu.fp8_intensity_factor is None:
+            ai = fp8_intensity(m, n, k)
+        else:
+            ai = intensity(m, n, k) * gpu.fp8_intensity_factor
         eff *= _interp_log(gpu.gemm_shape_curve, ai, below_proportional=True)
     return eff * (gpu.fp8_gemm_scale if fp8 else 1.0)
 
@@ -108,13 +132,19 @@ def gemm_s(gpu: GPUSpec, precision: str, m: float, n: float, k: float) -> float:
     """Seconds of one ``m x k`` by ``k x n`` GEMM: its FLOPs at ``gemm_efficiency``, or, for a skinny GEMM
     below the GPU's ridge, the time to stream its operands (1 B fp8 / 2 B inputs, 16-bit output) at
     ``HBM_EFFICIENCY`` (the roofline, Williams et al. 2009). A GPU without the dtype runs it at its 16-bit
-    peak."""
+    peak. Below the curve's first point the efficiency falls with the intensity, i.e. the time goes with the
+    bytes moved; there an fp8 GEMM takes at most the 16-bit one's time x its share of the bytes, so no shape
+    runs slower in fp8 than in 16 bits (its casts are priced apart, ``fp8_cast_bytes``)."""
     half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
     peak = gpu.peak_flops(precision) or half
     dtype = precision if gpu.peak_flops(precision) else "bf16"
     in_bytes = 1 if dtype == "fp8" else 2
-    stream_s = (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY)
-    return max(2.0 * m * n * k / (peak * gemm_efficiency(gpu, dtype, m, n, k)), stream_s)
+    moved = in_bytes * (m * k + k * n) + 2 * m * n
+    stream_s = moved / (gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY)
+    s = max(2.0 * m * n * k / (peak * gemm_efficiency(gpu, dtype, m, n, k)), stream_s)
+    if dtype == "fp8":
+        s = min(s, gemm_s(gpu, "bf16", m, n, k) * moved / (2 * (m * k + k * n) + 2 * m * n))
+    return s
 
 
 def fp8_cast_bytes(recipe: str, elements: float, *, compiled: bool = True) -> float:
