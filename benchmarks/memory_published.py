@@ -188,8 +188,6 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         raise ValueError(f"sharding {entry.get('sharding')} not offered")
     torchtitan = fw == "torchtitan"
     tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
-    if torchtitan and dp == 1 and cp > 1:
-        raise ValueError("FSDP over the CP ranks only (DP 1): a plan shards over DP > 1")
     micro = entry.get("micro_batch") or int(entry["global_batch"]) // dp // pp
     recompute = {"op-sac": "selective", None: "none"}.get(entry.get("recompute"), entry.get("recompute"))
     plan: dict[str, Any] = {

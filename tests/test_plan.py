@@ -71,8 +71,12 @@ def test_from_dict_rejects_unknown_and_wrong_types():
         ParallelPlan.from_dict({"global_batch": 8})
 
 
-def test_megatron_shards_the_optimizer_over_cp_at_dp_one():
-    plan = ParallelPlan(tp=4, cp=8, global_batch=8, seq_len=131072, sharding="zero1", framework="megatron")
-    assert plan.dp == 1 and plan.zero_stage == 1
+@pytest.mark.parametrize(("framework", "sharding"), [("megatron", "zero1"), ("fsdp", "fsdp-full")])
+def test_sharding_spans_cp_at_dp_one(framework, sharding):
+    """Megatron's distributed optimizer (``intra_dp_cp_group``) and torchtitan's FSDP over ``dp_shard_cp``
+    (its Dec 2024 benchmark: "FSDP 1, CP 8") split states over DP x CP. Was: only Megatron, so torchtitan's
+    published FSDP 1 x CP 8 layouts could not be priced. (DeepSpeed plans have no CP here.)"""
+    plan = ParallelPlan(tp=1, cp=8, global_batch=8, seq_len=131072, sharding=sharding, framework=framework)
+    assert plan.dp == 1 and plan.zero_stage >= 1
     with pytest.raises(ConfigError, match="needs DP > 1"):
-        ParallelPlan(cp=8, global_batch=8, seq_len=131072, sharding="zero1", framework="deepspeed")
+        ParallelPlan(cp=1, global_batch=8, seq_len=131072, sharding=sharding, framework=framework)
