@@ -15,7 +15,7 @@ from autotune.costmodel.tpcomm import act_bytes
 from autotune.plan import CpComm, Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["cp_exposed_s", "torch_ring_s", "MERGE_BYTES", "GRAD_ACC_BYTES"]
+__all__ = ["cp_exposed_s", "torch_ring_s", "sdpa_kv_width", "MERGE_BYTES", "GRAD_ACC_BYTES"]
 
 MERGE_BYTES = 38.0
 """HBM bytes per attention-output element of one ring step's merge in torch's ``_SDPAMerger._merge_one``
@@ -28,6 +28,15 @@ GRAD_ACC_BYTES = (10.0, 25.0)
 ``_templated_ring_attention_backward``: fp32 ``grad_query += grad_query_`` (4 + 2 + 4); for K/V the
 fp32 accumulation into half the buffer and ``_partial_update``'s ``torch.cat`` of the whole (5 + 8), the
 ``torch.cat`` that flattens dK/dV for the rotation (8) and the one that flattens K/V (4)."""
+
+
+def sdpa_kv_width(model: ModelSpec) -> int:
+    """Width of the K (and V) tensors torchtitan's models hand to SDPA: the query heads', since they expand
+    grouped K/V heads first (``repeat_kv(xk, self.n_rep)`` before ``F.scaled_dot_product_attention`` in
+    torchtitan/models/llama/model.py, the Llama 3 model of its Dec 2024 CP benchmark). Under CP the ring
+    therefore exchanges, and accumulates gradients of, ``num_heads / num_kv_heads`` times the K/V bytes of
+    the grouped tensors (4x for Llama 3 8B, 16x for 405B)."""
+    return model.num_heads * model.head_dim
 
 
 def cp_exposed_s(
@@ -93,9 +102,10 @@ def torch_ring_s(
     - backward (``_templated_ring_attention_backward``): K/V rotated again, and dK/dV rotated by an
       all-to-all ``dkv_rotater`` in fp32 (twice the bf16 K/V bytes) after every step, waited at the next
       one; the last transfer has no step to hide behind; fp32 gradient accumulation (``GRAD_ACC_BYTES``).
-    Merges and accumulation are memory-bound kernels at ``compute.hbm_rate``."""
+    Merges and accumulation are memory-bound kernels at ``compute.hbm_rate``. K and V reach SDPA, and so the
+    ring, at the query width (``sdpa_kv_width``)."""
     cp, link = plan.cp, comm.group_link(cluster, plan.cp, plan.tp)
-    kv_elems = 2 * tokens * model.kv_hidden_size / plan.tp
+    kv_elems = 2 * tokens * sdpa_kv_width(model) / plan.tp
     out_elems = tokens * model.hidden_size / plan.tp
     kv_bytes = kv_elems * act_bytes(cluster)
     overlap = 1.0 if cluster.gpu.async_collectives else 0.0

@@ -60,3 +60,17 @@ def test_torch_ring_adds_fp32_gradient_rotation_and_merges():
     # full recompute re-runs the forward merges
     full = block_times(model, cpu, plan.replace(recompute="full")).cp_s
     assert full == pytest.approx(expected + out_elems * cpcomm.MERGE_BYTES / compute.hbm_rate(cpu))
+
+
+def test_torchtitan_rings_kv_at_the_query_width():
+    """torchtitan's models expand grouped K/V heads before SDPA (``repeat_kv``), so torch's ring moves and
+    accumulates K/V at the query width: a GQA model's CP costs what its MHA twin's does, and 405B (128 query
+    / 8 KV heads) rings 16x the grouped bytes. Was: the grouped width, which under-priced torchtitan's 405B
+    CP2-CP8 rows of its Dec 2024 benchmark by another 9-19 points."""
+    gqa = load_model("llama3-405b")
+    mha = dataclasses.replace(gqa, num_kv_heads=gqa.num_heads)
+    assert cpcomm.sdpa_kv_width(gqa) == 16 * gqa.kv_hidden_size
+    cluster = make_cluster(num_gpus=64)
+    plan = ParallelPlan(tp=8, cp=8, global_batch=1, seq_len=262144, framework="fsdp", sharding="fsdp-full")
+    ring = [cpcomm.torch_ring_s(m, cluster, plan, 32768.0, 0.01, 0.02) for m in (gqa, mha)]
+    assert ring[0] == pytest.approx(ring[1])
