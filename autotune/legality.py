@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from autotune.legalrules import (
     a2a_heads_bad,
-    a2a_outside_megatron,
+    a2a_unavailable,
     cp_seq_bad,
     deepspeed_broken,
     expert_fold_broken,
@@ -194,6 +194,7 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
             schedule=plan.schedule,
             precision=plan.precision,
             sequence_parallel=plan.sequence_parallel,
+            cp_comm=plan.cp_comm,
         )
         if "pipeline-zero" in broken:
             errors.append("DeepSpeed's pipeline engine rejects ZeRO-2/3; use zero1 or none with PP > 1")
@@ -202,7 +203,11 @@ def _framework_errors(plan: ParallelPlan) -> list[str]:
         if "pipeline-schedule" in broken:
             errors.append("DeepSpeed's pipeline engine runs its own 1F1B schedule only")
         if "cp" in broken:
-            errors.append("DeepSpeed has no context parallelism here; use CP=1 or --framework fsdp/megatron")
+            errors.append("DeepSpeed's context parallelism is Ulysses (all-to-all); use --cp-comm a2a")
+        if "cp-pipeline" in broken:
+            errors.append("DeepSpeed-Ulysses does not run in the pipeline engine; use PP=1 with CP > 1")
+        if "cp-tp" in broken:
+            errors.append("DeepSpeed-Ulysses splits the heads over CP, AutoTP too: use TP=1 with CP > 1")
         if "fp8" in broken:
             errors.append("DeepSpeed's engine has no fp8 training path; use bf16/fp16")
         if "sp" in broken:
@@ -224,9 +229,10 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
         errors.append("async TP needs --framework fsdp (torchtitan), --compile and TP > 1")
     if plan.tp_comm_overlap and (fw is not Framework.MEGATRON or not plan.sequence_parallel):
         errors.append("tp-comm-overlap is Megatron/TE's and needs --sequence-parallel (TP > 1)")
-    if a2a_outside_megatron(fw, plan.cp, plan.cp_comm):
+    if a2a_unavailable(fw, plan.cp, plan.cp_comm):
         errors.append(
-            "cp-comm a2a (Ulysses) needs --framework megatron; torchtitan rotates K/V by p2p or allgather"
+            "cp-comm a2a (Ulysses) needs --framework megatron or deepspeed; torchtitan rotates K/V by p2p "
+            "or allgather"
         )
     if plan.moe_dispatcher is not MoeDispatcher.ALLTOALL and fw is not Framework.MEGATRON:
         errors.append(

@@ -22,7 +22,7 @@ from autotune.specs import ModelSpec
 __all__ = [
     "tp_split_broken",
     "cp_seq_bad",
-    "a2a_outside_megatron",
+    "a2a_unavailable",
     "a2a_heads_bad",
     "fp8_recipe_missing",
     "hsdp_group_bad",
@@ -49,8 +49,10 @@ def cp_seq_bad(seq_len: int, cp: int) -> bool:
     return cp > 1 and seq_len % (2 * cp) != 0
 
 
-def a2a_outside_megatron(fw: Framework, cp: int, cp_comm: CpComm) -> bool:
-    return cp > 1 and cp_comm is CpComm.A2A and fw is not Framework.MEGATRON
+def a2a_unavailable(fw: Framework, cp: int, cp_comm: CpComm) -> bool:
+    """Ulysses all-to-all runs in Megatron (TE ``a2a``) and DeepSpeed (``DistributedAttention``); torchtitan
+    rotates K/V (p2p or all-gather)."""
+    return cp > 1 and cp_comm is CpComm.A2A and fw is Framework.FSDP
 
 
 def a2a_heads_bad(model: ModelSpec, tp: int, cp: int, cp_comm: CpComm) -> bool:
@@ -114,13 +116,18 @@ def deepspeed_broken(
     schedule: Schedule,
     precision: Precision,
     sequence_parallel: bool,
+    cp_comm: CpComm,
 ) -> list[str]:
-    """What DeepSpeed's engine does not run, in the order the rules are reported."""
+    """What DeepSpeed's engine does not run, in the order the rules are reported. Its context parallelism is
+    DeepSpeed-Ulysses (``deepspeed.sequence.layer.DistributedAttention``, Jacobs et al. 2023): all-to-all
+    only, outside the pipeline engine, heads split over CP alone (not also by AutoTP)."""
     rules = {
         "pipeline-zero": pp > 1 and zero_stage(sharding) > 1,
         "pipeline-tp": pp > 1 and tp > 1,
         "pipeline-schedule": pp > 1 and schedule is not Schedule.ONE_F_ONE_B,
-        "cp": cp > 1,
+        "cp": cp > 1 and cp_comm is not CpComm.A2A,
+        "cp-pipeline": cp > 1 and pp > 1,
+        "cp-tp": cp > 1 and tp > 1,
         "fp8": precision is Precision.FP8,
         "sp": sequence_parallel,
     }

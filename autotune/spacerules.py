@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.legalrules import (
     a2a_heads_bad,
-    a2a_outside_megatron,
+    a2a_unavailable,
     cp_seq_bad,
     deepspeed_broken,
     expert_fold_broken,
@@ -160,6 +160,7 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
             schedule=v.schedule,
             precision=v.precision,
             sequence_parallel=v.sequence_parallel,
+            cp_comm=v.cp_comm,
         )
     ):
         return _DEEPSPEED[broken[0]]
@@ -176,7 +177,9 @@ _DEEPSPEED = {
     "pipeline-zero": "DeepSpeed's pipeline engine rejects ZeRO-2/3",
     "pipeline-tp": "DeepSpeed's pipeline engine fails with TP",
     "pipeline-schedule": "DeepSpeed's pipeline engine runs 1F1B only",
-    "cp": "DeepSpeed has no context parallelism",
+    "cp": "DeepSpeed's context parallelism is Ulysses (a2a)",
+    "cp-pipeline": "DeepSpeed-Ulysses does not run in the pipeline engine",
+    "cp-tp": "DeepSpeed-Ulysses is priced with TP = 1",
     "fp8": "DeepSpeed has no fp8 training path",
     "sp": "DeepSpeed AutoTP has no sequence parallelism",
 }
@@ -213,8 +216,8 @@ _EXPERT = {
 def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
     if fp8_recipe_missing(v.framework, v.precision, v.fp8_recipe):
         return "the framework has no such fp8 recipe"
-    if a2a_outside_megatron(v.framework, cp, v.cp_comm):
-        return "cp-comm a2a runs in Megatron only"
+    if a2a_unavailable(v.framework, cp, v.cp_comm):
+        return "cp-comm a2a runs in Megatron and DeepSpeed only"
     if a2a_heads_bad(ctx.model, tp, cp, v.cp_comm):
         return "cp-comm a2a needs TP x CP to divide the heads"
     return None

@@ -80,3 +80,21 @@ def test_sharding_spans_cp_at_dp_one(framework, sharding):
     assert plan.dp == 1 and plan.zero_stage >= 1
     with pytest.raises(ConfigError, match="needs DP > 1"):
         ParallelPlan(cp=1, global_batch=8, seq_len=131072, sharding=sharding, framework=framework)
+
+
+def test_deepspeed_context_parallelism_is_ulysses():
+    """DeepSpeed's CP is DeepSpeed-Ulysses (``DistributedAttention``): all-to-all only, no pipeline engine,
+    no AutoTP beside it; ZeRO shards over DP x CP (``seq_data_parallel_group``)."""
+    plan = ParallelPlan(
+        cp=4, dp=2, global_batch=8, seq_len=32768, sharding="zero3", framework="deepspeed", cp_comm="a2a"
+    )
+    assert plan.world_size == 8
+    for changes, message in (
+        ({"cp_comm": "p2p"}, "use --cp-comm a2a"),
+        ({"tp": 2}, "use TP=1 with CP > 1"),
+        ({"pp": 2, "sharding": "zero1"}, "use PP=1 with CP > 1"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            plan.replace(**changes)
+    with pytest.raises(ConfigError, match="needs --framework megatron or deepspeed"):
+        plan.replace(framework="fsdp", sharding="fsdp-full")

@@ -134,7 +134,6 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "ep": 1,
             "etp": 1,
             "fp8_recipe": "tensorwise",
-            "cp_comm": "p2p",
         }
     )
     g = p.add_argument_group("plan" + (" (pin a knob; the rest stay free)" if pinning else ""))
@@ -200,7 +199,8 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         "--cp-comm",
         choices=[c.value for c in CpComm],
         default=d.get("cp_comm"),
-        help="context-parallel K/V exchange (with --cp > 1)",
+        help="context-parallel exchange (with --cp > 1; default p2p, and a2a = Ulysses under --framework "
+        "deepspeed, its only one)",
     )
     if not pinning:
         g.add_argument(
@@ -256,6 +256,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         dp = args.dp
     global_batch = args.global_batch or default_global_batch(seq_len, dp * args.micro_batch)
     schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
+    framework = args.framework or implied_framework(args.sharding) or "fsdp"
     return ParallelPlan(
         tp=args.tp,
         pp=args.pp,
@@ -272,7 +273,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         virtual_stages=args.virtual_stages,
         offload=args.offload,
         precision=args.precision,
-        framework=cast(Framework, args.framework or implied_framework(args.sharding) or "fsdp"),
+        framework=cast(Framework, framework),
         ep=args.ep,
         etp=args.etp,
         recompute_layers=getattr(args, "recompute_layers", None),
@@ -280,7 +281,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         compile=args.compile,
         async_tp=args.async_tp,
         tp_comm_overlap=args.tp_comm_overlap,
-        cp_comm=args.cp_comm,
+        cp_comm=cast(CpComm, args.cp_comm or ("a2a" if framework == "deepspeed" and args.cp > 1 else "p2p")),
         moe_dispatcher=cast(MoeDispatcher, getattr(args, "moe_dispatcher", "alltoall")),
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
         offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,

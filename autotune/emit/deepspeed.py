@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
+from autotune.plan import (
+    CpComm,
+    Framework,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    Sharding,
+    expert_errors,
+)
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -39,6 +48,7 @@ DS_TOP_LEVEL_KEYS = frozenset(
         "activation_checkpointing",
         "pipeline",
         "tensor_parallel",
+        "sequence_parallel_size",
     }
 )
 """Every key ``to_ds_config`` may emit; each is read by ``deepspeed.runtime.config`` (a test checks that)."""
@@ -64,8 +74,8 @@ def deepspeed_unsupported(plan: ParallelPlan) -> list[str]:
         )
     if plan.sharding is Sharding.HSDP:
         reasons.append("hsdp needs DeepSpeed MiCS (zero.MiCS_Init in the model code), not a config alone")
-    if plan.cp > 1:
-        reasons.append("DeepSpeed has no context parallelism (CP > 1)")
+    if plan.cp > 1 and (plan.cp_comm is not CpComm.A2A or plan.pp > 1 or plan.tp > 1):
+        reasons.append("DeepSpeed's context parallelism is Ulysses: cp-comm a2a, PP = TP = 1")
     if plan.precision is Precision.FP8:
         reasons.append("DeepSpeed's engine has no fp8 training path")
     if plan.sequence_parallel:
@@ -110,6 +120,8 @@ def _parallel_sections(plan: ParallelPlan) -> dict[str, Any]:
         out["pipeline"] = {"activation_checkpoint_interval": interval}
     if plan.tp > 1:
         out["tensor_parallel"] = {"autotp_size": plan.tp}
+    if plan.cp > 1:  # DeepSpeed-Ulysses: ZeRO and the batch size follow the sequence-data-parallel group
+        out["sequence_parallel_size"] = plan.cp
     if plan.recompute is not Recompute.NONE:
         out["activation_checkpointing"] = {
             "partition_activations": False,

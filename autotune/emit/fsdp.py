@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, Precision, Recompute, Sharding
+from autotune.plan import CpComm, ParallelPlan, Precision, Recompute, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["accelerate_unsupported", "to_accelerate_config", "transformer_layer_cls"]
@@ -57,6 +57,8 @@ def accelerate_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append("fsdp_activation_checkpointing recomputes whole blocks (full), not selectively")
     if plan.sequence_parallel:
         reasons.append("accelerate's TP uses the model's tp_plan, which has no Megatron sequence parallel")
+    if plan.cp > 1 and plan.cp_comm is CpComm.A2A:
+        reasons.append("accelerate's FSDP context parallelism is torch's ring attention, not Ulysses (a2a)")
     return reasons
 
 

@@ -150,6 +150,18 @@ def _deepspeed_notes(plan: ParallelPlan) -> list[str]:
             "deepspeed.initialize; without an mpu DeepSpeed counts the TP ranks as data parallel, "
             "rejects train_batch_size and (left out) reports TP times the global batch."
         )
+    if plan.cp > 1:
+        notes.append(
+            "- DeepSpeed-Ulysses (sequence_parallel_size "
+            f"{plan.cp}): after deepspeed.init_distributed() call deepspeed.runtime.sequence_parallel."
+            f"parallel_state_sp.initialize_sequence_parallel({plan.cp}) and pass that module as mpu to "
+            "deepspeed.initialize (ZeRO then shards over DP x CP); wrap each layer's attention in "
+            "deepspeed.sequence.layer.DistributedAttention(local_attention, parallel_state_sp."
+            "get_sequence_parallel_group()), and give each rank its 1/"
+            f"{plan.cp} of every sequence (consecutive ranks hold consecutive slices; rotary / position "
+            "ids of the full sequence). Hugging Face models: deepspeed.runtime.sequence_parallel.ulysses_sp."
+            "UlyssesSPAttentionHF.register_with_transformers does the wrapping."
+        )
     return notes
 
 

@@ -30,7 +30,16 @@ from typing import Any
 
 from autotune.emit.deepspeed import GRADIENT_CLIPPING
 from autotune.errors import ConfigError
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule, Sharding, expert_errors
+from autotune.plan import (
+    CpComm,
+    Framework,
+    ParallelPlan,
+    Precision,
+    Recompute,
+    Schedule,
+    Sharding,
+    expert_errors,
+)
 from autotune.specs import ModelSpec
 from autotune.stagesplit import split_layers
 
@@ -59,6 +68,8 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append("enable_cpu_offload moves parameters and gradients too, not only the optimizer states")
     if plan.precision is Precision.FP16:
         reasons.append("torchtitan trains in bf16 or fp32 (mixed_precision_param has no fp16)")
+    if plan.cp > 1 and plan.cp_comm is CpComm.A2A:
+        reasons.append("torchtitan rotates K/V for CP (p2p, allgather); it has no Ulysses a2a")
     return reasons
 
 

@@ -5,7 +5,9 @@ The ds_config is ``autotune.emit.deepspeed.to_ds_config(plan)`` (ZeRO 0-3, optim
 fp32 on the CPU (no bf16 section), no gradient clipping (the native trainer has none either, so losses
 compare), ``zero_force_ds_cpu_optimizer: false`` so that offload keeps the client torch AdamW (no
 DeepSpeedCPUAdam JIT build), and AutoTP's ``preset_model: llama`` (the workload uses Llama's layer
-names). PP > 1 runs DeepSpeed's ``PipelineModule`` (its own 1F1B schedule).
+names). PP > 1 runs DeepSpeed's ``PipelineModule`` (its own 1F1B schedule). CP > 1 is DeepSpeed-Ulysses:
+DeepSpeed's own sequence-parallel groups as the mpu (ZeRO over DP x CP) and ``DistributedAttention``
+around each attention core; each rank trains on its slice of every sequence.
 
 deepspeed is imported inside ``DeepSpeedTrainer``: importing this module needs only torch.
 """
@@ -20,7 +22,7 @@ from torch import nn
 from autotune.errors import TrialError
 from autotune.plan import ParallelPlan, Recompute
 from autotune.trials.config import TrialConfig
-from autotune.trials.model import Block, Transformer, build_model, synthetic_batch
+from autotune.trials.model import Attention, Block, Transformer, build_model, synthetic_batch
 from autotune.trials.parallelize import apply_ac
 from autotune.trials.train import dp_rows, lm_loss, make_optimizer
 
@@ -57,6 +59,59 @@ def _autotp_mpu(plan: ParallelPlan) -> dict[str, Any]:
 
     groups._init_tp_mesh_device(tensor_model_parallel_size=plan.tp)
     return {"mpu": groups}
+
+
+def _ulysses_mpu(plan: ParallelPlan) -> dict[str, Any]:
+    """DeepSpeed's sequence-parallel groups (consecutive ranks, the plan's CP-inside-DP order), passed as
+    the mpu so that ZeRO shards and reduces over the sequence-data-parallel group and the batch size counts
+    DP ranks only (deepspeed/runtime/engine.py ``seq_data_parallel_group``)."""
+    if plan.cp == 1:
+        return {}
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    parallel_state_sp.initialize_sequence_parallel(plan.cp)
+    return {"mpu": parallel_state_sp}
+
+
+class UlyssesCore(nn.Module):
+    """``DistributedAttention`` (DeepSpeed-Ulysses) around an attention core that takes ``[b, s, width]``:
+    Q, K and V all-to-all'd from a slice of the sequence with every head to the whole sequence with
+    ``heads / cp`` of them, the core run on that (its rotary sees full-sequence positions), the output
+    all-to-all'd back."""
+
+    def __init__(self, core: nn.Module, head_dim: int, group: Any) -> None:
+        super().__init__()
+        from deepspeed.sequence.layer import DistributedAttention
+
+        self.head_dim = head_dim
+        self.attention = DistributedAttention(_HeadsCore(core, head_dim), group, scatter_idx=2, gather_idx=1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))
+        return self.attention(q, k, v, batch_dim_idx=0).flatten(-2)
+
+
+class _HeadsCore(nn.Module):
+    """The core seen from ``DistributedAttention``: ``[b, s, heads, head_dim]`` in and out."""
+
+    def __init__(self, core: nn.Module, head_dim: int) -> None:
+        super().__init__()
+        self.core, self.head_dim = core, head_dim
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = self.core(q.flatten(-2), k.flatten(-2), v.flatten(-2))
+        return out.unflatten(-1, (-1, self.head_dim))
+
+
+def apply_ulysses(model: nn.Module, head_dim: int) -> None:
+    """Wrap every attention core (after recompute wrapping: selective recompute then reruns the local core
+    only, full recompute the whole block with its all-to-alls, as DeepSpeed's checkpointing would)."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+
+    group = parallel_state_sp.get_sequence_parallel_group()
+    for module in list(model.modules()):
+        if isinstance(module, Attention):
+            module.core = UlyssesCore(module.core, head_dim, group)
 
 
 class _Embed(nn.Module):
@@ -123,17 +178,24 @@ class DeepSpeedTrainer:
         # deepspeed.comm adopts the worker's process group; PipelineModule needs it before initialize.
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
         self.plan, self.config, self.device = plan, config, device
+        rank, tp, cp = torch.distributed.get_rank(), plan.tp, plan.cp
+        self.dp_rank = (rank // (tp * cp)) % plan.dp  # rank grid: pp, dp, cp, tp
+        self.cp_rank = (rank // tp) % cp
+        if plan.cp > 1 and config.workload:
+            raise TrialError(
+                "DeepSpeed-Ulysses (CP > 1) runs the built-in workload in real trials; a user workload "
+                "wraps its own attention in deepspeed.sequence.layer.DistributedAttention"
+            )
+        mpu = _autotp_mpu(plan) or _ulysses_mpu(plan)
         ds_config = trial_ds_config(plan, on_cpu=device.type == "cpu")
         module = self._module(ds_config)
         # Offload steps DeepSpeed's CPU partitions with this optimizer: the fused kernel only on the GPU.
         fused = device.type == "cuda" and not plan.offload
         optimizer = make_optimizer(module.parameters(), lr=config.lr, fused=fused)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False, **_autotp_mpu(plan)
+            model=module, optimizer=optimizer, config=ds_config, dist_init_required=False, **mpu
         )
         self.modules = [self.engine.module]
-        tp = plan.tp
-        self.dp_rank = (torch.distributed.get_rank() // tp) % plan.dp  # rank grid: pp, dp, tp
 
     def _module(self, ds_config: dict[str, Any]) -> nn.Module:
         plan, config = self.plan, self.config
@@ -148,6 +210,9 @@ class DeepSpeedTrainer:
             return _pipeline_module(model, plan, ds_config)
         if plan.recompute is not Recompute.NONE:
             apply_ac(model, plan.recompute)
+        if plan.cp > 1:
+            apply_ulysses(model, config.model.head_dim)
+            model.position_offset = self.cp_rank * plan.seq_len // plan.cp
         return model
 
     def _micro_batches(self, step: int) -> list[tuple[Any, torch.Tensor]]:
@@ -164,6 +229,9 @@ class DeepSpeedTrainer:
             rows=dp_rows(plan, self.dp_rank),
             device=self.device,
         )
+        if plan.cp > 1:  # this rank's slice of every sequence (DeepSpeed-Ulysses)
+            span = slice(self.cp_rank * plan.seq_len // plan.cp, (self.cp_rank + 1) * plan.seq_len // plan.cp)
+            inputs, targets = inputs[:, span], targets[:, span]
         return list(zip(inputs.chunk(n), targets.chunk(n), strict=True))
 
     def step(self, step: int) -> tuple[torch.Tensor, float]:

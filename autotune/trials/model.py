@@ -138,6 +138,8 @@ class Transformer(nn.Module):
         """``aux_loss_coef``: weight of the MoE layers' load-balancing loss (0: none; ``moe.MoE``)."""
         super().__init__()
         self.spec = spec
+        self.position_offset = 0
+        """Position of ``tokens[:, 0]`` in its sequence: a sequence-parallel rank holds a later slice."""
         self.embed_tokens: nn.Embedding | None = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.embed_positions: nn.Embedding | None = (
             nn.Embedding(spec.max_seq_len, spec.hidden_size) if spec.learned_positions else None
@@ -152,7 +154,8 @@ class Transformer(nn.Module):
         assert self.embed_tokens is not None
         h = self.embed_tokens(tokens)
         if self.embed_positions is not None:
-            h = h + self.embed_positions(torch.arange(tokens.shape[1], device=tokens.device))
+            start = self.position_offset
+            h = h + self.embed_positions(torch.arange(start, start + tokens.shape[1], device=tokens.device))
         return h
 
     def head(self, h: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,20 @@ CASES: dict[str, Case] = {
             framework="deepspeed",
         ),
     ),
+    "ds_ulysses": Case(
+        "llama3-8b",
+        16,
+        dict(
+            cp=4,
+            dp=4,
+            global_batch=16,
+            seq_len=65536,
+            sharding="zero3",
+            recompute="full",
+            cp_comm="a2a",
+            framework="deepspeed",
+        ),
+    ),
     "ds_pipeline": Case(
         "7b",
         8,

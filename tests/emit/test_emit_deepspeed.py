@@ -87,6 +87,16 @@ def test_autotp_states_the_global_batch():
     assert cfg["train_batch_size"] == plan.global_batch and cfg["tensor_parallel"] == {"autotp_size": 2}
 
 
+def test_ulysses_sets_the_sequence_parallel_size_and_says_how_to_wire_it(emitted):
+    """DeepSpeed-Ulysses: ``sequence_parallel_size`` (what DeepSpeed's config and HF's integration read),
+    and the notes name the mpu and the attention wrapper the script needs."""
+    plan, _, _ = CASES["ds_ulysses"].build()
+    out = emitted("ds_ulysses")
+    assert json.loads((out / "ds_config.json").read_text())["sequence_parallel_size"] == plan.cp == 4
+    notes = (out / "summary.md").read_text()
+    assert "initialize_sequence_parallel(4)" in notes and "DistributedAttention" in notes
+
+
 def _deepspeed_string_constants(*modules) -> set[str]:
     return {v for m in modules for k, v in vars(m).items() if k.isupper() and isinstance(v, str)}
 

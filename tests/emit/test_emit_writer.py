@@ -35,6 +35,7 @@ EXPECTED = {  # the frameworks that can run each plan as priced
     "zero2": DS,
     "zero3": DS,
     "ds_pipeline": DS | {"megatron_args.txt"},
+    "ds_ulysses": DS,
     "autotp": DS,
     "fsdp_full": DS | {"accelerate_fsdp.yaml", "torchtitan.toml"},
     "hsdp": {"accelerate_fsdp.yaml", "torchtitan.toml"},

@@ -37,6 +37,13 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "ds-autotp2": {"tp": 2, "framework": "deepspeed"},
     "ds-zero2+offload": {"dp": 2, "sharding": "zero2", "offload": True, "framework": "deepspeed"},
     "gpt-style-tp2-sp": {"tp": 2, "sequence_parallel": True, "micro_batch": 2},  # GPT-2-shaped tiny
+    "ds-ulysses-cp2+zero3": {"cp": 2, "cp_comm": "a2a", "sharding": "zero3", "framework": "deepspeed"},
+    "gpt-style-ds-ulysses-cp2+full-ac": {
+        "cp": 2,
+        "cp_comm": "a2a",
+        "framework": "deepspeed",
+        "recompute": "full",
+    },  # learned positions: each rank embeds its slice's own positions
     # four ranks, global batch 8
     "hsdp-2x2": {"dp": 4, "sharding": "hsdp", "hsdp_shard_size": 2},
     "tp2xdp2-fsdp": {"tp": 2, "dp": 2, "sharding": "fsdp-full"},
@@ -50,6 +57,14 @@ LAYOUTS: dict[str, dict[str, object]] = {
         "sequence_parallel": True,
     },  # Partial norm grads
     "tp2xdp2-fsdp-sp": {"tp": 2, "dp": 2, "sharding": "fsdp-full", "sequence_parallel": True},
+    "ds-ulysses-cp2xdp2+zero2+sel-ac": {
+        "cp": 2,
+        "dp": 2,
+        "cp_comm": "a2a",
+        "sharding": "zero2",
+        "framework": "deepspeed",
+        "recompute": "selective",
+    },  # ZeRO over the sequence-data-parallel group
 }
 
 
