@@ -52,9 +52,12 @@ _SEARCH = [
 ]
 
 
-# Trials asked of a search that is to be stopped: more than it can run before the signal. Some of them may be
-# pruned or duplicates and run nothing, so three left a race (the trial seen running was the last: exit 0).
-_BUSY = 8
+def _deliverable() -> None:
+    """In the child: the stop signals at their defaults, as under an interactive shell. A runner that starts
+    pytest with them ignored (``nohup``, ``&`` without job control: both seen as a local ``.ci/run``) would
+    otherwise hand that down, and ``autotune.interrupt`` keeps an ignored signal ignored, by design."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _start(tmp_path: Path, trials: int, *extra: str, log: str = "search.log") -> subprocess.Popen[bytes]:
@@ -66,6 +69,7 @@ def _start(tmp_path: Path, trials: int, *extra: str, log: str = "search.log") ->
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
+        preexec_fn=_deliverable,
     )
 
 
@@ -156,9 +160,9 @@ def _kill(proc: subprocess.Popen[bytes], sig: signal.Signals) -> int:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_2_a_stop_signal_ends_the_trial_records_it_and_resume_runs_it_first(tmp_path, sig):
     """Was (SIGTERM): exit 143 with no message, torchrun and its ranks re-parented to PID 1 running on; and
-    after SIGINT the trial stayed FAIL and was never queued again. ``_BUSY`` trials, so that the signal finds
-    the search busy even when the trial seen running ends just before it."""
-    proc = _start(tmp_path, _BUSY)
+    after SIGINT the trial stayed FAIL and was never queued again. Three trials, so that the signal finds the
+    search busy even when the trial seen running ends just before it (two left a race: exit 0)."""
+    proc = _start(tmp_path, 3)
     _running_trial(tmp_path, proc)
     code = _kill(proc, sig)
     assert code == 128 + sig, (tmp_path / "search.log").read_text()
@@ -180,7 +184,7 @@ def test_2_a_stop_signal_ends_the_trial_records_it_and_resume_runs_it_first(tmp_
 def test_3_after_sigkill_resume_ends_the_orphans_and_runs_their_plan_first(tmp_path):
     """Was: the orphan ran on; on --resume its plan was queued behind the others, where --trials 1 never
     reached it."""
-    proc = _start(tmp_path, _BUSY)
+    proc = _start(tmp_path, 3)
     _running_trial(tmp_path, proc)
     _kill(proc, signal.SIGKILL)
     assert _trial_processes(tmp_path)  # the original failure: torchrun and its ranks live on
@@ -201,7 +205,7 @@ def test_3_after_sigkill_resume_ends_the_orphans_and_runs_their_plan_first(tmp_p
 @pytest.mark.dist(timeout=150)
 def test_3_a_result_the_orphan_finished_is_kept(tmp_path):
     """Was: a finished result.json of the orphan was thrown away and the plan measured again."""
-    proc = _start(tmp_path, _BUSY)
+    proc = _start(tmp_path, 3)
     trial_dir = _running_trial(tmp_path, proc)
     _kill(proc, signal.SIGKILL)
     deadline = time.monotonic() + 240
