@@ -146,7 +146,7 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
             )
     elif plan.hsdp_shard_size is not None:
         errors.append("hsdp-shard-size is only meaningful with --sharding hsdp")
-    if nothing_to_shard(plan.sharding, shard_ranks(plan.framework, plan.dp, plan.cp)):
+    if nothing_to_shard(plan.sharding, shard_ranks(plan.dp, plan.cp)):
         errors.append(f"sharding {plan.sharding} needs DP > 1 (with DP=1 there is nothing to shard over)")
     if offload_unsharded(plan.offload, plan.sharding):
         errors.append("optimizer offload needs a sharded optimizer (zero1-3 or an FSDP mode)")

@@ -69,15 +69,13 @@ def hsdp_group_bad(size: int | None, dp: int) -> bool:
     return size is None or not 1 < size < dp or dp % size != 0
 
 
-def shard_ranks(fw: Framework, dp: int, cp: int) -> int:
+def shard_ranks(dp: int, cp: int) -> int:
     """Ranks a sharded mode splits states over: DP x CP (CP ranks hold the same weights), so CP > 1 gives
     it ranks at DP = 1, as ``costmodel.states.state_shard_degree`` prices it. Megatron's distributed optimizer
     (megatron/core/optimizer/__init__.py: ``intra_dp_cp_group``); torchtitan's FSDP over the flattened
     ``dp_shard_cp`` mesh (torchtitan/models/llama3/parallelize_llama.py; its Dec 2024 benchmark runs "FSDP 1,
     CP 8"); DeepSpeed ZeRO over ``seq_data_parallel_group`` (deepspeed/runtime/engine.py
-    ``_configure_zero_optimizer``: ``dp_process_group``), should its plans gain CP. ``fw`` is kept for a
-    framework that differs."""
-    del fw
+    ``_configure_zero_optimizer``: ``dp_process_group``), should its plans gain CP."""
     return dp * cp
 
 

@@ -143,7 +143,7 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     sharding, fw = v.sharding, v.framework
     if sharding not in FRAMEWORK_SHARDING[fw]:
         return "the framework does not offer this sharding"
-    if nothing_to_shard(sharding, shard_ranks(fw, dp, cp)):
+    if nothing_to_shard(sharding, shard_ranks(dp, cp)):
         return "sharding needs DP > 1"
     if sharding is Sharding.HSDP and hsdp_group_bad(v.hsdp_shard_size, dp):
         return "the HSDP shard group must divide DP (1 < size < DP)"

@@ -180,7 +180,8 @@ class DeepSpeedTrainer:
         self.plan, self.config, self.device = plan, config, device
         rank, tp, cp = torch.distributed.get_rank(), plan.tp, plan.cp
         self.dp_rank = (rank // (tp * cp)) % plan.dp  # rank grid: pp, dp, cp, tp
-        self.cp_rank = (rank // tp) % cp
+        local, cp_rank = plan.seq_len // cp, (rank // tp) % cp
+        self.cp_span = slice(cp_rank * local, (cp_rank + 1) * local)  # Ulysses: its slice of a sequence
         if plan.cp > 1 and config.workload:
             raise TrialError(
                 "DeepSpeed-Ulysses (CP > 1) runs the built-in workload in real trials; a user workload "
@@ -212,7 +213,7 @@ class DeepSpeedTrainer:
             apply_ac(model, plan.recompute)
         if plan.cp > 1:
             apply_ulysses(model, config.model.head_dim)
-            model.position_offset = self.cp_rank * plan.seq_len // plan.cp
+            model.position_offset = self.cp_span.start
         return model
 
     def _micro_batches(self, step: int) -> list[tuple[Any, torch.Tensor]]:
@@ -229,9 +230,8 @@ class DeepSpeedTrainer:
             rows=dp_rows(plan, self.dp_rank),
             device=self.device,
         )
-        if plan.cp > 1:  # this rank's slice of every sequence (DeepSpeed-Ulysses)
-            span = slice(self.cp_rank * plan.seq_len // plan.cp, (self.cp_rank + 1) * plan.seq_len // plan.cp)
-            inputs, targets = inputs[:, span], targets[:, span]
+        if plan.cp > 1:
+            inputs, targets = inputs[:, self.cp_span], targets[:, self.cp_span]
         return list(zip(inputs.chunk(n), targets.chunk(n), strict=True))
 
     def step(self, step: int) -> tuple[torch.Tensor, float]:
