@@ -34,6 +34,9 @@ from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 from autotune.usergpu import gpu_from_mapping
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+from benchmarks import release_spread  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent
 DATA = [ROOT / "data" / "modern_runs.yaml", ROOT / "data" / "modern_runs_speed.yaml"]
 OUTLIER = 0.30
@@ -304,7 +307,12 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     }
 
 
-def _markdown(outcomes: list[Outcome], skipped: list[tuple[str, str]], stats: dict[str, Any]) -> str:
+def _markdown(
+    outcomes: list[Outcome],
+    skipped: list[tuple[str, str]],
+    stats: dict[str, Any],
+    spread: list[release_spread.Group] = [],  # noqa: B006  (read only)
+) -> str:
     lines = [
         "# Step-time model vs published H100/H200/B200 runs",
         "",
@@ -339,6 +347,7 @@ def _markdown(outcomes: list[Outcome], skipped: list[tuple[str, str]], stats: di
             f"| {o.id} | {o.setup} | {o.measured:,.0f} | {o.predicted:,.0f} | {100 * o.error:+.1f}% "
             f"| {was} | {o.reason} |"
         )
+    lines += release_spread.markdown(spread)
     if skipped:
         lines += ["", f"Not predicted ({len(skipped)} rows):", ""]
         lines += [f"- {rid}: {why}" for rid, why in skipped]
@@ -356,9 +365,15 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(predict_row(row))
         except ConfigError as e:  # a layout the plan cannot express: listed, not hidden
             skipped.append((str(row["id"]), f"not expressible as a plan: {e}"))
+    plain = [o for o in outcomes if not o.reason]  # a row with a published caveat says nothing of releases
+    predicted, measured = {o.id: o.predicted for o in plain}, {o.id: o.measured for o in plain}
+    spread = release_spread.groups(rows, predicted, measured)
+    for o in outcomes:
+        if abs(o.error) > OUTLIER and not o.reason:
+            o.reason = release_spread.other_release_reason(o.id, spread)
     stats = summarize(outcomes)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "modern_runs.md").write_text(_markdown(outcomes, skipped, stats))
+    (args.out / "modern_runs.md").write_text(_markdown(outcomes, skipped, stats, spread))
     (args.out / "modern_runs.json").write_text(
         json.dumps(
             {
@@ -370,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n"
     )
-    print(_markdown(outcomes, skipped, stats))
+    print(_markdown(outcomes, skipped, stats, spread))
     return 0
 
 

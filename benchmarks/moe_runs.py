@@ -28,9 +28,11 @@ Usage:  python benchmarks/moe_runs.py [--out benchmarks/results]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,9 @@ from autotune.catalog import gpu_names, make_cluster, model_from_dict
 from autotune.costmodel import estimate, flops
 from autotune.errors import ConfigError
 from autotune.plan import RECOMPUTE_MODULES, ParallelPlan
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+from benchmarks import release_spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data" / "modern_runs.yaml"
@@ -224,7 +229,15 @@ def run() -> dict[str, Any]:
         "ran_but_called_illegal": sum(bool(r["reasons"]) for r in results),
         "h100": _stats([r for r in results if r["gpu"] == "h100-sxm"]),
     }
-    return {"stats": stats, "results": results, "skipped": skipped}
+    spread = release_spread.groups(
+        rows,
+        {r["id"]: r["predicted"] for r in results},
+        {r["id"]: r["measured"] for r in results},
+        extra=unpriced_knobs,
+    )
+    stats["same_layout_groups"] = len(spread)
+    stats["same_layout_unexplained_over_30pct"] = sum(g.unexplained > 0.30 for g in spread)
+    return {"stats": stats, "results": results, "skipped": skipped, "spread": spread}
 
 
 def _stats(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -268,6 +281,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{r['ep_comm_share']:.0%} | {'yes' if r['flex_dispatcher'] else ''} | "
             f"{'yes' if r['legal'] else r['reasons'][0]} | {', '.join(r['unpriced'])} |"
         )
+    lines += release_spread.markdown(doc["spread"])
     lines += ["", "## Not set up", ""] + [f"- {x['id']}: {x['reason']}" for x in doc["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -278,7 +292,11 @@ def main() -> None:
     args = ap.parse_args()
     doc = run()
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "moe_runs.json").write_text(json.dumps(doc, indent=1) + "\n")
+    spread = [
+        {"members": [dataclasses.asdict(m) for m in g.members], "unexplained": g.unexplained}
+        for g in doc["spread"]
+    ]
+    (args.out / "moe_runs.json").write_text(json.dumps(doc | {"spread": spread}, indent=1) + "\n")
     (args.out / "moe_runs.md").write_text(markdown(doc))
     print(json.dumps(doc["stats"], indent=1))
 
