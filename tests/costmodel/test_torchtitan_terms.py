@@ -119,14 +119,16 @@ def test_inductor_leaves_the_complex_rope_multiply_to_an_eager_kernel():
 
 def test_fa2_causal_8k_matches_the_published_hopper_benchmark():
     """Dao-AILab/flash-attention#1791 (hopper/benchmark_attn.py, head dim 128, causal, seqlen 8192): FA2
-    forward 284.1 TF, backward 287.1 TF on an H100 at 989 TF bf16 peak."""
+    forward 284.1 TF, backward 287.1 TF on an H100 at 989 TF bf16 peak. The benchmark prints the backward as
+    ``2.5 * nFLOPS / time``; the model's backward work is 2x the forward, so its rate is 2/2.5 of that (the
+    same kernel time)."""
     from autotune.catalog import load_gpu
     from autotune.costmodel import kernels
 
     h100 = load_gpu("h100-sxm")
     fwd, bwd = kernels.attention_rates(h100, "fa2", 8192)
     assert fwd / 1e12 == pytest.approx(284.1, rel=0.02)
-    assert bwd / 1e12 == pytest.approx(287.1, rel=0.03)
+    assert bwd / 1e12 == pytest.approx(287.1 * 2 / 2.5, rel=0.03)
 
 
 def test_a_load_balanced_ring_runs_its_later_steps_at_the_non_causal_rate():
