@@ -14,7 +14,17 @@ class AutotuneError(Exception):
 
 
 class ConfigError(AutotuneError, ValueError):
-    """Bad user input: a flag, a model/cluster/space file, an impossible plan."""
+    """Bad user input: a flag, a model/cluster/space file, an impossible plan. One line, always: a control
+    character the user put in a key or value (a YAML key with a newline) is shown escaped."""
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (args[0].translate(_ESCAPED), *args[1:])
+        super().__init__(*args)
+
+
+_ESCAPED = {c: repr(chr(c))[1:-1] for c in range(32)}
+"""Control characters -> their Python escapes (``\\n``, ``\\t``, ``\\x00``)."""
 
 
 class TrialError(AutotuneError):

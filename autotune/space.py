@@ -173,9 +173,9 @@ def _parse_value(key: str, value: Any, where: str) -> Any:
 def _parse_rule(key: str, value: dict[str, Any], where: str) -> Rule:
     if key in _ENUMS or key in _BOOLS:
         raise ConfigError(f"{where}: knob '{key}' takes a list of values, not a rule")
-    extra = sorted(set(value) - {"rule", "min", "max"})
+    extra = sorted(set(value) - {"rule", "min", "max"}, key=str)
     if extra:
-        raise ConfigError(f"{where}: knob '{key}' has unknown rule key '{extra[0]}'; allowed: rule, min, max")
+        raise ConfigError(f"{where}: knob '{key}' has unknown rule key {extra[0]!r}; allowed: rule, min, max")
     if value.get("rule") not in _RULES:
         raise ConfigError(
             f"{where}: knob '{key}' has unknown rule {value.get('rule')!r}; allowed: {', '.join(_RULES)}"

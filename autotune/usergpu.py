@@ -70,9 +70,9 @@ def gpu_from_mapping(cfg: dict[str, Any], *, where: str) -> GPUSpec:
 
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: 'gpu' must be a catalog name or a mapping of GPU keys")
-    unknown = sorted(set(cfg) - GPU_KEYS)
+    unknown = sorted(set(cfg) - GPU_KEYS, key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown gpu key '{unknown[0]}'; allowed: {', '.join(sorted(GPU_KEYS))}")
+        raise ConfigError(f"{where}: unknown gpu key {unknown[0]!r}; allowed: {', '.join(sorted(GPU_KEYS))}")
     base_name = cfg.get("base")
     if base_name is not None and base_name not in gpu_names():
         raise ConfigError(

@@ -234,3 +234,18 @@ def test_bad_space_files(tmp_path, space):
         resolve_choices(load_space(str(path)), load_model("tiny"), make_cluster(num_gpus=4, gpu="cpu"))
     except ConfigError as e:
         _assert_one_clear_line(e)
+
+
+@pytest.mark.parametrize("where", ["cluster", "gpu"])
+def test_a_key_with_a_control_character_is_shown_escaped(tmp_path, where):
+    """Hypothesis once drew the gpu key '\\n' (test_bad_cluster_files); every ConfigError escapes them."""
+    cfg = dict(_GOOD_CLUSTER)
+    if where == "gpu":
+        cfg["gpu"] = {"base": "h100-sxm", "bad\nkey\t": 1}
+    else:
+        cfg["bad\nkey\t"] = 1
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=r"bad\\nkey\\t") as err:
+        load_cluster(path)
+    _assert_one_clear_line(err.value)

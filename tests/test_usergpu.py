@@ -34,6 +34,8 @@ def test_a_new_gpu_carries_nothing_measured_from_elsewhere(tmp_path):
     ("cfg", "message"),
     [
         ({"base": "h100-sxm", "memory_gb": 96}, "unknown gpu key 'memory_gb'"),
+        ({"\n": 0}, r"unknown gpu key '\\n'"),  # found by tests/test_fuzz_inputs.py: the key is shown escaped
+        ({1: 2, "x": 3}, "unknown gpu key 1"),  # keys of mixed types still sort
         ({"base": "h100-sxm", "bf16_tflops": -1}, "'bf16_tflops' must be a positive number"),
         ({"base": "h999"}, "'base' must be a catalog GPU"),
         ({"name": "x", "memory_gib": 80, "memory_bandwidth_gb_s": 2000}, "gpu needs key 'bf16_tflops'"),
