@@ -131,6 +131,16 @@ def test_fa2_causal_8k_matches_the_published_hopper_benchmark():
     assert bwd / 1e12 == pytest.approx(287.1 * 2 / 2.5, rel=0.03)
 
 
+@pytest.mark.parametrize(("gpu", "slowdown"), [("a100-80gb", 1.45), ("cpu", 1.2)])
+def test_a_device_without_curves_runs_the_flash_backward_at_its_own_slowdown(gpu, slowdown):
+    """A100: the FA2 paper's 73 % forward / 63 % backward, the latter in flash-attention's 2.5x-FLOP count,
+    is 50 % for the model's 2x backward work; the CPU trial device keeps the figure its landscape was
+    validated with."""
+    plan = ParallelPlan(micro_batch=1, seq_len=2048, global_batch=8, precision="bf16")
+    fwd, bwd = compute.attention_s(load_model("llama3-8b"), make_cluster(num_gpus=8, gpu=gpu), plan, 2048.0)
+    assert bwd / fwd == pytest.approx(2 * slowdown)
+
+
 def test_a_load_balanced_ring_runs_its_later_steps_at_the_non_causal_rate():
     assert compute.ring_noncausal_speedup("fa2", 1) == (1.0, 1.0)  # one causal call
     assert compute.ring_noncausal_speedup("cudnn", 4) == (1.0, 1.0)  # no published figure
