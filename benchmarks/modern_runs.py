@@ -288,6 +288,19 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float:
     return s / math.sqrt(untied_x * untied_y) if untied_x and untied_y else float("nan")
 
 
+def name_other_releases(rows: list[dict[str, Any]], outcomes: list[Outcome]) -> list[release_spread.Group]:
+    """The same-layout groups of ``rows`` (``release_spread``), and as the reason of each outcome beyond
+    ``OUTLIER`` without one: a release that ran its layout near the prediction. Rows with a published caveat
+    say nothing of releases and are left out of the groups."""
+    plain = [o for o in outcomes if not o.reason]
+    predicted, measured = {o.id: o.predicted for o in plain}, {o.id: o.measured for o in plain}
+    spread = release_spread.groups(rows, predicted, measured)
+    for o in outcomes:
+        if abs(o.error) > OUTLIER and not o.reason:
+            o.reason = release_spread.other_release_reason(o.id, spread)
+    return spread
+
+
 def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     errs = [abs(o.error) for o in outcomes]
     groups: dict[str, list[Outcome]] = {}
@@ -311,7 +324,7 @@ def _markdown(
     outcomes: list[Outcome],
     skipped: list[tuple[str, str]],
     stats: dict[str, Any],
-    spread: list[release_spread.Group] = [],  # noqa: B006  (read only)
+    spread: list[release_spread.Group],
 ) -> str:
     lines = [
         "# Step-time model vs published H100/H200/B200 runs",
@@ -365,15 +378,11 @@ def main(argv: list[str] | None = None) -> int:
             outcomes.append(predict_row(row))
         except ConfigError as e:  # a layout the plan cannot express: listed, not hidden
             skipped.append((str(row["id"]), f"not expressible as a plan: {e}"))
-    plain = [o for o in outcomes if not o.reason]  # a row with a published caveat says nothing of releases
-    predicted, measured = {o.id: o.predicted for o in plain}, {o.id: o.measured for o in plain}
-    spread = release_spread.groups(rows, predicted, measured)
-    for o in outcomes:
-        if abs(o.error) > OUTLIER and not o.reason:
-            o.reason = release_spread.other_release_reason(o.id, spread)
+    spread = name_other_releases(rows, outcomes)
     stats = summarize(outcomes)
+    text = _markdown(outcomes, skipped, stats, spread)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "modern_runs.md").write_text(_markdown(outcomes, skipped, stats, spread))
+    (args.out / "modern_runs.md").write_text(text)
     (args.out / "modern_runs.json").write_text(
         json.dumps(
             {
@@ -385,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         + "\n"
     )
-    print(_markdown(outcomes, skipped, stats, spread))
+    print(text)
     return 0
 
 

@@ -72,8 +72,7 @@ def test_the_reason_names_a_release_that_ran_the_layout_near_the_prediction():
 
 def test_nemo_25_02_b200_8b_is_named_by_the_25_11_row():
     rows, _ = modern_runs.load_rows()
-    outcomes = {o.id: o for o in map(modern_runs.predict_row, rows)}
-    plain = [o for o in outcomes.values() if not o.reason]
-    found = rs.groups(rows, {o.id: o.predicted for o in plain}, {o.id: o.measured for o in plain})
-    reason = rs.other_release_reason("nemo-2502-llama3-8b-b200-8g-fp8", found)
+    outcomes = [modern_runs.predict_row(row) for row in rows]
+    modern_runs.name_other_releases(rows, outcomes)
+    reason = next(o.reason for o in outcomes if o.id == "nemo-2502-llama3-8b-b200-8g-fp8")
     assert reason.startswith("release 25.11 ran this layout")
