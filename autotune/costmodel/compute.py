@@ -15,7 +15,7 @@ from autotune.costmodel import flops, gemms, kernels
 from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.modelshape import qk_v_head_dims
 from autotune.plan import Framework, ParallelPlan
-from autotune.specs import ClusterSpec, ModelSpec
+from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
 __all__ = [
     "HBM_EFFICIENCY",
@@ -233,20 +233,30 @@ def default_attention_kernel(cluster: ClusterSpec) -> str:
     return "cudnn"
 
 
-NONCAUSAL_SPEEDUP = {"fa2": (1.302, 1.012), "fa3": (1.046, 1.042)}
-"""(forward, backward) rate of a non-causal attention call over a causal one of the same length, by kernel:
-flash-attention's hopper/benchmark_attn.py at head dim 128, seqlen 8192 on an H100 (output in
-Dao-AILab/flash-attention#1791): FA2 forward 369.9 / 284.1 TF, backward 290.6 / 287.1 TF; FA3 659.1 / 630.0
-and 553.9 / 531.6 TF. The attention curves are causal; a kernel without a figure (cudnn) gets 1."""
+NONCAUSAL_SPEEDUP = {"fa3": (1.046, 1.042)}
+"""(forward, backward) rate of a non-causal attention call over a causal one of the same length, by kernel,
+where the GPU has no measured non-causal curve (``kernels.attention_rates(causal=False)``): FA3 at head dim
+128, seqlen 8192 on an H100, flash-attention's hopper/benchmark_attn.py (output in
+Dao-AILab/flash-attention#1791), 659.1 / 630.0 TF forward and 553.9 / 531.6 backward. A kernel without
+either (cudnn) gets 1."""
 
 
-def ring_noncausal_speedup(kernel: str, cp: int) -> tuple[float, float]:
+def ring_noncausal_speedup(
+    kernel: str, cp: int, gpu: GPUSpec | None = None, seq_kv: float | None = None
+) -> tuple[float, float]:
     """(forward, backward) rate multiple of a load-balanced causal CP ring's attention calls over the causal
     curve: its first step is causal, the ``cp - 1`` later ones non-causal over the half chunks that are
     needed (TE ``AttnFuncWithCPAndKVP2P``, torch ``_templated_ring_attention``), i.e. ``1 - 1/cp`` of the
-    work; harmonic blend of ``NONCAUSAL_SPEEDUP`` by that share."""
-    fwd, bwd = NONCAUSAL_SPEEDUP.get(kernel, (1.0, 1.0))
+    work; harmonic blend by that share of the non-causal/causal rate ratio at the ring's chunk length
+    ``seq_kv`` on ``gpu``'s measured curves, else ``NONCAUSAL_SPEEDUP``."""
+    ratio = NONCAUSAL_SPEEDUP.get(kernel, (1.0, 1.0))
+    if gpu is not None and seq_kv is not None:
+        causal = kernels.attention_rates(gpu, kernel, seq_kv)
+        full = kernels.attention_rates(gpu, kernel, seq_kv, causal=False)
+        if causal is not None and full is not None:
+            ratio = (full[0] / causal[0], full[1] / causal[1])
     share = 1.0 - 1.0 / max(1, cp)
+    fwd, bwd = ratio
     return 1.0 / (1.0 - share + share / fwd), 1.0 / (1.0 - share + share / bwd)
 
 
@@ -271,7 +281,7 @@ def attention_s(
     kernel = kernel or default_attention_kernel(cluster)
     rates = kernels.attention_rates(gpu, kernel, plan.seq_len / plan.cp)
     if rates is not None and flash:
-        fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp)
+        fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp, gpu, plan.seq_len / plan.cp)
         return work / (rates[0] * fwd_x), 2 * work / (rates[1] * bwd_x)
     half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
     peak = half if str(plan.precision) == "fp8" else (gpu.peak_flops(str(plan.precision)) or half)

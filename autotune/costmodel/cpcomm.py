@@ -15,7 +15,14 @@ from autotune.costmodel.tpcomm import act_bytes
 from autotune.plan import CpComm, Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["cp_exposed_s", "torch_ring_s", "sdpa_kv_width", "MERGE_BYTES", "GRAD_ACC_BYTES"]
+__all__ = [
+    "cp_exposed_s",
+    "torch_ring_s",
+    "torch_ring_hbm_s",
+    "sdpa_kv_width",
+    "MERGE_BYTES",
+    "GRAD_ACC_BYTES",
+]
 
 MERGE_BYTES = 38.0
 """HBM bytes per attention-output element of one ring step's merge in torch's ``_SDPAMerger._merge_one``
@@ -84,6 +91,22 @@ def cp_exposed_s(
     return exposed + ncclsm.hidden_comm_sm_s(cluster, (cp - 1) * 3 * step - exposed)
 
 
+def torch_ring_hbm_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float
+) -> tuple[float, float]:
+    """(forward, backward) seconds of the memory-bound kernels torch's ring runs around its attention calls
+    for one block and micro-batch: the ``cp - 1`` merges of a step's output into the fp32 accumulator
+    (``MERGE_BYTES`` per output element) and, backward, the fp32 dQ/dK/dV accumulation of each of the ``cp``
+    steps (``GRAD_ACC_BYTES``), at ``compute.hbm_rate``. Together with ``compute.attention_s`` this is the
+    ring's compute, measured on one H200 (benchmarks/results/gpu_kernels_h200.json "ring")."""
+    kv_elems = 2 * tokens * sdpa_kv_width(model) / plan.tp
+    out_elems = tokens * model.hidden_size / plan.tp
+    rate = compute.hbm_rate(cluster)
+    merge = out_elems * MERGE_BYTES * (plan.cp - 1) / rate
+    acc = plan.cp * (out_elems * GRAD_ACC_BYTES[0] + kv_elems * GRAD_ACC_BYTES[1]) / rate
+    return merge, acc
+
+
 def torch_ring_s(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -102,11 +125,10 @@ def torch_ring_s(
     - backward (``_templated_ring_attention_backward``): K/V rotated again, and dK/dV rotated by an
       all-to-all ``dkv_rotater`` in fp32 (twice the bf16 K/V bytes) after every step, waited at the next
       one; the last transfer has no step to hide behind; fp32 gradient accumulation (``GRAD_ACC_BYTES``).
-    Merges and accumulation are memory-bound kernels at ``compute.hbm_rate``. K and V reach SDPA, and so the
+    Merges and accumulation are memory-bound kernels (``torch_ring_hbm_s``). K and V reach SDPA, and so the
     ring, at the query width (``sdpa_kv_width``)."""
     cp, link = plan.cp, comm.group_link(cluster, plan.cp, plan.tp)
     kv_elems = 2 * tokens * sdpa_kv_width(model) / plan.tp
-    out_elems = tokens * model.hidden_size / plan.tp
     kv_bytes = kv_elems * act_bytes(cluster)
     overlap = 1.0 if cluster.gpu.async_collectives else 0.0
     if plan.cp_comm is CpComm.ALLGATHER:
@@ -119,10 +141,9 @@ def torch_ring_s(
         kv_bwd_exposed = (cp - 1) * max(0.0, kv_fwd / (cp - 1) - overlap * attn_bwd_s / cp)
     dkv_step = comm.p2p_s(kv_elems * 4.0, link)
     dkv_exposed = (cp - 1) * max(0.0, dkv_step - overlap * attn_bwd_s / cp) + dkv_step
+    merge_s, acc_s = torch_ring_hbm_s(model, cluster, plan, tokens)
     reruns = 2 if plan.recompute is Recompute.FULL else 1
-    merge_bytes = out_elems * MERGE_BYTES * (cp - 1) * reruns
-    acc_bytes = cp * (out_elems * GRAD_ACC_BYTES[0] + kv_elems * GRAD_ACC_BYTES[1])
-    hbm_s = (merge_bytes + acc_bytes) / compute.hbm_rate(cluster)
+    hbm_s = merge_s * reruns + acc_s
     comm_total = 2 * kv_fwd + cp * dkv_step
     exposed = kv_exposed + kv_bwd_exposed + dkv_exposed
     return hbm_s + exposed + ncclsm.hidden_comm_sm_s(cluster, max(0.0, comm_total - exposed))

@@ -23,6 +23,7 @@ __all__ = [
     "fp8_intensity",
     "FP8_LINEAR_FIXED_S",
     "attention_rates",
+    "NONCAUSAL_SUFFIX",
     "clock_factor",
     "FP8_CAST_BYTES",
     "ATTENTION_KERNELS",
@@ -153,10 +154,19 @@ def fp8_cast_bytes(recipe: str, elements: float, *, compiled: bool = True) -> fl
     return FP8_CAST_BYTES[recipe] * (1.0 if compiled or recipe == "delayed" else EAGER_CAST_FACTOR) * elements
 
 
-def attention_rates(gpu: GPUSpec, kernel: str, seq_kv: float) -> tuple[float, float] | None:
+NONCAUSAL_SUFFIX = "-noncausal"
+"""An attention curve named ``<kernel>-noncausal`` holds that kernel's rates on calls without the causal mask
+(a load-balanced CP ring's later steps)."""
+
+
+def attention_rates(
+    gpu: GPUSpec, kernel: str, seq_kv: float, *, causal: bool = True
+) -> tuple[float, float] | None:
     """(forward, backward) FLOP/s of the attention core with ``kernel`` over ``seq_kv`` keys per query, from
-    the GPU's measured curves (16-bit peak x fraction x ``clock_factor``); None where the GPU has none."""
+    the GPU's measured curves (16-bit peak x fraction x ``clock_factor``); None where the GPU has none (for
+    ``causal=False``: no ``<kernel>-noncausal`` curve)."""
     curves = {name: (fwd, bwd) for name, fwd, bwd in gpu.attention_curves}
+    kernel = kernel if causal else kernel + NONCAUSAL_SUFFIX
     if kernel not in curves:
         return None
     half = (gpu.bf16_flops or gpu.fp16_flops or 1.0) * clock_factor(gpu)

@@ -117,17 +117,18 @@ def test_inductor_leaves_the_complex_rope_multiply_to_an_eager_kernel():
     assert any("does not support code generation for complex" in str(w.message) for w in caught)
 
 
-def test_fa2_causal_8k_matches_the_published_hopper_benchmark():
-    """Dao-AILab/flash-attention#1791 (hopper/benchmark_attn.py, head dim 128, causal, seqlen 8192): FA2
-    forward 284.1 TF, backward 287.1 TF on an H100 at 989 TF bf16 peak. The benchmark prints the backward as
-    ``2.5 * nFLOPS / time``; the model's backward work is 2x the forward, so its rate is 2/2.5 of that (the
-    same kernel time)."""
+def test_fa2_causal_8k_agrees_with_the_published_hopper_benchmark_where_our_measurement_does():
+    """The fa2 curve is torch SDPA's flash kernel measured on an H200
+    (benchmarks/results/gpu_kernels_h200.json). flash-attention's own Hopper benchmark
+    (Dao-AILab/flash-attention#1791, hopper/benchmark_attn.py, head dim 128, causal, seqlen 8192, H100)
+    printed FA2 at 284.1 TF forward, 287.1 TF backward in its 2.5x-FLOP count, i.e. 229.7 TF for the model's
+    2x. The backward agrees within 3 %; our forward ran 14 % faster."""
     from autotune.catalog import load_gpu
     from autotune.costmodel import kernels
 
     h100 = load_gpu("h100-sxm")
     fwd, bwd = kernels.attention_rates(h100, "fa2", 8192)
-    assert fwd / 1e12 == pytest.approx(284.1, rel=0.02)
+    assert 284.1 < fwd / 1e12 < 1.2 * 284.1
     assert bwd / 1e12 == pytest.approx(287.1 * 2 / 2.5, rel=0.03)
 
 
@@ -142,21 +143,26 @@ def test_a_device_without_curves_runs_the_flash_backward_at_its_own_slowdown(gpu
 
 
 def test_a_load_balanced_ring_runs_its_later_steps_at_the_non_causal_rate():
-    assert compute.ring_noncausal_speedup("fa2", 1) == (1.0, 1.0)  # one causal call
-    assert compute.ring_noncausal_speedup("cudnn", 4) == (1.0, 1.0)  # no published figure
-    fwd, bwd = compute.ring_noncausal_speedup("fa2", 2)  # half the work in non-causal calls
-    assert fwd == pytest.approx(1 / (0.5 + 0.5 * 284.1 / 369.9), rel=1e-3)
-    assert bwd == pytest.approx(1 / (0.5 + 0.5 * 287.1 / 290.6), rel=1e-3)
-    fwd8, _ = compute.ring_noncausal_speedup("fa2", 8)
-    assert fwd < fwd8 < 369.9 / 284.1
+    from autotune.catalog import load_gpu
+    from autotune.costmodel import kernels
+
+    h100 = load_gpu("h100-sxm")
+    assert compute.ring_noncausal_speedup("fa2", 1, h100, 32768) == (1.0, 1.0)  # one causal call
+    assert compute.ring_noncausal_speedup("cudnn", 4, h100, 32768) == (1.0, 1.0)  # no non-causal figure
+    causal = kernels.attention_rates(h100, "fa2", 4096)
+    full = kernels.attention_rates(h100, "fa2", 4096, causal=False)
+    fwd, bwd = compute.ring_noncausal_speedup("fa2", 2, h100, 4096)  # half the work in non-causal calls
+    assert fwd == pytest.approx(1 / (0.5 + 0.5 * causal[0] / full[0]), rel=1e-6)
+    assert bwd == pytest.approx(1 / (0.5 + 0.5 * causal[1] / full[1]), rel=1e-6)
+    fwd8, _ = compute.ring_noncausal_speedup("fa2", 8, h100, 4096)
+    assert 1 < fwd < fwd8 < full[0] / causal[0]  # 4k: the causal mask costs the most (0.347 vs 0.241)
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
     plan = _fsdp(cp=2, dp=4, micro_batch=1, global_batch=4, seq_len=65536)
+    fwd, bwd = compute.ring_noncausal_speedup("fa2", 2, cluster.gpu, plan.seq_len / plan.cp)
     tokens = plan.seq_len / plan.cp
     work = tokens * flops.attention_flops_per_token(
         model, plan.seq_len, causal_fraction=flops.CAUSAL_ATTENTION_FRACTION
     )
-    from autotune.costmodel import kernels
-
     rate_fwd, rate_bwd = kernels.attention_rates(cluster.gpu, "fa2", plan.seq_len / plan.cp)
     ring = compute.attention_s(model, cluster, plan, tokens, kernel="fa2")
     assert ring[0] == pytest.approx(work / (rate_fwd * fwd))
