@@ -79,6 +79,19 @@ GPU_MODEL = ModelSpec(
     max_seq_len=2048,
 )
 
+GPU_MODEL_8B = ModelSpec(
+    name="crosscheck-gpu-8b-width",
+    hidden_size=4096,
+    num_layers=4,
+    num_heads=32,
+    num_kv_heads=8,
+    ffn_hidden_size=14336,
+    vocab_size=128256,
+    max_seq_len=8192,
+)
+"""Llama 3 8B's width, heads, FFN and vocabulary at 8192 tokens, 4 of its 32 layers (``--gpu-model 8b``): the
+per-layer activations and the loss path at the size the published 8B runs use, on one GPU."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -261,7 +274,45 @@ def _pct(x: float) -> str:
     return f"{x:+.1%}"
 
 
-def markdown(cpu_rows: list[dict[str, object]], gpu: dict[str, object] | None, *, tiny: bool = False) -> str:
+def _gpu_section(gpu: dict[str, object], spec: ModelSpec) -> list[str]:
+    lines = [
+        "",
+        f"## GPU, bf16 mixed precision ({gpu['device']}, torch {gpu['torch']}), {spec.name}",
+        "",
+        "FSDP2 on a 1-rank mesh, `MixedPrecisionPolicy(bf16, reduce fp32)`; model "
+        f"{spec.name}: h={spec.hidden_size}, L={spec.num_layers}, heads={spec.num_heads}/"
+        f"{spec.num_kv_heads} KV, ffn={spec.ffn_hidden_size}, V={spec.vocab_size}. Measured = "
+        "`torch.cuda.max_memory_allocated()`.",
+        "",
+        "| case | measured MiB | predicted MiB | error | allocator reserved MiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in gpu["rows"]:
+        lines.append(
+            f"| {r['case']} | {r['total_measured_mib']:.0f} | {r['total_predicted_mib']:.0f} | "
+            f"{_pct(r['total_rel_error'])} | {r['reserved_mib']:.0f} |"
+        )
+    facts = gpu["kernel_facts"]
+    return lines + [
+        "",
+        f"- CUDA context (device memory in use outside the caching allocator after the first "
+        f"bf16 GEMM): {gpu['context_bytes'] / _MIB:.0f} MiB; a 1-rank NCCL communicator added "
+        f"{gpu['nccl_world1_bytes'] / _MIB:.0f} MiB.",
+        f"- `F.rms_norm` (bf16) saved {facts['rms_norm_saved_bytes']} B for a "
+        f"{facts['rms_norm_input_bytes']} B input (fused: {facts['rms_norm_fused']}); causal SDPA "
+        "saved "
+        f"{facts['sdpa_saved_bytes']} B for Q/K/V/O of {facts['sdpa_qkvo_bytes']} B "
+        f"(+ LSE {facts['sdpa_lse_bytes']} B).",
+    ]
+
+
+def markdown(
+    cpu_rows: list[dict[str, object]],
+    gpu: dict[str, object] | None,
+    *,
+    tiny: bool = False,
+    gpu_8b: dict[str, object] | None = None,
+) -> str:
     spec, mb, seq, _ = cpu_setup(tiny)
     lines = [
         "# Memory model vs measured per-rank peak",
@@ -287,41 +338,15 @@ def markdown(cpu_rows: list[dict[str, object]], gpu: dict[str, object] | None, *
             f"{r['states_predicted_mib']:.1f} | {r['transient_measured_mib']:.1f} / "
             f"{r['transient_predicted_mib']:.1f} |"
         )
-    if gpu is not None:
-        lines += [
-            "",
-            f"## GPU, bf16 mixed precision ({gpu['device']}, torch {gpu['torch']})",
-            "",
-            "FSDP2 on a 1-rank mesh, `MixedPrecisionPolicy(bf16, reduce fp32)`; model "
-            f"{GPU_MODEL.name}: "
-            f"h={GPU_MODEL.hidden_size}, L={GPU_MODEL.num_layers}, ffn={GPU_MODEL.ffn_hidden_size}, "
-            f"V={GPU_MODEL.vocab_size}. Measured = `torch.cuda.max_memory_allocated()`.",
-            "",
-            "| case | measured MiB | predicted MiB | error | allocator reserved MiB |",
-            "|---|---:|---:|---:|---:|",
-        ]
-        for r in gpu["rows"]:
-            lines.append(
-                f"| {r['case']} | {r['total_measured_mib']:.0f} | {r['total_predicted_mib']:.0f} | "
-                f"{_pct(r['total_rel_error'])} | {r['reserved_mib']:.0f} |"
-            )
-        facts = gpu["kernel_facts"]
-        lines += [
-            "",
-            f"- CUDA context (device memory in use outside the caching allocator after the first "
-            f"bf16 GEMM): {gpu['context_bytes'] / _MIB:.0f} MiB; a 1-rank NCCL communicator added "
-            f"{gpu['nccl_world1_bytes'] / _MIB:.0f} MiB.",
-            f"- `F.rms_norm` (bf16) saved {facts['rms_norm_saved_bytes']} B for a "
-            f"{facts['rms_norm_input_bytes']} B input (fused: {facts['rms_norm_fused']}); causal SDPA "
-            "saved "
-            f"{facts['sdpa_saved_bytes']} B for Q/K/V/O of {facts['sdpa_qkvo_bytes']} B "
-            f"(+ LSE {facts['sdpa_lse_bytes']} B).",
-        ]
+    for result, spec in ((gpu, GPU_MODEL), (gpu_8b, GPU_MODEL_8B)):
+        if result is not None:
+            lines += _gpu_section(result, spec)
     lines += ["", "## What this does and does not cover", ""]
     lines += [
         "- Measured: one rank without parallelism (recompute none/selective/full) and FSDP2 full / grad-"
         "op sharding (per block + root, as the trials wrap it) at 4 and 8 ranks on CPU; FSDP2 mixed "
-        "precision at one GPU. Not measured here: TP, SP, PP, CP, DeepSpeed and Megatron (their terms "
+        "precision at one GPU (the 1B-class model, and Llama 3 8B's width at 8192 tokens). Not measured "
+        "here: TP, SP, PP, CP, DeepSpeed and Megatron (their terms "
         "rest on the cited papers and source; DeepSpeed's model states are pinned to its own estimator "
         "in tests/costmodel/test_memory.py).",
         "- Fake-PG collectives finish at once, so FSDP2's reduce-scatter buffer of the previous unit is "
@@ -341,6 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", action="store_true", help="measure on the CUDA device instead of the CPU")
     p.add_argument("--tiny", action="store_true", help="the small, fast CPU variant the test runs")
+    p.add_argument(
+        "--gpu-model",
+        choices=("1b", "8b"),
+        default="1b",
+        help="with --gpu: the 1B-class model (memory_crosscheck_gpu.json) or Llama 3 8B's width at 8k "
+        "tokens, 4 layers (memory_crosscheck_gpu_8b.json)",
+    )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -348,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.gpu:
         from benchmarks.memory_crosscheck_gpu import run_gpu  # imports this module: not at the top
 
-        result = run_gpu()
+        result = run_gpu(args.gpu_model)
+        if args.gpu_model == "8b":
+            gpu_json = args.out / "memory_crosscheck_gpu_8b.json"
         gpu_json.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
         for r in result["rows"]:
@@ -362,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     payload = {"host": platform.platform(), "torch": torch.__version__, "rows": rows}
     (args.out / "memory_crosscheck.json").write_text(json.dumps(payload, indent=1) + "\n")
     gpu = json.loads(gpu_json.read_text()) if gpu_json.exists() else None
-    (args.out / "memory_crosscheck.md").write_text(markdown(rows, gpu, tiny=args.tiny))
+    json_8b = args.out / "memory_crosscheck_gpu_8b.json"
+    gpu_8b = json.loads(json_8b.read_text()) if json_8b.exists() else None
+    (args.out / "memory_crosscheck.md").write_text(markdown(rows, gpu, tiny=args.tiny, gpu_8b=gpu_8b))
     for r in rows:
         print(
             f"{r['case']}: measured {r['total_measured_mib']:.1f} MiB, predicted "

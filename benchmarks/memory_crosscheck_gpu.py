@@ -21,6 +21,7 @@ from benchmarks.memory_crosscheck import (
     _MIB,
     ACCUMULATION,
     GPU_MODEL,
+    GPU_MODEL_8B,
     Case,
     _adamw,
     _train_step,
@@ -71,6 +72,26 @@ def gpu_kernel_facts(device: str) -> dict[str, object]:
         "sdpa_qkvo_bytes": 4 * q.numel() * 2,
         "sdpa_lse_bytes": 4 * b * heads * s,
     }
+
+
+def gpu_cases_8b() -> list[Case]:
+    """Llama 3 8B's width at 8192 tokens: each recompute mode at micro-batch 1, full recompute at 2 (the
+    local batch of torchtitan's 8B table)."""
+    layouts = [(rc, 1) for rc in ("none", "selective", "full")] + [("full", 2)]
+    return [
+        Case(
+            f"fsdp2 1 GPU, bf16, 8B width x 4 layers, seq 8192, mbs {mb}, recompute {rc}",
+            GPU_MODEL_8B,
+            _unvalidated_plan(
+                micro_batch=mb,
+                global_batch=mb * ACCUMULATION,
+                seq_len=8192,
+                sharding=Sharding.FSDP_FULL,
+                recompute=Recompute(rc),
+            ),
+        )
+        for rc, mb in layouts
+    ]
 
 
 def gpu_cases() -> list[Case]:
@@ -154,7 +175,7 @@ def _states_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
     return float(sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in tensors))
 
 
-def run_gpu() -> dict[str, object]:
+def run_gpu(model: str = "1b") -> dict[str, object]:
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.cuda.init()
@@ -175,8 +196,9 @@ def run_gpu() -> dict[str, object]:
     kernels = Kernels(fused_norm=bool(facts["rms_norm_fused"]))
     mesh = init_device_mesh("cuda", (1,))
     rows = []
-    cases = gpu_cases()
-    for case, foreach in [(c, True) for c in cases] + [(cases[-1], False)]:
+    cases = gpu_cases() if model == "1b" else gpu_cases_8b()
+    runs = [(c, True) for c in cases] + ([(cases[-1], False)] if model == "1b" else [])
+    for case, foreach in runs:
         measured = measure_gpu(case, mesh, foreach)
         numerics = dataclasses.replace(MIXED_BF16, foreach_adamw=foreach)
         row = compare_totals(case, measured, predict(case, numerics, kernels, gpu="h200"))
