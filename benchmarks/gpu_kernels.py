@@ -1,11 +1,13 @@
-"""Device probe for three step-time terms the catalog prices from others' figures (issues 22 and 23): torch's
+"""Device probe for step-time terms the catalog priced from others' figures (issues 22 and 23): torch's
 context-parallel ring as torchtitan runs it, float8 GEMMs (tensorwise and rowwise ``torch._scaled_mm``),
-and grouped expert GEMMs (``torch._grouped_mm``), plus SDPA attention rates to 32k keys.
+grouped expert GEMMs (``torch._grouped_mm``), SDPA attention rates to 32k keys, and the narrow / short-``k``
+GEMMs below the shape curve's first point.
 
-Run on one GPU: ``python benchmarks/gpu_kernels.py OUT_DIR`` writes OUT_DIR/gpu_kernels.json after every
-section (a section that fails records its error and the rest still run). Without CUDA it runs tiny shapes
-on the CPU to check the code paths (``--dry-run`` forces that). Timing: CUDA events, median of the timed
-repeats after warm-up; the H200 result is benchmarks/results/gpu_kernels_h200.json.
+Run on one GPU: ``python benchmarks/gpu_kernels.py OUT_DIR [--only=ring,sdpa,...]`` writes
+OUT_DIR/gpu_kernels.json after every section (a section that fails records its error and the rest still
+run). Without CUDA it runs tiny shapes on the CPU to check the code paths (``--dry-run`` forces that).
+Timing: CUDA events, median of the timed repeats after warm-up. H200 results:
+benchmarks/results/gpu_kernels_h200.json (``gemm_shapes`` alone: gpu_kernels_gemm_h200.json).
 
 The ring section replays, on one GPU, the compute of the last CP rank of torch's load-balanced ring
 (torch/distributed/tensor/experimental/_context_parallel/_attention.py ``_templated_ring_attention`` and
@@ -110,14 +112,16 @@ def attention_call(heads: int, sq: int, sk: int, hd: int, causal: bool, b: int =
     }
 
 
-def sdpa_rates() -> list[dict[str, object]]:
+def sdpa_rates(
+    lengths: tuple[int, ...] = (4096, 8192, 16384, 32768), dims: tuple[int, ...] = (128, 64)
+) -> list[dict[str, object]]:
     """SDPA through each backend on square causal and non-causal calls; ~32k tokens per call."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rows: list[dict[str, object]] = []
     backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
-    for hd, heads in ((128, 32), (64, 64)):
-        for s in (4096, 8192, 16384, 32768):
+    for hd, heads in [(d, 4096 // d) for d in dims]:
+        for s in lengths:
             s //= SCALE
             b = max(1, 32768 // SCALE // s)
             q, k, v = (t.requires_grad_() for t in _qkv(heads, s, s, hd, b))
@@ -369,6 +373,90 @@ def grouped_gemms() -> list[dict[str, object]]:
     return rows
 
 
+# ---------------------------------------------------------------- GEMM shapes below the curve's first point
+
+
+def _skinny_shapes() -> list[tuple[str, int, int, int]]:
+    """(what, m, k, n): the narrow and short-``k`` GEMMs of training: GQA K/V projections after TP8 (one
+    128-wide KV head per rank) with their input- and weight-gradient GEMMs, MoE routers and small experts,
+    and a width sweep at 8192 / 32768 / 131072 rows; an 8192^3 GEMM as this machine's reference."""
+    shapes = [("square", 8192, 8192, 8192)]
+    for rows in (8192, 32768, 131072):
+        for width in (128, 256, 512, 1024, 2048):
+            for k in (4096, 8192):
+                shapes.append((f"narrow n={width}", rows, k, width))  # forward of a narrow output
+                shapes.append((f"short k={width}", rows, width, k))  # its input gradient
+        shapes.append(("router h=2048 E=128", rows, 2048, 128))
+        shapes.append(("expert down k=768", rows, 768, 2048))
+    for k in (8192, 32768, 131072):
+        for width in (128, 512, 2048):
+            shapes.append((f"wgrad m={width}", width, k, 4096))  # weight gradient of a narrow layer
+    return shapes
+
+
+def gemm_shapes() -> list[dict[str, object]]:
+    """bf16 ``mm`` and fp8 tensorwise ``_scaled_mm`` over ``_skinny_shapes`` (operands row-major /
+    column-major as torchao lays them out)."""
+    rows: list[dict[str, object]] = []
+    fp8 = torch.float8_e4m3fn
+    for what, m, k, n in _skinny_shapes():
+        if not CUDA:
+            m, k, n = max(16, m // SCALE), max(16, k // SCALE), max(16, n // SCALE)
+        a = torch.randn(m, k, device=DEV, dtype=DT)
+        b = torch.randn(n, k, device=DEV, dtype=DT).t()
+        row: dict[str, object] = {"what": what, "m": m, "k": k, "n": n}
+        row["bf16_s"] = timed(lambda: a @ b)
+        row["bf16_tflops"] = 2.0 * m * n * k / row["bf16_s"] / 1e12
+        if CUDA:
+            a8, b8, one = a.to(fp8), b.to(fp8), torch.ones((), device=DEV)
+            row["fp8_s"] = timed(
+                lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=DT, use_fast_accum=True)
+            )
+            row["fp8_tflops"] = 2.0 * m * n * k / row["fp8_s"] / 1e12
+        rows.append(row)
+    print("gemm shapes", len(rows), flush=True)
+    return rows
+
+
+def fp8_accum() -> list[dict[str, object]]:
+    """``_scaled_mm`` with ``use_fast_accum=False`` (torchao's float8 backward GEMMs: ``grad_input`` and
+    ``grad_weight`` accumulate in full precision), tensorwise and rowwise, on Llama 3 8B's and 70B-TP8's
+    linears at 8192 tokens, next to the fast-accumulation forward."""
+    if not CUDA:
+        return []
+    fp8, tokens = torch.float8_e4m3fn, 8192
+    rows: list[dict[str, object]] = []
+    linears = {
+        "llama3-8b": _llama_linears(4096, 4096, 1024, 14336, 1),
+        "llama3-70b-tp8": _llama_linears(8192, 8192, 1024, 28672, 8),
+    }
+    for model, layers in linears.items():
+        for name, din, dout in layers:
+            for role, (m, k, n) in {"dgrad": (tokens, dout, din), "wgrad": (dout, tokens, din)}.items():
+                a8 = torch.randn(m, k, device=DEV, dtype=DT).to(fp8)
+                b8 = torch.randn(n, k, device=DEV, dtype=DT).to(fp8).t()
+                one, sa, sb = (
+                    torch.ones((), device=DEV),
+                    torch.ones(m, 1, device=DEV),
+                    torch.ones(1, n, device=DEV),
+                )
+                row: dict[str, object] = {
+                    "model": model,
+                    "linear": name,
+                    "role": role,
+                    "m": m,
+                    "k": k,
+                    "n": n,
+                }
+                for key, (x, y) in {"tensorwise": (one, one), "rowwise": (sa, sb)}.items():
+                    for fast in (True, False):
+                        t = timed(lambda: torch._scaled_mm(a8, b8, x, y, out_dtype=DT, use_fast_accum=fast))
+                        row[f"{key}_fast{int(fast)}_tflops"] = 2.0 * m * n * k / t / 1e12
+                rows.append(row)
+    print("fp8 accum", len(rows), flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -376,7 +464,7 @@ def main() -> int:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     out_dir = args[0] if args else os.environ.get("OUT", "/tmp")
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "gpu_kernels.json")
+    path = os.path.join(out_dir, "gpu_kernels.json")  # --only=a,b: those sections alone
     res: dict[str, object] = {
         "device": torch.cuda.get_device_name() if CUDA else "cpu (dry run: tiny shapes)",
         "torch": torch.__version__,
@@ -385,12 +473,19 @@ def main() -> int:
     }
     if CUDA:
         res["clock_note"] = "no clock or power pinning: default application clocks, one run"
-    for name, fn in (
+    sections = (
         ("ring", ring),
         ("fp8_gemm", fp8_gemms),
         ("grouped_gemm", grouped_gemms),
         ("sdpa", sdpa_rates),
-    ):
+        ("gemm_shapes", gemm_shapes),
+        ("sdpa_short", lambda: sdpa_rates((1024, 2048), (128,))),
+        ("fp8_accum", fp8_accum),
+    )
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
+    for name, fn in sections:
+        if only and name not in only[0]:
+            continue
         t = time.time()
         try:
             res[name] = fn()
