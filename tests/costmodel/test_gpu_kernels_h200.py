@@ -10,26 +10,32 @@ from autotune.catalog import load_gpu, load_model, make_cluster
 from autotune.costmodel import compute, cpcomm, kernels
 from autotune.plan import ParallelPlan
 
-RESULT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_kernels_h200.json"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
 def measured():
-    return json.loads(RESULT.read_text())
+    return json.loads((RESULTS / "gpu_kernels_h200.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def measured_short():
+    return json.loads((RESULTS / "gpu_kernels_gemm_h200.json").read_text())
 
 
 @pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_fa2_curves_are_the_measured_sdpa_flash_rates(measured, gpu, causal):
-    """Same GH100 compute on both cards; the curve points are the measured fractions of the bf16 peak."""
+def test_the_fa2_curves_are_the_measured_sdpa_flash_rates(measured, measured_short, gpu, causal):
+    """Same GH100 compute on both cards; the curve points are the measured fractions of the bf16 peak
+    (4k-32k in one run, 1k-2k in another)."""
     g = load_gpu(gpu)
     peak = g.bf16_flops / 1e12
     rows = [
         r
-        for r in measured["sdpa"]
-        if r["backend"] == "flash" and r["hd"] == 128 and r["causal"] is causal and r["s"] >= 4096
+        for r in measured["sdpa"] + measured_short["sdpa_short"]
+        if r["backend"] == "flash" and r["hd"] == 128 and r["causal"] is causal
     ]
-    assert len(rows) == 4
+    assert len(rows) == 6
     for r in rows:
         fwd, bwd = kernels.attention_rates(g, "fa2", r["s"], causal=causal)
         assert fwd / 1e12 / peak == pytest.approx(r["fwd_tflops"] / 989.4, abs=0.0015), r["s"]
@@ -85,3 +91,18 @@ def test_the_ring_costs_the_same_per_flop_at_every_cp(measured):
         cases = {r["cp"]: r for r in measured["ring"]["cases"] if r["case"] == name}
         for key in ("fwd_tflops", "bwd_tflops_2x"):
             assert cases[8][key] / cases[1][key] > 0.92
+
+
+def test_the_shape_curve_is_conservative_below_its_first_point(measured_short):
+    """docs/speed_model.md, Known residuals: measured in isolation, narrow and short-k GEMMs run 2-5x faster
+    than the curve's proportional fall-off below intensity 819 prices them; the measured rates are not
+    adopted until the cost they would expose in published runs is found. Pinned here: no swept bf16 GEMM is
+    priced more than 12 % faster than measured, and below intensity 300 every one is priced slower by at
+    least 1.5x."""
+    h200 = load_gpu("h200")
+    for r in measured_short["gemm_shapes"]:
+        m, k, n = r["m"], r["k"], r["n"]
+        ratio = kernels.gemm_s(h200, "bf16", m, n, k) / r["bf16_s"]
+        assert ratio > 0.88, r
+        if kernels.intensity(m, n, k) < 300:
+            assert ratio > 1.5, r
