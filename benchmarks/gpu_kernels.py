@@ -457,6 +457,120 @@ def fp8_accum() -> list[dict[str, object]]:
     return rows
 
 
+# ------------------------------------------------------- a TP rank's block linears; TE-style expert GEMMs
+
+TP_BLOCKS = {
+    # name: (hidden, q width, kv width, ffn, tokens) per TP rank, as torchtitan's Llama shards them
+    # (wq / wk / wv / wo ColwiseParallel / RowwiseParallel, w1 / w3 / w2 likewise) at the published layouts
+    "llama3-8b-tp8-mbs12": (4096, 512, 128, 1792, 12 * 8192),
+    "llama3-70b-tp8-mbs16": (8192, 1024, 128, 3584, 16 * 8192),
+    "llama3-405b-tp8-mbs1": (16384, 2048, 128, 6656, 8192),
+    "llama3-8b-tp1-mbs2": (4096, 4096, 1024, 14336, 2 * 8192),
+}
+
+
+def tp_block_linears() -> list[dict[str, object]]:
+    """Forward + backward (autograd: input and weight gradients) of one block's seven linears on one TP
+    rank, in the order a block runs them, without attention: what the model's ``block_gemm_s`` x 3 prices,
+    plus the few elementwise ops that join the linears (a residual add, the K/V stand-in for attention,
+    the gate product)."""
+    rows: list[dict[str, object]] = []
+    for name, (h, qw, kvw, f, tokens) in TP_BLOCKS.items():
+        if not CUDA:
+            h, qw, kvw, f, tokens = (max(16, v // SCALE) for v in (h, qw, kvw, f, tokens))
+        lin = {
+            key: torch.randn(dout, din, device=DEV, dtype=DT, requires_grad=True)
+            for key, din, dout in (
+                ("wq", h, qw),
+                ("wk", h, kvw),
+                ("wv", h, kvw),
+                ("wo", qw, h),
+                ("w1", h, f),
+                ("w3", h, f),
+                ("w2", f, h),
+            )
+        }
+        x = torch.randn(tokens, h, device=DEV, dtype=DT, requires_grad=True)
+
+        def step():
+            q, k, v = x @ lin["wq"].t(), x @ lin["wk"].t(), x @ lin["wv"].t()
+            a = x + (q + torch.cat([k, v] * (qw // (2 * kvw) or 1), dim=1)[:, :qw]) @ lin["wo"].t()
+            y = (a @ lin["w1"].t()) * (a @ lin["w3"].t())
+            return y @ lin["w2"].t()
+
+        out = step()
+        grad = torch.randn_like(out)
+        fwd = timed(step)
+        fb = timed(lambda: step().backward(grad))
+        work = 2.0 * tokens * sum(w.numel() for w in lin.values())
+        rows.append(
+            {
+                "block": name,
+                "h": h,
+                "q": qw,
+                "kv": kvw,
+                "ffn": f,
+                "tokens": tokens,
+                "fwd_s": fwd,
+                "fwd_bwd_s": fb,
+                "fwd_tflops": work / fwd / 1e12,
+                "fwd_bwd_tflops": 3 * work / fb / 1e12,
+            }
+        )
+        print("tp block", name, flush=True)
+    return rows
+
+
+def te_style_experts() -> list[dict[str, object]]:
+    """Each model's expert GEMMs as Transformer Engine's ``general_grouped_gemm`` issues them: one cuBLAS
+    ``mm`` per local expert, round-robin over 4 CUDA streams (TE's default number of GEMM streams), joined
+    at the end; forward GEMMs only, next to ``torch._grouped_mm`` on the same operands."""
+    if not CUDA:
+        return []
+    rows: list[dict[str, object]] = []
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    for model, (h, f, experts, per_expert) in MOE_SHAPES.items():
+        for name, din, dout in (("w13", h, 2 * f), ("w2", f, h)):
+            x = torch.randn(experts * per_expert, din, device=DEV, dtype=DT)
+            w = torch.randn(experts, dout, din, device=DEV, dtype=DT).transpose(-2, -1)
+            offs = torch.arange(1, experts + 1, device=DEV, dtype=torch.int32) * per_expert
+            out = torch.empty(experts * per_expert, dout, device=DEV, dtype=DT)
+
+            def multi_stream():
+                main = torch.cuda.current_stream()
+                for s in streams:
+                    s.wait_stream(main)
+                for e in range(experts):
+                    with torch.cuda.stream(streams[e % 4]):
+                        torch.mm(
+                            x[e * per_expert : (e + 1) * per_expert],
+                            w[e],
+                            out=out[e * per_expert : (e + 1) * per_expert],
+                        )
+                for s in streams:
+                    main.wait_stream(s)
+
+            t_ms = timed(multi_stream)
+            t_g = timed(lambda: torch._grouped_mm(x, w, offs=offs))
+            work = 2.0 * experts * per_expert * din * dout
+            rows.append(
+                {
+                    "model": model,
+                    "linear": name,
+                    "experts": experts,
+                    "m_per_expert": per_expert,
+                    "k": din,
+                    "n": dout,
+                    "multistream_s": t_ms,
+                    "grouped_s": t_g,
+                    "multistream_tflops": work / t_ms / 1e12,
+                    "grouped_tflops": work / t_g / 1e12,
+                }
+            )
+    print("te-style experts", len(rows), flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -481,6 +595,8 @@ def main() -> int:
         ("gemm_shapes", gemm_shapes),
         ("sdpa_short", lambda: sdpa_rates((1024, 2048), (128,))),
         ("fp8_accum", fp8_accum),
+        ("tp_block_linears", tp_block_linears),
+        ("te_style_experts", te_style_experts),
     )
     only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
     for name, fn in sections:
