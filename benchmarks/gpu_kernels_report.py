@@ -1,8 +1,9 @@
 """The device probe's results against the cost model: ``python benchmarks/gpu_kernels_report.py`` reads
-benchmarks/results/gpu_kernels_h200.json and gpu_kernels_gemm_h200.json (``benchmarks/gpu_kernels.py`` on
-one H200, two runs on two machines) and writes benchmarks/results/gpu_kernels_h200.md: the CP ring's
-compute, SDPA rates, float8, grouped expert and narrow / short-``k`` GEMMs, each measured next to what
-``autotune`` predicts for the same call on an ``h200``."""
+benchmarks/results/gpu_kernels_h200.json, gpu_kernels_gemm_h200.json and gpu_kernels_block_h200.json
+(``benchmarks/gpu_kernels.py`` on one H200, three runs on three machines) and writes
+benchmarks/results/gpu_kernels_h200.md: the CP ring's compute, SDPA rates, float8, grouped expert, narrow /
+short-``k`` GEMMs and a TP rank's block linears, each measured next to what ``autotune`` predicts for the
+same call on an ``h200``."""
 
 from __future__ import annotations
 
@@ -174,9 +175,47 @@ def fp8_accum_rows(data: dict) -> list[str]:
     return lines
 
 
+def block_rows(data: dict) -> list[str]:
+    """A TP rank's seven block linears, forward + backward through autograd, against the model's GEMMs."""
+    h200 = load_gpu("h200")
+    lines = [
+        "| block (per TP rank) | tokens | measured fwd+bwd ms | predicted GEMMs ms | error |"
+        " of which K/V ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["tp_block_linears"]:
+        h, qw, kvw, f, t = r["h"], r["q"], r["kv"], r["ffn"], r["tokens"]
+        shapes = [(t, qw, h), (t, kvw, h), (t, kvw, h), (t, h, qw), (t, f, h), (t, f, h), (t, h, f)]
+        per = [
+            kernels.gemm_s(h200, "bf16", m, n, k)
+            + kernels.gemm_s(h200, "bf16", m, k, n)
+            + kernels.gemm_s(h200, "bf16", n, k, m)
+            for m, n, k in shapes
+        ]
+        lines.append(
+            f"| {r['block']} | {t} | {1e3 * r['fwd_bwd_s']:.1f} | {1e3 * sum(per):.1f} | "
+            f"{_pct(sum(per) / r['fwd_bwd_s'] - 1)} | {1e3 * (per[1] + per[2]):.1f} |"
+        )
+    return lines
+
+
+def te_rows(data: dict) -> list[str]:
+    lines = [
+        "| model | linear | experts x tokens | k x n | 4-stream per-expert mm TF | torch._grouped_mm TF |",
+        "|---|---|---|---|---:|---:|",
+    ]
+    for r in data["te_style_experts"]:
+        lines.append(
+            f"| {r['model']} | {r['linear']} | {r['experts']} x {r['m_per_expert']} | {r['k']} x {r['n']} | "
+            f"{r['multistream_tflops']:.0f} | {r['grouped_tflops']:.0f} |"
+        )
+    return lines
+
+
 def main() -> int:
     data = json.loads((RESULTS / "gpu_kernels_h200.json").read_text())
     second = json.loads((RESULTS / "gpu_kernels_gemm_h200.json").read_text())
+    third = json.loads((RESULTS / "gpu_kernels_block_h200.json").read_text())
     shape_table, shape_summary = shape_rows(second)
     fp8_table, fp8_summary = fp8_rows(data)
     lines = [
@@ -237,6 +276,25 @@ def main() -> int:
         "### fp8 with fast vs full-precision accumulation (`use_fast_accum`)",
         "",
         *fp8_accum_rows(second),
+        "",
+        "## Third run (another machine): a TP rank's block linears, expert GEMMs on four streams",
+        "",
+        "### One block's seven linears on one TP rank, forward + backward through autograd",
+        "",
+        "torchtitan's Llama sharding (separate wq / wk / wv: one 128-wide KV head per rank at TP8) at the"
+        " published layouts' tokens per micro-batch, without attention; measured includes the few"
+        " elementwise ops that join the linears (residual add, gate product). Predicted = the model's 21"
+        " GEMMs (forward, input and weight gradient of each linear) on an `h200`.",
+        "",
+        *block_rows(third),
+        "",
+        "### Expert GEMMs, one `mm` per expert round-robin over 4 CUDA streams (Python loop)",
+        "",
+        "Transformer Engine's grouped GEMM issues one cuBLAS GEMM per expert from C++; this Python loop"
+        " pays tens of microseconds of host time per expert, so where experts are small (Qwen3-30B) it"
+        " measures the host, not TE.",
+        "",
+        *te_rows(third),
         "",
     ]
     (RESULTS / "gpu_kernels_h200.md").write_text("\n".join(lines))
