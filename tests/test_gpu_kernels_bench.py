@@ -38,3 +38,36 @@ def test_the_replayed_ring_computes_attention_over_the_keys_it_visits(cp):
     assert torch.allclose(gq, rq.grad, atol=1e-4)
     assert torch.allclose(gkv[: k.numel()].view_as(k), rk.grad, atol=1e-4)
     assert torch.allclose(gkv[k.numel() :].view_as(v), rv.grad, atol=1e-4)
+
+
+def test_the_probe_runs_its_sections_on_the_cpu_and_records_each(tmp_path):
+    """The device probe's dry run (tiny shapes on the CPU) writes one JSON entry per section it was asked
+    for, with timings and no recorded error, so a GPU session can run it unchanged."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sections = "gemm_shapes,grouped_gemm,tp_block_linears"
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "gpu_kernels.py"),
+            str(tmp_path),
+            "--dry-run",
+            f"--only={sections}",
+        ],
+        check=True,
+        cwd=root,
+        capture_output=True,
+        timeout=300,
+    )
+    result = json.loads((tmp_path / "gpu_kernels.json").read_text())
+    assert result["device"].startswith("cpu")
+    for name in sections.split(","):
+        rows = result[name]
+        assert isinstance(rows, list) and rows, name
+        assert all(v > 0 for r in rows for k, v in r.items() if k.endswith("_s")), name
+    assert "ring" not in result
+    assert {r["block"] for r in result["tp_block_linears"]} == set(gpu_kernels.TP_BLOCKS)
