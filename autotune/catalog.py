@@ -224,6 +224,10 @@ def load_gpu(name: str) -> GPUSpec:
         attention_curves=tuple(
             (kernel, _points(c["fwd"]), _points(c["bwd"])) for kernel, c in (g.get("attention") or {}).items()
         ),
+        attention_hd64=tuple(
+            (kernel, float(f["fwd"]), float(f["bwd"]))
+            for kernel, f in (g.get("attention_hd64") or {}).items()
+        ),
         tdp_w=g.get("tdp_w"),
         power_limit_w=g.get("power_limit_w"),
         sm_count=g.get("sm_count"),

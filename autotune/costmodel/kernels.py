@@ -23,6 +23,7 @@ __all__ = [
     "fp8_intensity",
     "FP8_LINEAR_FIXED_S",
     "attention_rates",
+    "head_dim_factor",
     "NONCAUSAL_SUFFIX",
     "clock_factor",
     "FP8_CAST_BYTES",
@@ -160,18 +161,30 @@ NONCAUSAL_SUFFIX = "-noncausal"
 
 
 def attention_rates(
-    gpu: GPUSpec, kernel: str, seq_kv: float, *, causal: bool = True
+    gpu: GPUSpec, kernel: str, seq_kv: float, *, causal: bool = True, head_dim: float = 128
 ) -> tuple[float, float] | None:
     """(forward, backward) FLOP/s of the attention core with ``kernel`` over ``seq_kv`` keys per query, from
-    the GPU's measured curves (16-bit peak x fraction x ``clock_factor``); None where the GPU has none (for
-    ``causal=False``: no ``<kernel>-noncausal`` curve)."""
+    the GPU's measured curves (16-bit peak x fraction x ``clock_factor``), at ``head_dim``
+    (``head_dim_factor``); None where the GPU has none (for ``causal=False``: no ``<kernel>-noncausal``
+    curve)."""
     curves = {name: (fwd, bwd) for name, fwd, bwd in gpu.attention_curves}
-    kernel = kernel if causal else kernel + NONCAUSAL_SUFFIX
-    if kernel not in curves:
+    name = kernel if causal else kernel + NONCAUSAL_SUFFIX
+    if name not in curves:
         return None
     half = (gpu.bf16_flops or gpu.fp16_flops or 1.0) * clock_factor(gpu)
-    fwd, bwd = curves[kernel]
+    fwd, bwd = curves[name]
+    fwd_x, bwd_x = head_dim_factor(gpu, kernel, head_dim)
     return (
-        half * _interp_log(fwd, seq_kv, below_proportional=False),
-        half * _interp_log(bwd, seq_kv, below_proportional=False),
+        half * fwd_x * _interp_log(fwd, seq_kv, below_proportional=False),
+        half * bwd_x * _interp_log(bwd, seq_kv, below_proportional=False),
     )
+
+
+def head_dim_factor(gpu: GPUSpec, kernel: str, head_dim: float) -> tuple[float, float]:
+    """(forward, backward) rate of ``kernel`` at ``head_dim`` over its head-dim-128 curve: 1 at 128 and above
+    (no wider head measured), the GPU's ``attention_hd64`` at 64 and below, ``log2``-linear between."""
+    factors = {name: (fwd, bwd) for name, fwd, bwd in gpu.attention_hd64}
+    if kernel not in factors or head_dim >= 128:
+        return 1.0, 1.0
+    t = min(1.0, math.log2(128 / head_dim))
+    return 1.0 - t * (1.0 - factors[kernel][0]), 1.0 - t * (1.0 - factors[kernel][1])

@@ -1,6 +1,7 @@
 """The attention terms against benchmarks/results/gpu_kernels_h200.json (one H200, torch 2.11): the fa2 curves
 are its SDPA flash measurements, and the model's CP-ring compute reproduces the ring replayed there."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -106,3 +107,42 @@ def test_the_shape_curve_is_conservative_below_its_first_point(measured_short):
         assert ratio > 0.88, r
         if kernels.intensity(m, n, k) < 300:
             assert ratio > 1.5, r
+
+
+@pytest.mark.parametrize(("backend", "kernel"), [("cudnn", "cudnn"), ("flash", "fa2")])
+def test_head_dim_64_runs_at_the_measured_fraction_of_head_dim_128(measured, backend, kernel):
+    """The same FLOPs as 64 heads of 64 and 32 heads of 128 (SDPA, causal, 4k-32k): the median ratio is the
+    catalog's ``attention_hd64``; between 64 and 128 log2-linear, 1 at 128 and above (MLA's 192, Gemma's 256:
+    nothing wider measured)."""
+    import statistics
+
+    def ratio(key):
+        rows = {
+            (r["hd"], r["s"]): r[key] for r in measured["sdpa"] if r["backend"] == backend and r["causal"]
+        }
+        return statistics.median(rows[(64, s)] / rows[(128, s)] for s in (4096, 8192, 16384, 32768))
+
+    h200 = load_gpu("h200")
+    fwd, bwd = kernels.head_dim_factor(h200, kernel, 64)
+    assert fwd == pytest.approx(ratio("fwd_tflops"), abs=0.006)
+    assert bwd == pytest.approx(ratio("bwd_tflops_2x"), abs=0.006)
+    assert kernels.head_dim_factor(h200, kernel, 128) == (1.0, 1.0)
+    assert kernels.head_dim_factor(h200, kernel, 192) == (1.0, 1.0)
+    mid = kernels.head_dim_factor(h200, kernel, 128 / 2**0.5)
+    assert mid[0] == pytest.approx((1 + fwd) / 2)
+    assert kernels.head_dim_factor(h200, "fa3", 64) == (1.0, 1.0)  # not measured
+
+
+def test_a_head_dim_64_model_pays_the_slower_attention():
+    """gpt-oss's attention (64 query heads of 64) on an H100 against the same FLOPs at head dim 128."""
+    from autotune.costmodel import flops
+
+    model = load_model("llama3-8b")
+    narrow = dataclasses.replace(model, num_heads=64, num_kv_heads=8, attention_head_dim=64)
+    cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan = ParallelPlan(micro_batch=1, global_batch=8, seq_len=8192, dp=8, framework="megatron")
+    assert flops.attention_flops_per_token(narrow, 8192) == flops.attention_flops_per_token(model, 8192)
+    wide_fwd, wide_bwd = compute.attention_s(model, cluster, plan, 8192.0)
+    fwd, bwd = compute.attention_s(narrow, cluster, plan, 8192.0)
+    assert fwd == pytest.approx(wide_fwd / 0.70)
+    assert bwd == pytest.approx(wide_bwd / 0.80)
