@@ -113,21 +113,33 @@ def attention_call(heads: int, sq: int, sk: int, hd: int, causal: bool, b: int =
 
 
 def sdpa_rates(
-    lengths: tuple[int, ...] = (4096, 8192, 16384, 32768), dims: tuple[int, ...] = (128, 64)
+    lengths: tuple[int, ...] = (4096, 8192, 16384, 32768),
+    dims: tuple[int, ...] = (128, 64),
+    v_dim: int | None = None,
+    backends: tuple[str, ...] = ("flash", "cudnn"),
 ) -> list[dict[str, object]]:
-    """SDPA through each backend on square causal and non-causal calls; ~32k tokens per call."""
+    """SDPA through each backend on square causal and non-causal calls; ~32k tokens per call; ``4096 // d``
+    heads of ``d`` (``v_dim``: another value width, as MLA's 192-wide q/k with 128-wide v)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     rows: list[dict[str, object]] = []
-    backends = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+    known = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
+    chosen = [(name, known[name]) for name in backends]
     for hd, heads in [(d, 4096 // d) for d in dims]:
+        hv = v_dim or hd
         for s in lengths:
             s //= SCALE
             b = max(1, 32768 // SCALE // s)
-            q, k, v = (t.requires_grad_() for t in _qkv(heads, s, s, hd, b))
-            g = torch.randn_like(q)
+            q, k, _ = _qkv(heads, s, s, hd, b)
+            v = torch.randn(b, heads, s, hv, device=DEV, dtype=DT)
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            g = torch.randn(b, heads, s, hv, device=DEV, dtype=DT)
             for causal in (True, False):
-                for name, be in backends if CUDA else backends[:1]:
+                for name, be in chosen if CUDA else chosen[:1]:
                     try:
                         with sdpa_kernel([be]):
                             F.scaled_dot_product_attention(q, k, v, is_causal=causal)
@@ -137,15 +149,23 @@ def sdpa_rates(
                             )
                     except RuntimeError as e:
                         rows.append(
-                            {"backend": name, "hd": hd, "s": s, "causal": causal, "error": str(e)[:200]}
+                            {
+                                "backend": name,
+                                "hd": hd,
+                                "hd_v": hv,
+                                "s": s,
+                                "causal": causal,
+                                "error": str(e)[:200],
+                            }
                         )
                         continue
-                    work = 4.0 * b * heads * s * s * hd * (0.5 if causal else 1.0)
+                    work = 2.0 * b * heads * s * s * (hd + hv) * (0.5 if causal else 1.0)
                     bwd = max(fb - fwd, 1e-9)
                     rows.append(
                         {
                             "backend": name,
                             "hd": hd,
+                            "hd_v": hv,
                             "heads": heads,
                             "b": b,
                             "s": s,
@@ -156,7 +176,7 @@ def sdpa_rates(
                             "bwd_tflops_2x": 2 * work / bwd / 1e12,
                         }
                     )
-            print("sdpa", hd, s, flush=True)
+            print("sdpa", hd, hv, s, flush=True)
     return rows
 
 
@@ -610,6 +630,14 @@ def main() -> int:
         ("sdpa", sdpa_rates),
         ("gemm_shapes", gemm_shapes),
         ("sdpa_short", lambda: sdpa_rates((1024, 2048), (128,))),
+        (
+            "sdpa_wide",
+            lambda: sdpa_rates((4096, 8192), (128, 192, 256), backends=("flash", "cudnn", "efficient")),
+        ),
+        (
+            "sdpa_mla",
+            lambda: sdpa_rates((4096, 8192), (192,), v_dim=128, backends=("flash", "cudnn", "efficient")),
+        ),
         ("fp8_accum", fp8_accum),
         ("tp_block_linears", tp_block_linears),
         ("te_style_experts", te_style_experts),
