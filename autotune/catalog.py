@@ -224,9 +224,10 @@ def load_gpu(name: str) -> GPUSpec:
         attention_curves=tuple(
             (kernel, _points(c["fwd"]), _points(c["bwd"])) for kernel, c in (g.get("attention") or {}).items()
         ),
-        attention_hd64=tuple(
-            (kernel, float(f["fwd"]), float(f["bwd"]))
-            for kernel, f in (g.get("attention_hd64") or {}).items()
+        attention_head_dim=tuple(
+            (kernel, int(qk), int(v), float(fwd), float(bwd))
+            for kernel, points in (g.get("attention_head_dim") or {}).items()
+            for qk, v, fwd, bwd in points
         ),
         tdp_w=g.get("tdp_w"),
         power_limit_w=g.get("power_limit_w"),

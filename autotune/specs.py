@@ -202,9 +202,9 @@ class GPUSpec:
     """Per attention kernel (``cudnn``, ``fa2``, ``fa3``): forward and backward fraction of the 16-bit peak
     by key length, points ``(seq, fraction)`` at head dim 128 (``costmodel.kernels.attention_rates``).
     Empty: the attention core runs at ``gemm_efficiency`` with ``compute.FLASH_BWD_SLOWDOWN``."""
-    attention_hd64: tuple[tuple[str, float, float], ...] = ()
-    """Per attention kernel: (kernel, forward, backward) rate at head dim 64 as a multiple of its head-dim-128
-    curve (``attention_curves``); between 64 and 128 interpolated in ``log2`` of the head dim
+    attention_head_dim: tuple[tuple[str, int, int, float, float], ...] = ()
+    """Per attention kernel: (kernel, q/k head dim, v head dim, forward, backward) rate as a multiple of its
+    head-dim-128 curve (``attention_curves``), measured pairs; other head dims interpolated in ``log2``
     (``costmodel.kernels.head_dim_factor``). Empty, or a kernel not listed: every head dim at the 128
     curve."""
     tdp_w: float | None = None

@@ -105,7 +105,7 @@ def gpu_from_mapping(cfg: dict[str, Any], *, where: str) -> GPUSpec:
         changes.setdefault("fp8_flops", None)
         changes.setdefault("fp32_flops", None)
         changes.setdefault("gemm_efficiency", UNVALIDATED_GEMM_EFFICIENCY)
-        changes |= {"gemm_shape_curve": (), "attention_curves": (), "attention_hd64": ()}
+        changes |= {"gemm_shape_curve": (), "attention_curves": (), "attention_head_dim": ()}
         changes |= {"fp8_gemm_scale": 1.0, "tdp_w": None}
         changes["fp8_intensity_factor"] = None
     spec = dataclasses.replace(

@@ -279,8 +279,7 @@ def attention_s(
     causal = flops.CAUSAL_ATTENTION_FRACTION if flash else 1.0
     work = tokens * flops.attention_flops_per_token(model, plan.seq_len, causal_fraction=causal) / plan.tp
     kernel = kernel or default_attention_kernel(cluster)
-    head_dim = sum(qk_v_head_dims(model)) / 2  # QK^T over the q/k width, PV over the v width
-    rates = kernels.attention_rates(gpu, kernel, plan.seq_len / plan.cp, head_dim=head_dim)
+    rates = kernels.attention_rates(gpu, kernel, plan.seq_len / plan.cp, head_dims=qk_v_head_dims(model))
     if rates is not None and flash:
         fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp, gpu, plan.seq_len / plan.cp)
         return work / (rates[0] * fwd_x), 2 * work / (rates[1] * bwd_x)

@@ -161,10 +161,15 @@ NONCAUSAL_SUFFIX = "-noncausal"
 
 
 def attention_rates(
-    gpu: GPUSpec, kernel: str, seq_kv: float, *, causal: bool = True, head_dim: float = 128
+    gpu: GPUSpec,
+    kernel: str,
+    seq_kv: float,
+    *,
+    causal: bool = True,
+    head_dims: tuple[float, float] = (128, 128),
 ) -> tuple[float, float] | None:
     """(forward, backward) FLOP/s of the attention core with ``kernel`` over ``seq_kv`` keys per query, from
-    the GPU's measured curves (16-bit peak x fraction x ``clock_factor``), at ``head_dim``
+    the GPU's measured curves (16-bit peak x fraction x ``clock_factor``), at the q/k and v ``head_dims``
     (``head_dim_factor``); None where the GPU has none (for ``causal=False``: no ``<kernel>-noncausal``
     curve)."""
     curves = {name: (fwd, bwd) for name, fwd, bwd in gpu.attention_curves}
@@ -173,18 +178,32 @@ def attention_rates(
         return None
     half = (gpu.bf16_flops or gpu.fp16_flops or 1.0) * clock_factor(gpu)
     fwd, bwd = curves[name]
-    fwd_x, bwd_x = head_dim_factor(gpu, kernel, head_dim)
+    fwd_x, bwd_x = head_dim_factor(gpu, kernel, *head_dims)
     return (
         half * fwd_x * _interp_log(fwd, seq_kv, below_proportional=False),
         half * bwd_x * _interp_log(bwd, seq_kv, below_proportional=False),
     )
 
 
-def head_dim_factor(gpu: GPUSpec, kernel: str, head_dim: float) -> tuple[float, float]:
-    """(forward, backward) rate of ``kernel`` at ``head_dim`` over its head-dim-128 curve: 1 at 128 and above
-    (no wider head measured), the GPU's ``attention_hd64`` at 64 and below, ``log2``-linear between."""
-    factors = {name: (fwd, bwd) for name, fwd, bwd in gpu.attention_hd64}
-    if kernel not in factors or head_dim >= 128:
+def head_dim_factor(
+    gpu: GPUSpec, kernel: str, qk_dim: float, v_dim: float | None = None
+) -> tuple[float, float]:
+    """(forward, backward) rate of ``kernel`` with ``qk_dim``-wide queries and keys and ``v_dim``-wide values
+    (default: the same) over its head-dim-128 curve, from the GPU's ``attention_head_dim``: a measured pair
+    as measured; otherwise ``log2``-linear in the mean width between the measured equal-width pairs and 128
+    (1, 1), flat beyond the widest and narrowest. 1 where the kernel has no figures."""
+    v_dim = qk_dim if v_dim is None else v_dim
+    pairs = {
+        (float(qk), float(v)): (fwd, bwd)
+        for name, qk, v, fwd, bwd in gpu.attention_head_dim
+        if name == kernel
+    }
+    if not pairs:
         return 1.0, 1.0
-    t = min(1.0, math.log2(128 / head_dim))
-    return 1.0 - t * (1.0 - factors[kernel][0]), 1.0 - t * (1.0 - factors[kernel][1])
+    if (qk_dim, v_dim) in pairs:
+        return pairs[(qk_dim, v_dim)]
+    line = sorted([(128.0, 1.0, 1.0)] + [(qk, f, b) for (qk, v), (f, b) in pairs.items() if qk == v])
+    width = (qk_dim + v_dim) / 2
+    fwd = _interp_log(tuple((d, f) for d, f, _ in line), width, below_proportional=False)
+    bwd = _interp_log(tuple((d, b) for d, _, b in line), width, below_proportional=False)
+    return fwd, bwd
