@@ -1,9 +1,9 @@
 """The device probe's results against the cost model: ``python benchmarks/gpu_kernels_report.py`` reads
-benchmarks/results/gpu_kernels_h200.json, gpu_kernels_gemm_h200.json, gpu_kernels_block_h200.json and
-gpu_kernels_experts_h200.json (``benchmarks/gpu_kernels.py`` on one H200, four runs on four machines) and
-writes benchmarks/results/gpu_kernels_h200.md: the CP ring's compute, SDPA rates, float8, grouped expert,
-narrow / short-``k`` GEMMs and a TP rank's block linears, each measured next to what ``autotune`` predicts
-for the same call on an ``h200``."""
+benchmarks/results/gpu_kernels_h200.json, gpu_kernels_gemm_h200.json, gpu_kernels_block_h200.json,
+gpu_kernels_experts_h200.json and gpu_kernels_heads_h200.json (``benchmarks/gpu_kernels.py`` on one H200,
+five runs on five machines) and writes benchmarks/results/gpu_kernels_h200.md: the CP ring's compute, SDPA
+rates by length and head dim, float8, grouped expert, narrow / short-``k`` GEMMs and a TP rank's block
+linears, each measured next to what ``autotune`` predicts for the same call on an ``h200``."""
 
 from __future__ import annotations
 
@@ -60,11 +60,12 @@ def sdpa_rows(data: dict) -> list[str]:
         "|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     for r in data["sdpa"]:
+        dims = f"{r['hd']}" if r.get("hd_v", r["hd"]) == r["hd"] else f"{r['hd']} / v {r['hd_v']}"
         if "error" in r:
-            lines.append(f"| {r['backend']} | {r['hd']} | {r['s']} | {r['causal']} | error | | | |")
+            lines.append(f"| {r['backend']} | {dims} | {r['s']} | {r['causal']} | no kernel | | | |")
             continue
         lines.append(
-            f"| {r['backend']} | {r['hd']} | {r['s']} | {r['causal']} | {r['fwd_tflops']:.0f} | "
+            f"| {r['backend']} | {dims} | {r['s']} | {r['causal']} | {r['fwd_tflops']:.0f} | "
             f"{r['bwd_tflops_2x']:.0f} | {r['fwd_tflops'] / 989.4:.3f} | {r['bwd_tflops_2x'] / 989.4:.3f} |"
         )
     return lines
@@ -221,6 +222,7 @@ def main() -> int:
     second = json.loads((RESULTS / "gpu_kernels_gemm_h200.json").read_text())
     third = json.loads((RESULTS / "gpu_kernels_block_h200.json").read_text())
     fourth = json.loads((RESULTS / "gpu_kernels_experts_h200.json").read_text())
+    fifth = json.loads((RESULTS / "gpu_kernels_heads_h200.json").read_text())
     shape_table, shape_summary = shape_rows(second)
     fp8_table, fp8_summary = fp8_rows(data)
     lines = [
@@ -300,6 +302,13 @@ def main() -> int:
         " measures the host; replayed from a CUDA graph it is the GPU side alone.",
         "",
         *te_rows(fourth),
+        "",
+        "## Fifth run (another machine): SDPA at head dims 128, 192, 256 and MLA's 192 / v 128",
+        "",
+        "4096 // d heads (equal FLOPs), batch x tokens = 32k. The catalog's `attention_head_dim` is the"
+        " median ratio to head dim 128 of this run (64: the first run's 4k-32k).",
+        "",
+        *sdpa_rows({"sdpa": fifth["sdpa_wide"] + fifth["sdpa_mla"]}),
         "",
     ]
     (RESULTS / "gpu_kernels_h200.md").write_text("\n".join(lines))
