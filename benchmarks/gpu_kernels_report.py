@@ -22,6 +22,29 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
+def ring_prediction(case: dict) -> tuple[float, float]:
+    """The model's (forward, backward) seconds for one replayed ring case of ``gpu_kernels.ring``: the
+    attention calls (``compute.attention_s`` with fa2) and the ring's merges / fp32 accumulation
+    (``cpcomm.torch_ring_hbm_s``), on an ``h200`` at the case's CP and tokens per rank."""
+    is_8b = case["case"] == "llama3-8b"
+    model = load_model("llama3-8b" if is_8b else "llama3-405b")
+    tp, cp, local = (1 if is_8b else 8), case["cp"], float(case["local_seq"])
+    plan = ParallelPlan(
+        tp=tp,
+        cp=cp,
+        dp=2,
+        micro_batch=1,
+        global_batch=2,
+        seq_len=int(local) * cp,
+        framework="fsdp",
+        sharding="fsdp-full",
+    )
+    cluster = make_cluster(num_gpus=2 * tp * cp, gpu="h200")
+    fwd, bwd = compute.attention_s(model, cluster, plan, local, kernel="fa2")
+    merge, acc = cpcomm.torch_ring_hbm_s(model, cluster, plan, local) if cp > 1 else (0.0, 0.0)
+    return fwd + merge, bwd + acc
+
+
 def ring_rows(data: dict) -> list[str]:
     lines = [
         "| model (heads per rank) | CP | measured fwd ms | predicted | error | measured bwd ms | predicted |"
@@ -29,23 +52,8 @@ def ring_rows(data: dict) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["ring"]["cases"]:
-        is_8b = r["case"] == "llama3-8b"
-        model = load_model("llama3-8b" if is_8b else "llama3-405b")
-        tp, cp, local = (1 if is_8b else 8), r["cp"], r["local_seq"]
-        plan = ParallelPlan(
-            tp=tp,
-            cp=cp,
-            dp=2,
-            micro_batch=1,
-            global_batch=2,
-            seq_len=local * cp,
-            framework="fsdp",
-            sharding="fsdp-full",
-        )
-        cluster = make_cluster(num_gpus=2 * tp * cp, gpu="h200")
-        fwd, bwd = compute.attention_s(model, cluster, plan, float(local), kernel="fa2")
-        merge, acc = cpcomm.torch_ring_hbm_s(model, cluster, plan, float(local)) if cp > 1 else (0.0, 0.0)
-        pf, pb = fwd + merge, bwd + acc
+        cp = r["cp"]
+        pf, pb = ring_prediction(r)
         lines.append(
             f"| {r['case']} ({r['heads']}) | {cp} | {1e3 * r['fwd_s']:.1f} | {1e3 * pf:.1f} | "
             f"{_pct(pf / r['fwd_s'] - 1)} | {1e3 * r['bwd_s']:.1f} | {1e3 * pb:.1f} | "

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.catalog import load_gpu, load_model, make_cluster
-from autotune.costmodel import compute, cpcomm, kernels
+from autotune.costmodel import compute, kernels
 from autotune.plan import ParallelPlan
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -63,25 +63,12 @@ def test_the_ring_compute_matches_the_ring_replayed_on_an_h200(measured, case):
     accumulation), Llama 3.1 8B and 405B at TP8, 32k tokens per rank, CP 1-8: the model's attention
     (``compute.attention_s`` with fa2) plus ``cpcomm.torch_ring_hbm_s`` within 6 % forward and backward.
     The ring cases were not used to set the curves (the square SDPA calls were)."""
+    from benchmarks.gpu_kernels_report import ring_prediction
+
     r = measured["ring"]["cases"][case]
-    is_8b = r["case"] == "llama3-8b"
-    model = load_model("llama3-8b" if is_8b else "llama3-405b")
-    tp, cp, local = (1 if is_8b else 8), r["cp"], r["local_seq"]
-    plan = ParallelPlan(
-        tp=tp,
-        cp=cp,
-        dp=2,
-        micro_batch=1,
-        global_batch=2,
-        seq_len=local * cp,
-        framework="fsdp",
-        sharding="fsdp-full",
-    )
-    cluster = make_cluster(num_gpus=2 * tp * cp, gpu="h200")
-    fwd, bwd = compute.attention_s(model, cluster, plan, float(local), kernel="fa2")
-    merge, acc = cpcomm.torch_ring_hbm_s(model, cluster, plan, float(local)) if cp > 1 else (0.0, 0.0)
-    assert fwd + merge == pytest.approx(r["fwd_s"], rel=0.06)
-    assert bwd + acc == pytest.approx(r["bwd_s"], rel=0.06)
+    fwd, bwd = ring_prediction(r)
+    assert fwd == pytest.approx(r["fwd_s"], rel=0.06)
+    assert bwd == pytest.approx(r["bwd_s"], rel=0.06)
 
 
 def test_the_ring_costs_the_same_per_flop_at_every_cp(measured):
