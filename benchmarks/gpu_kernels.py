@@ -630,6 +630,7 @@ def main() -> int:
         ("sdpa", sdpa_rates),
         ("gemm_shapes", gemm_shapes),
         ("sdpa_short", lambda: sdpa_rates((1024, 2048), (128,))),
+        ("sdpa_sweep", lambda: sdpa_rates((1024, 2048, 4096, 8192, 16384, 32768), (128,))),
         (
             "sdpa_wide",
             lambda: sdpa_rates((4096, 8192), (128, 192, 256), backends=("flash", "cudnn", "efficient")),
