@@ -1,9 +1,9 @@
 """The device probe's results against the cost model: ``python benchmarks/gpu_kernels_report.py`` reads
-benchmarks/results/gpu_kernels_h200.json, gpu_kernels_gemm_h200.json, gpu_kernels_block_h200.json,
-gpu_kernels_experts_h200.json and gpu_kernels_heads_h200.json (``benchmarks/gpu_kernels.py`` on one H200,
-five runs on five machines) and writes benchmarks/results/gpu_kernels_h200.md: the CP ring's compute, SDPA
-rates by length and head dim, float8, grouped expert, narrow / short-``k`` GEMMs and a TP rank's block
-linears, each measured next to what ``autotune`` predicts for the same call on an ``h200``."""
+benchmarks/results/gpu_kernels_{h200,gemm_h200,block_h200,experts_h200,heads_h200,sweep_h200}.json
+(``benchmarks/gpu_kernels.py`` on one H200, six runs on six machines) and writes
+benchmarks/results/gpu_kernels_h200.md: the CP ring's compute, SDPA rates by length and head dim, float8,
+grouped expert, narrow / short-``k`` GEMMs and a TP rank's block linears, each measured next to what
+``autotune`` predicts for the same call on an ``h200``."""
 
 from __future__ import annotations
 
@@ -231,6 +231,7 @@ def main() -> int:
     third = json.loads((RESULTS / "gpu_kernels_block_h200.json").read_text())
     fourth = json.loads((RESULTS / "gpu_kernels_experts_h200.json").read_text())
     fifth = json.loads((RESULTS / "gpu_kernels_heads_h200.json").read_text())
+    sixth = json.loads((RESULTS / "gpu_kernels_sweep_h200.json").read_text())
     shape_table, shape_summary = shape_rows(second)
     fp8_table, fp8_summary = fp8_rows(data)
     lines = [
@@ -317,6 +318,12 @@ def main() -> int:
         " median ratio to head dim 128 of this run (64: the first run's 4k-32k).",
         "",
         *sdpa_rows({"sdpa": fifth["sdpa_wide"] + fifth["sdpa_mla"]}),
+        "",
+        "## Sixth run (another machine): SDPA at head dim 128, 1k-32k",
+        "",
+        "The `cudnn`, `cudnn-noncausal`, `fa2` and `fa2-noncausal` curves of h100-sxm and h200 are this run.",
+        "",
+        *sdpa_rows({"sdpa": sixth["sdpa_sweep"]}),
         "",
     ]
     (RESULTS / "gpu_kernels_h200.md").write_text("\n".join(lines))

@@ -94,11 +94,13 @@ def test_a_power_capped_card_computes_slower_but_streams_as_fast():
     )
 
 
-def test_attention_curves_reproduce_the_h200_sdpa_measurement():
+def test_attention_curves_agree_with_the_first_h200_sdpa_measurement():
+    """gpu_block_h200.json's SDPA calls, another machine than the curve's run (gpu_kernels_sweep_h200.json):
+    within 10 % (the four machines measured spread 10 % at 4k)."""
     h200, runs = load_gpu("h200"), json.loads(H200_JSON.read_text())["attention"]
     for r in runs:
         fwd, _ = kernels.attention_rates(h200, "cudnn", r["s"])
-        assert fwd / 1e12 == pytest.approx(r["fwd_tflops_causal_half"], rel=0.03)
+        assert fwd / 1e12 == pytest.approx(r["fwd_tflops_causal_half"], rel=0.10)
     fa2, fa3 = kernels.attention_rates(h200, "fa2", 16384), kernels.attention_rates(h200, "fa3", 16384)
     assert fa2[0] < fa3[0] and fa2[1] < fa3[1]  # FlashAttention-3 paper: 1.5-2x FA2 on Hopper
     assert kernels.attention_rates(load_gpu("a100-80gb"), "cudnn", 4096) is None

@@ -148,14 +148,14 @@ def test_a_load_balanced_ring_runs_its_later_steps_at_the_non_causal_rate():
 
     h100 = load_gpu("h100-sxm")
     assert compute.ring_noncausal_speedup("fa2", 1, h100, 32768) == (1.0, 1.0)  # one causal call
-    assert compute.ring_noncausal_speedup("cudnn", 4, h100, 32768) == (1.0, 1.0)  # no non-causal figure
+    assert compute.ring_noncausal_speedup("cudnn", 4, load_gpu("b200"), 32768) == (1.0, 1.0)  # no figure
     causal = kernels.attention_rates(h100, "fa2", 4096)
     full = kernels.attention_rates(h100, "fa2", 4096, causal=False)
     fwd, bwd = compute.ring_noncausal_speedup("fa2", 2, h100, 4096)  # half the work in non-causal calls
     assert fwd == pytest.approx(1 / (0.5 + 0.5 * causal[0] / full[0]), rel=1e-6)
     assert bwd == pytest.approx(1 / (0.5 + 0.5 * causal[1] / full[1]), rel=1e-6)
     fwd8, _ = compute.ring_noncausal_speedup("fa2", 8, h100, 4096)
-    assert 1 < fwd < fwd8 < full[0] / causal[0]  # 4k: the causal mask costs the most (0.347 vs 0.241)
+    assert 1 < fwd < fwd8 < full[0] / causal[0]  # 4k: non-causal 0.316 against causal 0.300
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="h100-sxm")
     plan = _fsdp(cp=2, dp=4, micro_batch=1, global_batch=4, seq_len=65536)
     fwd, bwd = compute.ring_noncausal_speedup("fa2", 2, cluster.gpu, plan.seq_len / plan.cp)
