@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from benchmarks import gpu_kernels
+from benchmarks import gpu_gemm_probes, gpu_kernels
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])
@@ -70,4 +70,4 @@ def test_the_probe_runs_its_sections_on_the_cpu_and_records_each(tmp_path):
         assert isinstance(rows, list) and rows, name
         assert all(v > 0 for r in rows for k, v in r.items() if k.endswith("_s")), name
     assert "ring" not in result
-    assert {r["block"] for r in result["tp_block_linears"]} == set(gpu_kernels.TP_BLOCKS)
+    assert {r["block"] for r in result["tp_block_linears"]} == set(gpu_gemm_probes.TP_BLOCKS)
