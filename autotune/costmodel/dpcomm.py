@@ -27,6 +27,8 @@ __all__ = [
     "GRAD_REDUCE_BYTES",
     "PARAM_GATHER_BYTES",
     "MEGATRON_BUCKET_ELEMENTS",
+    "MEGATRON_BUCKET_ELEMENTS_PER_RANK",
+    "megatron_bucket_elements",
     "DEEPSPEED_EXPOSED",
 ]
 
@@ -55,9 +57,13 @@ backward (deepspeed/runtime/engine.py ``allreduce_gradients``: ``buffered_allred
 ZeRO-1/2 all-gather the updated partitions inside ``optimizer.step`` (stage_1_and_2.py
 ``all_gather_dp_groups``): both sit on the critical path (``DpComm.tail_s``)."""
 MEGATRON_BUCKET_ELEMENTS = 40_000_000
-"""Megatron-LM's gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
-``max(40_000_000, 1_000_000 * dp)`` elements (megatron/core/distributed/distributed_data_parallel.py); the
-lower bound is used (the DP term matters only beyond 40 ranks, where bandwidth dominates anyway)."""
+"""Megatron-LM's smallest default gradient bucket: ``DistributedDataParallelConfig.bucket_size`` defaults to
+``max(40_000_000, 1_000_000 * dp_cp)`` elements, "larger DP sizes need larger buckets to ensure collectives do
+not become latency-bound" (megatron/core/distributed/distributed_data_parallel_config.py ``bucket_size``;
+megatron/training/training.py ``resolve_ddp_bucket_size``, over the DP x CP group):
+``megatron_bucket_elements``."""
+MEGATRON_BUCKET_ELEMENTS_PER_RANK = 1_000_000
+"""The per-rank part of Megatron's default bucket (``1_000_000 * dp_cp``, above)."""
 PARAM_GATHER_BYTES = 2
 """Bytes per parameter of ZeRO/FSDP all-gathers (16-bit compute weights; ``GPUSpec.half_bytes`` on a device
 that runs 16-bit plans wider)."""
@@ -144,13 +150,18 @@ def _prefetch_calls(sizes: list[int]) -> int:
     return calls
 
 
+def megatron_bucket_elements(plan: ParallelPlan) -> int:
+    """Megatron's default gradient bucket for the plan's DP x CP group (``MEGATRON_BUCKET_ELEMENTS``)."""
+    return max(MEGATRON_BUCKET_ELEMENTS, MEGATRON_BUCKET_ELEMENTS_PER_RANK * plan.dp * plan.cp)
+
+
 def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[int, int]:
     """(parameter all-gathers, gradient reductions) one pass of the DP group issues over a rank's ``params``
     held in ``blocks`` transformer blocks; each pays the ring latency (``comm.allgather_s`` ``calls``).
 
     - FSDP2 (``fully_shard``/``replicate`` per block, then the root, as torchtitan and the trials wrap):
       one of each per block plus the root's.
-    - Megatron: gradient buckets of ``MEGATRON_BUCKET_ELEMENTS`` (its DDP ``bucket_size``), the distributed
+    - Megatron: gradient buckets of ``megatron_bucket_elements`` (its DDP ``bucket_size``), the distributed
       optimizer's parameter gather over the same buckets.
     - DeepSpeed ZeRO-0/1/2: ``reduce_bucket_size`` / ``allreduce_bucket_size`` buckets (5e8 elements), and
       ZeRO-1/2's ``allgather_bucket_size`` (5e8) for the updated parameters.
@@ -161,7 +172,7 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
     if plan.framework is Framework.FSDP:
         return blocks + 1, blocks + 1
     if plan.framework is Framework.MEGATRON:
-        buckets = max(1, math.ceil(params / MEGATRON_BUCKET_ELEMENTS))
+        buckets = max(1, math.ceil(params / megatron_bucket_elements(plan)))
         return buckets, buckets
     buckets = max(1, math.ceil(params / DEEPSPEED_REDUCE_BUCKET_ELEMENTS))
     if plan.zero_stage < 3:

@@ -99,3 +99,19 @@ def test_deepspeed_zero3_keeps_small_parameters_and_fetches_the_rest_every_micro
     # 70B is over the reuse distance (1e9 elements): backward fetches again
     assert d1.per_microbatch_s == pytest.approx(2 * fetch + reduce) == d2.per_microbatch_s
     assert step_time(model, cluster, two).dp_comm_total_s > step_time(model, cluster, one).dp_comm_total_s
+
+
+def test_megatron_buckets_grow_with_the_dp_x_cp_group():
+    """Megatron's default bucket is ``max(40M, 1M x dp_cp)`` elements (DistributedDataParallelConfig
+    ``bucket_size``): at DP 448 a 7.3B-parameter rank reduces in 17 buckets, not 183, and pays the ring
+    latency 17 times."""
+    model = load_model("gpt3-175b")
+    params = 7.3e9
+    small = ParallelPlan(
+        tp=4, pp=6, dp=16, global_batch=96, micro_batch=1, seq_len=2048, framework="megatron"
+    )
+    large = small.replace(dp=448, global_batch=2688)
+    with_cp = small.replace(dp=224, cp=2, global_batch=1344)
+    assert collective_calls(model, small, params, 16) == (183, 183)  # 40M floor: 16 ranks x 1M < 40M
+    assert collective_calls(model, large, params, 16) == (17, 17)  # 448M elements per bucket
+    assert collective_calls(model, with_cp, params, 16) == (17, 17)  # over DP x CP
