@@ -258,6 +258,7 @@ def load_link(name: str, *, flag: str = "--inter-node") -> LinkSpec:
         bw_bytes_per_s=link["bw_gb_s"] * 1e9,
         latency_s=link["latency_us"] * 1e-6,
         sources=tuple(link.get("sources", ())),
+        ring_hop_s=link["nccl_ring_hop_us"] * 1e-6 if "nccl_ring_hop_us" in link else None,
     )
 
 

@@ -247,6 +247,9 @@ class LinkSpec:
     bw_bytes_per_s: float
     latency_s: float
     sources: tuple[str, ...] = ()
+    ring_hop_s: float | None = None
+    """NCCL's per-hop latency of a ring over this link (``costmodel.comm.NCCL_RING_BASE_S``); None where the
+    collectives are not NCCL's (gloo over shared memory or TCP), which pay ``latency_s`` per ring step."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

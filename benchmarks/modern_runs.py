@@ -306,10 +306,10 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     groups: dict[str, list[Outcome]] = {}
     for o in outcomes:
         groups.setdefault(o.group, []).append(o)
-    taus = {
+    taus = {  # a group of one layout (two submitters of one MLPerf config) has nothing to rank
         g: kendall_tau([o.predicted for o in os], [o.measured for o in os])
         for g, os in groups.items()
-        if len(os) >= 2
+        if len({o.predicted for o in os}) >= 2
     }
     return {
         "rows": len(outcomes),
@@ -336,7 +336,7 @@ def _markdown(
         f"{len(stats['beyond_30pct'])} ({len(stats['beyond_30pct_unexplained'])} without a named "
         "reason).**",
         "",
-        "Kendall tau-b within groups sharing model and cluster:",
+        "Kendall tau-b within groups sharing model and cluster (and at least two layouts):",
         "",
     ]
     lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]

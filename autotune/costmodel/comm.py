@@ -6,7 +6,11 @@ a rank actually gets (``GroupLink.bw_bytes_per_s``, already scaled by ``ClusterS
 
 Bandwidth terms follow nccl-tests ``doc/PERFORMANCE.md``: a ring all-reduce moves ``2(n-1)/n`` times the
 buffer through every rank's link (its "bus bandwidth" factor), all-gather and reduce-scatter ``(n-1)/n``.
-Latency terms are the ring's ``2(n-1)`` / ``(n-1)`` steps, or a tree's ``2 log2(n)`` hops.
+Latency terms are the ring's ``2(n-1)`` / ``(n-1)`` steps, or a tree's ``2 log2(n)`` hops. On NCCL links
+(``LinkSpec.ring_hop_s``) a ring's latency is NCCL's own tuning model (src/graph/tuning.cc: ``baseLat`` +
+``hwLat`` per hop, Ring/Simple), ``NCCL_RING_BASE_S + (n - N) x intra hop + (N - 1) x network hop`` for a
+ring of ``n`` ranks over ``N`` nodes (per reduce-scatter or all-gather pass), spread over the ring's ``n - 1``
+steps as ``GroupLink.latency_s``; elsewhere (gloo) each step pays the link's ``latency_s``.
 
 The link is the all-reduce's. Where ``autotune probe`` fitted each collective on its own (a measured profile:
 ``ClusterSpec.collective_scales``), all-gather and reduce-scatter inside a node use their own latency and
@@ -23,6 +27,7 @@ from typing import NamedTuple
 from autotune.specs import ClusterSpec
 
 __all__ = [
+    "NCCL_RING_BASE_S",
     "GroupLink",
     "group_link",
     "allreduce_busbw_factor",
@@ -34,6 +39,12 @@ __all__ = [
     "reduce_scatter_s",
     "p2p_s",
 ]
+
+
+NCCL_RING_BASE_S = 8.4e-6
+"""NCCL's base latency of a ring collective, Simple protocol (src/graph/tuning.cc ``baseLat``, Ring/Simple),
+paid once per collective (per reduce-scatter or all-gather pass) on top of its per-hop
+``LinkSpec.ring_hop_s``."""
 
 
 class GroupLink(NamedTuple):
@@ -100,6 +111,10 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     eff = cluster.collective_efficiency
     intra = cluster.intra_link
     if size <= k:
+        if intra.ring_hop_s is not None:
+            return GroupLink(
+                intra.bw_bytes_per_s * eff, _nccl_step_s(size, 1, cluster), 1, cluster.collective_scales
+            )
         cores = cluster.cores_per_node
         groups = domain // k if cores is not None and cores < per_node else 1
         latency = intra.latency_s * (1.0 + cluster.shared_core_latency * (groups - 1))
@@ -107,7 +122,20 @@ def group_link(cluster: ClusterSpec, size: int, stride: int) -> GroupLink:
     inter = cluster.inter_link
     nic_bw = cluster.nics_per_node * inter.bw_bytes_per_s * k / per_node
     bw = min(intra.bw_bytes_per_s, nic_bw) * eff
-    return GroupLink(bw, max(intra.latency_s, inter.latency_s), math.ceil(size / k))
+    nodes = math.ceil(size / k)
+    if intra.ring_hop_s is not None:
+        return GroupLink(bw, _nccl_step_s(size, nodes, cluster), nodes)
+    return GroupLink(bw, max(intra.latency_s, inter.latency_s), nodes)
+
+
+def _nccl_step_s(size: int, nodes: int, cluster: ClusterSpec) -> float:
+    """NCCL's latency of one pass of a ``size``-rank ring over ``nodes`` nodes (module docstring), per ring
+    step: ``(base + (size - nodes) x intra hop + (nodes - 1) x network hop) / (size - 1)``. A network
+    without its own hop figure takes its ``latency_s``."""
+    intra, inter = cluster.intra_link, cluster.inter_link
+    net_hop = inter.ring_hop_s if inter.ring_hop_s is not None else inter.latency_s
+    hop_s = (size - nodes) * (intra.ring_hop_s or 0.0) + (nodes - 1) * net_hop
+    return (NCCL_RING_BASE_S + hop_s) / max(1, size - 1)
 
 
 def ring_allreduce_s(nbytes: float, n: int, link: GroupLink) -> float:

@@ -153,3 +153,31 @@ def test_nvlink_domain_must_hold_whole_nodes():
     with pytest.raises(ConfigError, match="nvlink_domain_gpus"):
         make_cluster(num_gpus=16, gpu="h100-sxm", nvlink_domain_gpus=12)
     assert make_cluster(num_gpus=32, gpu="h100-sxm", nvlink_domain_gpus=16).nvlink_domain == 16
+
+
+def test_nccl_rings_pay_nccl_s_own_latency_model():
+    """On NCCL links a ring pass costs NCCL's tuning model (src/graph/tuning.cc, Ring/Simple): 8.4 us once,
+    3.4 us per NVLink hop and 14 us per network hop, spread over the ring's ``n - 1`` steps; a small 8-GPU
+    all-gather is ~32 us, not 7 x the link's 8 us whole-collective latency."""
+    us = 1e-6
+    node = make_cluster(num_gpus=8, gpu="h100-sxm")
+    inside = comm.group_link(node, 8, 1)
+    assert inside.latency_s * 7 == pytest.approx((8.4 + 7 * 3.4) * us)
+    assert comm.allgather_s(0.0, 8, inside) == pytest.approx((8.4 + 7 * 3.4) * us)
+    many = make_cluster(num_gpus=64, gpu="h100-sxm")  # 8 nodes of 8
+    across = comm.group_link(many, 64, 1)
+    assert across.num_nodes == 8
+    assert across.latency_s * 63 == pytest.approx((8.4 + 56 * 3.4 + 7 * 14.0) * us)
+    strided = comm.group_link(many, 8, 8)  # one rank per node: every hop crosses the network
+    assert strided.latency_s * 7 == pytest.approx((8.4 + 7 * 14.0) * us)
+
+
+def test_gloo_links_keep_their_per_step_latency():
+    """The CPU trial device's links (gloo over shared memory / loopback TCP) have no NCCL hop figure: each
+    ring step pays the link's ``latency_s`` as measured by ``autotune probe``."""
+    from autotune.catalog import load_link
+
+    for name in ("shm", "loopback-tcp"):
+        assert load_link(name).ring_hop_s is None
+    for name in ("nvlink4", "nvlink5", "ib-ndr-400", "roce-400", "pcie5"):
+        assert load_link(name).ring_hop_s is not None
