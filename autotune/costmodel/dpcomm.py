@@ -2,7 +2,8 @@
 many calls they take, and what each can hide behind (``DpComm``); ``steptime.step_time`` overlaps them.
 
 Times come from ``comm`` (alpha-beta, nccl-tests bus-bandwidth factors); the group is ``dp x cp`` ranks at
-stride ``tp`` (rank order pp, dp, cp, tp; ``autotune.plan``).
+stride ``tp`` (rank order pp, dp, cp, tp; ``autotune.plan``). Megatron's routed experts are reduced and
+gathered over their own expert-data-parallel group instead (``expert_dp_split``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import functools
 import math
 from typing import NamedTuple
 
-from autotune.costmodel import comm
+from autotune.costmodel import comm, moe
 from autotune.costmodel.dpbuffers import DEEPSPEED_PREFETCH_BUCKET_ELEMENTS, DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from autotune.costmodel.states import defers_grad_reduce, megatron_grad_bytes
 from autotune.plan import Framework, ParallelPlan, Sharding
@@ -29,6 +30,7 @@ __all__ = [
     "MEGATRON_BUCKET_ELEMENTS",
     "MEGATRON_BUCKET_ELEMENTS_PER_RANK",
     "megatron_bucket_elements",
+    "expert_dp_split",
     "DEEPSPEED_EXPOSED",
 ]
 
@@ -210,13 +212,14 @@ def dp_comm_s(
         if plan.framework is Framework.MEGATRON  # its main_grad dtype
         else GRAD_REDUCE_BYTES[plan.framework.value]
     )
-    grad_bytes = params * per_grad * (widen if per_grad == 2 else 1)  # 16-bit gradients (fp32 ones stay)
+    grad_per = per_grad * (widen if per_grad == 2 else 1)  # 16-bit gradients (fp32 ones stay)
+    grad_bytes = params * grad_per
     param_bytes = params * PARAM_GATHER_BYTES * widen
     sharding = plan.sharding
     gathers, reduces = collective_calls(model, plan, params, blocks)
     deepspeed = plan.framework is Framework.DEEPSPEED
     if sharding is Sharding.NONE:
-        all_reduce_s = comm.allreduce_s(grad_bytes, n, link, reduces)
+        all_reduce_s = _allreduce_s(cluster, model, plan, params, blocks, grad_per)
         if defers_grad_reduce(plan) or (deepspeed and DEEPSPEED_EXPOSED):
             return DpComm(0.0, 0.0, all_reduce_s)
         if plan.framework is Framework.FSDP:  # replicate() reduces every backward (no no_sync in the loop)
@@ -226,9 +229,9 @@ def dp_comm_s(
     if sharding in (Sharding.ZERO1, Sharding.ZERO2):
         if deepspeed and DEEPSPEED_BUCKET_ALLREDUCE:
             grads_s = comm.allreduce_s(grad_bytes, n, link, reduces)
+            params_s = comm.allgather_s(param_bytes, n, link, gathers)
         else:
-            grads_s = comm.reduce_scatter_s(grad_bytes, n, link, reduces)
-        params_s = comm.allgather_s(param_bytes, n, link, gathers)
+            grads_s, params_s = _zero1_pair_s(cluster, model, plan, params, blocks, grad_per)
         if deepspeed and DEEPSPEED_EXPOSED:
             if sharding is Sharding.ZERO1:
                 return DpComm(0.0, 0.0, grads_s + params_s)
@@ -245,6 +248,66 @@ def dp_comm_s(
     if deepspeed:
         return _zero3_comm(model, plan, shard, link, widen, reduce_s)
     return DpComm(gathers_per_microbatch(plan) * gather_s + reduce_s, replica_s, 0.0)
+
+
+def expert_dp_split(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters of a rank's ``params`` whose gradients Megatron reduces over
+    different groups: the dense ones over DP x CP, the routed experts over the expert-data-parallel group
+    (``ParallelPlan.expert_dp`` ranks; megatron/core/distributed/distributed_data_parallel.py keeps expert
+    parameters in their own buffers, reduced over ``expt_dp_group``; the distributed optimizer shards them
+    over it). Other frameworks, dense models and EP 1: all dense."""
+    if plan.framework is not Framework.MEGATRON or not model.is_moe or plan.ep * plan.etp == 1:
+        return params, 0.0
+    experts = moe.expert_params_per_gpu(model, plan, model.num_layers if plan.pp == 1 else blocks)
+    experts = min(experts, params)
+    return params - experts, experts
+
+
+def _expert_group(cluster: ClusterSpec, plan: ParallelPlan) -> tuple[int, comm.GroupLink]:
+    """Size and link of Megatron's expert-data-parallel group: ``expert_dp`` ranks at stride ``ep x etp``
+    (its expert rank order is etp, ep, dp, pp: megatron/core/parallel_state.py
+    ``expert_decoder_rank_generator``)."""
+    return plan.expert_dp, comm.group_link(cluster, plan.expert_dp, plan.ep * plan.etp)
+
+
+def _zero1_pair_s(
+    cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float, blocks: int, grad_per: float
+) -> tuple[float, float]:
+    """(gradient reduce-scatter, parameter all-gather) seconds of a ZeRO-1/2 step: the dense parameters over
+    DP x CP, Megatron's routed experts over their expert-data-parallel group (``expert_dp_split``), each in
+    the framework's buckets (``collective_calls``)."""
+    n, widen = plan.dp * plan.cp, cluster.gpu.half_bytes / 2
+    dense, experts = expert_dp_split(model, plan, params, blocks)
+    grads_s = params_s = 0.0
+    groups = [(dense, n, comm.group_link(cluster, plan.shard_degree * plan.cp, plan.tp))]
+    if experts:
+        groups.append((experts, *_expert_group(cluster, plan)))
+    for part, size, link in groups:
+        gathers, reduces = collective_calls(model, plan, part, blocks)
+        grads_s += comm.reduce_scatter_s(part * grad_per, size, link, reduces)
+        params_s += comm.allgather_s(part * PARAM_GATHER_BYTES * widen, size, link, gathers)
+    return grads_s, params_s
+
+
+def _allreduce_s(
+    cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float, blocks: int, grad_per: float
+) -> float:
+    """Seconds to all-reduce a rank's gradients without sharding: dense over DP x CP, Megatron's routed
+    experts over their expert-data-parallel group (``expert_dp_split``)."""
+    n = plan.dp * plan.cp
+    dense, experts = expert_dp_split(model, plan, params, blocks)
+    s = comm.allreduce_s(
+        dense * grad_per,
+        n,
+        comm.group_link(cluster, n, plan.tp),
+        collective_calls(model, plan, dense, blocks)[1],
+    )
+    if experts:
+        size, link = _expert_group(cluster, plan)
+        s += comm.allreduce_s(
+            experts * grad_per, size, link, collective_calls(model, plan, experts, blocks)[1]
+        )
+    return s
 
 
 def _megatron_overlap_split(plan: ParallelPlan, grads_s: float, params_s: float) -> tuple[float, float]:

@@ -115,3 +115,44 @@ def test_megatron_buckets_grow_with_the_dp_x_cp_group():
     assert collective_calls(model, small, params, 16) == (183, 183)  # 40M floor: 16 ranks x 1M < 40M
     assert collective_calls(model, large, params, 16) == (17, 17)  # 448M elements per bucket
     assert collective_calls(model, with_cp, params, 16) == (17, 17)  # over DP x CP
+
+
+def test_megatron_reduces_routed_experts_over_the_expert_data_parallel_group():
+    """Megatron keeps routed-expert parameters in their own DDP buffers, reduced and (distributed optimizer)
+    gathered over the expert-data-parallel group: ``expert_dp`` ranks at stride ``ep x etp``. The dense rest
+    goes over DP x CP at stride TP, as for a dense model."""
+    from autotune.costmodel import moe
+    from autotune.costmodel.dpcomm import expert_dp_split
+
+    model = load_model("mixtral-8x7b")
+    cluster = make_cluster(num_gpus=64, gpu="h100-sxm")
+    plan = ParallelPlan(
+        tp=2,
+        dp=32,
+        ep=8,
+        global_batch=256,
+        micro_batch=1,
+        seq_len=4096,
+        sharding="zero1",
+        framework="megatron",
+    )
+    params = moe.expert_params_per_gpu(model, plan, model.num_layers) + 1e9
+    dense, experts = expert_dp_split(model, plan, params, model.num_layers)
+    assert experts == pytest.approx(moe.expert_params_per_gpu(model, plan, model.num_layers))
+    assert dense + experts == pytest.approx(params) and dense > 0
+    from autotune.costmodel.states import megatron_grad_bytes
+
+    grad = megatron_grad_bytes(plan)  # Megatron's main_grad dtype (fp32 for a bf16 plan)
+    total = 0.0
+    for part, size, link in [
+        (dense, 32, comm.group_link(cluster, 32, 2)),
+        (experts, plan.expert_dp, comm.group_link(cluster, plan.expert_dp, 8)),
+    ]:
+        gathers, reduces = collective_calls(model, plan, part, model.num_layers)
+        total += comm.reduce_scatter_s(part * grad, size, link, reduces)
+        total += comm.allgather_s(part * PARAM_GATHER_BYTES, size, link, gathers)
+    dp = dp_comm_s(cluster, model, plan, params, model.num_layers)
+    assert dp.once_s + dp.tail_s == pytest.approx(total)
+    # torchtitan (FSDP) and EP 1 keep one group
+    for other in (plan.replace(ep=1), plan.replace(framework="fsdp", sharding="fsdp-full")):
+        assert expert_dp_split(model, other, params, model.num_layers) == (params, 0.0)
