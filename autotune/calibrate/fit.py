@@ -6,7 +6,8 @@ The factors are the step-time model's documented knobs that live on the specs as
 ``gemm_efficiency``        ``GPUSpec``: fraction of the dense peak GEMMs reach (scales all compute)
 ``collective_efficiency``  ``ClusterSpec``: fraction of link bandwidth collectives reach (scales all comm)
 ``dp_overlap_fraction``    ``ClusterSpec``: share of compute DP/ZeRO/FSDP traffic hides behind (overlap.py)
-``latency_scale``          ``LinkSpec.latency_s`` of both links x this: the alpha of every collective and send
+``latency_scale``          ``LinkSpec.latency_s`` and ``ring_hop_s`` of both links x this: the alpha of every
+                           collective and send (NCCL's per-collective base, ``comm.NCCL_RING_BASE_S``, stays)
 ``host_scale``             ``GPUSpec``'s host-time terms x this (rates / this): eager operators, DTensor,
                            pipeline actions, FSDP2 / ZeRO-3 hooks -- host work the device does not hide
                            (0 on GPUs, so it only moves CPU trials)
@@ -104,7 +105,11 @@ class Factors:
         )
         profile = cluster.profile if label is None else "; ".join(p for p in (cluster.profile, label) if p)
         intra, inter = (
-            dataclasses.replace(link, latency_s=link.latency_s * self.latency_scale)
+            dataclasses.replace(
+                link,
+                latency_s=link.latency_s * self.latency_scale,
+                ring_hop_s=None if link.ring_hop_s is None else link.ring_hop_s * self.latency_scale,
+            )
             for link in (cluster.intra_link, cluster.inter_link)
         )
         return dataclasses.replace(

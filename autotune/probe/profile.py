@@ -232,10 +232,16 @@ def _collective_scales(profile: Profile) -> tuple[tuple[str, float, float], ...]
 def _link(base: LinkSpec, override: dict[str, float] | None, profile: Profile) -> LinkSpec:
     if override is None:
         return base
+    latency_s = override.get("latency_us", base.latency_s * 1e6) * 1e-6
+    # an NCCL link's ring hops move with its measured latency (as ``calibrate.fit.Factors.latency_scale``)
+    hop_s = base.ring_hop_s
+    if hop_s is not None and base.latency_s > 0:
+        hop_s *= latency_s / base.latency_s
     return dataclasses.replace(
         base,
         bw_bytes_per_s=override["bw_gb_s"] * 1e9,
-        latency_s=override.get("latency_us", base.latency_s * 1e6) * 1e-6,
+        latency_s=latency_s,
+        ring_hop_s=hop_s,
         sources=(profile.label,),
     )
 
