@@ -240,8 +240,15 @@ def dp_comm_s(
             hidden, exposed = _megatron_overlap_split(plan, grads_s, params_s)
             return DpComm(0.0, hidden, exposed)
         return DpComm(grads_s, params_s, 0.0)
-    gather_s = comm.allgather_s(param_bytes, shard, link, gathers)
-    reduce_s = comm.reduce_scatter_s(grad_bytes, shard, link, reduces)
+    dense, experts = expert_dp_split(model, plan, params, blocks)
+    gathers, reduces = collective_calls(model, plan, dense, blocks)
+    gather_s = comm.allgather_s(dense * PARAM_GATHER_BYTES * widen, shard, link, gathers)
+    reduce_s = comm.reduce_scatter_s(dense * grad_per, shard, link, reduces)
+    if experts:  # one more FSDP unit per MoE block: its experts, over the efsdp group (expert_dp_split)
+        size, expert_link = _expert_group(cluster, plan)
+        units = max(1, math.ceil(blocks * len(model.moe_layers) / model.num_layers))
+        gather_s += comm.allgather_s(experts * PARAM_GATHER_BYTES * widen, size, expert_link, units)
+        reduce_s += comm.reduce_scatter_s(experts * grad_per, size, expert_link, units)
     replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
     if defers_grad_reduce(plan):
         return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
@@ -251,12 +258,15 @@ def dp_comm_s(
 
 
 def expert_dp_split(model: ModelSpec, plan: ParallelPlan, params: float, blocks: int) -> tuple[float, float]:
-    """(dense, routed-expert) parameters of a rank's ``params`` whose gradients Megatron reduces over
-    different groups: the dense ones over DP x CP, the routed experts over the expert-data-parallel group
-    (``ParallelPlan.expert_dp`` ranks; megatron/core/distributed/distributed_data_parallel.py keeps expert
-    parameters in their own buffers, reduced over ``expt_dp_group``; the distributed optimizer shards them
-    over it). Other frameworks, dense models and EP 1: all dense."""
-    if plan.framework is not Framework.MEGATRON or not model.is_moe or plan.ep * plan.etp == 1:
+    """(dense, routed-expert) parameters of a rank's ``params`` whose collectives run over different groups:
+    the dense ones over DP x CP (FSDP: the shard group), the routed experts over the expert-data-parallel
+    group (``_expert_group``). Megatron keeps expert parameters in their own DDP buffers, reduced over
+    ``expt_dp_group`` (megatron/core/distributed/distributed_data_parallel.py), and the distributed optimizer
+    shards them over it; torchtitan wraps each block's experts in their own ``fully_shard`` over the sparse
+    mesh's ``efsdp`` dimension (torchtitan/distributed/parallel_dims.py: mesh ``pp, dp_replicate, efsdp, ep,
+    etp``). DeepSpeed-MoE, dense models and EP 1: all dense."""
+    fw = plan.framework
+    if fw not in (Framework.MEGATRON, Framework.FSDP) or not model.is_moe or plan.ep * plan.etp == 1:
         return params, 0.0
     experts = moe.expert_params_per_gpu(model, plan, model.num_layers if plan.pp == 1 else blocks)
     experts = min(experts, params)
@@ -264,10 +274,12 @@ def expert_dp_split(model: ModelSpec, plan: ParallelPlan, params: float, blocks:
 
 
 def _expert_group(cluster: ClusterSpec, plan: ParallelPlan) -> tuple[int, comm.GroupLink]:
-    """Size and link of Megatron's expert-data-parallel group: ``expert_dp`` ranks at stride ``ep x etp``
-    (its expert rank order is etp, ep, dp, pp: megatron/core/parallel_state.py
-    ``expert_decoder_rank_generator``)."""
-    return plan.expert_dp, comm.group_link(cluster, plan.expert_dp, plan.ep * plan.etp)
+    """Size and link of the routed experts' data-parallel group: the stage's sharded ranks re-tiled as
+    ``etp x ep x group``, ``shard x cp x tp / (ep x etp)`` ranks (Megatron's ``expert_dp``; torchtitan's
+    ``efsdp``) at stride ``ep x etp`` (Megatron's expert rank order is etp, ep, dp, pp:
+    megatron/core/parallel_state.py ``expert_decoder_rank_generator``; torchtitan's mesh order above)."""
+    size = max(1, plan.shard_degree * plan.cp * plan.tp // (plan.ep * plan.etp))
+    return size, comm.group_link(cluster, size, plan.ep * plan.etp)
 
 
 def _zero1_pair_s(

@@ -153,6 +153,36 @@ def test_megatron_reduces_routed_experts_over_the_expert_data_parallel_group():
         total += comm.allgather_s(part * PARAM_GATHER_BYTES, size, link, gathers)
     dp = dp_comm_s(cluster, model, plan, params, model.num_layers)
     assert dp.once_s + dp.tail_s == pytest.approx(total)
-    # torchtitan (FSDP) and EP 1 keep one group
-    for other in (plan.replace(ep=1), plan.replace(framework="fsdp", sharding="fsdp-full")):
+    # EP 1 and DeepSpeed keep one group
+    for other in (plan.replace(ep=1), plan.replace(tp=1, dp=64, framework="deepspeed")):
         assert expert_dp_split(model, other, params, model.num_layers) == (params, 0.0)
+
+
+def test_torchtitan_shards_each_block_s_experts_over_the_efsdp_group():
+    """torchtitan wraps each block's experts in their own ``fully_shard`` over the sparse mesh's ``efsdp``
+    dimension (``pp, dp_replicate, efsdp, ep, etp``): ``shard x cp x tp / (ep x etp)`` ranks at stride
+    ``ep x etp``, one more unit per MoE block; the dense rest over the shard group at stride TP."""
+    from autotune.costmodel import moe
+    from autotune.costmodel.dpcomm import expert_dp_split
+
+    model = load_model("mixtral-8x7b")
+    cluster = make_cluster(num_gpus=64, gpu="h100-sxm")
+    plan = ParallelPlan(
+        dp=64, ep=8, global_batch=128, micro_batch=1, seq_len=4096, sharding="fsdp-full", framework="fsdp"
+    )
+    params = moe.expert_params_per_gpu(model, plan, model.num_layers) + 1e9
+    dense, experts = expert_dp_split(model, plan, params, model.num_layers)
+    assert experts > 0 and dense == pytest.approx(1e9)
+    gathers, reduces = collective_calls(model, plan, dense, model.num_layers)
+    dense_link, expert_link = comm.group_link(cluster, 64, 1), comm.group_link(cluster, 8, 8)
+    assert expert_link.num_nodes == 8  # one expert replica per node: every hop on the network
+    units = model.num_layers  # every Mixtral block is an MoE block
+    gather = comm.allgather_s(dense * PARAM_GATHER_BYTES, 64, dense_link, gathers) + comm.allgather_s(
+        experts * PARAM_GATHER_BYTES, 8, expert_link, units
+    )
+    grad = GRAD_REDUCE_BYTES["fsdp"]
+    reduce = comm.reduce_scatter_s(dense * grad, 64, dense_link, reduces) + comm.reduce_scatter_s(
+        experts * grad, 8, expert_link, units
+    )
+    dp = dp_comm_s(cluster, model, plan, params, model.num_layers)
+    assert dp.per_microbatch_s == pytest.approx(2 * gather + reduce)
