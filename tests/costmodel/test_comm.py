@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from autotune.catalog import load_model, make_cluster
+from autotune.catalog import load_link, load_model, make_cluster
 from autotune.costmodel import comm
 from autotune.costmodel.tpcomm import reduction_s
 from autotune.plan import ParallelPlan
@@ -175,8 +175,6 @@ def test_nccl_rings_pay_nccl_s_own_latency_model():
 def test_gloo_links_keep_their_per_step_latency():
     """The CPU trial device's links (gloo over shared memory / loopback TCP) have no NCCL hop figure: each
     ring step pays the link's ``latency_s`` as measured by ``autotune probe``."""
-    from autotune.catalog import load_link
-
     for name in ("shm", "loopback-tcp"):
         assert load_link(name).ring_hop_s is None
     for name in ("nvlink4", "nvlink5", "ib-ndr-400", "roce-400", "pcie5"):

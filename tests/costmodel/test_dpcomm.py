@@ -7,8 +7,15 @@ import dataclasses
 import pytest
 
 from autotune.catalog import load_model, make_cluster
-from autotune.costmodel import comm
-from autotune.costmodel.dpcomm import GRAD_REDUCE_BYTES, PARAM_GATHER_BYTES, collective_calls, dp_comm_s
+from autotune.costmodel import comm, moe
+from autotune.costmodel.dpcomm import (
+    GRAD_REDUCE_BYTES,
+    PARAM_GATHER_BYTES,
+    collective_calls,
+    dp_comm_s,
+    expert_dp_split,
+)
+from autotune.costmodel.states import megatron_grad_bytes
 from autotune.costmodel.steptime import step_time
 from autotune.plan import ParallelPlan
 
@@ -121,9 +128,6 @@ def test_megatron_reduces_routed_experts_over_the_expert_data_parallel_group():
     """Megatron keeps routed-expert parameters in their own DDP buffers, reduced and (distributed optimizer)
     gathered over the expert-data-parallel group: ``expert_dp`` ranks at stride ``ep x etp``. The dense rest
     goes over DP x CP at stride TP, as for a dense model."""
-    from autotune.costmodel import moe
-    from autotune.costmodel.dpcomm import expert_dp_split
-
     model = load_model("mixtral-8x7b")
     cluster = make_cluster(num_gpus=64, gpu="h100-sxm")
     plan = ParallelPlan(
@@ -140,8 +144,6 @@ def test_megatron_reduces_routed_experts_over_the_expert_data_parallel_group():
     dense, experts = expert_dp_split(model, plan, params, model.num_layers)
     assert experts == pytest.approx(moe.expert_params_per_gpu(model, plan, model.num_layers))
     assert dense + experts == pytest.approx(params) and dense > 0
-    from autotune.costmodel.states import megatron_grad_bytes
-
     grad = megatron_grad_bytes(plan)  # Megatron's main_grad dtype (fp32 for a bf16 plan)
     total = 0.0
     for part, size, link in [
@@ -162,9 +164,6 @@ def test_torchtitan_shards_each_block_s_experts_over_the_efsdp_group():
     """torchtitan wraps each block's experts in their own ``fully_shard`` over the sparse mesh's ``efsdp``
     dimension (``pp, dp_replicate, efsdp, ep, etp``): ``shard x cp x tp / (ep x etp)`` ranks at stride
     ``ep x etp``, one more unit per MoE block; the dense rest over the shard group at stride TP."""
-    from autotune.costmodel import moe
-    from autotune.costmodel.dpcomm import expert_dp_split
-
     model = load_model("mixtral-8x7b")
     cluster = make_cluster(num_gpus=64, gpu="h100-sxm")
     plan = ParallelPlan(
