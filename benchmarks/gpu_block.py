@@ -4,36 +4,22 @@ Run on a GPU machine: `python benchmarks/gpu_block.py OUT_DIR`; writes OUT_DIR/p
 The H200 result behind gemm_efficiency and the FlashAttention backward slowdown:
 benchmarks/results/gpu_block_h200.json."""
 
+import functools
 import json
 import os
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+from benchmarks._gpu_timing import timed as _timed  # noqa: E402
+
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = DEV == "cpu"
 DT = torch.bfloat16
-
-
-def timed(fn, warmup=3, iters=10):
-    for _ in range(warmup):
-        fn()
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-        out = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b) * 1e-3)
-        return statistics.median(out)
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
+timed = functools.partial(_timed, warmup=3, iters=10)
 
 
 def gemm(m, n, k):

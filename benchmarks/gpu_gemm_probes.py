@@ -26,6 +26,24 @@ def _llama_linears(h: int, q_out: int, kv_out: int, f: int, tp: int) -> list[tup
     ]
 
 
+LLAMA_LINEARS = {
+    "llama3-8b": _llama_linears(4096, 4096, 1024, 14336, 1),
+    "llama3-70b-tp8": _llama_linears(8192, 8192, 1024, 28672, 8),
+    "llama3-405b-tp8": _llama_linears(16384, 16384, 1024, 53248, 8),
+}
+
+
+def _roles(tokens: int, din: int, dout: int) -> dict[str, tuple[int, int, int]]:
+    """(m, k, n) of a linear's three GEMMs: forward ``T x in @ in x out``, input gradient ``T x out @ out x
+    in``, weight gradient ``out x T @ T x in``."""
+    return {"fwd": (tokens, din, dout), "dgrad": (tokens, dout, din), "wgrad": (dout, tokens, din)}
+
+
+def _fp8_scales(m: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_scaled_mm`` scales: one per tensor, and per row of ``a`` / column of ``b`` (rowwise)."""
+    return torch.ones((), device=DEV), torch.ones(m, 1, device=DEV), torch.ones(1, n, device=DEV)
+
+
 def fp8_gemms() -> list[dict[str, object]]:
     """bf16 ``mm`` vs ``torch._scaled_mm`` (e4m3 x e4m3 -> bf16, fast accumulation as torchao's forward)
     with one scale per tensor (tensorwise) and per row / column (rowwise), for the three GEMMs of each
@@ -34,28 +52,17 @@ def fp8_gemms() -> list[dict[str, object]]:
     if not CUDA:
         return []
     fp8 = torch.float8_e4m3fn
-    shapes = {
-        "llama3-8b": _llama_linears(4096, 4096, 1024, 14336, 1),
-        "llama3-70b-tp8": _llama_linears(8192, 8192, 1024, 28672, 8),
-        "llama3-405b-tp8": _llama_linears(16384, 16384, 1024, 53248, 8),
-    }
     rows: list[dict[str, object]] = []
     tokens = 8192
-    for model, linears in shapes.items():
+    for model, linears in LLAMA_LINEARS.items():
         for name, din, dout in linears:
-            for role, (m, k, n) in {
-                "fwd": (tokens, din, dout),
-                "dgrad": (tokens, dout, din),
-                "wgrad": (dout, tokens, din),
-            }.items():
+            for role, (m, k, n) in _roles(tokens, din, dout).items():
                 a = torch.randn(m, k, device=DEV, dtype=DT)
                 b = torch.randn(n, k, device=DEV, dtype=DT).t()  # column-major, as _scaled_mm wants
                 t_bf16 = timed(lambda: a @ b)
                 a8, b8 = a.to(fp8), b.to(fp8)
-                one = torch.ones((), device=DEV)
+                one, sa, sb = _fp8_scales(m, n)
                 t_tw = timed(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=DT, use_fast_accum=True))
-                sa = torch.ones(m, 1, device=DEV)
-                sb = torch.ones(1, n, device=DEV)
                 try:
                     t_rw = timed(lambda: torch._scaled_mm(a8, b8, sa, sb, out_dtype=DT, use_fast_accum=True))
                 except RuntimeError as e:
@@ -197,20 +204,14 @@ def fp8_accum() -> list[dict[str, object]]:
         return []
     fp8, tokens = torch.float8_e4m3fn, 8192
     rows: list[dict[str, object]] = []
-    linears = {
-        "llama3-8b": _llama_linears(4096, 4096, 1024, 14336, 1),
-        "llama3-70b-tp8": _llama_linears(8192, 8192, 1024, 28672, 8),
-    }
-    for model, layers in linears.items():
-        for name, din, dout in layers:
-            for role, (m, k, n) in {"dgrad": (tokens, dout, din), "wgrad": (dout, tokens, din)}.items():
+    for model in ("llama3-8b", "llama3-70b-tp8"):
+        for name, din, dout in LLAMA_LINEARS[model]:
+            for role, (m, k, n) in _roles(tokens, din, dout).items():
+                if role == "fwd":  # the backward GEMMs only (module docstring)
+                    continue
                 a8 = torch.randn(m, k, device=DEV, dtype=DT).to(fp8)
                 b8 = torch.randn(n, k, device=DEV, dtype=DT).to(fp8).t()
-                one, sa, sb = (
-                    torch.ones((), device=DEV),
-                    torch.ones(m, 1, device=DEV),
-                    torch.ones(1, n, device=DEV),
-                )
+                one, sa, sb = _fp8_scales(m, n)
                 row: dict[str, object] = {
                     "model": model,
                     "linear": name,
