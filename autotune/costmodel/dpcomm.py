@@ -216,7 +216,6 @@ def dp_comm_s(
     grad_bytes = params * grad_per
     param_bytes = params * PARAM_GATHER_BYTES * widen
     sharding = plan.sharding
-    gathers, reduces = collective_calls(model, plan, params, blocks)
     deepspeed = plan.framework is Framework.DEEPSPEED
     if sharding is Sharding.NONE:
         all_reduce_s = _allreduce_s(cluster, model, plan, params, blocks, grad_per)
@@ -228,6 +227,7 @@ def dp_comm_s(
         return DpComm(0.0, hidden, exposed)
     if sharding in (Sharding.ZERO1, Sharding.ZERO2):
         if deepspeed and DEEPSPEED_BUCKET_ALLREDUCE:
+            gathers, reduces = collective_calls(model, plan, params, blocks)
             grads_s = comm.allreduce_s(grad_bytes, n, link, reduces)
             params_s = comm.allgather_s(param_bytes, n, link, gathers)
         else:
@@ -240,15 +240,12 @@ def dp_comm_s(
             hidden, exposed = _megatron_overlap_split(plan, grads_s, params_s)
             return DpComm(0.0, hidden, exposed)
         return DpComm(grads_s, params_s, 0.0)
-    dense, experts = expert_dp_split(model, plan, params, blocks)
-    gathers, reduces = collective_calls(model, plan, dense, blocks)
-    gather_s = comm.allgather_s(dense * PARAM_GATHER_BYTES * widen, shard, link, gathers)
-    reduce_s = comm.reduce_scatter_s(dense * grad_per, shard, link, reduces)
-    if experts:  # one more FSDP unit per MoE block: its experts, over the efsdp group (expert_dp_split)
-        size, expert_link = _expert_group(cluster, plan)
-        units = max(1, math.ceil(blocks * len(model.moe_layers) / model.num_layers))
-        gather_s += comm.allgather_s(experts * PARAM_GATHER_BYTES * widen, size, expert_link, units)
-        reduce_s += comm.reduce_scatter_s(experts * grad_per, size, expert_link, units)
+    gather_s = reduce_s = 0.0
+    for i, (part, size, part_link) in enumerate(_parts(cluster, model, plan, params, blocks, shard, link)):
+        # the dense units, then one more FSDP unit per MoE block: its experts (expert_dp_split)
+        calls = collective_calls(model, plan, part, blocks) if i == 0 else (_moe_units(model, blocks),) * 2
+        gather_s += comm.allgather_s(part * PARAM_GATHER_BYTES * widen, size, part_link, calls[0])
+        reduce_s += comm.reduce_scatter_s(part * grad_per, size, part_link, calls[1])
     replica_s = _hsdp_replica_s(cluster, plan, grad_bytes / shard) if sharding is Sharding.HSDP else 0.0
     if defers_grad_reduce(plan):
         return _pipelined_fsdp_comm(plan, gather_s, reduce_s + replica_s)
@@ -282,19 +279,36 @@ def _expert_group(cluster: ClusterSpec, plan: ParallelPlan) -> tuple[int, comm.G
     return size, comm.group_link(cluster, size, plan.ep * plan.etp)
 
 
+def _parts(
+    cluster: ClusterSpec,
+    model: ModelSpec,
+    plan: ParallelPlan,
+    params: float,
+    blocks: int,
+    size: int,
+    link: comm.GroupLink,
+) -> list[tuple[float, int, comm.GroupLink]]:
+    """``(parameters, group size, link)`` of each group a rank's parameters travel over: the dense ones over
+    ``size`` ranks on ``link``, the routed experts (if any, ``expert_dp_split``) over ``_expert_group``."""
+    dense, experts = expert_dp_split(model, plan, params, blocks)
+    return [(dense, size, link)] + ([(experts, *_expert_group(cluster, plan))] if experts else [])
+
+
+def _moe_units(model: ModelSpec, blocks: int) -> int:
+    """The MoE blocks among a rank's ``blocks``: one expert FSDP unit each."""
+    return max(1, math.ceil(blocks * len(model.moe_layers) / model.num_layers))
+
+
 def _zero1_pair_s(
     cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float, blocks: int, grad_per: float
 ) -> tuple[float, float]:
-    """(gradient reduce-scatter, parameter all-gather) seconds of a ZeRO-1/2 step: the dense parameters over
-    DP x CP, Megatron's routed experts over their expert-data-parallel group (``expert_dp_split``), each in
-    the framework's buckets (``collective_calls``)."""
+    """(gradient reduce-scatter, parameter all-gather) seconds of a ZeRO-1/2 step over each group
+    (``_parts``), each in the framework's buckets (``collective_calls``)."""
     n, widen = plan.dp * plan.cp, cluster.gpu.half_bytes / 2
-    dense, experts = expert_dp_split(model, plan, params, blocks)
     grads_s = params_s = 0.0
-    groups = [(dense, n, comm.group_link(cluster, plan.shard_degree * plan.cp, plan.tp))]
-    if experts:
-        groups.append((experts, *_expert_group(cluster, plan)))
-    for part, size, link in groups:
+    for part, size, link in _parts(
+        cluster, model, plan, params, blocks, n, comm.group_link(cluster, n, plan.tp)
+    ):
         gathers, reduces = collective_calls(model, plan, part, blocks)
         grads_s += comm.reduce_scatter_s(part * grad_per, size, link, reduces)
         params_s += comm.allgather_s(part * PARAM_GATHER_BYTES * widen, size, link, gathers)
@@ -304,22 +318,14 @@ def _zero1_pair_s(
 def _allreduce_s(
     cluster: ClusterSpec, model: ModelSpec, plan: ParallelPlan, params: float, blocks: int, grad_per: float
 ) -> float:
-    """Seconds to all-reduce a rank's gradients without sharding: dense over DP x CP, Megatron's routed
-    experts over their expert-data-parallel group (``expert_dp_split``)."""
+    """Seconds to all-reduce a rank's gradients without sharding, over each group (``_parts``)."""
     n = plan.dp * plan.cp
-    dense, experts = expert_dp_split(model, plan, params, blocks)
-    s = comm.allreduce_s(
-        dense * grad_per,
-        n,
-        comm.group_link(cluster, n, plan.tp),
-        collective_calls(model, plan, dense, blocks)[1],
-    )
-    if experts:
-        size, link = _expert_group(cluster, plan)
-        s += comm.allreduce_s(
-            experts * grad_per, size, link, collective_calls(model, plan, experts, blocks)[1]
+    return sum(
+        comm.allreduce_s(part * grad_per, size, link, collective_calls(model, plan, part, blocks)[1])
+        for part, size, link in _parts(
+            cluster, model, plan, params, blocks, n, comm.group_link(cluster, n, plan.tp)
         )
-    return s
+    )
 
 
 def _megatron_overlap_split(plan: ParallelPlan, grads_s: float, params_s: float) -> tuple[float, float]:
