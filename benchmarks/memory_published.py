@@ -7,9 +7,11 @@ figures are RESERVED memory and are compared with the full prediction, allocator
 prediction for the comparison). Rows that only say a layout ran on a GPU ("ran on 80 GB", no figure)
 are checked for one thing: the model must not call them out of memory.
 
-Rows: every entry of benchmarks/data/modern_runs.yaml that has ``measured.peak_memory_gib`` (its source
-and the fields it fills are in ``_modern_row``; rows it cannot turn into a plan are listed with the
-reason), plus ``ROWS`` below: layouts of the issue 21 table that ran without a published figure.
+Rows: every entry of benchmarks/data/modern_runs.yaml (its source and the fields it fills are in
+``_modern_row``; a model without a catalog preset is read from the row's Hugging Face shape as
+``modern_runs.py`` reads it; Mixture-of-Experts rows take ``moe_runs.py``'s model and plan; rows it cannot
+turn into a plan are listed with the reason), plus ``ROWS`` below: layouts of the issue 21 table that ran
+without a published figure.
 Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
 
 Usage:  python benchmarks/memory_published.py [--out benchmarks/results]
@@ -18,18 +20,24 @@ Usage:  python benchmarks/memory_published.py [--out benchmarks/results]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from autotune.catalog import load_model, make_cluster
+from autotune.catalog import gpu_names, load_model, make_cluster
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
 from autotune.plan import ParallelPlan, Sharding
+from autotune.specs import ModelSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+from benchmarks import modern_runs, moe_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 MODERN = ROOT / "data" / "modern_runs.yaml"
@@ -69,6 +77,8 @@ class Row:
     note: str = ""
     modelled: bool = True
     """False: the run used something the plan cannot express (torch.compile, async TP); shown, not scored."""
+    spec: ModelSpec | None = None
+    """The model read from the row's Hugging Face shape where it has no catalog preset (``model``: its id)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -125,7 +135,7 @@ def _outside_allocator_bytes(plan: ParallelPlan) -> float:
 
 
 def predict(row: Row) -> dict[str, Any]:
-    model = load_model(row.model)
+    model = row.spec or load_model(row.model)
     plan = ParallelPlan(**row.plan)
     cluster = make_cluster(gpu=row.gpu, num_gpus=plan.world_size)
     est = estimate(model, cluster, plan)
@@ -179,8 +189,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     the source does not print is priced as none (the larger memory); the recipe's
     ``cpu_offloading_num_layers`` as ``offload_activation_layers``; NeMo 1.0's Apex ``distributed_fused_adam``
     (16-bit master remainders) as ``precision_aware_optimizer``, its Megatron-Core equivalent."""
-    if entry.get("moe") or not entry.get("model"):
-        raise ValueError("MoE or a model shape without a catalog preset (issue 23)")
+    if entry.get("moe"):
+        return _moe_row(entry, measured)
     fw = str(entry.get("framework")).lower()
     if fw not in ("torchtitan", "megatron"):
         raise ValueError(f"framework {fw} not priced here")
@@ -188,7 +198,9 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         raise ValueError(f"sharding {entry.get('sharding')} not offered")
     torchtitan = fw == "torchtitan"
     tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
-    micro = entry.get("micro_batch") or int(entry["global_batch"]) // dp // pp
+    # unprinted micro-batch: torchtitan's pipeline splits the local batch into PP-degree micro-batches; a
+    # Megatron run takes 1, as modern_runs.py prices its speed
+    micro = entry.get("micro_batch") or (int(entry["global_batch"]) // dp // pp if torchtitan else 1)
     recompute = {"op-sac": "selective", None: "none"}.get(entry.get("recompute"), entry.get("recompute"))
     plan: dict[str, Any] = {
         "framework": "fsdp" if torchtitan else fw,
@@ -220,6 +232,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     )
     if offload and not torchtitan:  # Megatron --cpu-offloading-num-layers (activations)
         plan["offload_activation_layers"] = int(offload.group(1))
+    if not torchtitan and entry.get("grad_reduce_dtype"):  # the recipe's gradient buffer dtype (data note)
+        plan["grad_reduce_dtype"] = entry["grad_reduce_dtype"]
     if not torchtitan and "distributed_fused_adam" in str(entry):
         # Apex DistributedFusedAdam as NeMo 1.0 builds it: 16-bit master remainders (states.py)
         plan["precision_aware_optimizer"] = True
@@ -232,7 +246,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     return Row(
         name=str(entry["id"]),
         source=str(entry.get("source", "")).split(" (")[0],
-        model=str(entry["model"]),
+        model=str(entry.get("model") or entry["id"]),
+        spec=None if entry.get("model") else modern_runs.row_model(entry),
         gpu=gpu,
         plan=plan,
         published_gib=measured,
@@ -243,6 +258,32 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         + ("; ends as own FSDP units (torchtitan 83e694105) not modelled" if _ends_apart(entry) else "")
         + (f"; {_PUBLISHED_CONFLICT[entry['id']]}" if entry.get("id") in _PUBLISHED_CONFLICT else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),
+    )
+
+
+def _moe_row(entry: dict[str, Any], measured: float | None) -> Row:
+    """A Mixture-of-Experts entry as ``benchmarks/moe_runs.py`` prices its speed (the same model and plan:
+    the row's shape, its layout with EP, dispatcher and ``--recompute-modules``). What its recipe ran that a
+    plan cannot express (``moe_runs.unpriced_knobs``: the precision-aware optimizer, activation offload, fp8
+    parameter gather... most of which save memory) is named in the note; the row is then shown, not scored."""
+    reason = moe_runs.skip_reason(entry)
+    if reason or entry["gpu"] not in gpu_names():
+        raise ValueError(reason or f"GPU {entry['gpu']} is not in autotune's catalog")
+    plan = moe_runs.row_plan(entry)
+    unpriced = moe_runs.unpriced_knobs(entry)
+    return Row(
+        name=str(entry["id"]),
+        source=str(entry.get("source", "")).split(" (")[0],
+        model=str(entry["id"]),
+        spec=moe_runs.row_model(entry),
+        gpu=str(entry["gpu"]),
+        plan={f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)},
+        published_gib=measured,
+        includes=f"max {(entry.get('measured') or {}).get('memory_kind', '?')}"
+        if measured is not None
+        else f"ran on {entry['gpu']}",
+        modelled=not unpriced,
+        note=("recipe beyond the plan: " + ", ".join(unpriced)) if unpriced else "",
     )
 
 

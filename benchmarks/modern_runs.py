@@ -62,7 +62,7 @@ class Outcome:
 
 
 _GPU_NOTE = re.compile(r"(?P<mem>\d+) GB HBM2e \((?P<bw>[\d.]+) TB/s\), default (?P<w>\d+) W")
-_RECIPES = {"current": "tensorwise", "mxfp8": "mx", None: "delayed"}
+FP8_RECIPES = {"current": "tensorwise", "mxfp8": "mx", None: "delayed"}
 """Data-file recipe names -> plan recipes; an fp8 row without a recipe ran Transformer Engine's default of its
 time, delayed scaling."""
 _ACTS = {"relu2": "relu"}
@@ -72,7 +72,7 @@ _PROVENANCE = re.compile(r"_source$")
 out of the model config so the model reader's refusal of unknown keys stays strict for users."""
 
 
-def _model(row: dict[str, Any]) -> ModelSpec:
+def row_model(row: dict[str, Any]) -> ModelSpec:
     shape = row.get("shape") or row.get("model_config")
     if shape:
         cfg = {k: v for k, v in shape.items() if not _PROVENANCE.search(k)}
@@ -165,7 +165,7 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["recompute_layers"] = int(layers.group(1))
     precision = row.get("precision", "bf16")
     if precision == "fp8":
-        extra["fp8_recipe"] = _RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))
+        extra["fp8_recipe"] = FP8_RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe"))
     mbs = int(row.get("micro_batch") or row.get("mbs") or 1)
     if fw == "fsdp" and pp > 1 and not row.get("micro_batch"):
         # torchtitan's pipeline_parallel_microbatches defaults to the number of stages (the data's note)
@@ -220,7 +220,7 @@ def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
 
 
 def predict_row(row: dict[str, Any]) -> Outcome:
-    model, cluster = _model(row), _cluster(row)
+    model, cluster = row_model(row), _cluster(row)
     plan = _plan(row, model)
     kernel = _attention_kernel(row)
     t = step_time(model, cluster, plan, attention_kernel=kernel)

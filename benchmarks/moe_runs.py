@@ -45,19 +45,20 @@ from autotune.plan import RECOMPUTE_MODULES, ParallelPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import release_spread  # noqa: E402
+from benchmarks.modern_runs import FP8_RECIPES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 DATA = ROOT / "data" / "modern_runs.yaml"
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 
 
-def _model(row: dict[str, Any]):
+def row_model(row: dict[str, Any]):
     shape = {k: v for k, v in row["shape"].items() if k != "shape_source"}
     shape["num_nextn_predict_layers"] = 0  # module docstring
     return model_from_dict(shape, name=row["id"])
 
 
-def _plan(row: dict[str, Any]) -> ParallelPlan:
+def row_plan(row: dict[str, Any]) -> ParallelPlan:
     vp = row.get("vp") or 1
     return ParallelPlan(
         tp=row["tp"],
@@ -72,6 +73,7 @@ def _plan(row: dict[str, Any]) -> ParallelPlan:
         sharding=row["sharding"],
         recompute=_RECOMPUTE[row["recompute"]],
         precision=row["precision"],
+        fp8_recipe=FP8_RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe")),
         sequence_parallel=row["tp"] > 1,
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
@@ -104,7 +106,7 @@ def dispatcher(row: dict[str, Any]) -> str:
     return "deepep" if "dispatcher DeepEP" in notes else "alltoall"
 
 
-def _skip_reason(row: dict[str, Any]) -> str | None:
+def skip_reason(row: dict[str, Any]) -> str | None:
     if row["gpu"] not in gpu_names():
         return f"GPU {row['gpu']} is not in autotune's catalog"
     if row.get("micro_batch") is None:
@@ -168,7 +170,7 @@ def _megatron_flops_per_token(model, seq_len: int) -> float:
 
 
 def predict(row: dict[str, Any]) -> dict[str, Any]:
-    model, plan = _model(row), _plan(row)
+    model, plan = row_model(row), row_plan(row)
     cluster = make_cluster(num_gpus=row["num_gpus"], gpu=row["gpu"], gpus_per_node=row["gpus_per_node"])
     est = estimate(model, cluster, plan)
     measured = row["measured"]
@@ -213,7 +215,7 @@ def run() -> dict[str, Any]:
     rows = [r for r in yaml.safe_load(DATA.read_text()) if r.get("moe")]
     results, skipped = [], []
     for row in rows:
-        reason = _skip_reason(row)
+        reason = skip_reason(row)
         if reason:
             skipped.append({"id": row["id"], "reason": reason})
             continue
