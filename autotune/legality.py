@@ -67,7 +67,7 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         errors += _recompute_layers_errors(plan)
     if plan.recompute_modules:
         errors += _recompute_modules_errors(plan)
-    errors += _megatron_memory_option_errors(plan)
+    errors += _megatron_memory_option_errors(plan) + _capacity_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
         errors.append(
@@ -83,6 +83,23 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
             "(load-balanced ring attention splits each sequence into 2*CP chunks)"
         )
     return errors
+
+
+def _capacity_errors(plan: ParallelPlan) -> list[str]:
+    """Token dropping (``ParallelPlan.moe_capacity_factor``) where the framework offers it: Megatron only
+    with its all-to-all dispatcher (megatron/core/transformer/transformer_config.py:
+    "moe_expert_capacity_factor only works with alltoall token dispatcher"), DeepSpeed-MoE always;
+    torchtitan's MoE is dropless."""
+    c = plan.moe_capacity_factor
+    if c is None:
+        return []
+    if not c > 0:
+        return [f"moe-capacity-factor must be > 0 (or unset for dropless routing), got {c}"]
+    if plan.framework is Framework.FSDP:
+        return ["moe-capacity-factor: torchtitan routes dropless; use --framework megatron or deepspeed"]
+    if plan.framework is Framework.MEGATRON and plan.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+        return ["moe-capacity-factor needs Megatron's alltoall dispatcher; use --moe-dispatcher alltoall"]
+    return []
 
 
 def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
@@ -286,6 +303,8 @@ def _expert_model_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
             "routed experts; use --ep 1"
         ]
     errors = []
+    if plan.moe_capacity_factor is not None and not model.is_moe:
+        errors.append(f"moe-capacity-factor on {model.name}, a dense model: drop --moe-capacity-factor")
     if "experts" in broken:
         errors.append(f"EP {plan.ep} does not divide the {model.num_experts} routed experts")
     if "width" in broken:

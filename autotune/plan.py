@@ -137,6 +137,13 @@ class ParallelPlan:
     grad_reduce_dtype: GradDtype | None = None
     """Megatron's gradient buffer and DP reduction dtype (``--grad-reduce-in-bf16`` for bf16). None: the
     framework default as autotune emits it, fp32 except bf16 for fp8 plans (``costmodel.states``)."""
+    moe_capacity_factor: float | None = None
+    """MoE token dropping: each expert takes at most ``ceil(c x T x k / E)`` of the ``T x k`` token copies a
+    rank routes (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021 Sec. 2.2), the lowest
+    routing probabilities dropped, and every expert's input padded to that capacity: Megatron's
+    ``--moe-expert-capacity-factor c --moe-pad-expert-input-to-capacity`` (which skips the dropless
+    dispatcher's host sync), DeepSpeed-MoE's ``capacity_factor`` with ``drop_tokens=True``. None: dropless.
+    Dropping changes what the model learns, so the search never picks it: the user sets it."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -261,8 +268,12 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: recompute_modules must be a list of module names, got {value!r}")
         return tuple(value)
-    if key in ("hsdp_shard_size", "recompute_layers") and value is None:
+    if key in ("hsdp_shard_size", "recompute_layers", "moe_capacity_factor") and value is None:
         return None
+    if key == "moe_capacity_factor":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: moe_capacity_factor must be a number (1.0) or null, got {value!r}")
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
     return value

@@ -120,6 +120,8 @@ class PlanContext:
     """A pinned DP degree (``--dp``), else None."""
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM
     """Share of device memory a recommended plan leaves free (``autotune/headroom.py``)."""
+    moe_capacity_factor: float | None = None
+    """The user's token dropping (``--moe-capacity-factor``), on every plan like the batch: never tuned."""
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -280,6 +282,7 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
             micro_batch=mbs,
             global_batch=ctx.global_batch,
             seq_len=ctx.seq_len,
+            moe_capacity_factor=ctx.moe_capacity_factor,
             **variant._asdict(),
         ), None
     except ConfigError as e:  # a plan-only rule spacerules does not prune by (a test catches it)

@@ -170,6 +170,8 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
+    if ctx.moe_capacity_factor is not None and fw is Framework.FSDP:
+        return "torchtitan's MoE has no capacity factor (dropless)"
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, cp)
 
 

@@ -16,6 +16,8 @@ What is fixed for every row (no per-row or per-model factor):
   HybridEP send a token once per destination node), else the plain all-to-all of ``costmodel.moe``; no
   overlap, balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose
   notes mention the flex dispatcher;
+- token-drop rows run at capacity factor 1.0, padded (``TOKEN_DROP_CAPACITY``: the capacity and padding
+  scale the routed copies, and the dispatcher skips its host sync: ``costmodel.moe``, ``costmodel.moehost``);
 - Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
   (``recompute_modules``); the memory they free and the forward work they rerun are priced
   (``costmodel.recompute_modules``);
@@ -81,7 +83,20 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         moe_dispatcher=dispatcher(row),
         recompute_modules=recompute_modules(row),
         grad_reduce_dtype=row.get("grad_reduce_dtype"),
+        moe_capacity_factor=TOKEN_DROP_CAPACITY if token_drop(row) else None,
     )
+
+
+TOKEN_DROP_CAPACITY = 1.0
+"""A token-drop row's capacity factor, padded: Megatron-Bridge's ``apply_moe_token_drop`` defaults
+(``megatron/bridge/training/utils/moe_token_drop.py``: ``moe_expert_capacity_factor=1.0``,
+``moe_pad_expert_input_to_capacity=True``; NeMo 2.0's ``MegatronTokenDropCallback`` before it). The tables
+print "tokendrop", not the factor."""
+
+
+def token_drop(row: dict[str, Any]) -> bool:
+    """The row ran Megatron's token dropping (its notes say so), not dropless routing."""
+    return "Token-DROP" in f"{row.get('notes', '')} {row.get('recompute_detail', '')}"
 
 
 def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
@@ -156,11 +171,15 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
         "core_attn"
     }
     out = [x for x in out if x]
-    if "Token-DROP" in text:  # padded to capacity: token_dispatcher.py skips the host sync (moehost)
-        out.append("token drop")
     if modules - set(RECOMPUTE_MODULES):  # the rest is plan.recompute_modules
         out.insert(0, "recompute " + "+".join(sorted(modules - set(RECOMPUTE_MODULES))))
     return sorted(set(out), key=out.index)
+
+
+def _layout_extras(row: dict[str, Any]) -> list[str]:
+    """What sets a row apart from another release's of the same layout: its unpriced recipe settings and its
+    routing (token drop is a plan field the release-spread key does not read)."""
+    return [*unpriced_knobs(row), *(["token drop"] if token_drop(row) else [])]
 
 
 def _megatron_flops_per_token(model, seq_len: int) -> float:
@@ -208,6 +227,7 @@ def _layout(row: dict[str, Any]) -> str:
         f"tp{row['tp']} pp{row['pp']}{vp} cp{row['cp']} ep{row['ep']} dp{row['dp']} "
         f"mbs{row['micro_batch']} gbs{row['global_batch']} s{row['seq_len']} {row['recompute']}"
         + (f"[{'+'.join(recompute_modules(row))}]" if recompute_modules(row) else "")
+        + (f" drop@{TOKEN_DROP_CAPACITY:g}" if token_drop(row) else "")
     )
 
 
@@ -235,7 +255,7 @@ def run() -> dict[str, Any]:
         rows,
         {r["id"]: r["predicted"] for r in results},
         {r["id"]: r["measured"] for r in results},
-        extra=unpriced_knobs,
+        extra=_layout_extras,
     )
     stats["same_layout_groups"] = len(spread)
     stats["same_layout_unexplained_over_30pct"] = sum(g.unexplained > 0.30 for g in spread)

@@ -20,4 +20,5 @@ def test_deepseek_v3_25_09_rows_run_what_run_script_set():
     gb200 = _row("mb-2509-deepseekv3-gb200-256g-fp8-tp1pp4cp1vp4ep64")
     assert moe_runs.dispatcher(gb200) == "alltoall"
     assert moe_runs.recompute_modules(gb200) == ("mla_up_proj", "mlp", "moe_act")
-    assert "token drop" in moe_runs.unpriced_knobs(gb200)
+    assert moe_runs.row_plan(gb200).moe_capacity_factor == 1.0  # token drop, padded: priced
+    assert "token drop" not in moe_runs.unpriced_knobs(gb200)

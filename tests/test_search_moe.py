@@ -100,3 +100,32 @@ def test_pinning_ep_on_a_dense_model_is_one_line(tmp_path, capsys):
         == 2
     )
     assert "--ep 2: llama3-8b is a dense model" in capsys.readouterr().err
+
+
+def test_a_capacity_factor_is_the_users_and_set_on_every_plan(tmp_path):
+    """``--moe-capacity-factor`` is like the batch: every plan carries it, torchtitan's (dropless) are pruned
+    with the reason, and the emitted Megatron flags drop and pad."""
+    from autotune.catalog import load_model, make_cluster
+    from autotune.ranking import plan_search
+    from autotune.space import load_space
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16)
+    ranking = plan_search(
+        load_space(), model, cluster, pins={"ep": 8}, global_batch=64, seq_len=4096, moe_capacity_factor=1.25
+    )
+    assert ranking.feasible and {r.plan.moe_capacity_factor for r in ranking.feasible} == {1.25}
+    assert {str(r.plan.framework) for r in ranking.feasible} <= {"megatron", "deepspeed"}
+    assert "torchtitan's MoE has no capacity factor (dropless)" in ranking.pruned
+    args = ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--backend", "simulate"]
+    args += ["--space", "megatron"]
+    assert main([*args, "--moe-capacity-factor", "1.25", "--out", str(tmp_path)]) == 0
+    (emitted,) = tmp_path.glob("*/best/megatron_args.txt")
+    assert "--moe-expert-capacity-factor 1.25\n--moe-pad-expert-input-to-capacity" in emitted.read_text()
+
+
+def test_a_capacity_factor_on_a_dense_model_or_real_built_in_trials_is_one_line(tmp_path, capsys):
+    base = ["search", "--gpus", "8", "--moe-capacity-factor", "1.0", "--out", str(tmp_path)]
+    assert main([*base, "--model", "llama3-8b", "--backend", "simulate"]) == 2
+    assert "--moe-capacity-factor: llama3-8b is a dense model; drop the flag" in capsys.readouterr().err
+    assert main([*base, "--model", "tiny-moe", "--backend", "torchrun", "--device", "cpu"]) == 2
+    assert "the built-in trial MoE routes dropless" in capsys.readouterr().err

@@ -51,6 +51,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and cluster")
     g.add_argument(
@@ -202,6 +212,14 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         help="context-parallel exchange (with --cp > 1; default p2p, and a2a = Ulysses under --framework "
         "deepspeed, its only one)",
     )
+    g.add_argument(
+        "--moe-capacity-factor",
+        type=_positive_float,
+        metavar="C",
+        help="MoE token dropping (yours; never tuned): each expert takes at most C x its balanced share of "
+        "token copies, padded to that (Megatron --moe-expert-capacity-factor C "
+        "--moe-pad-expert-input-to-capacity; DeepSpeed-MoE capacity_factor). Default: dropless",
+    )
     if not pinning:
         g.add_argument(
             "--moe-dispatcher",
@@ -287,6 +305,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,
         precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None),
+        moe_capacity_factor=getattr(args, "moe_capacity_factor", None),
     )
 
 

@@ -74,6 +74,11 @@ def choose_and_rank(
             f"--model {model.name}: the built-in trial model has no {gap}; plan with --backend "
             "simulate, or run your own model with --workload / --script"
         )
+    if getattr(choice.backend, "measures", False) and not options and args.moe_capacity_factor is not None:
+        raise ConfigError(
+            "--moe-capacity-factor: the built-in trial MoE routes dropless; plan with --backend simulate, "
+            "or run your own model (its own token dropping) with --workload / --script"
+        )
     global_batch = args.global_batch
     if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
         global_batch = CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
@@ -89,6 +94,7 @@ def choose_and_rank(
         cluster_at=_cluster_at(args, cluster),
         estimator=estimator,
         memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM),
+        moe_capacity_factor=getattr(args, "moe_capacity_factor", None),
     )
     return choice, ranking
 
@@ -111,6 +117,8 @@ def open_search_study(
         "seq_len": ctx.seq_len,
         "space": ranking.choices,
     }
+    if ctx.moe_capacity_factor is not None:  # token dropping is another training run: another study
+        identity["moe_capacity_factor"] = ctx.moe_capacity_factor
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile
     study, study_dir, url = open_study(

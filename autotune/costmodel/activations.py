@@ -156,14 +156,24 @@ class LayerShape:
             b=plan.micro_batch,
             h=model.hidden_size,
             kv=model.kv_hidden_size,
-            ffn=modelshape.active_ffn_per_layer(model),
+            ffn=modelshape.active_ffn_per_layer(model)
+            + _routed_ffn(model) * (moe.capacity_scale(plan) - 1.0),
             heads=model.num_heads,
             vocab=model.vocab_size,
             gated=model.gated_mlp,
             attn_width=modelshape.attention_activation_width(model),
-            routed=modelshape.routed_width_per_layer(model),
-            routed_peak=float(model.experts_per_token * model.hidden_size) if model.is_moe else 0.0,
+            routed=modelshape.routed_width_per_layer(model) * moe.capacity_scale(plan),
+            routed_peak=float(model.experts_per_token * model.hidden_size) * moe.capacity_scale(plan)
+            if model.is_moe
+            else 0.0,
         )
+
+
+def _routed_ffn(model: ModelSpec) -> float:
+    """The routed experts' share of ``active_ffn_per_layer`` (``top-k x`` expert width, mean over blocks)."""
+    if not model.is_moe:
+        return 0.0
+    return modelshape.routed_width_per_layer(model) / model.hidden_size * model.expert_ffn_hidden_size
 
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:

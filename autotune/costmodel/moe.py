@@ -18,8 +18,11 @@ torchtitan's ``ExpertParallel`` (``all_to_all_single``): each rank sends its ``t
 backward. What is modelled and what is fixed:
 
 - dropless routing (Megatron's default ``--moe-expert-capacity-factor`` None; torchtitan), so no tokens are
-  dropped or padded; a capacity factor ``c`` (GShard, Lepikhin et al. 2020; Switch, Fedus et al. 2021 Sec.
-  2.2) would scale the exchanged and computed tokens by ``c`` and is not offered;
+  dropped or padded, unless the plan sets ``moe_capacity_factor`` ``c`` (GShard, Lepikhin et al. 2020;
+  Switch, Fedus et al. 2021 Sec. 2.2): each expert then takes exactly ``c`` times the balanced load, padded
+  (Megatron ``--moe-pad-expert-input-to-capacity``: ``token_dispatcher.py`` sends ``capacity`` rows per
+  expert; DeepSpeed-MoE's einsum dispatch is ``[E, capacity, h]``), which scales the exchanged, computed and
+  stored token copies by ``c`` (``capacity_scale``);
 - balanced load: every expert gets ``tokens x top-k / E`` rows (``LOAD_IMBALANCE`` = 1); the auxiliary loss
   (Switch Sec. 2.2) or DeepSeek-V3's bias-based balancing (report Sec. 2.1.2) keep it near there, and the
   framework performance tables are measured that way;
@@ -43,6 +46,8 @@ __all__ = [
     "expert_params_per_gpu",
     "optimizer_shard_params",
     "tokens_per_expert",
+    "capacity_scale",
+    "expert_rows_scale",
     "remote_nodes_per_token",
     "all_to_all_s",
     "dispatch_s",
@@ -56,6 +61,18 @@ GEMM_TILE_ROWS = 128
 """Rows of one output tile of a tensor-core GEMM (CUTLASS / cuBLAS 128 x 128 and 128 x 256 tiles on
 A100/H100): a GEMM of ``M`` rows computes ``ceil(M / 128)`` tiles of rows (NVIDIA Deep Learning Performance
 Guide, "Matrix Multiplication Background", tile quantization). Grouped expert GEMMs pay it per expert."""
+
+
+def capacity_scale(plan: ParallelPlan) -> float:
+    """Routed token copies one expert processes, over the balanced ``tokens x top-k / E``: the capacity
+    factor when the plan drops and pads to capacity (module docstring), else 1."""
+    return plan.moe_capacity_factor if plan.moe_capacity_factor is not None else 1.0
+
+
+def expert_rows_scale(plan: ParallelPlan) -> float:
+    """Rows of the busiest rank's expert GEMMs over the balanced load: dropless, ``LOAD_IMBALANCE``; padded
+    to capacity, the capacity factor (no expert takes more, every expert takes that many)."""
+    return plan.moe_capacity_factor if plan.moe_capacity_factor is not None else LOAD_IMBALANCE
 
 
 def routed_saved_h_tensors(plan: ParallelPlan) -> int:
@@ -81,7 +98,7 @@ def regroup_bytes_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
     ``ExpertParallel`` regroups by ``generate_permute_indices`` the same way (``expert_parallel.py``)."""
     if not model.is_moe or plan.ep == 1 or model.num_experts // plan.ep < 2:
         return 0.0
-    return 2 * 2 * 2 * routed_width_per_layer(model) / plan.tp
+    return 2 * 2 * 2 * routed_width_per_layer(model) * capacity_scale(plan) / plan.tp
 
 
 def expert_params_per_gpu(model: ModelSpec, plan: ParallelPlan, num_blocks: float) -> float:
@@ -152,10 +169,11 @@ def dispatch_s(
     """Exposed all-to-all seconds of one (mean) block per micro-batch: dispatch and combine in forward and
     in backward (4), 2 more when full recompute, or Megatron's ``--recompute-modules moe`` (the MoE layer
     checkpointed whole, ``transformer_layer.py``), reruns the forward; each moves this rank's ``tokens / tp``
-    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``)."""
+    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``), ``capacity_scale`` as many
+    when padded to capacity."""
     if not model.is_moe or plan.ep == 1:
         return 0.0
-    nbytes = tokens / plan.tp * routed_width_per_layer(model) * act_bytes
+    nbytes = tokens / plan.tp * routed_width_per_layer(model) * capacity_scale(plan) * act_bytes
     rerun = plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules
     calls = 4 + (2 if rerun else 0)
     share = len(model.moe_layers) / model.num_layers

@@ -9,7 +9,9 @@ until the GPU has run everything queued, so it cannot run ahead of the device: t
 to the next layer's sync run no faster than the host issues them. Per MoE layer and micro-batch the forward
 takes ``max(device, host)``; the backward has no sync (the splits are kept), but starts from an empty queue
 behind the last forward sync, so it too takes ``max(device, host)``. With padding to capacity
-(``drop_and_pad``) the sync is skipped; a plan has no capacity factor, so every MoE layer pays it.
+(``plan.moe_capacity_factor``: ``drop_and_pad``, every split is ``capacity``) ``preprocess`` returns
+before any device-to-host copy and the sync is skipped: the host runs ahead, and a layer's host time shows
+only where it passes the device's over the whole forward and backward.
 
 Host time = host-visible operations x ``HOST_OP_S``. The operations per layer are counted at the level of
 the Python call sites in Megatron-Core and Transformer Engine (each an ATen operator or a TE extension call;
@@ -39,6 +41,8 @@ its step time over the operators it dispatches (``hostops``: 102 + 141 per block
 and 102 with full recompute, 51 outside the blocks) is 17.2, 17.2 and 17.0 us for no, selective and full
 recompute (``python benchmarks/host_op_cost.py`` -> benchmarks/results/host_op_cost.md)."""
 
+DROPLESS_PREPROCESS_OPS = 21
+"""The dropless dispatcher's preprocess (FWD_OPS)."""
 FWD_OPS = (
     (
         "attention: fused norm + QKV, q/k norms, RoPE, fused attention, projection, bias-dropout-add, "
@@ -52,7 +56,7 @@ FWD_OPS = (
     (
         "dispatcher preprocess: tokens per expert, splits, all-gather of the counts, device-to-host copies "
         "and the sync (token_dispatcher.py preprocess / _maybe_dtoh_and_synchronize)",
-        21,
+        DROPLESS_PREPROCESS_OPS,
     ),
     ("permute, sort by local expert, unsort, unpermute of tokens and probabilities (moe_utils.py, fused)", 8),
     ("all-to-alls: tokens and probabilities out, expert outputs back, with their buffers", 6),
@@ -78,11 +82,21 @@ BWD_OPS_PER_EXPERT = 6
 ``main_grad`` placeholder (``handle_custom_ddp_from_mcore``)."""
 
 
+PADDED_PREPROCESS_OPS = 3
+"""Dispatcher preprocess when padded to capacity: the capacity and two ``torch.full`` split tensors
+(``token_dispatcher.py`` ``preprocess``, ``drop_and_pad`` branch), in place of FWD_OPS' 21."""
+TOKEN_DROP_OPS = 8
+"""The router's token dropping (``moe_utils.py`` ``apply_router_token_dropping``: the capacity, top-k of the
+probabilities along the tokens, scatter into a keep mask, mask the map and the probabilities, padding)."""
+
+
 def layer_ops(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
     """(forward, backward) host-visible operations of one MoE layer per micro-batch (module docstring);
     full recompute reruns the forward in the backward."""
     local = model.num_experts // plan.ep
     fwd = sum(n for _, n in FWD_OPS) + FWD_OPS_PER_EXPERT * local
+    if plan.moe_capacity_factor is not None:
+        fwd += PADDED_PREPROCESS_OPS + TOKEN_DROP_OPS - DROPLESS_PREPROCESS_OPS
     bwd = sum(n for _, n in BWD_OPS) + BWD_OPS_PER_EXPERT * local
     return fwd, bwd + (fwd if plan.recompute is Recompute.FULL else 0)
 
@@ -94,4 +108,6 @@ def exposed_s(model: ModelSpec, plan: ParallelPlan, fwd_device_s: float, bwd_dev
         return 0.0
     fwd, bwd = layer_ops(model, plan)
     share = len(model.moe_layers) / model.num_layers
+    if plan.moe_capacity_factor is not None:  # no sync: the host runs ahead (module docstring)
+        return share * max(0.0, (fwd + bwd) * HOST_OP_S - fwd_device_s - bwd_device_s)
     return share * (max(0.0, fwd * HOST_OP_S - fwd_device_s) + max(0.0, bwd * HOST_OP_S - bwd_device_s))

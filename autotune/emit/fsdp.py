@@ -42,6 +42,8 @@ def accelerate_unsupported(plan: ParallelPlan) -> list[str]:
     reasons: list[str] = []
     if plan.ep > 1 or plan.etp > 1:
         reasons.append("accelerate's FSDP plugin has no expert parallelism (torchtitan.toml has it)")
+    if plan.moe_capacity_factor is not None:
+        reasons.append("the plan drops tokens at a capacity factor; FSDP2 runs the model's own MoE as is")
     if plan.sharding not in _FSDP_SHARDINGS:
         what = (
             "no sharding is plain DDP (accelerate launch --multi_gpu)"

@@ -140,6 +140,17 @@ def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
     return args
 
 
+def _capacity_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
+    """Token dropping as priced (``costmodel.moe``): capacity ``c`` of the balanced load, every expert's input
+    padded to it, which also skips the dropless dispatcher's host sync (``costmodel.moehost``)."""
+    if not model.is_moe or plan.moe_capacity_factor is None:
+        return []
+    return [
+        ["--moe-expert-capacity-factor", f"{plan.moe_capacity_factor:g}"],
+        ["--moe-pad-expert-input-to-capacity"],
+    ]
+
+
 def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     args = [
         ["--tensor-model-parallel-size", str(plan.tp)],
@@ -320,6 +331,7 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
         _parallel_args(plan, model)
         + batch
         + _model_args(model, plan.seq_len, plan.moe_dispatcher)
+        + _capacity_args(plan, model)
         + _recompute_and_precision_args(plan)
         + _memory_args(plan)
         + priced_args(plan)

@@ -173,11 +173,16 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
     if "ds_config.json" in written:
         notes += _deepspeed_notes(plan)
         if model.is_moe:  # deepspeed/moe/layer.py: MoE(..., ep_size, k, capacity_factor, drop_tokens=True)
+            c = plan.moe_capacity_factor
+            routing = (
+                "drop_tokens=False) (the plan was priced dropless; DeepSpeed drops by default)."
+                if c is None
+                else f"capacity_factor={c:g}, drop_tokens=True) (priced padded to that capacity)."
+            )
             notes.append(
                 f"- DeepSpeed-MoE: expert parallelism is set in the model code, not in ds_config: "
                 f"deepspeed.moe.layer.MoE(hidden_size={model.hidden_size}, expert=..., "
-                f"num_experts={model.num_experts}, ep_size={plan.ep}, k={model.experts_per_token}, "
-                "drop_tokens=False) (the plan was priced dropless; DeepSpeed drops by default)."
+                f"num_experts={model.num_experts}, ep_size={plan.ep}, k={model.experts_per_token}, " + routing
             )
     if "accelerate_fsdp.yaml" in written:
         notes.append(

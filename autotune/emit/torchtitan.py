@@ -60,6 +60,8 @@ _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
 def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     """Why torchtitan cannot run ``plan`` as priced; [] when it can."""
     reasons: list[str] = expert_errors(plan, Framework.FSDP)
+    if plan.moe_capacity_factor is not None:
+        reasons.append("torchtitan's MoE routes dropless: it has no capacity factor")
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:

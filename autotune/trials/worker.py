@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.errors import TrialError
 from autotune.plan import Framework, ParallelPlan
 from autotune.trials.config import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, TrialConfig, slowdown_s
 from autotune.trials.cpu import CPU_AFFINITY_ENV, cpu_share
@@ -94,6 +95,8 @@ def init_distributed(device_pref: str = "auto") -> torch.device:
 
 
 def make_trainer(plan: ParallelPlan, config: TrialConfig, device: torch.device):
+    if plan.moe_capacity_factor is not None and not config.workload:
+        raise TrialError("the built-in trial MoE routes dropless: a capacity factor needs your --workload")
     if plan.framework is Framework.DEEPSPEED:
         from autotune.trials.deepspeed_engine import DeepSpeedTrainer
 

@@ -267,3 +267,52 @@ def test_deepep_sends_a_token_once_per_node_across_nodes_only():
 def test_flex_dispatcher_is_megatrons():
     with pytest.raises(ConfigError, match="moe-dispatcher deepep"):
         _plan(dp=8, ep=8, framework="fsdp", moe_dispatcher="deepep")
+
+
+def test_a_capacity_factor_scales_expert_rows_exchange_and_routed_memory():
+    """Padded to capacity ``c`` every expert takes ``c`` x the balanced load: its GEMM rows, the all-to-all
+    bytes and the stored routed copies scale by ``c`` (costmodel.moe ``capacity_scale``)."""
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16, gpu="h100-sxm")
+    base = ParallelPlan(dp=16, ep=16, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1")
+    one, two = base.replace(moe_capacity_factor=1.0), base.replace(moe_capacity_factor=2.0)
+    tokens = 4096.0
+    rows = {p.moe_capacity_factor: gemms.block_gemms(model, p, tokens, fused=True)[-1].m for p in (one, two)}
+    assert rows[2.0] == pytest.approx(2 * rows[1.0], rel=0.02)  # tile rounding aside
+    assert moe.dispatch_s(model, cluster, two, tokens, 2) > 1.8 * moe.dispatch_s(
+        model, cluster, one, tokens, 2
+    )
+    assert moe.dispatch_s(model, cluster, one, tokens, 2) == pytest.approx(
+        moe.dispatch_s(model, cluster, base, tokens, 2)
+    )
+    act = {p.moe_capacity_factor: memory_breakdown(model, cluster, p).activations_bytes for p in (one, two)}
+    assert act[2.0] > act[1.0]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"framework": "fsdp", "sharding": "fsdp-full"}, "torchtitan routes dropless"),
+        ({"moe_dispatcher": "deepep"}, "alltoall dispatcher"),
+        ({"moe_capacity_factor": 0.0}, "must be > 0"),
+    ],
+)
+def test_capacity_factor_legality_names_the_fix(kw, message):
+    plan = {
+        "dp": 16,
+        "ep": 16,
+        "global_batch": 64,
+        "seq_len": 4096,
+        "framework": "megatron",
+        "sharding": "zero1",
+    }
+    with pytest.raises(ConfigError, match=message):
+        ParallelPlan(**{**plan, "moe_capacity_factor": 1.0, **kw})
+
+
+def test_a_capacity_factor_on_a_dense_model_is_refused():
+    plan = ParallelPlan(
+        dp=8, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1", moe_capacity_factor=1.0
+    )
+    assert any(
+        "dense model" in r for r in check_plan(plan, load_model("llama3-8b"), make_cluster(num_gpus=8))
+    )

@@ -49,3 +49,17 @@ def test_a_b200_micro_batch_of_4k_tokens_is_host_bound_an_h100_one_is_not():
     h100 = block_times(qwen, make_cluster(num_gpus=8, gpu="h100-sxm"), plan)
     assert b200.host_s > 0.2 * b200.total_s
     assert h100.host_s == 0.0
+
+
+def test_padding_to_capacity_skips_the_sync_so_the_host_runs_ahead():
+    """``drop_and_pad``: no device-to-host sync, so host time shows only where it passes the device's over the
+    whole layer; its preprocess is 3 operations and the router's dropping 8, for the dropless 21."""
+    qwen = load_model("qwen3-30b-a3b")
+    padded = _plan(moe_capacity_factor=1.0)
+    fwd, bwd = moehost.layer_ops(qwen, _plan())
+    assert moehost.layer_ops(qwen, padded) == (fwd - 21 + 3 + 8, bwd)
+    host_fwd, host_bwd = fwd * moehost.HOST_OP_S, bwd * moehost.HOST_OP_S
+    # forward host-bound, backward device-bound: the sync exposes the forward's excess, run-ahead does not
+    device_fwd, device_bwd = 0.5 * host_fwd, host_bwd + host_fwd
+    assert moehost.exposed_s(qwen, _plan(), device_fwd, device_bwd) == pytest.approx(0.5 * host_fwd)
+    assert moehost.exposed_s(qwen, padded, device_fwd, device_bwd) == 0.0

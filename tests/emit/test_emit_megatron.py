@@ -85,6 +85,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--cp-comm-type", nargs="+", choices=["p2p", "a2a", "allgather", "a2a+p2p"])
     p.add_argument("--moe-token-dispatcher-type", choices=["allgather", "alltoall", "flex"])
     p.add_argument("--moe-flex-dispatcher-backend", choices=["deepep", "hybridep"])
+    p.add_argument("--moe-expert-capacity-factor", type=float)
+    p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
     p.add_argument("--moe-layer-freq", type=_moe_freq_type, default=1)
     return p
 
@@ -127,6 +129,10 @@ def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
         assert freq == 1 or (isinstance(freq, list) and len(freq) == a.num_layers)
         etp_ep = a.expert_model_parallel_size * a.expert_tensor_parallel_size
         assert world_size // a.pipeline_model_parallel_size % etp_ep == 0  # parallel_state expert grid
+    if a.moe_expert_capacity_factor is not None:  # transformer_config.py: only the alltoall dispatcher
+        assert a.moe_token_dispatcher_type == "alltoall"
+    if a.moe_pad_expert_input_to_capacity:  # token_dispatcher.py: drop_and_pad asserts a capacity factor
+        assert a.moe_expert_capacity_factor is not None
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -272,3 +278,31 @@ def test_flex_dispatcher_is_emitted_as_megatrons_flags():
     )
     a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
     assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+
+
+def test_capacity_factor_is_emitted_dropped_and_padded():
+    """A plan with ``moe_capacity_factor`` runs Megatron's token dropping padded to capacity (the sync-free
+    path the cost model prices); torchtitan has none and is not emitted."""
+    from autotune.catalog import load_model
+    from autotune.emit.megatron import megatron_args_text
+    from autotune.emit.torchtitan import torchtitan_unsupported
+    from autotune.plan import ParallelPlan
+
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(
+        dp=16,
+        ep=16,
+        global_batch=64,
+        seq_len=4096,
+        framework="megatron",
+        sharding="zero1",
+        moe_capacity_factor=1.25,
+    )
+    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
+    _check_megatron_rules(a, plan.world_size)
+    assert (a.moe_expert_capacity_factor, a.moe_pad_expert_input_to_capacity) == (1.25, True)
+    assert any("dropless" in r for r in torchtitan_unsupported(plan))
+    dropless = _megatron_parser().parse_args(
+        shlex.split(megatron_args_text(plan.replace(moe_capacity_factor=None), model))
+    )
+    assert (dropless.moe_expert_capacity_factor, dropless.moe_pad_expert_input_to_capacity) == (None, False)
