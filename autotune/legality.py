@@ -253,7 +253,7 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
         )
     if plan.moe_dispatcher is not MoeDispatcher.ALLTOALL and fw is not Framework.MEGATRON:
         errors.append(
-            f"moe-dispatcher {plan.moe_dispatcher} is Megatron's flex dispatcher; use --framework "
+            f"moe-dispatcher {plan.moe_dispatcher} is one of Megatron's dispatchers; use --framework "
             "megatron or moe-dispatcher alltoall"
         )
     if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):

@@ -120,9 +120,10 @@ class ParallelPlan:
     """With ``recompute=full`` on Megatron: blocks of each model chunk recomputed (the first ones,
     ``--recompute-method block --recompute-num-layers``); the rest keep their activations. None: all."""
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
-    """MoE token dispatch (read only with ``ep > 1``): Megatron's ``--moe-token-dispatcher-type alltoall``,
-    or ``flex`` with ``--moe-flex-dispatcher-backend deepep | hybridep``, which send a token once per
-    destination node across nodes and forward it over NVLink there."""
+    """MoE token dispatch (read only with ``ep > 1``): Megatron's ``--moe-token-dispatcher-type alltoall``;
+    ``allgather`` (every rank gathers the EP group's tokens and keeps its experts', the outputs
+    reduce-scattered back); or ``flex`` with ``--moe-flex-dispatcher-backend deepep | hybridep``, which send a
+    token once per destination node across nodes and forward it over NVLink there."""
     recompute_modules: tuple[str, ...] = ()
     """With ``recompute=selective`` on Megatron: ``--recompute-modules`` (``RECOMPUTE_MODULES``); empty:
     Megatron's default ``core_attn``, the attention core (``costmodel.recompute_modules``)."""

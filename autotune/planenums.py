@@ -92,6 +92,7 @@ class MoeDispatcher(_StrEnum):
     ALLTOALL = "alltoall"  # NCCL all-to-all, one copy per routed expert (Megatron alltoall)
     DEEPEP = "deepep"  # Megatron flex + DeepEP: one copy per destination node over the NICs
     HYBRIDEP = "hybridep"  # Megatron flex + HybridEP (a DeepEP-V1 branch): the same forwarding
+    ALLGATHER = "allgather"  # Megatron allgather: the EP group's tokens gathered, outputs reduce-scattered
 
 
 class CpComm(_StrEnum):

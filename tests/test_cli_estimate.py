@@ -94,7 +94,7 @@ def test_human_output_shows_both_breakdowns(capsys):
         (["--model", "7b", "--gpus", "8", "--host-memory-gib", "-5"], "--host-memory-gib: host RAM"),
         (
             ["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--moe-dispatcher", "deepep"],
-            "moe-dispatcher deepep is Megatron's flex dispatcher",
+            "moe-dispatcher deepep is one of Megatron's dispatchers",
         ),
     ],
 )

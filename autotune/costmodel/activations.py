@@ -145,7 +145,8 @@ class LayerShape:
     routed: float = 0.0
     """MoE: ``h``-wide top-k token copies per token, the mean over blocks (0 for dense models)."""
     routed_peak: float = 0.0
-    """MoE: the same in one MoE block (``top-k x h``; 0 for dense models)."""
+    """MoE: the dispatch buffers of one MoE block per token (``moe.dispatch_buffer_width``; 0 for dense
+    models)."""
 
     @classmethod
     def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
@@ -163,9 +164,7 @@ class LayerShape:
             gated=model.gated_mlp,
             attn_width=modelshape.attention_activation_width(model),
             routed=modelshape.routed_width_per_layer(model) * moe.capacity_scale(plan),
-            routed_peak=float(model.experts_per_token * model.hidden_size) * moe.capacity_scale(plan)
-            if model.is_moe
-            else 0.0,
+            routed_peak=moe.dispatch_buffer_width(model, plan),
         )
 
 

@@ -29,13 +29,17 @@ backward. What is modelled and what is fixed:
 - the exchange is exposed: neither framework overlaps it with compute by default (Megatron's
   ``--overlap-moe-expert-parallel-comm``, or DeepSeek's DualPipe, would hide it; not priced);
 - ``plan.moe_dispatcher`` deepep / hybridep (Megatron's flex dispatcher) send a token once per destination
-  node across nodes (``all_to_all_s``); inside a node they are priced as the all-to-all.
+  node across nodes (``all_to_all_s``); inside a node they are priced as the all-to-all. ``allgather``
+  (Megatron's ``MoEAllGatherTokenDispatcher``) gathers every token of the EP group to every rank and
+  reduce-scatters the outputs back (``_gather_scatter_s``): ``(ep - 1)`` tokens' bytes per token where the
+  all-to-all moves ``top-k (ep - 1) / ep``, so it wins only when ``ep`` is small against ``top-k``.
 """
 
 from __future__ import annotations
 
 import math
 
+from autotune.costmodel import comm
 from autotune.modelshape import routed_width_per_layer
 from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -48,6 +52,7 @@ __all__ = [
     "tokens_per_expert",
     "capacity_scale",
     "expert_rows_scale",
+    "dispatch_buffer_width",
     "remote_nodes_per_token",
     "all_to_all_s",
     "dispatch_s",
@@ -73,6 +78,18 @@ def expert_rows_scale(plan: ParallelPlan) -> float:
     """Rows of the busiest rank's expert GEMMs over the balanced load: dropless, ``LOAD_IMBALANCE``; padded
     to capacity, the capacity factor (no expert takes more, every expert takes that many)."""
     return plan.moe_capacity_factor if plan.moe_capacity_factor is not None else LOAD_IMBALANCE
+
+
+def dispatch_buffer_width(model: ModelSpec, plan: ParallelPlan) -> float:
+    """Width per local token of one MoE block's dispatch buffers: the ``top-k`` routed copies an all-to-all
+    receives (``capacity_scale`` as many when padded); the all-gather dispatcher also holds the whole
+    gathered group, ``ep x etp`` tokens per local one (``_gather_scatter_s``)."""
+    if not model.is_moe:
+        return 0.0
+    width = model.experts_per_token * model.hidden_size * capacity_scale(plan)
+    if plan.moe_dispatcher is MoeDispatcher.ALLGATHER and plan.ep > 1:
+        width += plan.ep * plan.etp * model.hidden_size
+    return float(width)
 
 
 def routed_saved_h_tensors(plan: ParallelPlan) -> int:
@@ -173,10 +190,12 @@ def dispatch_s(
     when padded to capacity."""
     if not model.is_moe or plan.ep == 1:
         return 0.0
-    nbytes = tokens / plan.tp * routed_width_per_layer(model) * capacity_scale(plan) * act_bytes
     rerun = plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules
     calls = 4 + (2 if rerun else 0)
     share = len(model.moe_layers) / model.num_layers
+    if plan.moe_dispatcher is MoeDispatcher.ALLGATHER:
+        return calls / 2 * share * _gather_scatter_s(model, cluster, plan, tokens, act_bytes)
+    nbytes = tokens / plan.tp * routed_width_per_layer(model) * capacity_scale(plan) * act_bytes
     one = all_to_all_s(
         nbytes / share,
         cluster,
@@ -187,11 +206,32 @@ def dispatch_s(
     return calls * share * one
 
 
+ROUTING_BYTES_PER_EXPERT = 5.0
+"""Per token and expert, what the all-gather dispatcher gathers besides the hidden state: the boolean
+routing map (1 B) and the fp32 probabilities (4 B) (``MoEAllGatherTokenDispatcher.token_permutation``)."""
+
+
+def _gather_scatter_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float, act_bytes: int
+) -> float:
+    """One all-gather and one reduce-scatter of Megatron's ``MoEAllGatherTokenDispatcher``
+    (``token_dispatcher.py``): the ``ep x etp`` ranks of the expert tensor-and-model-parallel group
+    (consecutive ranks) gather every token of the group, with its routing map and probabilities, keep the
+    copies routed to their local experts, and reduce-scatter the group-sized output back; the backward runs
+    the pair the other way. Unlike the all-to-all, every token crosses to every rank, whatever ``top-k``."""
+    group = plan.ep * plan.etp
+    link = comm.group_link(cluster, group, 1)
+    local = tokens / plan.tp
+    hidden = group * local * model.hidden_size * act_bytes
+    routing = group * local * model.num_experts * ROUTING_BYTES_PER_EXPERT
+    return comm.allgather_s(hidden + routing, group, link) + comm.reduce_scatter_s(hidden, group, link)
+
+
 def _node_copies(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float | None:
     """With a node-forwarding dispatcher (``all_to_all_s``): the share of a rank's ``top-k`` routed copies
     that cross the NICs, one per other destination domain (``remote_nodes_per_token`` over ``top-k``);
     None for the plain all-to-all."""
-    if plan.moe_dispatcher is MoeDispatcher.ALLTOALL:
+    if plan.moe_dispatcher in (MoeDispatcher.ALLTOALL, MoeDispatcher.ALLGATHER):
         return None
     domain = cluster.nvlink_domain
     k = 1 if plan.etp >= domain else max(1, min(plan.ep, domain // plan.etp))

@@ -131,8 +131,8 @@ def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
         ["--moe-layer-freq", moe_layer_freq(model)],
         ["--moe-grouped-gemm"],
     ]
-    if dispatcher is MoeDispatcher.ALLTOALL:
-        args.append(["--moe-token-dispatcher-type", "alltoall"])
+    if dispatcher in (MoeDispatcher.ALLTOALL, MoeDispatcher.ALLGATHER):
+        args.append(["--moe-token-dispatcher-type", str(dispatcher)])
     else:  # megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher
         args += [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", str(dispatcher)]]
     if model.shared_ffn_hidden_size:

@@ -316,3 +316,22 @@ def test_a_capacity_factor_on_a_dense_model_is_refused():
     assert any(
         "dense model" in r for r in check_plan(plan, load_model("llama3-8b"), make_cluster(num_gpus=8))
     )
+
+
+def test_the_all_gather_dispatcher_moves_every_token_to_every_rank():
+    """Megatron's allgather dispatcher: (ep - 1) tokens' bytes per token each way, where the all-to-all moves
+    top-k (ep - 1) / ep: 4x more for Mixtral (top-2) on EP 8, about the same for Qwen3-30B-A3B (top-8)."""
+    cluster = make_cluster(num_gpus=8, gpu="h100-sxm")
+
+    def ratio(name):
+        model = load_model(name)
+        plan = ParallelPlan(dp=8, ep=8, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1")
+        gather = moe.dispatch_s(model, cluster, plan.replace(moe_dispatcher="allgather"), 4096.0, 2)
+        return gather / moe.dispatch_s(model, cluster, plan, 4096.0, 2)
+
+    assert 3.5 < ratio("mixtral-8x7b") < 4.6
+    assert 0.95 < ratio("qwen3-30b-a3b") < 1.3  # plus the gathered routing map and probabilities
+    with pytest.raises(ConfigError, match="Megatron's dispatchers"):
+        ParallelPlan(
+            dp=8, ep=8, global_batch=64, seq_len=4096, sharding="fsdp-full", moe_dispatcher="allgather"
+        )

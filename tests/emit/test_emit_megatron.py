@@ -306,3 +306,22 @@ def test_capacity_factor_is_emitted_dropped_and_padded():
         shlex.split(megatron_args_text(plan.replace(moe_capacity_factor=None), model))
     )
     assert (dropless.moe_expert_capacity_factor, dropless.moe_pad_expert_input_to_capacity) == (None, False)
+
+
+def test_all_gather_dispatcher_is_emitted_as_megatrons():
+    from autotune.catalog import load_model
+    from autotune.emit.megatron import megatron_args_text
+    from autotune.plan import ParallelPlan
+
+    plan = ParallelPlan(
+        dp=8,
+        ep=8,
+        global_batch=64,
+        seq_len=4096,
+        framework="megatron",
+        sharding="zero1",
+        moe_dispatcher="allgather",
+    )
+    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, load_model("mixtral-8x7b"))))
+    _check_megatron_rules(a, plan.world_size)
+    assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("allgather", None)
