@@ -124,7 +124,7 @@ def _ladders(
                     "cp": cp,
                     "global_batch": ctx.global_batch,
                     "seq_len": ctx.seq_len,
-                    "moe_capacity_factor": ctx.moe_capacity_factor,
+                    **ctx.routing(),
                     **v._asdict(),
                 },
                 tuple(good),

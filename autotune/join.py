@@ -83,7 +83,7 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
         global_batch=setup["global_batch"],
         seq_len=setup["seq_len"],
         dp=setup["dp"],
-        moe_capacity_factor=setup.get("moe_capacity_factor"),  # studies from before it: dropless
+        **setup.get("routing", {}),  # studies from before it: dropless and balanced
     )
     space = study.user_attrs["autotune_identity"]["space"]  # the study's categorical choices, as JSON
     study_space = SearchSpace(knobs={k: tuple(v) for k, v in space.items()}, source=f"study {name}")

@@ -90,6 +90,11 @@ def _capacity_errors(plan: ParallelPlan) -> list[str]:
     with its all-to-all dispatcher (megatron/core/transformer/transformer_config.py:
     "moe_expert_capacity_factor only works with alltoall token dispatcher"), DeepSpeed-MoE always;
     torchtitan's MoE is dropless."""
+    if not plan.moe_load_imbalance >= 1.0:
+        return [
+            f"moe-load-imbalance is the busiest EP rank's routed tokens over the mean, >= 1; got "
+            f"{plan.moe_load_imbalance}"
+        ]
     c = plan.moe_capacity_factor
     if c is None:
         return []
@@ -305,6 +310,8 @@ def _expert_model_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
     errors = []
     if plan.moe_capacity_factor is not None and not model.is_moe:
         errors.append(f"moe-capacity-factor on {model.name}, a dense model: drop --moe-capacity-factor")
+    if plan.moe_load_imbalance != 1.0 and not model.is_moe:
+        errors.append(f"moe-load-imbalance on {model.name}, a dense model: drop --moe-load-imbalance")
     if "experts" in broken:
         errors.append(f"EP {plan.ep} does not divide the {model.num_experts} routed experts")
     if "width" in broken:

@@ -145,6 +145,13 @@ class ParallelPlan:
     ``--moe-expert-capacity-factor c --moe-pad-expert-input-to-capacity`` (which skips the dropless
     dispatcher's host sync), DeepSpeed-MoE's ``capacity_factor`` with ``drop_tokens=True``. None: dropless.
     Dropping changes what the model learns, so the search never picks it: the user sets it."""
+    moe_load_imbalance: float = 1.0
+    """Routed token copies the busiest EP rank receives over the mean (>= 1). Dropless routing lets expert
+    loads differ and every rank waits for the busiest at the combine, so its expert GEMMs, exchange and
+    buffers set the time and the peak. 1.0: balanced, as framework benchmarks force it (Megatron
+    ``--moe-router-force-load-balancing``); a trained router with an auxiliary loss runs above (measure yours:
+    Megatron logs tokens per expert with ``--moe-per-layer-logging``). With ``moe_capacity_factor`` the padded
+    capacity sets the load instead. A property of the user's routing, never tuned."""
 
     def __post_init__(self) -> None:
         for name, enum in _ENUM_FIELDS.items():  # accept plain strings, store enum members
@@ -271,6 +278,10 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         return tuple(value)
     if key in ("hsdp_shard_size", "recompute_layers", "moe_capacity_factor") and value is None:
         return None
+    if key == "moe_load_imbalance":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: moe_load_imbalance must be a number >= 1 (1.0), got {value!r}")
+        return float(value)
     if key == "moe_capacity_factor":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: moe_capacity_factor must be a number (1.0) or null, got {value!r}")

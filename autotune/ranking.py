@@ -119,20 +119,23 @@ def plan_search(
     frameworks: Collection[Framework] | None = None,
     cluster_at: ClusterAt | None = None,
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
-    moe_capacity_factor: float | None = None,
+    routing: Mapping[str, Any] | None = None,
 ) -> Ranking:
     """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
 
     ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
-    a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended; ``moe_capacity_factor``
-    (the user's token dropping) is set on every plan.
+    a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended; ``routing`` (the user's
+    ``moe_capacity_factor`` / ``moe_load_imbalance``: ``PlanContext.routing``) is set on every plan.
     """
-    if moe_capacity_factor is not None and not model.is_moe:
+    routing = dict(routing or {})
+    if not model.is_moe and routing.get("moe_capacity_factor") is not None:
         raise ConfigError(f"--moe-capacity-factor: {model.name} is a dense model; drop the flag")
+    if not model.is_moe and routing.get("moe_load_imbalance", 1.0) != 1.0:
+        raise ConfigError(f"--moe-load-imbalance: {model.name} is a dense model; drop the flag")
     if frameworks is not None:
         space = _only_frameworks(space, model, cluster, pins, frameworks)
     choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
-    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, moe_capacity_factor=moe_capacity_factor)
+    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing)
     ranking = rank_plans(choices, ctx, estimator)
     if ranking.feasible:
         return ranking
@@ -226,7 +229,7 @@ def _fits_nowhere(
             choices, bigger = _context(space, ctx.model, cluster_at(n), pins, global_batch, ctx.seq_len)
         except ConfigError:
             continue
-        bigger = dataclasses.replace(bigger, moe_capacity_factor=ctx.moe_capacity_factor)
+        bigger = dataclasses.replace(bigger, **ctx.routing())
         if rank_plans(choices, bigger, estimator, first_fit=True).feasible:
             return f"{head}; the cost model finds plans that fit on {n} GPUs: --gpus {n}"
     return f"{head}, even on {n} GPUs"

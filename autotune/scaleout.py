@@ -374,7 +374,7 @@ def make_setup(
         "global_batch": ctx.global_batch,
         "seq_len": ctx.seq_len,
         "dp": ctx.dp,
-        "moe_capacity_factor": ctx.moe_capacity_factor,
+        "routing": ctx.routing(),
         "backend": backend if backend != "auto" or measures else "simulate",
         "device": device,
         "measures": measures,

@@ -122,6 +122,15 @@ class PlanContext:
     """Share of device memory a recommended plan leaves free (``autotune/headroom.py``)."""
     moe_capacity_factor: float | None = None
     """The user's token dropping (``--moe-capacity-factor``), on every plan like the batch: never tuned."""
+    moe_load_imbalance: float = 1.0
+    """The user's measured routing imbalance (``--moe-load-imbalance``), on every plan: never tuned."""
+
+    def routing(self) -> dict[str, Any]:
+        """The plan fields of the user's MoE routing, the same on every plan of the search."""
+        return {
+            "moe_capacity_factor": self.moe_capacity_factor,
+            "moe_load_imbalance": self.moe_load_imbalance,
+        }
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -282,7 +291,7 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
             micro_batch=mbs,
             global_batch=ctx.global_batch,
             seq_len=ctx.seq_len,
-            moe_capacity_factor=ctx.moe_capacity_factor,
+            **ctx.routing(),
             **variant._asdict(),
         ), None
     except ConfigError as e:  # a plan-only rule spacerules does not prune by (a test catches it)

@@ -111,7 +111,13 @@ def test_a_capacity_factor_is_the_users_and_set_on_every_plan(tmp_path):
 
     model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16)
     ranking = plan_search(
-        load_space(), model, cluster, pins={"ep": 8}, global_batch=64, seq_len=4096, moe_capacity_factor=1.25
+        load_space(),
+        model,
+        cluster,
+        pins={"ep": 8},
+        global_batch=64,
+        seq_len=4096,
+        routing={"moe_capacity_factor": 1.25},
     )
     assert ranking.feasible and {r.plan.moe_capacity_factor for r in ranking.feasible} == {1.25}
     assert {str(r.plan.framework) for r in ranking.feasible} <= {"megatron", "deepspeed"}
@@ -129,3 +135,44 @@ def test_a_capacity_factor_on_a_dense_model_or_real_built_in_trials_is_one_line(
     assert "--moe-capacity-factor: llama3-8b is a dense model; drop the flag" in capsys.readouterr().err
     assert main([*base, "--model", "tiny-moe", "--backend", "torchrun", "--device", "cpu"]) == 2
     assert "the built-in trial MoE routes dropless" in capsys.readouterr().err
+
+
+def test_a_measured_load_imbalance_slows_every_plan_and_makes_another_study(tmp_path):
+    """``--moe-load-imbalance``: the busiest EP rank's experts take that many more routed copies, on every
+    plan of the search; the study records it (a different run, a different study)."""
+    from autotune.catalog import load_model, make_cluster
+    from autotune.ranking import plan_search
+    from autotune.space import load_space
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16)
+
+    def best(routing):
+        ranking = plan_search(
+            load_space("megatron"),
+            model,
+            cluster,
+            pins={"ep": 8, "tp": 1, "pp": 1, "cp": 1},
+            global_batch=64,
+            seq_len=4096,
+            routing=routing,
+        )
+        assert {r.plan.moe_load_imbalance for r in ranking.feasible} == {
+            routing.get("moe_load_imbalance", 1.0)
+        }
+        return ranking.feasible[0].tokens_per_s
+
+    assert best({"moe_load_imbalance": 1.5}) < 0.95 * best({})
+    args = [
+        "search",
+        "--model",
+        "qwen3-30b-a3b",
+        "--gpus",
+        "16",
+        "--backend",
+        "simulate",
+        "--space",
+        "megatron",
+    ]
+    assert main([*args, "--moe-load-imbalance", "1.3", "--out", str(tmp_path)]) == 0
+    (plan_file,) = tmp_path.glob("*/best/plan.json")
+    assert json.loads(plan_file.read_text())["plan"]["moe_load_imbalance"] == 1.3

@@ -220,6 +220,13 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         "token copies, padded to that (Megatron --moe-expert-capacity-factor C "
         "--moe-pad-expert-input-to-capacity; DeepSpeed-MoE capacity_factor). Default: dropless",
     )
+    g.add_argument(
+        "--moe-load-imbalance",
+        type=_positive_float,
+        metavar="X",
+        help="routed tokens of the busiest EP rank over the mean, as you measured your router (>= 1; yours, "
+        "never tuned). Default 1: balanced, as framework benchmarks force it",
+    )
     if not pinning:
         g.add_argument(
             "--moe-dispatcher",
@@ -306,6 +313,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None),
         moe_capacity_factor=getattr(args, "moe_capacity_factor", None),
+        moe_load_imbalance=getattr(args, "moe_load_imbalance", None) or 1.0,
     )
 
 

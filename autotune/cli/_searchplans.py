@@ -94,7 +94,10 @@ def choose_and_rank(
         cluster_at=_cluster_at(args, cluster),
         estimator=estimator,
         memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM),
-        moe_capacity_factor=getattr(args, "moe_capacity_factor", None),
+        routing={
+            "moe_capacity_factor": getattr(args, "moe_capacity_factor", None),
+            "moe_load_imbalance": getattr(args, "moe_load_imbalance", None) or 1.0,
+        },
     )
     return choice, ranking
 
@@ -117,8 +120,8 @@ def open_search_study(
         "seq_len": ctx.seq_len,
         "space": ranking.choices,
     }
-    if ctx.moe_capacity_factor is not None:  # token dropping is another training run: another study
-        identity["moe_capacity_factor"] = ctx.moe_capacity_factor
+    if ctx.moe_capacity_factor is not None or ctx.moe_load_imbalance != 1.0:  # another run: another study
+        identity["routing"] = ctx.routing()
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile
     study, study_dir, url = open_study(

@@ -157,13 +157,12 @@ class LayerShape:
             b=plan.micro_batch,
             h=model.hidden_size,
             kv=model.kv_hidden_size,
-            ffn=modelshape.active_ffn_per_layer(model)
-            + _routed_ffn(model) * (moe.capacity_scale(plan) - 1.0),
+            ffn=modelshape.active_ffn_per_layer(model) + _routed_ffn(model) * (moe.busiest_load(plan) - 1.0),
             heads=model.num_heads,
             vocab=model.vocab_size,
             gated=model.gated_mlp,
             attn_width=modelshape.attention_activation_width(model),
-            routed=modelshape.routed_width_per_layer(model) * moe.capacity_scale(plan),
+            routed=modelshape.routed_width_per_layer(model) * moe.busiest_load(plan),
             routed_peak=moe.dispatch_buffer_width(model, plan),
         )
 

@@ -86,7 +86,7 @@ def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: b
         return gemms
     gemms.append(Gemm(tokens / tp, model.num_experts, h, moe_share))  # router, on the sequence shard
     gemms += _mlp(h, model.shared_ffn_hidden_size, up, tp, tokens, fused, moe_share)
-    rows = moe.tokens_per_expert(model, plan, tokens) * moe.expert_rows_scale(plan)
+    rows = moe.tokens_per_expert(model, plan, tokens) * moe.busiest_load(plan)
     rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
     local = model.num_experts / plan.ep * moe_share
     f_e = model.expert_ffn_hidden_size / plan.etp

@@ -22,10 +22,11 @@ backward. What is modelled and what is fixed:
   Switch, Fedus et al. 2021 Sec. 2.2): each expert then takes exactly ``c`` times the balanced load, padded
   (Megatron ``--moe-pad-expert-input-to-capacity``: ``token_dispatcher.py`` sends ``capacity`` rows per
   expert; DeepSpeed-MoE's einsum dispatch is ``[E, capacity, h]``), which scales the exchanged, computed and
-  stored token copies by ``c`` (``capacity_scale``);
-- balanced load: every expert gets ``tokens x top-k / E`` rows (``LOAD_IMBALANCE`` = 1); the auxiliary loss
-  (Switch Sec. 2.2) or DeepSeek-V3's bias-based balancing (report Sec. 2.1.2) keep it near there, and the
-  framework performance tables are measured that way;
+  stored token copies by ``c`` (``busiest_load``);
+- the busiest rank takes ``plan.moe_load_imbalance`` times the balanced ``tokens x top-k / E`` rows per
+  expert (``busiest_load``; default 1, balanced): the auxiliary loss (Switch Sec. 2.2) or DeepSeek-V3's
+  bias-based balancing (report Sec. 2.1.2) keep it near there, the framework performance tables force it,
+  and a user who measured their router sets it;
 - the exchange is exposed: neither framework overlaps it with compute by default (Megatron's
   ``--overlap-moe-expert-parallel-comm``, or DeepSeek's DualPipe, would hide it; not priced);
 - ``plan.moe_dispatcher`` deepep / hybridep (Megatron's flex dispatcher) send a token once per destination
@@ -45,13 +46,11 @@ from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = [
-    "LOAD_IMBALANCE",
     "GEMM_TILE_ROWS",
     "expert_params_per_gpu",
     "optimizer_shard_params",
     "tokens_per_expert",
-    "capacity_scale",
-    "expert_rows_scale",
+    "busiest_load",
     "dispatch_buffer_width",
     "remote_nodes_per_token",
     "all_to_all_s",
@@ -60,33 +59,27 @@ __all__ = [
     "regroup_bytes_per_token",
 ]
 
-LOAD_IMBALANCE = 1.0
-"""Tokens of the busiest expert rank over the mean (module docstring: balanced)."""
 GEMM_TILE_ROWS = 128
 """Rows of one output tile of a tensor-core GEMM (CUTLASS / cuBLAS 128 x 128 and 128 x 256 tiles on
 A100/H100): a GEMM of ``M`` rows computes ``ceil(M / 128)`` tiles of rows (NVIDIA Deep Learning Performance
 Guide, "Matrix Multiplication Background", tile quantization). Grouped expert GEMMs pay it per expert."""
 
 
-def capacity_scale(plan: ParallelPlan) -> float:
-    """Routed token copies one expert processes, over the balanced ``tokens x top-k / E``: the capacity
-    factor when the plan drops and pads to capacity (module docstring), else 1."""
-    return plan.moe_capacity_factor if plan.moe_capacity_factor is not None else 1.0
-
-
-def expert_rows_scale(plan: ParallelPlan) -> float:
-    """Rows of the busiest rank's expert GEMMs over the balanced load: dropless, ``LOAD_IMBALANCE``; padded
-    to capacity, the capacity factor (no expert takes more, every expert takes that many)."""
-    return plan.moe_capacity_factor if plan.moe_capacity_factor is not None else LOAD_IMBALANCE
+def busiest_load(plan: ParallelPlan) -> float:
+    """Routed token copies the busiest rank's experts take, over the balanced ``tokens x top-k / E``: padded
+    to capacity, the capacity factor (no expert takes more, every expert takes that many); dropless, the
+    user's ``moe_load_imbalance`` (1: balanced). Its expert GEMMs, its share of the exchange and its
+    buffers are what the step waits for and what its peak holds."""
+    return plan.moe_capacity_factor if plan.moe_capacity_factor is not None else plan.moe_load_imbalance
 
 
 def dispatch_buffer_width(model: ModelSpec, plan: ParallelPlan) -> float:
     """Width per local token of one MoE block's dispatch buffers: the ``top-k`` routed copies an all-to-all
-    receives (``capacity_scale`` as many when padded); the all-gather dispatcher also holds the whole
+    receives (``busiest_load`` as many when padded); the all-gather dispatcher also holds the whole
     gathered group, ``ep x etp`` tokens per local one (``_gather_scatter_s``)."""
     if not model.is_moe:
         return 0.0
-    width = model.experts_per_token * model.hidden_size * capacity_scale(plan)
+    width = model.experts_per_token * model.hidden_size * busiest_load(plan)
     if plan.moe_dispatcher is MoeDispatcher.ALLGATHER and plan.ep > 1:
         width += plan.ep * plan.etp * model.hidden_size
     return float(width)
@@ -115,7 +108,7 @@ def regroup_bytes_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
     ``ExpertParallel`` regroups by ``generate_permute_indices`` the same way (``expert_parallel.py``)."""
     if not model.is_moe or plan.ep == 1 or model.num_experts // plan.ep < 2:
         return 0.0
-    return 2 * 2 * 2 * routed_width_per_layer(model) * capacity_scale(plan) / plan.tp
+    return 2 * 2 * 2 * routed_width_per_layer(model) * busiest_load(plan) / plan.tp
 
 
 def expert_params_per_gpu(model: ModelSpec, plan: ParallelPlan, num_blocks: float) -> float:
@@ -186,7 +179,7 @@ def dispatch_s(
     """Exposed all-to-all seconds of one (mean) block per micro-batch: dispatch and combine in forward and
     in backward (4), 2 more when full recompute, or Megatron's ``--recompute-modules moe`` (the MoE layer
     checkpointed whole, ``transformer_layer.py``), reruns the forward; each moves this rank's ``tokens / tp``
-    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``), ``capacity_scale`` as many
+    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``), ``busiest_load`` as many
     when padded to capacity."""
     if not model.is_moe or plan.ep == 1:
         return 0.0
@@ -195,7 +188,7 @@ def dispatch_s(
     share = len(model.moe_layers) / model.num_layers
     if plan.moe_dispatcher is MoeDispatcher.ALLGATHER:
         return calls / 2 * share * _gather_scatter_s(model, cluster, plan, tokens, act_bytes)
-    nbytes = tokens / plan.tp * routed_width_per_layer(model) * capacity_scale(plan) * act_bytes
+    nbytes = tokens / plan.tp * routed_width_per_layer(model) * busiest_load(plan) * act_bytes
     one = all_to_all_s(
         nbytes / share,
         cluster,

@@ -130,7 +130,7 @@ def _rerun_bytes_per_token(model: ModelSpec, plan: ParallelPlan, mods: set[str],
     if mods & {"moe", "shared_experts"}:
         b += act * moe_share * model.shared_ffn_hidden_size / plan.tp
     if "moe" in mods and moe_share:
-        routed = routed_width_per_layer(model) * moe.capacity_scale(plan)
+        routed = routed_width_per_layer(model) * moe.busiest_load(plan)
         b += 2 * 4 * routed / plan.tp + moe.regroup_bytes_per_token(model, plan)
     if "mlp" in mods:
         b += act * (1.0 - moe_share) * model.ffn_hidden_size / plan.tp
@@ -159,7 +159,7 @@ def _mlp_gemm_s(
 def _experts_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float) -> float:
     """The local experts' forward GEMMs of one MoE layer (``gemms.block_gemms``' routed-expert shapes, tile
     rows included, for a model of MoE layers only)."""
-    rows = moe.tokens_per_expert(model, plan, tokens) * moe.expert_rows_scale(plan)
+    rows = moe.tokens_per_expert(model, plan, tokens) * moe.busiest_load(plan)
     rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
     up, h, f_e = model.num_mlp_matrices - 1, model.hidden_size, model.expert_ffn_hidden_size / plan.etp
     local = model.num_experts / plan.ep

@@ -170,6 +170,12 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
         f"- Each data-parallel rank takes {plan.micro_batch} sequence(s) of {plan.seq_len} tokens per "
         f"micro-step, {plan.grad_accum} micro-step(s) per optimizer step ({plan.global_batch} in all)."
     ]
+    if model.is_moe and plan.moe_capacity_factor is None and plan.moe_load_imbalance != 1.0:
+        notes.append(
+            f"- MoE routing priced dropless with the busiest EP rank at {plan.moe_load_imbalance:g}x the "
+            "mean load (--moe-load-imbalance): if your router is better or worse balanced, the step time "
+            "moves with it."
+        )
     if "ds_config.json" in written:
         notes += _deepspeed_notes(plan)
         if model.is_moe:  # deepspeed/moe/layer.py: MoE(..., ep_size, k, capacity_factor, drop_tokens=True)

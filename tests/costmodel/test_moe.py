@@ -271,7 +271,7 @@ def test_flex_dispatcher_is_megatrons():
 
 def test_a_capacity_factor_scales_expert_rows_exchange_and_routed_memory():
     """Padded to capacity ``c`` every expert takes ``c`` x the balanced load: its GEMM rows, the all-to-all
-    bytes and the stored routed copies scale by ``c`` (costmodel.moe ``capacity_scale``)."""
+    bytes and the stored routed copies scale by ``c`` (costmodel.moe ``busiest_load``)."""
     model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16, gpu="h100-sxm")
     base = ParallelPlan(dp=16, ep=16, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1")
     one, two = base.replace(moe_capacity_factor=1.0), base.replace(moe_capacity_factor=2.0)
@@ -335,3 +335,18 @@ def test_the_all_gather_dispatcher_moves_every_token_to_every_rank():
         ParallelPlan(
             dp=8, ep=8, global_batch=64, seq_len=4096, sharding="fsdp-full", moe_dispatcher="allgather"
         )
+
+
+def test_a_load_imbalance_loads_the_busiest_rank_unless_capacity_caps_it():
+    """Dropless, the busiest rank's experts take ``moe_load_imbalance`` x the balanced rows, exchange and
+    buffers; padded to capacity, the capacity sets them whatever the imbalance."""
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16, gpu="h100-sxm")
+    base = ParallelPlan(dp=16, ep=16, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1")
+    skew = base.replace(moe_load_imbalance=1.5)
+    rows = {p: gemms.block_gemms(model, p, 4096.0, fused=True)[-1].m for p in (base, skew)}
+    assert rows[skew] == pytest.approx(1.5 * rows[base], rel=0.03)
+    assert estimate(model, cluster, skew).step_time_s > estimate(model, cluster, base).step_time_s
+    capped = skew.replace(moe_capacity_factor=1.0)
+    assert gemms.block_gemms(model, capped, 4096.0, fused=True)[-1].m == rows[base]
+    with pytest.raises(ConfigError, match="moe-load-imbalance is the busiest"):
+        base.replace(moe_load_imbalance=0.8)
