@@ -94,6 +94,9 @@ class Kernels:
     keeps its bf16 Q, K, V and output (the projection's fp8 input is a second copy of that output)."""
     routed_saved_h: int = 2
     """``h``-wide tensors an MoE block keeps per routed token copy (``moe.routed_saved_h_tensors``)."""
+    dense_dispatch: bool = False
+    """DeepSpeed-MoE: dispatch and combine are dense ``[S, E, C]`` einsums (``gemms._deepspeed_dispatch``)
+    whose operands autograd keeps (``dense_dispatch_bytes``)."""
     gathered_head_input: bool = False
     """torch TP (torchtitan's and the trials' plan): the output layer is ``ColwiseParallel(input_layouts=
     Shard(1))``, so under sequence parallelism its input is all-gathered first and ``F.linear`` saves the
@@ -124,6 +127,7 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
         loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
         fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
         routed_saved_h=moe.routed_saved_h_tensors(plan),
+        dense_dispatch=plan.framework is Framework.DEEPSPEED,
     )
 
 
@@ -222,10 +226,25 @@ def layer_activation_bytes(
         return x.s * x.b * x.h * e / side_div
     if recompute is Recompute.SELECTIVE and k.op_sac:
         return op_sac_bytes(x, tp=tp, sp=sp, e=e, k=k)
-    stored = norm_side_bytes(x, e, k) / side_div + tp_split_bytes(x, e, k) / tp
+    stored = (
+        norm_side_bytes(x, e, k) / side_div + tp_split_bytes(x, e, k) / tp + dense_dispatch_bytes(x, e, k)
+    )
     if recompute is Recompute.NONE:
         stored += attention_core_bytes(x, e, k) / tp
     return stored
+
+
+def dense_dispatch_bytes(x: LayerShape, e: int, k: Kernels) -> float:
+    """What DeepSpeed-MoE's dense dispatch keeps for backward (mean block): its gate builds the combine
+    weights as a dense fp32 ``[S, E, C]`` tensor and the dispatch mask from it (``sharded_moe.py``
+    ``top1gating`` / ``top2gating`` / ``topkgating``: ``combine_weights = einsum("se,sc->sec", ...)``,
+    ``dispatch_mask = combine_weights.bool()``), and the combine / dispatch einsums keep them (fp32) and the
+    mask cast to the activation dtype: ``S x E C x (4 + e)`` bytes, ``E C`` the padded slots (routed
+    copies per token x ``S``). Quadratic in the micro-batch's tokens; 0 for other frameworks."""
+    if not k.dense_dispatch or not x.routed:
+        return 0.0
+    tokens = x.s * x.b
+    return tokens * tokens * (x.routed / x.h) * (4 + e)
 
 
 def op_sac_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels) -> float:

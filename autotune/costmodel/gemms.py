@@ -16,6 +16,9 @@ layer's two backward GEMMs have the same intensity). ``m`` is rows (tokens), ``n
   TP as a dense MLP, and ``E / ep`` local experts, each a GEMM over the rows routed to it
   (``moe.tokens_per_expert``), its matrices split over ETP. A grouped GEMM computes whole row tiles per
   expert (``moe.GEMM_TILE_ROWS``: tile quantization), so expert rows are rounded up to a tile.
+- DeepSpeed-MoE (``deepspeed/moe/sharded_moe.py`` ``MOELayer.forward`` without Tutel, the default) moves
+  tokens to and from the expert slots with two dense GEMMs over a one-hot ``[S, E, C]`` mask, which its
+  ``einsum`` rewrites as matmuls (``_deepspeed_dispatch``); they sit before the expert GEMMs, which stay last.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import NamedTuple
 
 from autotune.costmodel import moe
 from autotune.modelshape import qk_v_head_dims
-from autotune.plan import ParallelPlan
+from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ModelSpec
 
 __all__ = ["Gemm", "block_gemms"]
@@ -73,6 +76,19 @@ def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: 
     return front + [Gemm(tokens, h, f / tp, share)]
 
 
+def _deepspeed_dispatch(model: ModelSpec, plan: ParallelPlan, tokens: float, share: float) -> list[Gemm]:
+    """DeepSpeed-MoE's dispatch ``einsum("sec,sm->ecm")`` = ``[E C, S] x [S, M]`` and combine
+    ``einsum("sec,ecm->sm")`` = ``[S, E C] x [E C, M]`` over this rank's ``S`` tokens (``sharded_moe.py``
+    ``einsum``), ``E C`` the experts' padded slots: ``top-k x S`` times the capacity factor (``topkgating``:
+    ``capacity = ceil(k S / E x capacity_factor)``), or, dropless (``drop_tokens=False``), times the busiest
+    expert's load (the capacity becomes the all-reduced maximum of ``exp_counts``): ``moe.busiest_load``.
+    Quadratic in the micro-batch's tokens; the backward is priced as for any linear (2x), one GEMM more than
+    it runs (the mask takes no gradient)."""
+    slots = moe.busiest_load(plan) * model.experts_per_token * tokens
+    h = model.hidden_size
+    return [Gemm(slots, h, tokens, share), Gemm(tokens, h, slots, share)]
+
+
 def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: bool) -> list[Gemm]:
     """The forward GEMMs of the mean block on one rank for ``tokens`` tokens of a micro-batch (module
     docstring); their FLOPs sum to ``flops.layer_gemm_flops_per_token x tokens / tp`` up to the duplicated
@@ -86,6 +102,8 @@ def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: b
         return gemms
     gemms.append(Gemm(tokens / tp, model.num_experts, h, moe_share))  # router, on the sequence shard
     gemms += _mlp(h, model.shared_ffn_hidden_size, up, tp, tokens, fused, moe_share)
+    if plan.framework is Framework.DEEPSPEED:
+        gemms += _deepspeed_dispatch(model, plan, tokens, moe_share)
     rows = moe.tokens_per_expert(model, plan, tokens) * moe.busiest_load(plan)
     rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
     local = model.num_experts / plan.ep * moe_share

@@ -350,3 +350,25 @@ def test_a_load_imbalance_loads_the_busiest_rank_unless_capacity_caps_it():
     assert gemms.block_gemms(model, capped, 4096.0, fused=True)[-1].m == rows[base]
     with pytest.raises(ConfigError, match="moe-load-imbalance is the busiest"):
         base.replace(moe_load_imbalance=0.8)
+
+
+def test_deepspeed_moe_pays_its_dense_dispatch_quadratically():
+    """DeepSpeed-MoE's dispatch/combine einsums over a dense [S, E, C] mask: two GEMMs of S x (top-k S) x h
+    before the experts, and the fp32 combine weights and cast mask kept for backward, both growing with the
+    square of the micro-batch's tokens (gemms._deepspeed_dispatch, activations.dense_dispatch_bytes)."""
+    from autotune.costmodel.activations import LayerShape, dense_dispatch_bytes, kernels_for
+
+    model = load_model("qwen3-30b-a3b")
+    plan = ParallelPlan(dp=16, ep=8, global_batch=64, seq_len=4096, framework="deepspeed", sharding="zero1")
+    *_, dispatch, combine, up, down = gemms.block_gemms(model, plan, 4096.0, fused=False)
+    assert (dispatch.m, dispatch.n, dispatch.k) == (8 * 4096, model.hidden_size, 4096)
+    assert (combine.m, combine.n, combine.k) == (4096, model.hidden_size, 8 * 4096)
+    megatron = plan.replace(framework="megatron")
+    assert (
+        len(gemms.block_gemms(model, megatron, 4096.0, fused=False))
+        == len(gemms.block_gemms(model, plan, 4096.0, fused=False)) - 2
+    )
+    one, two = (LayerShape.of(model, plan.replace(micro_batch=m, global_batch=64 * m)) for m in (1, 2))
+    k = kernels_for(plan)
+    assert dense_dispatch_bytes(two, 2, k) == pytest.approx(4 * dense_dispatch_bytes(one, 2, k))
+    assert dense_dispatch_bytes(one, 2, kernels_for(megatron)) == 0.0
