@@ -30,6 +30,7 @@ __all__ = [
     "add_model_cluster_args",
     "resolve_model_cluster",
     "add_plan_args",
+    "positive_float",
     "plan_from_args",
     "default_seq_len",
     "default_global_batch",
@@ -51,13 +52,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str, what: str = "a positive number") -> float:
+    """argparse ``type``: a number above 0 (NaN and non-numbers rejected), ``what`` naming it in the error."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        value = float("nan")
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 
 
@@ -214,7 +216,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     )
     g.add_argument(
         "--moe-capacity-factor",
-        type=_positive_float,
+        type=positive_float,
         metavar="C",
         help="MoE token dropping (yours; never tuned): each expert takes at most C x its balanced share of "
         "token copies, padded to that (Megatron --moe-expert-capacity-factor C "
@@ -222,7 +224,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     )
     g.add_argument(
         "--moe-load-imbalance",
-        type=_positive_float,
+        type=positive_float,
         metavar="X",
         help="routed tokens of the busiest EP rank over the mean, as you measured your router (>= 1; yours, "
         "never tuned). Default 1: balanced, as framework benchmarks force it",

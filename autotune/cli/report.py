@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from autotune.cli._args import positive_float
 from autotune.errors import ConfigError
 from autotune.userfile import writable_dir
 
@@ -20,13 +21,7 @@ __all__ = ["ReportCommand"]
 
 
 def _price(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a price in dollars, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive price, got {text!r}")
-    return value
+    return positive_float(text, "a positive price in dollars")
 
 
 class ReportCommand:

@@ -260,68 +260,49 @@ def test_megatron_rules_are_checked_before_emitting():
     assert "--account-for-loss-in-pipeline-split" in megatron_args_text(uneven, CASES["zero0"].build()[1])
 
 
-def test_flex_dispatcher_is_emitted_as_megatrons_flags():
-    """A plan with ``moe_dispatcher`` deepep / hybridep runs Megatron's flex dispatcher with that backend."""
+def _moe_args(model: str, **changes) -> argparse.Namespace:
+    """The Megatron flags of an EP-8 Megatron plan of ``model`` (with ``changes``), parsed by Megatron's
+    argument names and checked against its rules."""
     from autotune.catalog import load_model
     from autotune.emit.megatron import megatron_args_text
     from autotune.plan import ParallelPlan
 
-    model = load_model("qwen3-30b-a3b")
     plan = ParallelPlan(
-        dp=16,
-        ep=16,
-        global_batch=64,
-        seq_len=4096,
-        framework="megatron",
-        sharding="zero1",
-        moe_dispatcher="hybridep",
+        **{
+            "dp": 8,
+            "ep": 8,
+            "global_batch": 64,
+            "seq_len": 4096,
+            "framework": "megatron",
+            "sharding": "zero1",
+        },
+        **changes,
     )
-    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
+    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, load_model(model))))
+    _check_megatron_rules(a, plan.world_size)
+    return a
+
+
+def test_flex_dispatcher_is_emitted_as_megatrons_flags():
+    """A plan with ``moe_dispatcher`` deepep / hybridep runs Megatron's flex dispatcher with that backend."""
+    a = _moe_args("qwen3-30b-a3b", moe_dispatcher="hybridep")
     assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("flex", "hybridep")
+
+
+def test_all_gather_dispatcher_is_emitted_as_megatrons():
+    a = _moe_args("mixtral-8x7b", moe_dispatcher="allgather")
+    assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("allgather", None)
 
 
 def test_capacity_factor_is_emitted_dropped_and_padded():
     """A plan with ``moe_capacity_factor`` runs Megatron's token dropping padded to capacity (the sync-free
     path the cost model prices); torchtitan has none and is not emitted."""
-    from autotune.catalog import load_model
-    from autotune.emit.megatron import megatron_args_text
     from autotune.emit.torchtitan import torchtitan_unsupported
     from autotune.plan import ParallelPlan
 
-    model = load_model("qwen3-30b-a3b")
-    plan = ParallelPlan(
-        dp=16,
-        ep=16,
-        global_batch=64,
-        seq_len=4096,
-        framework="megatron",
-        sharding="zero1",
-        moe_capacity_factor=1.25,
-    )
-    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
-    _check_megatron_rules(a, plan.world_size)
+    a = _moe_args("qwen3-30b-a3b", moe_capacity_factor=1.25)
     assert (a.moe_expert_capacity_factor, a.moe_pad_expert_input_to_capacity) == (1.25, True)
-    assert any("dropless" in r for r in torchtitan_unsupported(plan))
-    dropless = _megatron_parser().parse_args(
-        shlex.split(megatron_args_text(plan.replace(moe_capacity_factor=None), model))
-    )
+    dropless = _moe_args("qwen3-30b-a3b")
     assert (dropless.moe_expert_capacity_factor, dropless.moe_pad_expert_input_to_capacity) == (None, False)
-
-
-def test_all_gather_dispatcher_is_emitted_as_megatrons():
-    from autotune.catalog import load_model
-    from autotune.emit.megatron import megatron_args_text
-    from autotune.plan import ParallelPlan
-
-    plan = ParallelPlan(
-        dp=8,
-        ep=8,
-        global_batch=64,
-        seq_len=4096,
-        framework="megatron",
-        sharding="zero1",
-        moe_dispatcher="allgather",
-    )
-    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, load_model("mixtral-8x7b"))))
-    _check_megatron_rules(a, plan.world_size)
-    assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == ("allgather", None)
+    plan = ParallelPlan(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1", framework="deepspeed")
+    assert any("dropless" in r for r in torchtitan_unsupported(plan.replace(moe_capacity_factor=1.0)))
