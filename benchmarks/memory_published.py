@@ -223,6 +223,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         plan["recompute_layers"] = int(layers.group(1))
     if entry.get("vp"):
         plan.update(schedule="interleaved", virtual_stages=int(entry["vp"]))
+    if torchtitan and cp > 1:  # torchtitan's default context_parallel_rotate_method, as modern_runs.py
+        plan["cp_comm"] = "allgather"
     if torchtitan and pp > 1:
         plan["sharding"] = "fsdp-grad-op"
         if "interleaved" in str(entry["id"]):

@@ -300,7 +300,7 @@ def host_activation_bytes(x: LayerShape, plan: ParallelPlan, *, layers: float, e
 
 
 def backward_working_bytes(
-    x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int, k: Kernels
+    x: LayerShape, *, tp: int, sp: bool, recompute: Recompute, e: int, k: Kernels, attention: float = 0.0
 ) -> float:
     """Transient of one layer's backward on top of what is stored (MoE: plus the dispatch buffer). Inside
     the MLP, gradients of
@@ -308,13 +308,15 @@ def backward_working_bytes(
     product, the down projection's input, is already freed: a net ``num_mlp_matrices - 1`` ffn-wide tensors,
     plus the incoming ``sbh`` gradient (the CPU cross-check's MemTracker "Temp" peak). With recompute, the
     recomputed part of one layer: full, the whole layer but its stored input; selective, the attention
-    core."""
+    core. ``attention``: what the layer's attention holds while it runs (context parallelism:
+    ``cpbuffers.cp_attention_bytes``), at another moment of the layer than the MLP's temporaries."""
     side_div = tp if sp else 1
     net_ffn_tensors = (3 if x.gated else 2) - 1
     grads = x.s * x.b * (x.ffn * net_ffn_tensors / tp + x.h / side_div) * e
     # MoE dispatch buffer: the all-to-all receive buffer of one block's top-k token copies (Megatron-Core
     # token_dispatcher.py MoEAlltoAllTokenDispatcher: the dispatched tokens, then their gradients)
     grads += x.s * x.b * x.routed_peak / tp * e
+    grads = max(grads, attention)
     if recompute is Recompute.NONE:
         return grads
     full_layer = layer_activation_bytes(x, tp=tp, sp=sp, recompute=Recompute.NONE, e=e, k=k)

@@ -48,6 +48,7 @@ from autotune.costmodel.activations import (
     microbatches_at_loss,
     stage_activation_bytes,
 )
+from autotune.costmodel.cpbuffers import cp_attention_bytes
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
 from autotune.costmodel.dpbuffers import comm_bucket_bytes, gathered_bytes
 from autotune.costmodel.moe import expert_params_per_gpu
@@ -160,7 +161,9 @@ def _moments(
     in_flight = in_flight_microbatches(plan, rank=rank)
     outputs = stage_output_bytes(model, plan, rank=rank, e=e)  # torch pipelining's fwd_cache
     stored = in_flight * (per_stage + head_first + outputs) + at_loss * head_last
-    working = backward_working_bytes(x, tp=t, sp=sp, recompute=rc, e=e, k=k)
+    working = backward_working_bytes(
+        x, tp=t, sp=sp, recompute=rc, e=e, k=k, attention=cp_attention_bytes(model, plan, e)
+    )
     one_logits = loss_stored_bytes(x, tp=t, e=e, k=k) if last else 0.0
     logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
     accumulated = kept.grads_bytes if plan.num_microbatches > in_flight else 0.0  # a backward ran earlier

@@ -74,3 +74,25 @@ def test_torchtitan_rings_kv_at_the_query_width():
     plan = ParallelPlan(tp=8, cp=8, global_batch=1, seq_len=262144, framework="fsdp", sharding="fsdp-full")
     ring = [cpcomm.torch_ring_s(m, cluster, plan, 32768.0, 0.01, 0.02) for m in (gqa, mha)]
     assert ring[0] == pytest.approx(ring[1])
+
+
+def test_cp_attention_holds_what_each_implementation_keeps():
+    """cpbuffers: TE's p2p ring keeps every step's K/V and partial output until its output correction; its
+    all-gather the gathered K/V; torch's ring (torchtitan) K/V at the query width, all chunks with the
+    all-gather rotater, two with the all-to-all one, and fp32 gradient accumulators in backward."""
+    from autotune.costmodel.cpbuffers import cp_attention_bytes
+
+    model = load_model("llama3-70b")
+    te = ParallelPlan(
+        tp=8, cp=4, dp=1, global_batch=4, seq_len=131072, framework="megatron", sequence_parallel=True
+    )
+    tokens, q, kv = 131072 / 4 / 8, 64 * 128, 8 * 128
+    assert cp_attention_bytes(model, te, 2) == pytest.approx(4 * tokens * (2 * kv + q) * 2)
+    assert cp_attention_bytes(model, te.replace(cp_comm="allgather"), 2) == pytest.approx(
+        4 * 2 * tokens * kv * 2
+    )
+    assert cp_attention_bytes(model, te.replace(cp=1, dp=4), 2) == 0.0
+    torch_ring = te.replace(framework="fsdp", sharding="fsdp-full", dp=2, global_batch=8, cp=8, tp=4)
+    gathered = cp_attention_bytes(model, torch_ring.replace(cp_comm="allgather"), 2)
+    rotated = cp_attention_bytes(model, torch_ring, 2)
+    assert gathered > rotated > 0
