@@ -67,6 +67,11 @@ _FP16 = {
 def deepspeed_unsupported(plan: ParallelPlan) -> list[str]:
     """Why DeepSpeed cannot run ``plan`` as the cost model priced it; [] when it can."""
     reasons: list[str] = expert_errors(plan, Framework.DEEPSPEED)
+    if plan.ep > 1 and plan.framework is not Framework.DEEPSPEED:
+        reasons.append(
+            f"the plan's MoE dispatch was priced as {plan.framework}'s; DeepSpeed-MoE's dense einsum "
+            "dispatch is priced for --framework deepspeed plans"
+        )
     if plan.sharding is Sharding.FSDP_GRAD_OP:
         reasons.append(
             "fsdp-grad-op reshards parameters between steps; ZeRO-2 keeps them whole, "

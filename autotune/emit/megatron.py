@@ -50,6 +50,8 @@ __all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text", "megat
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     """Why Megatron-LM cannot run ``plan`` as priced; [] when it can."""
     reasons: list[str] = expert_errors(plan, Framework.MEGATRON)
+    if plan.ep > 1 and plan.framework is Framework.DEEPSPEED:
+        reasons.append("its MoE dispatch was priced as DeepSpeed-MoE's einsums (use --framework megatron)")
     megatron_fsdp = plan.sharding is Sharding.FSDP_FULL and plan.framework is Framework.MEGATRON
     if plan.sharding not in (Sharding.NONE, Sharding.ZERO1) and not megatron_fsdp:
         reasons.append(

@@ -33,6 +33,7 @@ from autotune.errors import ConfigError
 from autotune.plan import (
     CpComm,
     Framework,
+    MoeDispatcher,
     ParallelPlan,
     Precision,
     Recompute,
@@ -62,6 +63,11 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     reasons: list[str] = expert_errors(plan, Framework.FSDP)
     if plan.moe_capacity_factor is not None:
         reasons.append("torchtitan's MoE routes dropless: it has no capacity factor")
+    if plan.ep > 1 and plan.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+        reasons.append(
+            f"torchtitan dispatches tokens all-to-all; the plan was priced with Megatron's "
+            f"{plan.moe_dispatcher}"
+        )
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:

@@ -142,6 +142,32 @@ CASES: dict[str, Case] = {
             framework="megatron",
         ),
     ),
+    "qwen3_megatron_tokendrop": Case(
+        "qwen3-30b-a3b",
+        16,
+        dict(
+            dp=16,
+            ep=16,
+            global_batch=128,
+            seq_len=4096,
+            sharding="zero1",
+            framework="megatron",
+            moe_capacity_factor=1.0,
+        ),
+    ),
+    "mixtral_megatron_allgather": Case(
+        "mixtral-8x7b",
+        16,
+        dict(
+            dp=16,
+            ep=8,
+            global_batch=128,
+            seq_len=4096,
+            sharding="zero1",
+            framework="megatron",
+            moe_dispatcher="allgather",
+        ),
+    ),
     "qwen3_moe_fsdp_ep": Case(
         "qwen3-30b-a3b",
         16,

@@ -171,9 +171,9 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     assert (a.expert_model_parallel_size or 1, a.expert_tensor_parallel_size or 1) == (plan.ep, plan.etp)
     assert a.multi_latent_attention == model.uses_mla
     if model.is_moe:
-        flex = str(plan.moe_dispatcher) != "alltoall"
+        flex = str(plan.moe_dispatcher) not in ("alltoall", "allgather")
         assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (
-            ("flex", str(plan.moe_dispatcher)) if flex else ("alltoall", None)
+            ("flex", str(plan.moe_dispatcher)) if flex else (str(plan.moe_dispatcher), None)
         )
     if model.is_moe:
         freq = a.moe_layer_freq

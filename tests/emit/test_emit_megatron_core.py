@@ -113,3 +113,12 @@ def test_the_launch_environment_has_what_validate_args_asserts(name, emitted):
     )
     needed = str(plan.framework) == "megatron" and (plan.tp > 1 or plan.cp > 1)
     assert printed.stdout.strip() == ("1" if needed else "")
+
+
+def test_megatron_core_refuses_token_drop_where_the_plan_rules_do(emitted):
+    """autotune's legality (``_capacity_errors``) mirrors TransformerConfig: a capacity factor needs the
+    all-to-all dispatcher, and padding to capacity needs a capacity factor."""
+    flags = _flags((emitted("qwen3_megatron_tokendrop") / "megatron_args.txt").read_text())
+    assert _transformer_config(flags).moe_expert_capacity_factor == 1.0
+    with pytest.raises(ValueError, match="capacity"):
+        _transformer_config({**flags, "moe_token_dispatcher_type": "flex"})

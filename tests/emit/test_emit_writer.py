@@ -45,6 +45,8 @@ EXPECTED = {  # the frameworks that can run each plan as priced
     "mixtral_megatron": {"megatron_args.txt"},
     "deepseek_v3_megatron": {"megatron_args.txt"},
     "qwen3_moe_fsdp_ep": {"torchtitan.toml"},
+    "qwen3_megatron_tokendrop": {"megatron_args.txt"},
+    "mixtral_megatron_allgather": {"megatron_args.txt"},
 }
 
 
