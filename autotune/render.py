@@ -101,6 +101,12 @@ def plan_summary(plan: ParallelPlan) -> str:
     """One line: the degrees and the knobs that are not at their defaults."""
     parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp}"] + ([f"CP{plan.cp}"] if plan.cp > 1 else [])
     parts += ([f"EP{plan.ep}"] if plan.ep > 1 else []) + ([f"ETP{plan.etp}"] if plan.etp > 1 else [])
+    if plan.ep > 1 and str(plan.moe_dispatcher) != "alltoall":
+        parts.append(str(plan.moe_dispatcher))
+    if plan.moe_capacity_factor is not None:
+        parts.append(f"drop@{plan.moe_capacity_factor:g}")
+    if plan.moe_load_imbalance != 1.0:
+        parts.append(f"skew{plan.moe_load_imbalance:g}")
     parts.append(f"mbs{plan.micro_batch}x{plan.num_microbatches}")
     shard = str(plan.sharding) + (f"/{plan.hsdp_shard_size}" if plan.hsdp_shard_size else "")
     parts += [

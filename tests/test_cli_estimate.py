@@ -159,3 +159,12 @@ def test_grad_reduce_dtype_reaches_the_plan(capsys):
     assert out["plan"]["grad_reduce_dtype"] == "bf16"
     assert main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--grad-reduce-dtype", "bf16"]) == 2
     assert "grad-reduce-dtype needs --framework megatron" in capsys.readouterr().err
+
+
+def test_the_plan_line_names_the_moe_routing_it_was_priced_with(capsys):
+    argv = ["--model", "qwen3-30b-a3b", "--gpus", "16", "--ep", "8", "--framework", "megatron"]
+    argv += ["--sharding", "zero1", "--global-batch", "128", "--seq-len", "4096"]
+    assert main(["estimate", *argv, "--moe-capacity-factor", "1.25", "--moe-dispatcher", "allgather"]) == 2
+    assert "needs Megatron's alltoall dispatcher" in capsys.readouterr().err
+    assert main(["estimate", *argv, "--moe-capacity-factor", "1.25", "--moe-load-imbalance", "1.2"]) == 0
+    assert "EP8 drop@1.25 skew1.2 mbs1x8" in capsys.readouterr().out
