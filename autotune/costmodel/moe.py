@@ -179,8 +179,9 @@ def dispatch_s(
     """Exposed all-to-all seconds of one (mean) block per micro-batch: dispatch and combine in forward and
     in backward (4), 2 more when full recompute, or Megatron's ``--recompute-modules moe`` (the MoE layer
     checkpointed whole, ``transformer_layer.py``), reruns the forward; each moves this rank's ``tokens / tp``
-    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``), ``busiest_load`` as many
-    when padded to capacity."""
+    tokens x ``top-k`` copies of ``h`` (``modelshape.routed_width_per_layer``), ``busiest_load`` times that
+    for the busiest rank (padded to capacity, or the user's measured imbalance); Megatron's all-gather
+    dispatcher moves the whole group's tokens instead (``_gather_scatter_s``)."""
     if not model.is_moe or plan.ep == 1:
         return 0.0
     rerun = plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules
