@@ -144,7 +144,7 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
     sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP
     out = []
-    speeds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # (fw, sp, prec) -> the speed knobs that matter
+    speeds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # (fw, sp, prec, EP > 1) -> knobs that matter
     for fw, sharding in product(choices["framework"], choices["sharding"]):
         for hsdp in choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,):
             rest = product(
@@ -158,7 +158,7 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
             )
             for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
                 v = Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp)
-                key = (fw, sp, prec)
+                key = (fw, sp, prec, ep > 1)
                 if key not in speeds:  # collapse before multiplying: most combinations leave one value each
                     collapsed = (
                         collapse(v._replace(**dict(zip(_SPEED, speed, strict=True))), tp, cp)
@@ -169,7 +169,7 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
     return list(dict.fromkeys(out))
 
 
-_SPEED = ("fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm")
+_SPEED = ("fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm", "moe_dispatcher")
 
 
 def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:

@@ -35,6 +35,7 @@ from autotune.plan import (
     CpComm,
     Fp8Recipe,
     Framework,
+    MoeDispatcher,
     ParallelPlan,
     Precision,
     Recompute,
@@ -80,6 +81,7 @@ _ENUMS: dict[str, type[Enum]] = {
     "precision": Precision,
     "fp8_recipe": Fp8Recipe,
     "cp_comm": CpComm,
+    "moe_dispatcher": MoeDispatcher,
 }
 _BOOLS = frozenset({"offload", "sequence_parallel", "compile", "async_tp", "tp_comm_overlap"})
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelPlan) if f.name in KNOBS}

@@ -34,6 +34,7 @@ from autotune.planenums import (
     CpComm,
     Fp8Recipe,
     Framework,
+    MoeDispatcher,
     Precision,
     Recompute,
     Schedule,
@@ -76,6 +77,7 @@ KNOBS = (
     "async_tp",
     "tp_comm_overlap",
     "cp_comm",
+    "moe_dispatcher",
 )
 
 BATCH_RULE = "global batch is not divisible by DP x micro-batch"
@@ -100,6 +102,7 @@ class Variant(NamedTuple):
     async_tp: bool = False
     tp_comm_overlap: bool = False
     cp_comm: CpComm = CpComm.P2P
+    moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
 
 
 def collapse(v: Variant, tp: int, cp: int) -> Variant:
@@ -115,6 +118,9 @@ def collapse(v: Variant, tp: int, cp: int) -> Variant:
             v.tp_comm_overlap and v.framework is Framework.MEGATRON and v.sequence_parallel and tp > 1
         ),
         cp_comm=v.cp_comm if cp > 1 else CpComm.P2P,
+        moe_dispatcher=(
+            v.moe_dispatcher if v.ep > 1 and v.framework is Framework.MEGATRON else MoeDispatcher.ALLTOALL
+        ),
     )
 
 
@@ -222,6 +228,8 @@ def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
         return "cp-comm a2a runs in Megatron and DeepSpeed only"
     if a2a_heads_bad(ctx.model, tp, cp, v.cp_comm):
         return "cp-comm a2a needs TP x CP to divide the heads"
+    if ctx.moe_capacity_factor is not None and v.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+        return "Megatron's capacity factor needs the alltoall dispatcher"
     return None
 
 

@@ -176,3 +176,25 @@ def test_a_measured_load_imbalance_slows_every_plan_and_makes_another_study(tmp_
     assert main([*args, "--moe-load-imbalance", "1.3", "--out", str(tmp_path)]) == 0
     (plan_file,) = tmp_path.glob("*/best/plan.json")
     assert json.loads(plan_file.read_text())["plan"]["moe_load_imbalance"] == 1.3
+
+
+def test_the_search_weighs_megatrons_dispatchers_and_token_drop_keeps_the_all_to_all():
+    """``moe_dispatcher`` is a speed knob of Megatron MoE plans with EP > 1 (search_spaces/megatron.yaml):
+    across nodes DeepEP's one copy per node can win; a capacity factor needs the all-to-all."""
+    from autotune.catalog import load_model, make_cluster
+    from autotune.ranking import plan_search
+    from autotune.space import load_space
+
+    model, cluster = load_model("qwen3-235b-a22b"), make_cluster(num_gpus=64)
+    pins = {"tp": 2, "pp": 4, "cp": 2, "ep": 16, "recompute": "full"}
+
+    def ranked(routing):
+        return plan_search(
+            load_space("megatron"), model, cluster, pins=pins, global_batch=512, seq_len=4096, routing=routing
+        )
+
+    dispatchers = {str(r.plan.moe_dispatcher) for r in ranked({}).feasible}
+    assert {"alltoall", "allgather", "deepep"} <= dispatchers
+    dropped = ranked({"moe_capacity_factor": 1.0})
+    assert {str(r.plan.moe_dispatcher) for r in dropped.feasible} == {"alltoall"}
+    assert "Megatron's capacity factor needs the alltoall dispatcher" in dropped.pruned
