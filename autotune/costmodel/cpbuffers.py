@@ -20,6 +20,7 @@ layer's own Q, K, V and output (``tokens`` = this rank's ``seq_len / cp x micro_
 from __future__ import annotations
 
 from autotune.costmodel.cpcomm import sdpa_kv_width
+from autotune.modelshape import qk_v_head_dims
 from autotune.plan import CpComm, Framework, ParallelPlan
 from autotune.specs import ModelSpec
 
@@ -34,18 +35,20 @@ def cp_attention_bytes(model: ModelSpec, plan: ParallelPlan, e: int) -> float:
     if plan.cp <= 1:
         return 0.0
     tokens = plan.seq_len / plan.cp * plan.micro_batch / plan.tp
-    q, kv = model.num_heads * model.head_dim, model.kv_hidden_size
+    qk, v = qk_v_head_dims(model)  # MLA: the unabsorbed per-head widths the core runs with
+    q, out = model.num_heads * qk, model.num_heads * v
+    kv = model.num_kv_heads * (qk + v) if model.uses_mla else 2 * model.kv_hidden_size  # K and V together
     if plan.cp_comm is CpComm.A2A:
-        return tokens * (2 * q + 2 * kv) * e
+        return tokens * (q + kv + out) * e
     if plan.framework is Framework.FSDP:
-        w = sdpa_kv_width(model)
+        w = 2 * sdpa_kv_width(model) if not model.uses_mla else model.num_heads * (qk + v)  # K and V
         chunks = plan.cp if plan.cp_comm is CpComm.ALLGATHER else 2
-        kv_bytes = chunks * 2 * tokens * w * e
-        forward = kv_bytes + tokens * q * ACCUMULATOR_BYTES
-        accumulators = tokens * (q + 2 * w) * ACCUMULATOR_BYTES  # dQ, dK, dV
-        rotating = 2 * 2 * tokens * w * ACCUMULATOR_BYTES  # dK/dV sent and received
+        kv_bytes = chunks * tokens * w * e
+        forward = kv_bytes + tokens * out * ACCUMULATOR_BYTES
+        accumulators = tokens * (q + w) * ACCUMULATOR_BYTES  # dQ, dK, dV
+        rotating = 2 * tokens * w * ACCUMULATOR_BYTES  # dK/dV sent and received
         backward = kv_bytes + accumulators + rotating
         return max(forward, backward)
     if plan.cp_comm is CpComm.ALLGATHER:
-        return plan.cp * 2 * tokens * kv * e
-    return plan.cp * tokens * (2 * kv + q) * e
+        return plan.cp * tokens * kv * e
+    return plan.cp * tokens * (kv + out) * e

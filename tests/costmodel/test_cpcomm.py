@@ -96,3 +96,18 @@ def test_cp_attention_holds_what_each_implementation_keeps():
     gathered = cp_attention_bytes(model, torch_ring.replace(cp_comm="allgather"), 2)
     rotated = cp_attention_bytes(model, torch_ring, 2)
     assert gathered > rotated > 0
+
+
+def test_cp_attention_of_mla_holds_its_unabsorbed_keys_and_values():
+    """DeepSeek-V3 under CP: Megatron's MLA core runs with 192-wide keys and 128-wide values per head (128
+    heads), not the hidden size over the heads."""
+    from autotune.costmodel.cpbuffers import cp_attention_bytes
+
+    plan = ParallelPlan(
+        tp=8, cp=2, dp=4, global_batch=8, seq_len=8192, framework="megatron", sequence_parallel=True
+    )
+    tokens = 8192 / 2 / 8
+    kv, out = 128 * (192 + 128), 128 * 128
+    assert cp_attention_bytes(load_model("deepseek-v3"), plan, 2) == pytest.approx(
+        2 * tokens * (kv + out) * 2
+    )
