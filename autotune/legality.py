@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from autotune.legalrules import (
     a2a_heads_bad,
     a2a_unavailable,
+    capacity_broken,
     cp_seq_bad,
     deepspeed_broken,
     expert_fold_broken,
@@ -86,10 +87,8 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
 
 
 def _capacity_errors(plan: ParallelPlan) -> list[str]:
-    """Token dropping (``ParallelPlan.moe_capacity_factor``) where the framework offers it: Megatron only
-    with its all-to-all dispatcher (megatron/core/transformer/transformer_config.py:
-    "moe_expert_capacity_factor only works with alltoall token dispatcher"), DeepSpeed-MoE always;
-    torchtitan's MoE is dropless."""
+    """The user's MoE routing: an imbalance of at least 1, a positive capacity factor where the framework
+    offers token dropping (``legalrules.capacity_broken``)."""
     if not plan.moe_load_imbalance >= 1.0:
         return [
             f"moe-load-imbalance is the busiest EP rank's routed tokens over the mean, >= 1; got "
@@ -100,9 +99,10 @@ def _capacity_errors(plan: ParallelPlan) -> list[str]:
         return []
     if not c > 0:
         return [f"moe-capacity-factor must be > 0 (or unset for dropless routing), got {c}"]
-    if plan.framework is Framework.FSDP:
+    broken = capacity_broken(plan.framework, c, plan.moe_dispatcher)
+    if broken == "torchtitan":
         return ["moe-capacity-factor: torchtitan routes dropless; use --framework megatron or deepspeed"]
-    if plan.framework is Framework.MEGATRON and plan.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+    if broken == "dispatcher":
         return ["moe-capacity-factor needs Megatron's alltoall dispatcher; use --moe-dispatcher alltoall"]
     return []
 

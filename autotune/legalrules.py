@@ -12,6 +12,7 @@ from autotune.planenums import (
     CpComm,
     Fp8Recipe,
     Framework,
+    MoeDispatcher,
     Precision,
     Schedule,
     Sharding,
@@ -35,6 +36,7 @@ __all__ = [
     "deepspeed_broken",
     "expert_model_broken",
     "expert_fold_broken",
+    "capacity_broken",
 ]
 
 
@@ -169,4 +171,18 @@ def expert_fold_broken(
             return "deepspeed-dp"
         if zero_stage(sharding) == 3:  # deepspeed/runtime/engine.py: "MoE not supported with Stage 3"
             return "deepspeed-zero3"
+    return None
+
+
+def capacity_broken(fw: Framework, capacity: float | None, dispatcher: MoeDispatcher) -> str | None:
+    """Where token dropping (a capacity factor) cannot run: torchtitan's MoE is dropless ("torchtitan");
+    Megatron takes it only with its all-to-all dispatcher ("dispatcher": megatron/core/transformer/
+    transformer_config.py, "moe_expert_capacity_factor only works with alltoall token dispatcher");
+    DeepSpeed-MoE always."""
+    if capacity is None:
+        return None
+    if fw is Framework.FSDP:
+        return "torchtitan"
+    if dispatcher is not MoeDispatcher.ALLTOALL:
+        return "dispatcher"
     return None

@@ -32,6 +32,7 @@ __all__ = [
     "gemm_params_per_layer",
     "active_ffn_per_layer",
     "routed_width_per_layer",
+    "routed_ffn_per_layer",
     "attention_span_fraction",
     "qk_v_head_dims",
     "trial_model_gap",
@@ -139,6 +140,12 @@ def active_ffn_per_layer(model: ModelSpec) -> float:
     num_moe = len(model.moe_layers)
     moe = num_moe * (model.experts_per_token * model.expert_ffn_hidden_size + model.shared_ffn_hidden_size)
     return ((model.num_layers - num_moe) * model.ffn_hidden_size + moe) / model.num_layers
+
+
+def routed_ffn_per_layer(model: ModelSpec) -> float:
+    """The routed experts' part of ``active_ffn_per_layer``: ``top-k x f_e`` in an MoE layer, the mean over
+    blocks (0 for a dense model)."""
+    return len(model.moe_layers) * model.experts_per_token * model.expert_ffn_hidden_size / model.num_layers
 
 
 def routed_width_per_layer(model: ModelSpec) -> float:

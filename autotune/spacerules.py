@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from autotune.legalrules import (
     a2a_heads_bad,
     a2a_unavailable,
+    capacity_broken,
     cp_seq_bad,
     deepspeed_broken,
     expert_fold_broken,
@@ -176,7 +177,7 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
-    if ctx.moe_capacity_factor is not None and fw is Framework.FSDP:
+    if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, cp)
 
@@ -228,7 +229,7 @@ def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
         return "cp-comm a2a runs in Megatron and DeepSpeed only"
     if a2a_heads_bad(ctx.model, tp, cp, v.cp_comm):
         return "cp-comm a2a needs TP x CP to divide the heads"
-    if ctx.moe_capacity_factor is not None and v.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+    if capacity_broken(v.framework, ctx.moe_capacity_factor, v.moe_dispatcher) == "dispatcher":
         return "Megatron's capacity factor needs the alltoall dispatcher"
     return None
 

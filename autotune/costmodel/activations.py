@@ -161,7 +161,8 @@ class LayerShape:
             b=plan.micro_batch,
             h=model.hidden_size,
             kv=model.kv_hidden_size,
-            ffn=modelshape.active_ffn_per_layer(model) + _routed_ffn(model) * (moe.busiest_load(plan) - 1.0),
+            ffn=modelshape.active_ffn_per_layer(model)
+            + modelshape.routed_ffn_per_layer(model) * (moe.busiest_load(plan) - 1.0),
             heads=model.num_heads,
             vocab=model.vocab_size,
             gated=model.gated_mlp,
@@ -169,13 +170,6 @@ class LayerShape:
             routed=modelshape.routed_width_per_layer(model) * moe.busiest_load(plan),
             routed_peak=moe.dispatch_buffer_width(model, plan),
         )
-
-
-def _routed_ffn(model: ModelSpec) -> float:
-    """The routed experts' share of ``active_ffn_per_layer`` (``top-k x`` expert width, mean over blocks)."""
-    if not model.is_moe:
-        return 0.0
-    return modelshape.routed_width_per_layer(model) / model.hidden_size * model.expert_ffn_hidden_size
 
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:

@@ -214,9 +214,7 @@ def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) ->
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
     q_width = model.num_heads * qk_v_head_dims(model)[1]
-    dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_width_per_layer(model) / h * (
-        model.expert_ffn_hidden_size if model.is_moe else 0
-    )
+    dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_ffn_per_layer(model)
     inputs = col_rows * 2 * h + tokens * (q_width + dense_ffn) / tp
     routed = sum(g.m * g.k * g.count for g in shapes[-2:]) if model.is_moe else 0.0
     return inputs + routed + sum(g.count * (g.n * g.k + g.m * g.n) for g in shapes)
