@@ -169,7 +169,15 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
     return list(dict.fromkeys(out))
 
 
-_SPEED = ("fp8_recipe", "compile", "async_tp", "tp_comm_overlap", "cp_comm", "moe_dispatcher")
+_SPEED = (
+    "fp8_recipe",
+    "compile",
+    "async_tp",
+    "tp_comm_overlap",
+    "cp_comm",
+    "moe_dispatcher",
+    "moe_a2a_overlap",
+)
 
 
 def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:

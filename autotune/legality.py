@@ -15,6 +15,7 @@ from autotune.legalrules import (
     capacity_broken,
     cp_seq_bad,
     deepspeed_broken,
+    ep_overlap_broken,
     expert_fold_broken,
     expert_model_broken,
     fp8_recipe_missing,
@@ -261,12 +262,37 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
             f"moe-dispatcher {plan.moe_dispatcher} is one of Megatron's dispatchers; use --framework "
             "megatron or moe-dispatcher alltoall"
         )
+    if plan.moe_a2a_overlap:
+        errors += _ep_overlap_errors(plan)
     if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):
         errors.append(
             f"framework {fw} always overlaps its DP collectives; only megatron can turn "
             "overlap-grad-reduce / overlap-param-gather off"
         )
     return errors
+
+
+_EP_OVERLAP = {
+    "framework": "is Megatron's; use --framework megatron",
+    "ep": "overlaps the expert-parallel all-to-all; it needs --ep > 1",
+    "dispatcher": "runs with the alltoall or flex dispatchers; use --moe-dispatcher alltoall or deepep",
+    "pipeline": "with PP > 1 needs --schedule interleaved (--virtual-stages >= 2)",
+    "recompute": "does not run with full recompute; use --recompute selective or none",
+    "moe-recompute": "does not run with moe in --recompute-modules; drop it",
+}
+
+
+def _ep_overlap_errors(plan: ParallelPlan) -> list[str]:
+    broken = ep_overlap_broken(
+        plan.framework,
+        ep=plan.ep,
+        pp=plan.pp,
+        schedule=plan.schedule,
+        dispatcher=plan.moe_dispatcher,
+        recompute=plan.recompute,
+        moe_recomputed="moe" in plan.recompute_modules,
+    )
+    return [f"moe-a2a-overlap {_EP_OVERLAP[broken]}"] if broken else []
 
 
 def expert_errors(plan: ParallelPlan, framework: Framework | None = None) -> list[str]:

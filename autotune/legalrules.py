@@ -14,6 +14,7 @@ from autotune.planenums import (
     Framework,
     MoeDispatcher,
     Precision,
+    Recompute,
     Schedule,
     Sharding,
     zero_stage,
@@ -37,6 +38,7 @@ __all__ = [
     "expert_model_broken",
     "expert_fold_broken",
     "capacity_broken",
+    "ep_overlap_broken",
 ]
 
 
@@ -185,4 +187,35 @@ def capacity_broken(fw: Framework, capacity: float | None, dispatcher: MoeDispat
         return "torchtitan"
     if dispatcher is not MoeDispatcher.ALLTOALL:
         return "dispatcher"
+    return None
+
+
+def ep_overlap_broken(
+    fw: Framework,
+    *,
+    ep: int,
+    pp: int,
+    schedule: Schedule,
+    dispatcher: MoeDispatcher,
+    recompute: Recompute,
+    moe_recomputed: bool,
+) -> str | None:
+    """Where Megatron's EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``) cannot run, as
+    ``TransformerConfig.__post_init__`` asserts (megatron/core/transformer/transformer_config.py): only
+    Megatron ("framework"), with EP > 1 ("ep"), the all-to-all or flex dispatcher ("dispatcher"), a virtual
+    pipeline when PP > 1 ("pipeline"), no full recompute ("recompute") nor ``moe`` in
+    ``--recompute-modules`` ("moe-recompute"). Its bf16/fp16 requirement holds for every plan precision (fp8
+    runs on a bf16 model)."""
+    if fw is not Framework.MEGATRON:
+        return "framework"
+    if ep <= 1:
+        return "ep"
+    if dispatcher is MoeDispatcher.ALLGATHER:
+        return "dispatcher"
+    if pp > 1 and schedule is not Schedule.INTERLEAVED:
+        return "pipeline"
+    if recompute is Recompute.FULL:
+        return "recompute"
+    if moe_recomputed:
+        return "moe-recompute"
     return None

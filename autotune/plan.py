@@ -145,6 +145,11 @@ class ParallelPlan:
     ``--moe-expert-capacity-factor c --moe-pad-expert-input-to-capacity`` (which skips the dropless
     dispatcher's host sync), DeepSpeed-MoE's ``capacity_factor`` with ``drop_tokens=True``. None: dropless.
     Dropping changes what the model learns, so the search never picks it: the user sets it."""
+    moe_a2a_overlap: bool = False
+    """Megatron's ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``: in the steady state of the
+    schedule one micro-batch's forward and another's backward run layer by layer together, each one's
+    token all-to-alls on a side stream under the other's compute (``costmodel.epoverlap``). Megatron only,
+    EP > 1."""
     moe_load_imbalance: float = 1.0
     """Routed token copies the busiest EP rank receives over the mean (>= 1). Dropless routing lets expert
     loads differ and every rank waits for the busiest at the combine, so its expert GEMMs, exchange and
@@ -255,6 +260,7 @@ _BOOL_FIELDS = {
     "overlap_grad_reduce",
     "overlap_param_gather",
     "precision_aware_optimizer",
+    "moe_a2a_overlap",
 }
 
 

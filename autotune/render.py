@@ -103,6 +103,8 @@ def plan_summary(plan: ParallelPlan) -> str:
     parts += ([f"EP{plan.ep}"] if plan.ep > 1 else []) + ([f"ETP{plan.etp}"] if plan.etp > 1 else [])
     if plan.ep > 1 and str(plan.moe_dispatcher) != "alltoall":
         parts.append(str(plan.moe_dispatcher))
+    if plan.moe_a2a_overlap:
+        parts.append("a2a-overlap")
     if plan.moe_capacity_factor is not None:
         parts.append(f"drop@{plan.moe_capacity_factor:g}")
     if plan.moe_load_imbalance != 1.0:

@@ -83,7 +83,9 @@ _ENUMS: dict[str, type[Enum]] = {
     "cp_comm": CpComm,
     "moe_dispatcher": MoeDispatcher,
 }
-_BOOLS = frozenset({"offload", "sequence_parallel", "compile", "async_tp", "tp_comm_overlap"})
+_BOOLS = frozenset(
+    {"offload", "sequence_parallel", "compile", "async_tp", "tp_comm_overlap", "moe_a2a_overlap"}
+)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ParallelPlan) if f.name in KNOBS}
 _RULES = ("divisors_of_gpus_per_node", "divisors_of_layers", "powers_of_two", "divisors_of_experts")
 _NOT_KNOBS = {

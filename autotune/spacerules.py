@@ -18,6 +18,7 @@ from autotune.legalrules import (
     capacity_broken,
     cp_seq_bad,
     deepspeed_broken,
+    ep_overlap_broken,
     expert_fold_broken,
     expert_model_broken,
     fp8_recipe_missing,
@@ -79,6 +80,7 @@ KNOBS = (
     "tp_comm_overlap",
     "cp_comm",
     "moe_dispatcher",
+    "moe_a2a_overlap",
 )
 
 BATCH_RULE = "global batch is not divisible by DP x micro-batch"
@@ -104,6 +106,7 @@ class Variant(NamedTuple):
     tp_comm_overlap: bool = False
     cp_comm: CpComm = CpComm.P2P
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+    moe_a2a_overlap: bool = False
 
 
 def collapse(v: Variant, tp: int, cp: int) -> Variant:
@@ -122,6 +125,7 @@ def collapse(v: Variant, tp: int, cp: int) -> Variant:
         moe_dispatcher=(
             v.moe_dispatcher if v.ep > 1 and v.framework is Framework.MEGATRON else MoeDispatcher.ALLTOALL
         ),
+        moe_a2a_overlap=v.moe_a2a_overlap and v.ep > 1 and v.framework is Framework.MEGATRON,
     )
 
 
@@ -179,7 +183,7 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "the GPU lacks this precision"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
-    return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, cp)
+    return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 
 
 _DEEPSPEED = {
@@ -222,7 +226,7 @@ _EXPERT = {
 }
 
 
-def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
+def _knob_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int) -> str | None:
     if fp8_recipe_missing(v.framework, v.precision, v.fp8_recipe):
         return "the framework has no such fp8 recipe"
     if a2a_unavailable(v.framework, cp, v.cp_comm):
@@ -231,7 +235,29 @@ def _knob_rule(ctx: PlanContext, v: Variant, tp: int, cp: int) -> str | None:
         return "cp-comm a2a needs TP x CP to divide the heads"
     if capacity_broken(v.framework, ctx.moe_capacity_factor, v.moe_dispatcher) == "dispatcher":
         return "Megatron's capacity factor needs the alltoall dispatcher"
+    if v.moe_a2a_overlap and (
+        broken := ep_overlap_broken(
+            v.framework,
+            ep=v.ep,
+            pp=pp,
+            schedule=v.schedule,
+            dispatcher=v.moe_dispatcher,
+            recompute=v.recompute,
+            moe_recomputed=False,
+        )
+    ):
+        return _EP_OVERLAP[broken]
     return None
+
+
+_EP_OVERLAP = {
+    "framework": "Megatron's EP overlap runs in Megatron only",
+    "ep": "Megatron's EP overlap needs EP > 1",
+    "moe-recompute": "Megatron's EP overlap does not run with the MoE layer recomputed",
+    "pipeline": "Megatron's EP overlap needs the interleaved schedule with PP > 1",
+    "recompute": "Megatron's EP overlap does not run with full recompute",
+    "dispatcher": "Megatron's EP overlap needs the alltoall or flex dispatcher",
+}
 
 
 def pipeline_rule(schedule: Schedule, pp: int, num_microbatches: int) -> str | None:

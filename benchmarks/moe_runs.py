@@ -13,9 +13,12 @@ What is fixed for every row (no per-row or per-model factor):
   refuses to price it; the measured runs include it (about one extra MoE block and LM head of 61: the
   prediction is biased high by a few percent on those rows);
 - dispatchers: the plan's ``moe_dispatcher`` is the flex backend the recipe names (``dispatcher``; DeepEP /
-  HybridEP send a token once per destination node), else the plain all-to-all of ``costmodel.moe``; no
-  overlap, balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose
-  notes mention the flex dispatcher;
+  HybridEP send a token once per destination node), else the plain all-to-all of ``costmodel.moe``;
+  balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose notes
+  mention the flex dispatcher;
+- rows whose recipe runs Megatron's EP overlap (``--overlap-moe-expert-parallel-comm``, the zoo's "EP A2A
+  overlap") set ``plan.moe_a2a_overlap`` (``a2a_overlap``; priced by ``costmodel.epoverlap`` with
+  ``--delay-wgrad-compute``, which most of them also set);
 - token-drop rows run at capacity factor 1.0, padded (``TOKEN_DROP_CAPACITY``: the capacity and padding
   scale the routed copies, and the dispatcher skips its host sync: ``costmodel.moe``, ``costmodel.moehost``);
 - Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
@@ -84,6 +87,7 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         recompute_modules=recompute_modules(row),
         grad_reduce_dtype=row.get("grad_reduce_dtype"),
         moe_capacity_factor=TOKEN_DROP_CAPACITY if token_drop(row) else None,
+        moe_a2a_overlap=a2a_overlap(row),
     )
 
 
@@ -97,6 +101,12 @@ print "tokendrop", not the factor."""
 def token_drop(row: dict[str, Any]) -> bool:
     """The row ran Megatron's token dropping (its notes say so), not dropless routing."""
     return "Token-DROP" in f"{row.get('notes', '')} {row.get('recompute_detail', '')}"
+
+
+def a2a_overlap(row: dict[str, Any]) -> bool:
+    """The row ran Megatron's EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``): its recipe sets
+    it (``_recipe_knobs``) or its notes say so (the model zoo's "EP A2A overlap" column)."""
+    return "EP a2a overlap" in _recipe_knobs(row) or "EP A2A overlap" in str(row.get("notes", ""))
 
 
 def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
@@ -143,7 +153,7 @@ _UNPRICED = {
     "fine_grained_activation_offloading": "activation offload",
     "use_precision_aware_optimizer": "precision-aware optimizer",
     "fp8_param_gather": "fp8 param gather",
-    "moe_a2a_overlap": "EP a2a overlap",
+    "moe_a2a_overlap": "EP a2a overlap",  # a plan field: ``a2a_overlap``, not listed
     "overlap_moe_expert_parallel_comm": "EP a2a overlap",
     "cuda_graph_impl": "CUDA graphs",
     "moe_paged_stash": "paged stash",
@@ -154,9 +164,15 @@ _RECOMPUTE_MODULES = re.compile(r"recompute[_-]modules'?(?::|=)? ?\[?([\w', ]+)\
 
 
 def unpriced_knobs(row: dict[str, Any]) -> list[str]:
-    """The ``_UNPRICED`` settings a row's recipe uses (from its notes and recompute detail). Megatron's
-    ``--recompute-modules`` other than ``core_attn`` (the plan's selective recompute) are listed: the plan has
-    no per-module recompute (``layernorm``, ``moe_act``, ``moe``, ``mla_up_proj``, ``mlp``...)."""
+    """What a row's recipe ran beyond its plan: ``_recipe_knobs`` less the EP overlap and the delayed weight
+    gradient it is priced with, a plan field (``a2a_overlap``)."""
+    priced = {"EP a2a overlap", "delayed wgrad"} if a2a_overlap(row) else set()
+    return [k for k in _recipe_knobs(row) if k not in priced]
+
+
+def _recipe_knobs(row: dict[str, Any]) -> list[str]:
+    """The ``_UNPRICED`` settings a row's recipe uses (from its notes and recompute detail), and Megatron's
+    ``--recompute-modules`` that ``plan.recompute_modules`` cannot express."""
     text = f"{row.get('notes', '')} {row.get('recompute_detail', '')}"
     out = []
     for key, label in _UNPRICED.items():

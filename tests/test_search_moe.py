@@ -198,3 +198,31 @@ def test_the_search_weighs_megatrons_dispatchers_and_token_drop_keeps_the_all_to
     dropped = ranked({"moe_capacity_factor": 1.0})
     assert {str(r.plan.moe_dispatcher) for r in dropped.feasible} == {"alltoall"}
     assert "Megatron's capacity factor needs the alltoall dispatcher" in dropped.pruned
+
+
+def test_the_search_weighs_megatrons_ep_overlap_where_megatron_runs_it():
+    """``moe_a2a_overlap`` is a speed knob of Megatron MoE plans with EP > 1: the overlapped plan of a
+    layout is faster than the same plan without it; full recompute and 1F1B with PP > 1 prune it."""
+    from autotune.catalog import load_model, make_cluster
+    from autotune.ranking import plan_search
+    from autotune.space import load_space
+
+    model, cluster = load_model("qwen3-235b-a22b"), make_cluster(num_gpus=128)
+
+    def ranked(**pins):
+        return plan_search(
+            load_space("megatron"),
+            model,
+            cluster,
+            pins={"tp": 2, "pp": 4, "cp": 2, "ep": 16, **pins},
+            global_batch=512,
+            seq_len=4096,
+        )
+
+    feasible = ranked(recompute="selective").feasible
+    by_plan = {e.plan: e for e in feasible}
+    pairs = [(by_plan[e.plan.replace(moe_a2a_overlap=False)], e) for e in feasible if e.plan.moe_a2a_overlap]
+    assert pairs and all(on.step_time_s < off.step_time_s for off, on in pairs)
+    full = ranked(recompute="full")
+    assert not any(r.plan.moe_a2a_overlap for r in full.feasible)
+    assert "Megatron's EP overlap does not run with full recompute" in full.pruned

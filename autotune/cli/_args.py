@@ -205,6 +205,11 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         ("--compile", "torch.compile the model (fsdp framework)"),
         ("--async-tp", "torch async tensor parallelism (fsdp framework, needs --compile)"),
         ("--tp-comm-overlap", "Megatron/TE TP comm overlap (needs --sequence-parallel)"),
+        (
+            "--moe-a2a-overlap",
+            "Megatron's EP all-to-all overlap (--overlap-moe-expert-parallel-comm --delay-wgrad-compute; "
+            "EP > 1, interleaved schedule when PP > 1)",
+        ),
     ):
         g.add_argument(flag, action="store_true", default=None if pinning else False, help=what)
     g.add_argument(
@@ -308,6 +313,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         compile=args.compile,
         async_tp=args.async_tp,
         tp_comm_overlap=args.tp_comm_overlap,
+        moe_a2a_overlap=bool(getattr(args, "moe_a2a_overlap", False)),
         cp_comm=cast(CpComm, args.cp_comm or ("a2a" if framework == "deepspeed" and args.cp > 1 else "p2p")),
         moe_dispatcher=cast(MoeDispatcher, getattr(args, "moe_dispatcher", "alltoall")),
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),

@@ -42,6 +42,7 @@ _PIN_KEYS = (
     "async_tp",
     "tp_comm_overlap",
     "cp_comm",
+    "moe_a2a_overlap",
 )
 CPU_SEQUENCES_PER_PROCESS = 4
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, flops, moe, moehost, ncclsm
+from autotune.costmodel import comm, compute, cpcomm, epoverlap, flops, moe, moehost, ncclsm
 from autotune.costmodel.hostops import block_host_s, edge_host_s
 from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.overlap import DP_OVERLAP_FRACTION, dp_overlap_fraction
@@ -182,7 +182,28 @@ def block_times(
         edge_host_s(model, cluster, plan),
         ep_s=moe.dispatch_s(model, cluster, plan, tokens, act_bytes(cluster)),
     )
+    if plan.moe_a2a_overlap:
+        bt = bt._replace(ep_s=_overlapped_ep_s(model, cluster, plan, bt, tokens))
     return bt._replace(host_s=bt.host_s + _moe_host_s(model, plan, bt))
+
+
+def _overlapped_ep_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes, tokens: float
+) -> float:
+    """The block's exchange under Megatron's EP overlap (``epoverlap``): TP/CP time split as in
+    ``_moe_host_s`` and counted with the attention (pre-dispatch) node, recompute with the backward."""
+    comm = bt.tp_s + bt.cp_s
+    return epoverlap.exposed_ep_s(
+        model,
+        cluster,
+        plan,
+        ep_s=bt.ep_s,
+        fwd_s=bt.fwd_s + comm / 3,
+        bwd_s=bt.bwd_s + bt.recompute_s + 2 * comm / 3,
+        attn_fwd_s=bt.attn_s + comm / 3,
+        attn_bwd_s=bt.attn_bwd_s + 2 * comm / 3,
+        routed=epoverlap.routed_share(model, cluster, plan, tokens),
+    )
 
 
 def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes) -> float:

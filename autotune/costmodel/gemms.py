@@ -31,7 +31,7 @@ from autotune.modelshape import qk_v_head_dims
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ModelSpec
 
-__all__ = ["Gemm", "block_gemms"]
+__all__ = ["Gemm", "block_gemms", "routed_expert_gemms"]
 
 
 class Gemm(NamedTuple):
@@ -104,8 +104,18 @@ def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: b
     gemms += _mlp(h, model.shared_ffn_hidden_size, up, tp, tokens, fused, moe_share)
     if plan.framework is Framework.DEEPSPEED:
         gemms += _deepspeed_dispatch(model, plan, tokens, moe_share)
+    return gemms + routed_expert_gemms(model, plan, tokens)
+
+
+def routed_expert_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float) -> list[Gemm]:
+    """The routed experts' two grouped GEMMs of the mean block (the last entries of ``block_gemms``): what
+    Megatron's MoE layer runs between the dispatch and the combine; [] for a dense model."""
+    if not model.is_moe:
+        return []
+    up = model.num_mlp_matrices - 1
     rows = moe.tokens_per_expert(model, plan, tokens) * moe.busiest_load(plan)
     rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
-    local = model.num_experts / plan.ep * moe_share
+    local = model.num_experts / plan.ep * len(model.moe_layers) / model.num_layers
     f_e = model.expert_ffn_hidden_size / plan.etp
-    return gemms + [Gemm(rows, up * f_e, h, local), Gemm(rows, h, f_e, local)]
+    h = model.hidden_size
+    return [Gemm(rows, up * f_e, h, local), Gemm(rows, h, f_e, local)]

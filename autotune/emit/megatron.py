@@ -223,7 +223,8 @@ mxfp8, blockwise)."""
 def _overlap_args(plan: ParallelPlan) -> list[list[str]]:
     """The overlaps the cost model assumes, turned on (megatron/training/arguments.py): ``--tp-comm-overlap``
     (TE userbuffers), ``--overlap-grad-reduce`` (DP > 1), ``--overlap-param-gather`` (needs the distributed
-    optimizer), and the CP exchange ``--cp-comm-type``."""
+    optimizer), the CP exchange ``--cp-comm-type``, and the EP overlap ``--overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute`` (``costmodel.epoverlap``)."""
     args: list[list[str]] = []
     if plan.tp_comm_overlap:
         args.append(["--tp-comm-overlap"])
@@ -233,6 +234,8 @@ def _overlap_args(plan: ParallelPlan) -> list[list[str]]:
         args.append(["--overlap-param-gather"])
     if plan.cp > 1:
         args.append(["--cp-comm-type", _CP_COMM[str(plan.cp_comm)]])
+    if plan.moe_a2a_overlap:
+        args += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
     return args
 
 
@@ -295,11 +298,15 @@ def megatron_env(plan: ParallelPlan, gpu: GPUSpec | None = None) -> dict[str, st
     """Environment Megatron needs at start-up: ``validate_args`` (core_v0.16.1,
     ``megatron/training/arguments.py``) asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP > 1 or CP > 1 on
     GPUs before Blackwell (compute capability < 10), so the TP/CP collectives are queued before the GEMMs
-    they overlap with; on Blackwell the requirement is gone and the setting is harmless. ``--tp-comm-overlap``
+    they overlap with; on Blackwell the requirement is gone and the setting is harmless. The EP overlap
+    (``plan.moe_a2a_overlap``) needs more than one connection (megatron/core/transformer/moe/README.md),
+    and with it ``validate_args`` only warns about TP/CP: 32, as its warning suggests. ``--tp-comm-overlap``
     on a ``gpu`` below compute capability 9.0 (no CUDA multicast) also needs ``UB_SKIPMC=1``: Transformer
     Engine's ``initialize_ub`` asserts otherwise and falls back to CUDA IPC with it
     (examples/pytorch/comm_gemm_overlap/README.md)."""
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
+    if plan.moe_a2a_overlap:  # it runs two streams at once; validate_args then only warns on TP/CP
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
     cc = gpu.compute_capability if gpu is not None else None
     if plan.tp_comm_overlap and plan.tp > 1 and cc is not None and cc < 9.0:
         env["UB_SKIPMC"] = "1"

@@ -95,6 +95,8 @@ def _speed_rows(plan: ParallelPlan) -> list[tuple[str, object]]:
             ("DP grad-reduce overlap", plan.overlap_grad_reduce),
             ("DP param-gather overlap", plan.overlap_param_gather),
         ]
+        if plan.ep > 1:
+            rows.append(("EP all-to-all overlap", plan.moe_a2a_overlap))
     if plan.cp > 1:
         rows.append(("CP exchange", plan.cp_comm))
     return rows

@@ -68,6 +68,10 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
             f"torchtitan dispatches tokens all-to-all; the plan was priced with Megatron's "
             f"{plan.moe_dispatcher}"
         )
+    if plan.moe_a2a_overlap:
+        reasons.append(
+            "the plan was priced with Megatron's EP all-to-all overlap, which torchtitan does not run"
+        )
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:

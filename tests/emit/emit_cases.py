@@ -168,6 +168,22 @@ CASES: dict[str, Case] = {
             moe_dispatcher="allgather",
         ),
     ),
+    "qwen3_megatron_a2a_overlap": Case(
+        "qwen3-30b-a3b",
+        16,
+        dict(
+            pp=2,
+            dp=8,
+            ep=8,
+            global_batch=128,
+            seq_len=4096,
+            sharding="zero1",
+            schedule="interleaved",
+            virtual_stages=2,
+            framework="megatron",
+            moe_a2a_overlap=True,
+        ),
+    ),
     "qwen3_moe_fsdp_ep": Case(
         "qwen3-30b-a3b",
         16,

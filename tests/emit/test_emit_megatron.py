@@ -71,6 +71,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "grad-reduce-in-bf16",
         "moe-grouped-gemm",
         "multi-latent-attention",
+        "overlap-moe-expert-parallel-comm",
+        "delay-wgrad-compute",
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--optimizer-offload-fraction", type=float)
@@ -170,6 +172,7 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     assert (a.num_experts or 0, a.moe_router_topk or 0) == (model.num_experts, model.experts_per_token)
     assert (a.expert_model_parallel_size or 1, a.expert_tensor_parallel_size or 1) == (plan.ep, plan.etp)
     assert a.multi_latent_attention == model.uses_mla
+    assert a.overlap_moe_expert_parallel_comm == a.delay_wgrad_compute == plan.moe_a2a_overlap
     if model.is_moe:
         flex = str(plan.moe_dispatcher) not in ("alltoall", "allgather")
         assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (

@@ -112,7 +112,8 @@ def test_the_launch_environment_has_what_validate_args_asserts(name, emitted):
         ["bash", "-c", show], env={**env, "RUN_DIR": str(out)}, capture_output=True, text=True, check=True
     )
     needed = str(plan.framework) == "megatron" and (plan.tp > 1 or plan.cp > 1)
-    assert printed.stdout.strip() == ("1" if needed else "")
+    expected = "32" if plan.moe_a2a_overlap else "1" if needed else ""  # the EP overlap needs > 1
+    assert printed.stdout.strip() == expected
 
 
 def test_megatron_core_refuses_token_drop_where_the_plan_rules_do(emitted):
@@ -122,3 +123,18 @@ def test_megatron_core_refuses_token_drop_where_the_plan_rules_do(emitted):
     assert _transformer_config(flags).moe_expert_capacity_factor == 1.0
     with pytest.raises(ValueError, match="capacity"):
         _transformer_config({**flags, "moe_token_dispatcher_type": "flex"})
+
+
+def test_megatron_core_refuses_the_ep_overlap_where_the_plan_rules_do(emitted):
+    """autotune's legality (``legalrules.ep_overlap_broken``) mirrors TransformerConfig: the EP overlap
+    runs with EP > 1, a virtual pipeline when PP > 1, and no full recompute."""
+    flags = _flags((emitted("qwen3_megatron_a2a_overlap") / "megatron_args.txt").read_text())
+    config = _transformer_config(flags)
+    assert config.overlap_moe_expert_parallel_comm and config.delay_wgrad_compute
+    for change in (
+        {"expert_model_parallel_size": "1"},
+        {"num_layers_per_virtual_pipeline_stage": None},
+        {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": "1"},
+    ):
+        with pytest.raises((AssertionError, ValueError)):
+            _transformer_config({k: v for k, v in {**flags, **change}.items() if v is not None})
