@@ -174,3 +174,14 @@ def test_cluster_yaml_may_declare_an_nvlink_domain_across_nodes(tmp_path):
     path.write_text("gpu: h100-sxm\nnum_nodes: 2\ngpus_per_node: 8\nnvlink_domain_gpus: 12\n")
     with pytest.raises(ConfigError, match="nvlink_domain_gpus"):
         load_cluster(path)
+
+
+def test_the_h800_is_an_h100_with_its_nvlink_cut():
+    """DeepSeek's GPU: every compute and memory figure and curve of h100-sxm (YAML merge), NVLink at 200
+    GB/s per direction instead of 450."""
+    import dataclasses
+
+    h100, h800 = load_gpu("h100-sxm"), load_gpu("h800")
+    differ = {f.name for f in dataclasses.fields(h100) if getattr(h100, f.name) != getattr(h800, f.name)}
+    assert differ == {"key", "name", "intra_node_link", "sources"}
+    assert make_cluster(num_gpus=16, gpu="h800").intra_link.bw_bytes_per_s == 200e9
