@@ -76,7 +76,7 @@ def _common(plan: ParallelPlan, cluster: ClusterSpec | None) -> dict[str, str]:
 
 
 _ENV_WHY = {
-    "CUDA_DEVICE_MAX_CONNECTIONS": "Megatron validate_args (TP/CP > 1)",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "Megatron validate_args (TP/CP > 1: 1; the EP overlap: 32)",
     "UB_SKIPMC": "TE comm+GEMM overlap without CUDA multicast (compute capability < 9.0)",
 }
 

@@ -220,7 +220,13 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
             "- Megatron-LM: bash launch_torchrun.sh pretrain_gpt.py $(cat megatron_args.txt) plus "
             f"your data, tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags."
         )
-        if plan.tp > 1 or plan.cp > 1:
+        if plan.moe_a2a_overlap:
+            notes.append(
+                "- Megatron's EP overlap runs two streams at once: autotune_env.sh sets "
+                "CUDA_DEVICE_MAX_CONNECTIONS=32 (moe/README.md); with TP/CP > 1 before Blackwell "
+                "validate_args then warns that TP/CP collectives lose their queue order (not priced)."
+            )
+        elif plan.tp > 1 or plan.cp > 1:
             where = (
                 "autotune_env.sh sets it"
                 if plan.framework is Framework.MEGATRON
