@@ -367,7 +367,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         )
     if "mlp" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
-    split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
+    split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers)
     if split:
         errors.append(split)
     if not cluster.gpu.supports(str(plan.precision)):
@@ -377,4 +377,21 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             "recompute-modules mla_up_proj needs a model with multi-latent attention "
             "(Megatron's transformer_config.py refuses it otherwise)"
         )
-    return errors + _expert_model_errors(plan, model)
+    return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
+
+
+def _mtp_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
+    """Multi-token prediction is priced and emitted as Megatron runs it (``--mtp-num-layers``; torchtitan's
+    DeepSeek-V3 MTP refuses PP and CP, DeepSpeed has no model code); the EP overlap takes one module
+    (``TransformerConfig.__post_init__``)."""
+    if not model.mtp_layers:
+        return []
+    if plan.framework is not Framework.MEGATRON:
+        return [
+            f"{model.name} has {model.mtp_layers} multi-token prediction module(s) "
+            "(num_nextn_predict_layers), priced for Megatron (--mtp-num-layers): use --framework megatron, "
+            "or set it to 0 to plan the main model"
+        ]
+    if model.mtp_layers > 1 and plan.moe_a2a_overlap:
+        return ["moe-a2a-overlap runs with at most one multi-token prediction module (Megatron)"]
+    return []

@@ -71,8 +71,8 @@ PRICED_KEYS = frozenset(
         "no_rope_layers",
         "sliding_window_pattern",
         "source",
+        "num_nextn_predict_layers",  # ModelSpec.mtp_layers
         # refused unless they leave the cost unchanged (``_REFUSED``):
-        "num_nextn_predict_layers",
         "mlp_bias",
         "text_config",
         "vision_config",
@@ -198,11 +198,6 @@ def check_keys(cfg: dict[str, Any], where: str) -> None:
                 f"{where}: key '{key}' = {cfg[key]!r}: dropout masks are not priced "
                 "(activations.DROPOUT is off); set it to 0"
             )
-    if cfg.get("num_nextn_predict_layers"):
-        raise ConfigError(
-            f"{where}: key 'num_nextn_predict_layers' = {cfg['num_nextn_predict_layers']}: "
-            "multi-token-prediction modules are not priced; set it to 0 to plan the main model"
-        )
     if cfg.get("mlp_bias"):
         raise ConfigError(f"{where}: key 'mlp_bias' = true is not priced; set it to false")
 
@@ -336,4 +331,6 @@ def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         fields["attention_bias"] = cfg.get("attention_bias", True) is not False
     if str(cfg.get("model_type", "")) in ("gemma2", "gemma3_text"):
         fields["num_layer_norms"] = 4
+    if _int(cfg, "num_nextn_predict_layers", where):
+        fields["mtp_layers"] = _int(cfg, "num_nextn_predict_layers", where)
     return fields

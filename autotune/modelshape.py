@@ -119,6 +119,18 @@ def block_params_sum(model: ModelSpec) -> int:
     )
 
 
+def mtp_module_params(model: ModelSpec) -> int:
+    """One multi-token prediction module (``ModelSpec.mtp_layers``; Megatron-Core
+    ``multi_token_prediction.py`` ``MultiTokenPredictionLayer``, DeepSeek-V3 report Sec. 2.2): a block of the
+    last layer's type (MoE when it is an MoE layer), ``enorm``, ``hnorm`` and its final norm, and
+    ``eh_proj`` (2h x h); embedding and output head are the main model's."""
+    h = model.hidden_size
+    attn_bias = 2 * model.kv_hidden_size + model.num_heads * model.head_dim if model.attention_bias else 0
+    last_is_moe = model.is_moe and model.num_layers - 1 in model.moe_layers
+    mlp = moe_mlp_params(model) if last_is_moe else dense_mlp_params(model) + _gpt_biases(model)
+    return attention_weight_params(model) + _norm_params(model) + attn_bias + mlp + 2 * h * h + 3 * h
+
+
 def gemm_params_per_layer(model: ModelSpec) -> float:
     """Weight entries one token multiplies through in a block, the mean over blocks: attention, the dense
     MLP or (MoE layers) the router, top-k routed experts and the shared experts. ``2 x`` this is the
@@ -165,6 +177,7 @@ def trial_model_gap(model: ModelSpec) -> str | None:
         (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
         (model.attention_bias, "attention biases"),
         (model.num_layer_norms != 2, "Gemma-2's four norms"),
+        (bool(model.mtp_layers), "multi-token prediction modules"),
     ]
     missing = [what for present, what in gaps if present]
     return ", ".join(missing) or None

@@ -82,14 +82,17 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             moe_layers=len(model.moe_layers),
             dense_layers=model.num_layers - len(model.moe_layers),
         )
+    if model.mtp_layers:
+        info.update(mtp_layers=model.mtp_layers, mtp_params=model.mtp_params)
     return info
 
 
 def params_line(model: ModelSpec) -> str:
     """``46.7B total, 12.9B active`` for MoE models, ``8.03B parameters`` for dense ones."""
+    mtp = f" + {model.mtp_layers} MTP module ({_one_decimal(model.mtp_params)})" if model.mtp_layers else ""
     if model.is_moe:
-        return f"{_one_decimal(model.total_params)} total, {_one_decimal(model.active_params)} active"
-    return f"{param_count(model.num_params)} parameters"
+        return f"{_one_decimal(model.total_params)} total, {_one_decimal(model.active_params)} active{mtp}"
+    return f"{param_count(model.num_params)} parameters{mtp}"
 
 
 def _one_decimal(n: float) -> str:

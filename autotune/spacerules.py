@@ -177,10 +177,12 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return _DEEPSPEED[broken[0]]
     if interleave_bad(v.schedule, pp, v.virtual_stages):
         return "the interleaved schedule needs virtual stages >= 2"
-    if pp > 1 and split_error(ctx.model.num_layers, pp, v.virtual_stages, str(fw)):
+    if pp > 1 and split_error(ctx.model.num_layers, pp, v.virtual_stages, str(fw), ctx.model.mtp_layers):
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
+    if ctx.model.mtp_layers and fw is not Framework.MEGATRON:
+        return "multi-token prediction is priced for Megatron only"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
@@ -247,6 +249,8 @@ def _knob_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int) -> str |
         )
     ):
         return _EP_OVERLAP[broken]
+    if v.moe_a2a_overlap and ctx.model.mtp_layers > 1:
+        return "Megatron's EP overlap runs with at most one MTP module"
     return None
 
 

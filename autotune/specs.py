@@ -77,6 +77,11 @@ class ModelSpec:
     """MLA: per-head query/key width without RoPE."""
     v_head_dim: int = 0
     """MLA: per-head value width."""
+    mtp_layers: int = 0
+    """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; Hugging Face ``num_nextn_predict_layers``,
+    Megatron ``--mtp-num-layers``): each one more block of the last layer's type on the last pipeline stage,
+    behind two norms and an ``eh_proj`` (2h -> h), sharing the embedding and output head, with a head pass
+    and loss of its own. Not in ``num_params`` (the main model, as model cards count it): ``mtp_params``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.moe_layers, tuple):  # JSON round trips (scaleout, trials) give lists
@@ -150,6 +155,13 @@ class ModelSpec:
         idle = self.num_experts - self.experts_per_token
         each = routed_expert_params(self) // max(1, self.num_experts)
         return self.num_params - len(self.moe_layers) * idle * each
+
+    @cached_property
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token prediction modules (``modelshape.mtp_module_params`` each)."""
+        from autotune.modelshape import mtp_module_params
+
+        return self.mtp_layers * mtp_module_params(self)
 
     @cached_property
     def num_non_embedding_params(self) -> int:

@@ -71,6 +71,8 @@ class StageSplit:
     chunk_layers: tuple[int, ...]
     method: str
     """Which framework rule made it (module constants); ``uniform`` when ``pp x v`` divides the layers."""
+    mtp: int = 0
+    """Multi-token prediction modules on the last chunk (Megatron's ``m`` in a layout)."""
 
     def rank_layers(self, rank: int) -> int:
         """Blocks pipeline rank ``rank`` holds over its ``v`` chunks."""
@@ -94,18 +96,19 @@ class StageSplit:
         return self.method == UNIFORM
 
 
-def split_layers(num_layers: int, plan: ParallelPlan) -> StageSplit:
-    """The split ``plan.framework`` makes (module docstring); ``ValueError`` when it cannot split."""
-    split = _split(num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
+def split_layers(num_layers: int, plan: ParallelPlan, *, mtp: int = 0) -> StageSplit:
+    """The split ``plan.framework`` makes (module docstring); ``ValueError`` when it cannot split. ``mtp``:
+    the model's multi-token prediction modules, which Megatron places on the last chunk."""
+    split = _split(num_layers, plan.pp, plan.virtual_stages, str(plan.framework), mtp)
     if isinstance(split, str):
         raise ValueError(split)
     return split
 
 
-def split_error(num_layers: int, pp: int, virtual_stages: int, framework: str) -> str | None:
+def split_error(num_layers: int, pp: int, virtual_stages: int, framework: str, mtp: int = 0) -> str | None:
     """Why ``framework`` cannot cut ``num_layers`` blocks into ``pp x virtual_stages`` chunks; None when
     it can."""
-    split = _split(num_layers, pp, virtual_stages, str(framework))
+    split = _split(num_layers, pp, virtual_stages, str(framework), mtp)
     return split if isinstance(split, str) else None
 
 
@@ -120,21 +123,25 @@ def pipeline_degree_ok(num_layers: int, pp: int) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _split(num_layers: int, pp: int, v: int, framework: str) -> StageSplit | str:
+def _split(num_layers: int, pp: int, v: int, framework: str, mtp: int = 0) -> StageSplit | str:
     chunks = pp * v
     if num_layers % chunks == 0:
-        return StageSplit(pp=pp, chunk_layers=(num_layers // chunks,) * chunks, method=UNIFORM)
+        return StageSplit(pp=pp, chunk_layers=(num_layers // chunks,) * chunks, method=UNIFORM, mtp=mtp)
     if framework == "megatron":
-        return _megatron(num_layers, pp, v)
+        return _megatron(num_layers, pp, v, mtp)
     if framework == "fsdp":
         return _torchtitan(num_layers, pp, v)
     return _deepspeed(num_layers, pp, v)
 
 
-def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
+def _megatron(num_layers: int, pp: int, v: int, mtp: int = 0) -> StageSplit | str:
     """Account-for split if ``L + 2`` / ``L + 1`` divides, else the first/last-layers split whose busiest
-    rank holds the fewest blocks (ties: the smaller last stage, which also runs the head), else a layout."""
+    rank holds the fewest blocks (ties: the smaller last stage, which also runs the head), else a layout.
+    With multi-token prediction (``mtp`` modules) only the layout, which places them (``m``) in the last
+    chunk before the loss (``_megatron_layout_split``)."""
     chunks = pp * v
+    if mtp:
+        return _megatron_layout_split(num_layers, pp, v, mtp)
     for extra, method in ((2, ACCOUNT_BOTH), (1, ACCOUNT_LOSS)):
         if (num_layers + extra) % chunks == 0 and (num_layers + extra) // chunks >= 2:
             per = [(num_layers + extra) // chunks] * chunks
@@ -156,6 +163,30 @@ def _megatron(num_layers: int, pp: int, v: int) -> StageSplit | str:
                 best = (key, split)
     if best is not None:
         return best[1]
+    return _megatron_layout_split(num_layers, pp, v, 0)
+
+
+def _megatron_layout_split(num_layers: int, pp: int, v: int, mtp: int) -> StageSplit | str:
+    """The layout split (module docstring). With multi-token prediction the weights follow the recipes'
+    DeepSeek-V3 layouts: the loss a block, each MTP module two (its block and its head pass), the embedding
+    lookup nothing; left-over blocks go to the first chunks and a last chunk short of blocks takes them from
+    the first ones. That reproduces Megatron-Bridge's and NVIDIA's MLPerf ``Et*4|(t*4|)*14tmL`` (PP x VP =
+    16) and Megatron-Bridge's H100 ``Et|(tt|)*30mL`` (32 chunks)."""
+    chunks = pp * v
+    if mtp:
+        even, extra = divmod(num_layers + 1 + 2 * mtp, chunks)
+        layers = [even + (i < extra) for i in range(chunks)]
+        layers[-1] -= 1 + 2 * mtp
+        short, layers[-1] = max(0, -layers[-1]), max(0, layers[-1])
+        for i in range(chunks - 1):
+            take = min(short, layers[i])
+            layers[i], short = layers[i] - take, short - take
+        if short or even < 1:
+            return (
+                f"Megatron cannot split {num_layers} layers + MTP into PP x virtual stages = {pp} x {v}: "
+                "more chunks than blocks"
+            )
+        return StageSplit(pp=pp, chunk_layers=tuple(layers), method=LAYOUT, mtp=mtp)
     even, extra = divmod(num_layers + 2, chunks)
     if even < 1:  # an end chunk may hold the embedding or the loss alone (Megatron's "...|L" example)
         return (
@@ -172,7 +203,7 @@ def megatron_layout(split: StageSplit) -> str:
     """``--pipeline-model-parallel-layout`` of ``split``: its chunks in stage order (module docstring)."""
     last = len(split.chunk_layers) - 1
     return "|".join(
-        ("E" if i == 0 else "") + "t" * n + ("L" if i == last else "")
+        ("E" if i == 0 else "") + "t" * n + ("m" * split.mtp + "L" if i == last else "")
         for i, n in enumerate(split.chunk_layers)
     )
 

@@ -9,9 +9,9 @@ only TFLOP/s per GPU are converted with the row's FLOP convention (Megatron's
 recompute), i.e. our model FLOPs per token with the attention term halved.
 
 What is fixed for every row (no per-row or per-model factor):
-- multi-token prediction (DeepSeek-V3's ``num_nextn_predict_layers: 1``) is dropped from the shape: autotune
-  refuses to price it; the measured runs include it (about one extra MoE block and LM head of 61: the
-  prediction is biased high by a few percent on those rows);
+- multi-token prediction (DeepSeek-V3's ``num_nextn_predict_layers: 1``, which the Megatron-Bridge recipes
+  keep) is priced as the shape says (``costmodel.mtp``; with PP the emitted layout gives it a block's place
+  in the last chunk, as the recipes' ``...|tmL`` / ``...mL`` layouts do);
 - dispatchers: the plan's ``moe_dispatcher`` is the flex backend the recipe names (``dispatcher``; DeepEP /
   HybridEP send a token once per destination node), else the plain all-to-all of ``costmodel.moe``;
   balanced load (the perf tables force-balance the routing); the 'flex' column marks rows whose notes
@@ -59,7 +59,6 @@ _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
 
 def row_model(row: dict[str, Any]):
     shape = {k: v for k, v in row["shape"].items() if k != "shape_source"}
-    shape["num_nextn_predict_layers"] = 0  # module docstring
     return model_from_dict(shape, name=row["id"])
 
 

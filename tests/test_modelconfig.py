@@ -92,7 +92,6 @@ def test_every_published_key_is_priced_or_known_neutral(name, cfg):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"num_nextn_predict_layers": 1}, "num_nextn_predict_layers"),
         ({"attention_dropout": 0.1}, "attention_dropout"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"vision_config": {}}, "vision_config"),
@@ -105,6 +104,17 @@ def test_unpriceable_keys_are_refused_in_one_line(change, message):
     with pytest.raises(ConfigError, match=message) as err:
         model_from_dict({**PRESETS["deepseek-v3"], **change}, name="ds")
     assert "\n" not in str(err.value)
+
+
+def test_multi_token_prediction_is_read_and_counted_apart_from_the_main_model():
+    """DeepSeek-V3's config.json: ``num_nextn_predict_layers: 1``, one MTP module of an MoE block, two norms,
+    a final norm and ``eh_proj`` (2h x h); the main model keeps its published 671B."""
+    main = model_from_dict(PRESETS["deepseek-v3"], name="ds")
+    mtp = model_from_dict({**PRESETS["deepseek-v3"], "num_nextn_predict_layers": 1}, name="ds")
+    assert (main.mtp_layers, mtp.mtp_layers) == (0, 1)
+    assert mtp.total_params == main.total_params and mtp.active_params == main.active_params
+    assert mtp.mtp_params == pytest.approx(11.61e9, rel=0.01)  # one MoE block 11.5B + eh_proj 0.10B
+    assert mtp.mtp_params > main.params_per_layer  # an MoE block: above the mean of 3 dense + 58 MoE
 
 
 def test_spec_round_trips_through_asdict():

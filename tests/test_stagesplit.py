@@ -107,3 +107,22 @@ def test_recompute_layers_prices_and_emits_megatrons_block_recompute():
         ParallelPlan(
             **{**base, "framework": "fsdp", "sharding": "fsdp-full"}, recompute="full", recompute_layers=5
         )
+
+
+def test_megatron_places_the_mtp_module_in_the_last_chunk_before_the_loss():
+    """DeepSeek-V3 with its MTP module: the recipes' layouts, ``Et*4|(t*4|)*14tmL`` at 16 chunks
+    (Megatron-Bridge GB200/GB300, NVIDIA's MLPerf v6.0) and ``Et|(tt|)*30mL`` at 32 (Megatron-Bridge H100),
+    which megatron-core's ``PipelineParallelLayerLayout`` accepts."""
+    core = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    for pp, v, expected in (
+        (4, 4, "Et*4|(t*4|)*14tmL"),
+        (8, 2, "Et*4|(t*4|)*14tmL"),
+        (8, 4, "Et|(tt|)*30mL"),
+    ):
+        plan = _plan(pp=pp, dp=256 // pp, tp=1, schedule="interleaved", virtual_stages=v)
+        layout = megatron_layout(split_layers(61, plan, mtp=1))
+        parsed = core.PipelineParallelLayerLayout(layout, pp)
+        assert parsed.layout == core.PipelineParallelLayerLayout(expected, pp).layout
+        parsed.validate_layer_layout(num_layers=61, mtp_num_layers=1)
+        with pytest.raises(AssertionError):
+            parsed.validate_layer_layout(num_layers=61, mtp_num_layers=2)

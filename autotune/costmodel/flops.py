@@ -85,9 +85,13 @@ def lm_head_flops_per_token(model: ModelSpec) -> float:
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Forward + backward model FLOPs per trained token, no recompute: ``3 x (L x (GEMMs + full attention)
-    + LM head)``. This is the MFU numerator of PaLM (App. B) and Megatron (Korthikanti Eq. 7)."""
+    + LM head)``. This is the MFU numerator of PaLM (App. B) and Megatron (Korthikanti Eq. 7). Each
+    multi-token prediction module adds a block (the mean block), its ``eh_proj`` (``2 x 2h x h``) and a head
+    pass, as Megatron counts them (``megatron/training/training.py`` ``num_floating_point_operations``:
+    ``mtp_num_layers`` more layers, "MTP eh proj", logits x ``(mtp_num_layers + 1)``)."""
     per_layer = layer_gemm_flops_per_token(model) + attention_flops_per_token(model, seq_len)
-    return 3.0 * (model.num_layers * per_layer + lm_head_flops_per_token(model))
+    mtp = model.mtp_layers * (per_layer + 4.0 * model.hidden_size**2 + lm_head_flops_per_token(model))
+    return 3.0 * (model.num_layers * per_layer + lm_head_flops_per_token(model) + mtp)
 
 
 def recompute_flops_per_token(

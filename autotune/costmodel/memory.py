@@ -156,7 +156,8 @@ def _moments(
     per_stage = stage_activation_bytes(x, plan, layers=layers, e=e, k=k)
     per_stage -= layers * freed_bytes_per_layer(model, plan, e=e, k=k)  # --recompute-modules
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
-    head_last = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
+    logit_sets = 1 + model.mtp_layers  # each multi-token prediction module runs the head and a loss
+    head_last = logit_sets * head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
     at_loss = microbatches_at_loss(plan) if last else 0.0
     in_flight = in_flight_microbatches(plan, rank=rank)
     outputs = stage_output_bytes(model, plan, rank=rank, e=e)  # torch pipelining's fwd_cache
@@ -164,7 +165,7 @@ def _moments(
     working = backward_working_bytes(
         x, tp=t, sp=sp, recompute=rc, e=e, k=k, attention=cp_attention_bytes(model, plan, e)
     )
-    one_logits = loss_stored_bytes(x, tp=t, e=e, k=k) if last else 0.0
+    one_logits = logit_sets * loss_stored_bytes(x, tp=t, e=e, k=k) if last else 0.0
     logits = (at_loss - 1) * one_logits if last else 0.0  # this micro-batch's loss is freed by now
     accumulated = kept.grads_bytes if plan.num_microbatches > in_flight else 0.0  # a backward ran earlier
     backward = _Moment(
@@ -224,7 +225,8 @@ def stage_memory(
     optimizer-step moments (module docstring); its blocks as ``autotune/stagesplit.py`` splits them."""
     k = kernels if kernels is not None else kernels_for(plan)
     first, last = rank == 0, rank == plan.pp - 1
-    layers = _rank_layers(model, plan)[rank]
+    # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
+    layers = _rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
     params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
     states = _states(model, plan, params, numerics, layers=layers)
     kept = deferred_reduce_bytes(
@@ -305,7 +307,7 @@ def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> list[float]:
     """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
     (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
     try:
-        split = split_layers(model.num_layers, plan)
+        split = split_layers(model.num_layers, plan, mtp=model.mtp_layers)
     except ValueError:
         return [model.num_layers / plan.pp] * plan.pp
     return [float(split.rank_layers(r)) for r in range(plan.pp)]

@@ -68,18 +68,19 @@ def stage_split(num_layers: int, pp: int, head_layers: float) -> tuple[int, int]
     return best[1], best[2]
 
 
-def rank_blocks(num_layers: int, plan: ParallelPlan, head_layers: float) -> tuple[int, int]:
+def rank_blocks(num_layers: int, plan: ParallelPlan, head_layers: float, *, mtp: int = 0) -> tuple[int, int]:
     """(blocks on the last rank, most blocks on any other rank) of the split the framework makes and the
     emitters write (``autotune/stagesplit.py``): equal chunks where PP x virtual stages divides the layers
     (Megatron's default: the last rank holds ``L / pp`` blocks and the LM head and loss besides, so it
     paces the pipeline; megatron/core/transformer/transformer_layer.py ``get_transformer_layer_offset``
     without ``--decoder-last-pipeline-num-layers`` or ``--account-for-loss-in-pipeline-split``), else the
     framework's uneven split; a rank's ``v`` chunks together. ``stage_split``'s head-balanced split only
-    for a plan the framework cannot split (``check_plan`` says why)."""
+    for a plan the framework cannot split (``check_plan`` says why). ``mtp``: multi-token prediction modules,
+    which Megatron's layout counts on the last chunk (their time is in ``head_layers``)."""
     if plan.pp <= 1:
         return stage_split(num_layers, plan.pp, head_layers)
     try:
-        split = split_layers(num_layers, plan)
+        split = split_layers(num_layers, plan, mtp=mtp)
     except ValueError:  # illegal plan: check_plan says why; price the balanced split
         return stage_split(num_layers, plan.pp, head_layers)
     others = max(split.rank_layers(r) for r in range(plan.pp - 1))

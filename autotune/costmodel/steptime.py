@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from autotune.costmodel import flops, fsdpcopy, moe, ncclsm, pipeline, tpcomm
+from autotune.costmodel import flops, fsdpcopy, moe, mtp, ncclsm, pipeline, tpcomm
 from autotune.costmodel.blocktime import block_times, recomputed_share
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
@@ -165,11 +165,14 @@ def step_time(
     block_s = bt.total_s
     # the last pipeline rank runs the head (and with PP=1 the embedding too); the first runs the embedding
     last_tp_s = bt.head_tp_s + (bt.embed_tp_s if plan.pp == 1 else 0.0)
-    last_extra_s = bt.head_s + last_tp_s + bt.edge_host_s
-    k_last, k_other = pipeline.rank_blocks(model.num_layers, plan, last_extra_s / block_s)
+    mtp_s = mtp.modules_s(model, cluster, plan, bt)  # multi-token prediction, on the last rank
+    last_extra_s = bt.head_s + mtp_s + last_tp_s + bt.edge_host_s
+    k_last, k_other = pipeline.rank_blocks(
+        model.num_layers, plan, last_extra_s / block_s, mtp=model.mtp_layers
+    )
     last_busier = k_last + last_extra_s / block_s >= k_other
     blocks = k_last if last_busier else k_other
-    head_s = bt.head_s if last_busier else 0.0
+    head_s = bt.head_s + mtp_s if last_busier else 0.0
     edge_tp_s = last_tp_s if last_busier else bt.embed_tp_s
     edge_host = bt.edge_host_s if last_busier else 0.0
     m = plan.num_microbatches

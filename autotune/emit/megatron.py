@@ -90,6 +90,8 @@ def _model_args(
         args.append(["--untie-embeddings-and-output-weights"])
     if model.attention_head_dim and not model.uses_mla:
         args.append(["--kv-channels", str(model.attention_head_dim)])
+    if model.mtp_layers:  # multi-token prediction (costmodel/mtp.py); its loss weight is the user's
+        args.append(["--mtp-num-layers", str(model.mtp_layers)])
     return args + _mla_args(model) + _moe_args(model, dispatcher)
 
 
@@ -190,7 +192,7 @@ def _split_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     """Interleaving and the uneven split (megatron/training/arguments.py; ``autotune/stagesplit.py``)."""
     if plan.pp == 1:
         return []
-    split = split_layers(model.num_layers, plan)
+    split = split_layers(model.num_layers, plan, mtp=model.mtp_layers)
     if split.uniform:
         if plan.schedule is not Schedule.INTERLEAVED:
             return []
@@ -314,7 +316,9 @@ def megatron_env(plan: ParallelPlan, gpu: GPUSpec | None = None) -> dict[str, st
 
 
 def _check_rules(plan: ParallelPlan, model: ModelSpec) -> None:
-    reason = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework))
+    reason = split_error(
+        model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers
+    )
     if reason:
         raise ConfigError(f"Megatron: {reason}")
     if plan.offload_activation_layers >= model.num_layers:

@@ -1,0 +1,32 @@
+"""Multi-token prediction: what its modules add to the last pipeline stage per micro-batch.
+
+DeepSeek-V3's MTP (report Sec. 2.2; Megatron-Core ``multi_token_prediction.py``, placed after the decoder
+on the last pipeline stage, ``--mtp-num-layers``) runs, per module and micro-batch, ``enorm`` / ``hnorm`` on
+the previous hidden state and the shifted token embedding, ``eh_proj`` (``[s, 2h] x [2h, h]``, column-parallel
+over TP), one block of the last layer's type, and the shared output head with its own loss. Priced as one
+more (mean) block, the head pass again, and the ``eh_proj`` GEMM forward + backward (3x); the norms and the
+embedding lookup are memory-bound and small against the block (not priced). Memory: the last stage holds one
+more block's states and activations and one more set of logits per module (``costmodel.memory``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.costmodel import kernels
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from autotune.costmodel.blocktime import BlockTimes
+
+__all__ = ["modules_s"]
+
+
+def modules_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
+    """Seconds the MTP modules add to one micro-batch on the last pipeline rank (module docstring)."""
+    if not model.mtp_layers:
+        return 0.0
+    h, tokens = model.hidden_size, plan.micro_batch * plan.seq_len / plan.cp
+    eh_proj = 3 * kernels.gemm_s(cluster.gpu, str(plan.precision), tokens, h / plan.tp, 2 * h)
+    return model.mtp_layers * (bt.total_s + bt.head_s + bt.head_tp_s + eh_proj)
