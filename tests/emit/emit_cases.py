@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +16,12 @@ class Case:
     model: str
     gpus: int
     plan: dict[str, Any] = field(default_factory=dict)
+    model_changes: dict[str, Any] = field(default_factory=dict)
+    """Fields of the preset to change (a config.json would set them)."""
 
     def build(self) -> tuple[ParallelPlan, ModelSpec, ClusterSpec]:
-        return ParallelPlan(**self.plan), load_model(self.model), make_cluster(num_gpus=self.gpus)
+        model = dataclasses.replace(load_model(self.model), **self.model_changes)
+        return ParallelPlan(**self.plan), model, make_cluster(num_gpus=self.gpus)
 
 
 CASES: dict[str, Case] = {
@@ -183,6 +187,23 @@ CASES: dict[str, Case] = {
             framework="megatron",
             moe_a2a_overlap=True,
         ),
+    ),
+    "deepseek_v3_mtp_megatron": Case(
+        "deepseek-v3",
+        256,
+        dict(
+            pp=8,
+            dp=32,
+            ep=32,
+            global_batch=2048,
+            seq_len=4096,
+            sharding="zero1",
+            schedule="interleaved",
+            virtual_stages=2,
+            recompute="full",
+            framework="megatron",
+        ),
+        model_changes={"mtp_layers": 1},  # DeepSeek-V3's config.json: num_nextn_predict_layers 1
     ),
     "qwen3_moe_fsdp_ep": Case(
         "qwen3-30b-a3b",

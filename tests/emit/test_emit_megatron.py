@@ -50,8 +50,10 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "qk-head-dim",
         "qk-pos-emb-head-dim",
         "v-head-dim",
+        "mtp-num-layers",
     ):
         p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--pipeline-model-parallel-layout")
     for flag in ("attention-dropout", "hidden-dropout"):
         p.add_argument(f"--{flag}", type=float)
     for flag in (
@@ -102,7 +104,8 @@ def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
     model_parallel = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
     assert world_size % model_parallel == 0
     dp = world_size // model_parallel
-    assert a.num_layers % a.pipeline_model_parallel_size == 0
+    if a.pipeline_model_parallel_layout is None:  # a layout names every chunk's layers instead
+        assert a.num_layers % a.pipeline_model_parallel_size == 0
     if a.num_layers_per_virtual_pipeline_stage is not None:
         per_stage = a.num_layers // a.pipeline_model_parallel_size
         assert per_stage % a.num_layers_per_virtual_pipeline_stage == 0
@@ -157,7 +160,10 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
         plan.seq_len,
     )
     per_stage = model.num_layers // plan.pp
-    assert per_stage // (a.num_layers_per_virtual_pipeline_stage or per_stage) == plan.virtual_stages
+    if a.pipeline_model_parallel_layout:  # its chunks: PP x virtual stages
+        assert a.pipeline_model_parallel_layout.count("|") + 1 == plan.pp * plan.virtual_stages
+    else:
+        assert per_stage // (a.num_layers_per_virtual_pipeline_stage or per_stage) == plan.virtual_stages
     assert (a.num_layers, a.hidden_size, a.num_attention_heads, a.ffn_hidden_size) == (
         model.num_layers,
         model.hidden_size,
@@ -173,6 +179,7 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     assert (a.expert_model_parallel_size or 1, a.expert_tensor_parallel_size or 1) == (plan.ep, plan.etp)
     assert a.multi_latent_attention == model.uses_mla
     assert a.overlap_moe_expert_parallel_comm == a.delay_wgrad_compute == plan.moe_a2a_overlap
+    assert (a.mtp_num_layers or 0) == model.mtp_layers
     if model.is_moe:
         flex = str(plan.moe_dispatcher) not in ("alltoall", "allgather")
         assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (
