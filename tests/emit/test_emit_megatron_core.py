@@ -142,7 +142,7 @@ def test_megatron_core_refuses_the_ep_overlap_where_the_plan_rules_do(emitted):
 
 def test_megatron_core_checks_the_mtp_module_in_the_emitted_layout(emitted):
     """DeepSeek-V3 with its MTP module: ``--mtp-num-layers 1`` and a layout with ``m`` before the loss, which
-    TransformerConfig parses and validates against the layer and MTP counts (and refuses without the ``m``)."""
+    TransformerConfig parses and checks against the layer and MTP counts (refusing it without the ``m``)."""
     text = (emitted("deepseek_v3_mtp_megatron") / "megatron_args.txt").read_text()
     config = _transformer_config(_flags(text))
     assert config.mtp_num_layers == 1 and config.pipeline_model_parallel_layout is not None
