@@ -221,6 +221,13 @@ def resolve_choices(
                     "experts); expert parallelism needs an MoE model"
                 )
             out[knob] = (1,)
+        if knob == "moe_a2a_overlap" and not model.is_moe:  # the EP overlap needs routed experts
+            if pins.get(knob):
+                raise ConfigError(
+                    f"--moe-a2a-overlap: {model.name} is a dense model (no expert all-to-all to overlap); "
+                    "drop the flag"
+                )
+            out[knob] = (False,)
         if not out[knob]:
             raise ConfigError(
                 f"{space.source}: knob '{knob}' has no candidates for {model.name} on {cluster.name}"

@@ -226,3 +226,11 @@ def test_the_search_weighs_megatrons_ep_overlap_where_megatron_runs_it():
     full = ranked(recompute="full")
     assert not any(r.plan.moe_a2a_overlap for r in full.feasible)
     assert "Megatron's EP overlap does not run with full recompute" in full.pruned
+
+
+def test_pinning_the_ep_overlap_on_a_dense_model_is_one_line(tmp_path, capsys):
+    argv = ["search", "--model", "llama3-8b", "--gpus", "8", "--moe-a2a-overlap", "--backend", "simulate"]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--moe-a2a-overlap" in err and "dense model" in err and len(err.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing written
