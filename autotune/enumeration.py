@@ -19,6 +19,7 @@ from autotune.plan import ParallelPlan, Schedule, Sharding
 from autotune.spacerules import (
     BATCH_RULE,
     KNOBS,
+    SPEED_KNOBS,
     Variant,
     collapse,
     layout_rule,
@@ -161,23 +162,14 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
                 key = (fw, sp, prec, ep > 1)
                 if key not in speeds:  # collapse before multiplying: most combinations leave one value each
                     collapsed = (
-                        collapse(v._replace(**dict(zip(_SPEED, speed, strict=True))), tp, cp)
-                        for speed in product(*(choices[k] for k in _SPEED))
+                        collapse(v._replace(**dict(zip(SPEED_KNOBS, speed, strict=True))), tp, cp)
+                        for speed in product(*(choices[k] for k in SPEED_KNOBS))
                     )
-                    speeds[key] = list(dict.fromkeys(tuple(getattr(c, k) for k in _SPEED) for c in collapsed))
-                out += [v._replace(**dict(zip(_SPEED, speed, strict=True))) for speed in speeds[key]]
+                    speeds[key] = list(
+                        dict.fromkeys(tuple(getattr(c, k) for k in SPEED_KNOBS) for c in collapsed)
+                    )
+                out += [v._replace(**dict(zip(SPEED_KNOBS, speed, strict=True))) for speed in speeds[key]]
     return list(dict.fromkeys(out))
-
-
-_SPEED = (
-    "fp8_recipe",
-    "compile",
-    "async_tp",
-    "tp_comm_overlap",
-    "cp_comm",
-    "moe_dispatcher",
-    "moe_a2a_overlap",
-)
 
 
 def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:

@@ -52,11 +52,23 @@ __all__ = [
     "BATCH_RULE",
     "Variant",
     "collapse",
+    "SPEED_KNOBS",
     "layout_rule",
     "variant_rule",
     "pipeline_rule",
     "plain",
 ]
+
+SPEED_KNOBS = (
+    "fp8_recipe",
+    "compile",
+    "async_tp",
+    "tp_comm_overlap",
+    "cp_comm",
+    "moe_dispatcher",
+    "moe_a2a_overlap",
+)
+"""The speed knobs (``collapse`` sets each to its default where it does not apply)."""
 
 KNOBS = (
     "tp",
@@ -74,13 +86,7 @@ KNOBS = (
     "precision",
     "ep",
     "etp",
-    "fp8_recipe",
-    "compile",
-    "async_tp",
-    "tp_comm_overlap",
-    "cp_comm",
-    "moe_dispatcher",
-    "moe_a2a_overlap",
+    *SPEED_KNOBS,
 )
 
 BATCH_RULE = "global batch is not divisible by DP x micro-batch"
