@@ -1,7 +1,8 @@
 """Explain one plan: where its step time and memory go, what binds, and the one-knob changes that help most.
 
 Neighbours change exactly one knob (TP or PP x2 / /2 with DP taking up the rest, micro-batch x2 / /2, the
-recompute level, sequence parallel on, the sharding stage +-1 within the framework, virtual stages, offload).
+recompute level, sequence parallel on, the sharding stage +-1 within the framework, virtual stages, offload;
+for Megatron MoE plans with EP > 1 the EP overlap and the dispatcher).
 Only legal plans are kept (``ParallelPlan`` rules and ``check_plan``). A feasible plan's suggestions are the
 feasible neighbours ranked by predicted tokens/s gain; an infeasible plan's are ranked by memory freed,
 feasible ones first.
@@ -15,7 +16,7 @@ from typing import Any
 
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
-from autotune.plan import Framework, ParallelPlan, Recompute, Schedule, Sharding, check_plan
+from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute, Schedule, Sharding, check_plan
 from autotune.ranking import Estimator
 from autotune.render import gib
 from autotune.report.data import memory_groups, time_groups
@@ -121,6 +122,14 @@ def _candidates(plan: ParallelPlan, world: int) -> Iterator[tuple[str, dict[str,
                 {"virtual_stages": v, "schedule": schedule},
             )
     yield ("offload off" if plan.offload else "optimizer offload on"), {"offload": not plan.offload}
+    if plan.ep > 1 and plan.framework is Framework.MEGATRON:  # the token exchange's own knobs
+        yield (
+            "EP all-to-all overlap " + ("off" if plan.moe_a2a_overlap else "on"),
+            {"moe_a2a_overlap": not plan.moe_a2a_overlap},
+        )
+        for dispatcher in MoeDispatcher:
+            if dispatcher is not plan.moe_dispatcher:
+                yield f"MoE dispatcher {plan.moe_dispatcher} -> {dispatcher}", {"moe_dispatcher": dispatcher}
 
 
 def neighbours(

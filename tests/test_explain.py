@@ -29,6 +29,28 @@ def test_a_feasible_plan_gets_feasible_changes_ranked_by_tokens_per_s():
     assert result.suggestions[0].change.startswith("recompute full -> ")
 
 
+def test_a_plan_bound_by_the_token_exchange_gets_the_dispatcher_and_the_ep_overlap():
+    """Qwen3-235B on 256 H100 with EP across 4 nodes: the exchange binds; DeepEP and the EP overlap help."""
+    model, cluster = load_model("qwen3-235b-a22b"), make_cluster(num_gpus=256)
+    plan = _plan(
+        tp=2,
+        pp=8,
+        dp=16,
+        ep=32,
+        global_batch=2048,
+        schedule="interleaved",
+        virtual_stages=4,
+        framework="megatron",
+        sharding="zero1",
+        sequence_parallel=True,
+        recompute="selective",
+    )
+    result = explain(model, cluster, plan)
+    assert result.binds.startswith("EP all-to-all")
+    changes = {s.change: s.tokens_per_s_gain for s in result.suggestions}
+    assert changes["MoE dispatcher alltoall -> deepep"] > 0.1 and changes["EP all-to-all overlap on"] > 0.1
+
+
 def test_an_oom_plan_gets_the_changes_that_free_the_most_memory_feasible_first():
     model, cluster = load_model("70b"), make_cluster(num_gpus=16)
     plan = _plan(tp=8, dp=2, sharding="fsdp-full")
