@@ -126,3 +126,21 @@ def test_megatron_places_the_mtp_module_in_the_last_chunk_before_the_loss():
         parsed.validate_layer_layout(num_layers=61, mtp_num_layers=1)
         with pytest.raises(AssertionError):
             parsed.validate_layer_layout(num_layers=61, mtp_num_layers=2)
+
+
+def test_every_mtp_layout_autotune_writes_is_one_megatron_core_accepts():
+    """Every PP x VP that the MTP layout can split 61 layers into: the chunks sum to the layers, none is
+    negative, and megatron-core's layout check passes; a split that cannot is refused with the reason."""
+    core = pytest.importorskip("megatron.core.transformer.pipeline_parallel_layer_layout")
+    for pp in (2, 4, 8, 16, 32):
+        for v in (1, 2, 3, 4, 8):
+            plan = _plan(pp=pp, dp=2, tp=1, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+            try:
+                split = split_layers(61, plan, mtp=1)
+            except ValueError as e:
+                assert "MTP" in str(e) or "Megatron cannot split" in str(e)
+                continue
+            assert sum(split.chunk_layers) == 61 and min(split.chunk_layers) >= 0
+            if split.method == "layout":
+                layout = core.PipelineParallelLayerLayout(megatron_layout(split), pp)
+                layout.validate_layer_layout(num_layers=61, mtp_num_layers=1)
