@@ -6,7 +6,8 @@ the previous hidden state and the shifted token embedding, ``eh_proj`` (``[s, 2h
 over TP), one block of the last layer's type, and the shared output head with its own loss. Priced as one
 more (mean) block, the head pass again, and the ``eh_proj`` GEMM forward + backward (3x); the norms and the
 embedding lookup are memory-bound and small against the block (not priced). Memory: the last stage holds one
-more block's states and activations and one more set of logits per module (``costmodel.memory``).
+more block's states and activations and one more set of logits per module (``costmodel.memory``). Not priced:
+the module's gradients in the last stage's DP reduction (one block's worth beside the stage's).
 """
 
 from __future__ import annotations
