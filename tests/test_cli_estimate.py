@@ -168,3 +168,21 @@ def test_the_plan_line_names_the_moe_routing_it_was_priced_with(capsys):
     assert "needs Megatron's alltoall dispatcher" in capsys.readouterr().err
     assert main(["estimate", *argv, "--moe-capacity-factor", "1.25", "--moe-load-imbalance", "1.2"]) == 0
     assert "EP8 drop@1.25 skew1.2 mbs1x8" in capsys.readouterr().out
+
+
+def test_deepseek_v3_config_with_its_mtp_module_plans_on_megatron(capsys, tmp_path):
+    """DeepSeek-V3's config.json keeps ``num_nextn_predict_layers: 1``: the main model's counts as published,
+    the module apart under ``model``; other frameworks say how to plan it in one line."""
+    from autotune.catalog import _data
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**_data("models.yaml")["deepseek-v3"], "num_nextn_predict_layers": 1}))
+    model = ["--model", str(config), "--gpus", "256", "--global-batch", "2048"]
+    megatron = ["--pp", "8", "--ep", "32", "--framework", "megatron", "--sharding", "zero1"]
+    interleaved = ["--recompute", "full", "--schedule", "interleaved", "--virtual-stages", "2"]
+    out = _estimate_json(capsys, *model, *megatron, *interleaved)
+    assert out["model"]["mtp_layers"] == 1 and out["model"]["mtp_params"] == pytest.approx(11.6e9, rel=0.01)
+    assert out["model"]["total_params"] == pytest.approx(671e9, rel=0.01)
+    assert main(["estimate", *model, "--ep", "32", "--sharding", "fsdp-full"]) == 2
+    err = capsys.readouterr().err
+    assert "--framework megatron" in err and len(err.strip().splitlines()) == 1
