@@ -220,6 +220,12 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
             "- Megatron-LM: bash launch_torchrun.sh pretrain_gpt.py $(cat megatron_args.txt) plus "
             f"your data, tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags."
         )
+        if model.mtp_layers:
+            notes.append(
+                f"- Multi-token prediction: --mtp-num-layers {model.mtp_layers} is priced (a block, eh_proj "
+                "and a head pass per module on the last pipeline stage); its loss weight, "
+                "--mtp-loss-scaling-factor, is yours (Megatron's default 0.1)."
+            )
         if plan.moe_a2a_overlap:
             notes.append(
                 "- Megatron's EP overlap runs two streams at once: autotune_env.sh sets "
