@@ -106,14 +106,18 @@ def _gpt_biases(model: ModelSpec) -> int:
     return h + 2 * kv + h + (model.num_mlp_matrices - 1) * f + h
 
 
+def _attention_part_params(model: ModelSpec) -> int:
+    """A block's attention weights and biases and its norms: everything but the MLP."""
+    attn_bias = 2 * model.kv_hidden_size + model.num_heads * model.head_dim if model.attention_bias else 0
+    return attention_weight_params(model) + _norm_params(model) + attn_bias
+
+
 def block_params_sum(model: ModelSpec) -> int:
     """Parameters of all transformer blocks (embeddings and the final norm excluded)."""
     num_moe = len(model.moe_layers)
     num_dense = model.num_layers - num_moe
-    attn_bias = 2 * model.kv_hidden_size + model.num_heads * model.head_dim if model.attention_bias else 0
-    per_layer = attention_weight_params(model) + _norm_params(model) + attn_bias
     return (
-        model.num_layers * per_layer
+        model.num_layers * _attention_part_params(model)
         + num_dense * (dense_mlp_params(model) + _gpt_biases(model))
         + num_moe * moe_mlp_params(model)
     )
@@ -125,10 +129,9 @@ def mtp_module_params(model: ModelSpec) -> int:
     last layer's type (MoE when it is an MoE layer), ``enorm``, ``hnorm`` and its final norm, and
     ``eh_proj`` (2h x h); embedding and output head are the main model's."""
     h = model.hidden_size
-    attn_bias = 2 * model.kv_hidden_size + model.num_heads * model.head_dim if model.attention_bias else 0
     last_is_moe = model.is_moe and model.num_layers - 1 in model.moe_layers
     mlp = moe_mlp_params(model) if last_is_moe else dense_mlp_params(model) + _gpt_biases(model)
-    return attention_weight_params(model) + _norm_params(model) + attn_bias + mlp + 2 * h * h + 3 * h
+    return _attention_part_params(model) + mlp + 2 * h * h + 3 * h
 
 
 def gemm_params_per_layer(model: ModelSpec) -> float:
