@@ -190,16 +190,17 @@ def block_times(
 def _overlapped_ep_s(
     model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes, tokens: float
 ) -> float:
-    """The block's exchange under Megatron's EP overlap (``epoverlap``): TP/CP time split as in
-    ``_moe_host_s`` and counted with the attention (pre-dispatch) node, recompute with the backward."""
+    """The block's exchange under Megatron's EP overlap (``epoverlap``): device time as ``_device_s``
+    splits it, the TP/CP time counted with the attention (pre-dispatch) node."""
     comm = bt.tp_s + bt.cp_s
+    fwd_s, bwd_s = _device_s(bt)
     return epoverlap.exposed_ep_s(
         model,
         cluster,
         plan,
         ep_s=bt.ep_s,
-        fwd_s=bt.fwd_s + comm / 3,
-        bwd_s=bt.bwd_s + bt.recompute_s + 2 * comm / 3,
+        fwd_s=fwd_s,
+        bwd_s=bwd_s,
         attn_fwd_s=bt.attn_s + comm / 3,
         attn_bwd_s=bt.attn_bwd_s + 2 * comm / 3,
         routed=epoverlap.routed_share(model, cluster, plan, tokens),
@@ -208,13 +209,17 @@ def _overlapped_ep_s(
 
 def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
     """What the per-layer host sync of the MoE dispatcher exposes (``moehost``), against the block's device
-    time: forward work and a third of its TP/CP time, the rest and the recompute in backward; the token
-    exchange split by its calls (2 of 4, or of 6 with full recompute)."""
+    time (``_device_s``) and the token exchange split by its calls (2 of 4, or of 6 with full recompute)."""
     ep_fwd = bt.ep_s * (2 / 6 if plan.recompute is Recompute.FULL else 0.5)
+    fwd_s, bwd_s = _device_s(bt)
+    return moehost.exposed_s(model, plan, fwd_s + ep_fwd, bwd_s + bt.ep_s - ep_fwd)
+
+
+def _device_s(bt: BlockTimes) -> tuple[float, float]:
+    """(forward, backward) device seconds of the block without its token exchange: forward work and a third
+    of its TP/CP time; the rest, the backward work and the recompute in backward."""
     comm = bt.tp_s + bt.cp_s
-    return moehost.exposed_s(
-        model, plan, bt.fwd_s + comm / 3 + ep_fwd, bt.bwd_s + bt.recompute_s + 2 * comm / 3 + bt.ep_s - ep_fwd
-    )
+    return bt.fwd_s + comm / 3, bt.bwd_s + bt.recompute_s + 2 * comm / 3
 
 
 def recomputed_share(model: ModelSpec, plan: ParallelPlan) -> float:
