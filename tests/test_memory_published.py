@@ -1,6 +1,6 @@
 """Issue 21's acceptance on the committed data: no published layout that ran is called out of memory."""
 
-from benchmarks import memory_published
+from benchmarks import memory_published, moe_runs
 
 
 def test_no_published_layout_that_ran_is_called_out_of_memory():
@@ -8,13 +8,18 @@ def test_no_published_layout_that_ran_is_called_out_of_memory():
     results = [memory_published.predict(r) for r in memory_published.ROWS + rows]
     assert len(results) >= 190  # dense presets, rows read from their HF shape, and the MoE rows
     assert sum(r.spec is not None and r.plan.get("ep", 1) > 1 for r in rows) >= 60
-    assert [r["name"] for r in results if r["called_oom"]] == []
+    called = [r for r in results if r["called_oom"]]
+    # a layout that ran only with a memory saver a plan cannot express (the MoE model zoo's GB200 MXFP8
+    # row: "activation offloading required") is rightly out of memory without it; any other is a miss
+    assert [r["name"] for r in called if not any(s in r["note"] for s in moe_runs.MEMORY_SAVERS)] == []
+    assert [r["name"] for r in called] == ["zoo-qwen3-235b-gb200-256g-tp1pp4vp6ep64-hybridep-mxfp8-mbs3"]
     assert set(skipped) <= {  # each with its reason in the table
         "llama3-paper-405b-h100-8192g-tp8cp1pp16-8k",
         "llama3-paper-405b-h100-16384g-tp8cp1pp16-8k",
         "llama3-paper-405b-h100-16384g-tp8cp16pp16-128k",
         "dsv3-report-671b-h800-2048g-pp16ep64-fp8",
         "zoo-qwen3-235b-h100-256g-tp2pp1ep8-deepep-fsdp",
+        "zoo-qwen3-235b-gb300-256g-tp1pp4ep32-hybridep-mxfp8-mbs2",
     }
 
 
