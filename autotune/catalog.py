@@ -235,6 +235,7 @@ def load_gpu(name: str) -> GPUSpec:
         compute_capability=g.get("compute_capability"),
         nvlink_domain_gpus=g.get("nvlink_domain_gpus"),
         fp8_intensity_factor=_optional_float(g.get("fp8_intensity_factor")),
+        host_link_bytes_per_s=None if g.get("host_link_gb_s") is None else float(g["host_link_gb_s"]) * 1e9,
     )
 
 

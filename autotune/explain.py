@@ -2,7 +2,7 @@
 
 Neighbours change exactly one knob (TP or PP x2 / /2 with DP taking up the rest, micro-batch x2 / /2, the
 recompute level, sequence parallel on, the sharding stage +-1 within the framework, virtual stages, offload;
-for Megatron MoE plans with EP > 1 the EP overlap and the dispatcher).
+for Megatron MoE plans with EP > 1 the EP overlap, the dispatcher and the experts' activation offload).
 Only legal plans are kept (``ParallelPlan`` rules and ``check_plan``). A feasible plan's suggestions are the
 feasible neighbours ranked by predicted tokens/s gain; an infeasible plan's are ranked by memory freed,
 feasible ones first.
@@ -16,7 +16,16 @@ from typing import Any
 
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
-from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute, Schedule, Sharding, check_plan
+from autotune.plan import (
+    OFFLOAD_MODULES,
+    Framework,
+    MoeDispatcher,
+    ParallelPlan,
+    Recompute,
+    Schedule,
+    Sharding,
+    check_plan,
+)
 from autotune.ranking import Estimator
 from autotune.render import gib
 from autotune.report.data import memory_groups, time_groups
@@ -130,6 +139,9 @@ def _candidates(plan: ParallelPlan, world: int) -> Iterator[tuple[str, dict[str,
         for dispatcher in MoeDispatcher:
             if dispatcher is not plan.moe_dispatcher:
                 yield f"MoE dispatcher {plan.moe_dispatcher} -> {dispatcher}", {"moe_dispatcher": dispatcher}
+    if plan.framework is Framework.MEGATRON and plan.ep > 1:  # the routed experts' activations to the host
+        mods = () if plan.offload_modules else OFFLOAD_MODULES
+        yield f"offload {'+'.join(mods)}" if mods else "activation offload off", {"offload_modules": mods}
 
 
 def neighbours(

@@ -31,6 +31,8 @@ from autotune.legalrules import (
 from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
+    MEGATRON_OFFLOAD_MODULES,
+    OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
     Framework,
     MoeDispatcher,
@@ -69,6 +71,8 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
         errors += _recompute_layers_errors(plan)
     if plan.recompute_modules:
         errors += _recompute_modules_errors(plan)
+    if plan.offload_modules:
+        errors += _offload_modules_errors(plan)
     errors += _megatron_memory_option_errors(plan) + _capacity_errors(plan)
     per_step = plan.dp * plan.micro_batch
     if plan.global_batch % per_step:
@@ -116,6 +120,31 @@ def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
         return [
             "recompute-modules needs --recompute selective and --framework megatron "
             "(Megatron's --recompute-granularity selective --recompute-modules)"
+        ]
+    return []
+
+
+def _offload_modules_errors(plan: ParallelPlan) -> list[str]:
+    """Megatron's fine-grained activation offloading (``TransformerConfig.__post_init__``): Megatron only, not
+    with layer-level ``--cpu-offloading``, nothing inside a fully recomputed MoE layer; modules autotune does
+    not price are refused by name."""
+    priced = ", ".join(OFFLOAD_MODULES)
+    for m in plan.offload_modules:
+        if m not in MEGATRON_OFFLOAD_MODULES:
+            return [f"offload-modules: unknown module {m!r}; priced: {priced}"]
+        if m not in OFFLOAD_MODULES:
+            return [f"offload-modules: {m} is a Megatron module autotune does not price; priced: {priced}"]
+    if plan.framework is not Framework.MEGATRON:
+        return ["offload-modules needs --framework megatron (its --fine-grained-activation-offloading)"]
+    if plan.offload_activation_layers:
+        return [
+            "offload-modules does not run with offload-activation-layers (Megatron: fine-grained "
+            "activation offloading cannot be enabled with cpu_offloading); use one"
+        ]
+    if plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules:
+        return [
+            "offload-modules: the MoE layer is recomputed whole (full recompute or moe in "
+            "--recompute-modules), so nothing inside it is kept to offload; drop one"
         ]
     return []
 
@@ -372,6 +401,11 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(split)
     if not cluster.gpu.supports(str(plan.precision)):
         errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
+    if plan.offload_modules and not model.is_moe:
+        errors.append(
+            f"offload-modules {' '.join(plan.offload_modules)} offloads routed-expert inputs; "
+            f"{model.name} has no MoE layers"
+        )
     if "mla_up_proj" in plan.recompute_modules and not model.uses_mla:
         errors.append(
             "recompute-modules mla_up_proj needs a model with multi-latent attention "

@@ -24,6 +24,7 @@ from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
     MESH_ORDER,
+    OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
     CpComm,
     Fp8Recipe,
@@ -57,6 +58,7 @@ __all__ = [
     "expert_errors",
     "FP8_RECIPES",
     "RECOMPUTE_MODULES",
+    "OFFLOAD_MODULES",
 ]
 
 
@@ -131,6 +133,10 @@ class ParallelPlan:
     """Megatron ``--cpu-offloading-num-layers N``: Transformer Engine's CPU offload context moves the stored
     activations of N transformer layers to host memory in forward and brings them back for backward
     (``costmodel.activations.offloaded_layers``). 0: none."""
+    offload_modules: tuple[str, ...] = ()
+    """Megatron ``--fine-grained-activation-offloading --offload-modules`` (``OFFLOAD_MODULES``): the inputs
+    the listed modules save for backward go to host memory in forward and come back before their backward
+    (``costmodel.actoffload``). Empty: none."""
     precision_aware_optimizer: bool = False
     """Megatron ``--use-precision-aware-optimizer`` (TE ``FusedAdam``): with bf16 parameters the fp32 master
     copy keeps only its low 16 bits (``store_param_remainders``, on by default), 10 B of optimizer state
@@ -278,9 +284,9 @@ def _coerce(key: str, value: Any, where: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
         return value
-    if key == "recompute_modules":
+    if key in ("recompute_modules", "offload_modules"):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: recompute_modules must be a list of module names, got {value!r}")
+            raise ConfigError(f"{where}: {key} must be a list of module names, got {value!r}")
         return tuple(value)
     if key in ("hsdp_shard_size", "recompute_layers", "moe_capacity_factor") and value is None:
         return None

@@ -22,6 +22,8 @@ __all__ = [
     "FRAMEWORK_SHARDING",
     "FP8_RECIPES",
     "RECOMPUTE_MODULES",
+    "OFFLOAD_MODULES",
+    "MEGATRON_OFFLOAD_MODULES",
     "zero_stage",
 ]
 
@@ -150,3 +152,20 @@ and ``[quantize.linear.mx]`` (torchao); DeepSpeed none."""
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 """Megatron-Core's ``--recompute-modules`` (megatron/core/transformer/transformer_config.py)."""
+
+OFFLOAD_MODULES = ("expert_fc1", "moe_act")
+"""Megatron-Core's ``--offload-modules`` (fine-grained activation offloading) that autotune prices
+(``costmodel.actoffload``): the routed experts' FC1 input and activation input, what MoE recipes offload."""
+MEGATRON_OFFLOAD_MODULES = (
+    "attn_norm",
+    "qkv_linear",
+    "core_attn",
+    "attn_proj",
+    "mlp_norm",
+    "expert_fc1",
+    "moe_act",
+    "fused_group_mlp",
+    "gdp_qkv",
+)
+"""Every module Megatron accepts (``TransformerConfig.__post_init__`` ``allowed_modules``); those not in
+``OFFLOAD_MODULES`` are refused as not priced."""

@@ -126,6 +126,8 @@ def plan_summary(plan: ParallelPlan) -> str:
         parts.append(str(plan.schedule) + (f"/v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""))
     if plan.offload:
         parts.append("offload")
+    if plan.offload_modules:
+        parts.append(f"offload[{'+'.join(plan.offload_modules)}]")
     parts += [str(plan.precision), str(plan.framework)]
     return " ".join(parts)
 

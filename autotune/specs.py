@@ -232,6 +232,9 @@ class GPUSpec:
     nvlink_domain_gpus: int | None = None
     """GPUs that share one NVLink domain when larger than a node (GB200 NVL72: 72 GPUs over 18 trays of 4,
     one NVLink Switch fabric); None: the node is the domain."""
+    host_link_bytes_per_s: float | None = None
+    """Host<->device copy bandwidth per GPU and direction when all GPUs of a node copy (None: the PCIe figure,
+    ``costmodel.offload.PCIE_BYTES_PER_S``); offload traffic runs at it (``costmodel.actoffload``)."""
     fp8_intensity_factor: float | None = None
     """Where on ``gemm_shape_curve`` an fp8 GEMM sits. None: where its operand bytes put it against the
     doubled peak (``costmodel.kernels.fp8_intensity``: 1-byte inputs, 16-bit output); a number: that fraction

@@ -34,6 +34,7 @@ _NUMBERS = {  # key -> (GPUSpec field, unit, required without a base)
     "tdp_w": ("tdp_w", 1.0, False),
     "sm_count": ("sm_count", 1, False),
     "compute_capability": ("compute_capability", 1.0, False),
+    "host_link_gb_s": ("host_link_bytes_per_s", 1e9, False),
     "gemm_efficiency": ("gemm_efficiency", 1.0, False),
     "default_gpus_per_node": ("default_gpus_per_node", 1, False),
     "default_nics_per_node": ("default_nics_per_node", 1, False),

@@ -21,6 +21,8 @@ What is fixed for every row (no per-row or per-model factor):
   ``--delay-wgrad-compute``, which most of them also set);
 - token-drop rows run at capacity factor 1.0, padded (``TOKEN_DROP_CAPACITY``: the capacity and padding
   scale the routed copies, and the dispatcher skips its host sync: ``costmodel.moe``, ``costmodel.moehost``);
+- Megatron's fine-grained activation offloading of a row's recipe (``--offload-modules expert_fc1 moe_act``)
+  becomes ``plan.offload_modules`` (``offload_modules``; ``costmodel.actoffload``);
 - Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
   (``recompute_modules``); the memory they free and the forward work they rerun are priced
   (``costmodel.recompute_modules``);
@@ -47,7 +49,7 @@ import yaml
 from autotune.catalog import gpu_names, make_cluster, model_from_dict
 from autotune.costmodel import estimate, flops
 from autotune.errors import ConfigError
-from autotune.plan import RECOMPUTE_MODULES, ParallelPlan
+from autotune.plan import OFFLOAD_MODULES, RECOMPUTE_MODULES, ParallelPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import release_spread  # noqa: E402
@@ -88,6 +90,7 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         grad_reduce_dtype=row.get("grad_reduce_dtype"),
         moe_capacity_factor=TOKEN_DROP_CAPACITY if token_drop(row) else None,
         moe_a2a_overlap=a2a_overlap(row),
+        offload_modules=offload_modules(row),
     )
 
 
@@ -107,6 +110,22 @@ def a2a_overlap(row: dict[str, Any]) -> bool:
     """The row ran Megatron's EP all-to-all overlap (``--overlap-moe-expert-parallel-comm``): its recipe sets
     it (``_recipe_knobs``) or its notes say so (the model zoo's "EP A2A overlap" column)."""
     return "EP a2a overlap" in _recipe_knobs(row) or "EP A2A overlap" in str(row.get("notes", ""))
+
+
+def offload_modules(row: dict[str, Any]) -> tuple[str, ...]:
+    """Megatron's ``--offload-modules`` of a row whose recipe turns on fine-grained activation offloading (its
+    recompute detail, notes or recipe command), as ``plan.offload_modules``; () when it does not, or when it
+    lists a module autotune does not price (the row then keeps "activation offload" among its unpriced
+    knobs)."""
+    text = f"{row.get('recompute_detail', '')} {row.get('notes', '')} {row.get('recipe_source', '')}"
+    if "fine_grained_activation_offloading': True" not in text and "--fine-grained-activation" not in text:
+        return ()
+    found = [w for m in _OFFLOAD_MODULES.finditer(text) for w in re.findall(r"\w+", m.group(1))]
+    mods = tuple(dict.fromkeys(found))
+    return mods if mods and set(mods) <= set(OFFLOAD_MODULES) else ()
+
+
+_OFFLOAD_MODULES = re.compile(r"offload[_-]modules'?:? ?\[?([\w', ]+)\]?")
 
 
 def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
@@ -176,6 +195,8 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
     """What a row's recipe ran beyond its plan: ``_recipe_knobs`` less the EP overlap and the delayed weight
     gradient it is priced with, a plan field (``a2a_overlap``)."""
     priced = {"EP a2a overlap", "delayed wgrad"} if a2a_overlap(row) else set()
+    if offload_modules(row):  # a plan field (``offload_modules``)
+        priced.add("activation offload")
     return [k for k in _recipe_knobs(row) if k not in priced]
 
 
@@ -253,6 +274,7 @@ def _layout(row: dict[str, Any]) -> str:
         f"mbs{row['micro_batch']} gbs{row['global_batch']} s{row['seq_len']} {row['recompute']}"
         + (f"[{'+'.join(recompute_modules(row))}]" if recompute_modules(row) else "")
         + (f" drop@{TOKEN_DROP_CAPACITY:g}" if token_drop(row) else "")
+        + (f" offload[{'+'.join(offload_modules(row))}]" if offload_modules(row) else "")
     )
 
 

@@ -19,6 +19,14 @@ def test_a_base_gpu_with_what_differs():
     assert kernels.clock_factor(gpu) < 1.0
 
 
+def test_a_gpu_may_state_its_host_link():
+    """A GH200-like card: NVLink-C2C to its CPU instead of PCIe (what activation offload copies over)."""
+    gpu = gpu_from_mapping({"base": "h100-96gb", "host_link_gb_s": 450}, where="t")
+    assert gpu.host_link_bytes_per_s == 450e9 and load_gpu("h100-96gb").host_link_bytes_per_s is None
+    with pytest.raises(ConfigError, match="host_link_gb_s"):
+        gpu_from_mapping({"base": "h100-sxm", "host_link_gb_s": 0}, where="t")
+
+
 def test_a_new_gpu_carries_nothing_measured_from_elsewhere(tmp_path):
     path = tmp_path / "h20.yaml"
     path.write_text(

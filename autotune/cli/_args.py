@@ -250,6 +250,13 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "(core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts)",
         )
         g.add_argument(
+            "--offload-modules",
+            nargs="+",
+            metavar="MODULE",
+            help="megatron MoE: the inputs these expert modules save go to host memory "
+            "(--fine-grained-activation-offloading --offload-modules; priced: expert_fc1, moe_act)",
+        )
+        g.add_argument(
             "--offload-activation-layers",
             type=_positive_int,
             metavar="N",
@@ -318,6 +325,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         moe_dispatcher=cast(MoeDispatcher, getattr(args, "moe_dispatcher", "alltoall")),
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
         offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,
+        offload_modules=tuple(getattr(args, "offload_modules", None) or ()),
         precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None),
         moe_capacity_factor=getattr(args, "moe_capacity_factor", None),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from autotune.costmodel import comm, compute, cpcomm, epoverlap, flops, moe, moehost, ncclsm
+from autotune.costmodel import actoffload, comm, compute, cpcomm, epoverlap, flops, moe, moehost, ncclsm
+from autotune.costmodel.activations import kernels_for
 from autotune.costmodel.hostops import block_host_s, edge_host_s
 from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.overlap import DP_OVERLAP_FRACTION, dp_overlap_fraction
@@ -55,6 +56,8 @@ class BlockTimes(NamedTuple):
     """The same for the embedding, head and loss (charged to the last pipeline rank)."""
     ep_s: float = 0.0
     """Exposed expert-parallel all-to-all of the block (``moe.dispatch_s``)."""
+    offload_s: float = 0.0
+    """Exposed copies of fine-grained activation offloading (``actoffload``)."""
 
     @property
     def fwd_s(self) -> float:
@@ -68,7 +71,16 @@ class BlockTimes(NamedTuple):
 
     @property
     def total_s(self) -> float:
-        return self.fwd_s + self.bwd_s + self.recompute_s + self.tp_s + self.cp_s + self.host_s + self.ep_s
+        return (
+            self.fwd_s
+            + self.bwd_s
+            + self.recompute_s
+            + self.tp_s
+            + self.cp_s
+            + self.host_s
+            + self.ep_s
+            + self.offload_s
+        )
 
 
 def _tp_exposed_s(
@@ -184,7 +196,14 @@ def block_times(
     )
     if plan.moe_a2a_overlap:
         bt = bt._replace(ep_s=_overlapped_ep_s(model, cluster, plan, bt, tokens))
+    bt = bt._replace(offload_s=_offload_s(model, cluster, plan, bt))
     return bt._replace(host_s=bt.host_s + _moe_host_s(model, plan, bt))
+
+
+def _offload_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
+    """What the block's activation-offload copies leave exposed (``actoffload``) against its device time."""
+    nbytes = actoffload.offloaded_bytes_per_layer(model, plan, e=act_bytes(cluster), k=kernels_for(plan))
+    return actoffload.exposed_s(nbytes, cluster.gpu, *_device_s(bt))
 
 
 def _overlapped_ep_s(

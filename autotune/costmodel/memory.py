@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple
 
+from autotune.costmodel import actoffload
 from autotune.costmodel.activations import (
     Kernels,
     LayerShape,
@@ -155,6 +156,8 @@ def _moments(
     x = LayerShape.of(model, plan)
     per_stage = stage_activation_bytes(x, plan, layers=layers, e=e, k=k)
     per_stage -= layers * freed_bytes_per_layer(model, plan, e=e, k=k)  # --recompute-modules
+    offloaded = actoffload.offloaded_bytes_per_layer(model, plan, e=e, k=k)  # --offload-modules
+    per_stage -= layers * offloaded
     head_first = head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=first, last=False)
     logit_sets = 1 + model.mtp_layers  # each multi-token prediction module runs the head and a loss
     head_last = logit_sets * head_activation_bytes(x, tp=t, sp=sp, e=e, k=k, first=False, last=last)
@@ -162,6 +165,7 @@ def _moments(
     in_flight = in_flight_microbatches(plan, rank=rank)
     outputs = stage_output_bytes(model, plan, rank=rank, e=e)  # torch pipelining's fwd_cache
     stored = in_flight * (per_stage + head_first + outputs) + at_loss * head_last
+    stored += min(float(actoffload.RESIDENT_LAYERS), layers) * offloaded  # in use and reloading (actoffload)
     working = backward_working_bytes(
         x, tp=t, sp=sp, recompute=rc, e=e, k=k, attention=cp_attention_bytes(model, plan, e)
     )
@@ -263,6 +267,9 @@ def stage_memory(
             + host_activation_bytes(
                 LayerShape.of(model, plan), plan, layers=layers, e=numerics.compute_bytes, k=k
             )
+            + in_flight_microbatches(plan, rank=rank)
+            * layers
+            * actoffload.offloaded_bytes_per_layer(model, plan, e=numerics.compute_bytes, k=k)
         )
         * cluster.gpus_per_node,
         fragmentation_bytes=fragmentation_bytes(cluster, transient),

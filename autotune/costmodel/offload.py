@@ -11,13 +11,14 @@ from typing import NamedTuple
 from autotune.costmodel.dpcomm import gathers_per_microbatch
 from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.plan import Framework, ParallelPlan
-from autotune.specs import ClusterSpec
+from autotune.specs import ClusterSpec, GPUSpec
 
 __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
     "TORCH_CPU_ADAMW_BYTES_PER_PARAM",
     "HOST_OPTIMIZER_BYTES_PER_S",
     "PCIE_BYTES_PER_S",
+    "host_link_bytes_per_s",
     "HOST_ACCUMULATE_BYTES_PER_PARAM",
     "HostTraffic",
     "host_traffic",
@@ -49,6 +50,15 @@ engines): PCIe 4.0 x16 moves 20-25 GB/s pinned (nvbandwidth / bandwidthTest), 5.
 alone. With all GPUs of a node copying at once they share PCIe-switch uplinks and host DRAM (8 GPUs x 2
 directions x 20 GB/s = 320 GB/s is already a 2-socket server's STREAM), so 20 GB/s is kept on Gen5 hosts
 too."""
+
+
+def host_link_bytes_per_s(gpu: GPUSpec) -> float:
+    """Host<->device copy bandwidth per GPU and direction: the GPU's own figure
+    (``GPUSpec.host_link_bytes_per_s``, GB200's NVLink-C2C) or the PCIe one every GPU of a node holds at once
+    (``PCIE_BYTES_PER_S``)."""
+    return gpu.host_link_bytes_per_s or PCIE_BYTES_PER_S
+
+
 HOST_ACCUMULATE_BYTES_PER_PARAM = 12
 """Host DRAM traffic of FSDP2's CPU-side gradient accumulation ``grad += new_grad`` on fp32 shards: read 2 x
 4 B, write 4 B (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``)."""

@@ -30,6 +30,7 @@ from autotune.costmodel.offload import (
     TORCH_CPU_ADAMW_BYTES_PER_PARAM,
     HostTraffic,
     gpus_sharing_host,
+    host_link_bytes_per_s,
     host_traffic,
     optimizer_s,
 )
@@ -128,19 +129,20 @@ def _offload_s(
     window_s: float,
     pieces: int,
 ) -> float:
-    """Exposed seconds of offload traffic at ``PCIE_BYTES_PER_S`` per direction. Copies issued during a
-    micro-batch run on the same streams as its DP collectives (FSDP2 copies in on its all-gather stream and
-    out on its reduce-scatter stream; DeepSpeed on its reduction stream), so they hide behind that
-    micro-batch's compute together with them (``overlap.exposed_s``); only what they add is charged here.
-    Copies around the host step, and host-side accumulation (at the node's ``HOST_OPTIMIZER_BYTES_PER_S``),
-    are exposed."""
+    """Exposed seconds of offload traffic at the host link's bandwidth per direction
+    (``host_link_bytes_per_s``). Copies issued during a micro-batch run on the same streams as its DP
+    collectives (FSDP2 copies in on its all-gather stream and out on its reduce-scatter stream; DeepSpeed on
+    its reduction stream), so they hide behind that micro-batch's compute together with them
+    (``overlap.exposed_s``); only what they add is charged here. Copies around the host step, and host-side
+    accumulation (at the node's ``HOST_OPTIMIZER_BYTES_PER_S``), are exposed."""
     m = plan.num_microbatches
-    copy_s = max(traffic.overlapped_h2d_bytes, traffic.overlapped_d2h_bytes) / m / PCIE_BYTES_PER_S
+    link = host_link_bytes_per_s(cluster.gpu)
+    copy_s = max(traffic.overlapped_h2d_bytes, traffic.overlapped_d2h_bytes) / m / link
     overlap = dp_overlap_fraction(cluster)
     alone_s = exposed_s(dp_per_mb_s, window_s, pieces, overlap)
     added_s = m * (exposed_s(dp_per_mb_s + copy_s, window_s, pieces, overlap) - alone_s)
     host_s = traffic.host_accumulate_bytes * gpus_sharing_host(cluster, plan) / HOST_OPTIMIZER_BYTES_PER_S
-    return added_s + traffic.step_bytes / PCIE_BYTES_PER_S + host_s
+    return added_s + traffic.step_bytes / link + host_s
 
 
 def step_time(
@@ -231,7 +233,7 @@ def step_time(
         ),
         dp_comm_s=dp_exposed,
         optimizer_s=optimizer_s(cluster, plan, shard) + megatron_grad_buffer_s(cluster, plan, params),
-        offload_s=offload_s,
+        offload_s=offload_s + m * blocks * bt.offload_s,
         ep_comm_s=m * blocks * bt.ep_s,
         model_flops=model_flops,
         hardware_flops=model_flops + extra,

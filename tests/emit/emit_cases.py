@@ -188,6 +188,22 @@ CASES: dict[str, Case] = {
             moe_a2a_overlap=True,
         ),
     ),
+    "qwen3_megatron_offload_experts": Case(
+        "qwen3-30b-a3b",
+        16,
+        dict(
+            dp=16,
+            ep=8,
+            micro_batch=2,
+            global_batch=128,
+            seq_len=4096,
+            sharding="zero1",
+            framework="megatron",
+            recompute="selective",
+            recompute_modules=("moe_act", "layernorm"),
+            offload_modules=("expert_fc1", "moe_act"),
+        ),
+    ),
     "deepseek_v3_mtp_megatron": Case(
         "deepseek-v3",
         256,

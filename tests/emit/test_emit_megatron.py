@@ -75,8 +75,11 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "multi-latent-attention",
         "overlap-moe-expert-parallel-comm",
         "delay-wgrad-compute",
+        "fine-grained-activation-offloading",
     ):
         p.add_argument(f"--{flag}", action="store_true")
+    p.add_argument("--recompute-modules", nargs="*", type=str)
+    p.add_argument("--offload-modules", nargs="*", type=str)
     p.add_argument("--optimizer-offload-fraction", type=float)
     positions = ["learned_absolute", "rope", "yarn", "mrope", "relative", "none"]
     p.add_argument("--position-embedding-type", choices=positions, default="learned_absolute")
@@ -180,6 +183,9 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
     assert a.multi_latent_attention == model.uses_mla
     assert a.overlap_moe_expert_parallel_comm == a.delay_wgrad_compute == plan.moe_a2a_overlap
     assert (a.mtp_num_layers or 0) == model.mtp_layers
+    assert tuple(a.recompute_modules or ()) == plan.recompute_modules
+    assert a.fine_grained_activation_offloading == bool(plan.offload_modules)
+    assert tuple(a.offload_modules or ()) == plan.offload_modules
     if model.is_moe:
         flex = str(plan.moe_dispatcher) not in ("alltoall", "allgather")
         assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (

@@ -31,12 +31,18 @@ pytestmark = pytest.mark.slow  # importing megatron.core takes ~10 s on 2 cores
 MEGATRON_CASES = [n for n in CASES if not megatron_unsupported(CASES[n].build()[0])]
 
 
+_LIST_FLAGS = {"recompute_modules", "offload_modules"}
+"""Megatron-LM's ``nargs="*"`` flags among those autotune emits (megatron/training/arguments.py)."""
+
+
 def _flags(text: str) -> dict[str, object]:
-    """``--a-b V`` -> ``{"a_b": "V"}``, ``--flag`` -> ``{"flag": True}`` (argparse's dest rule)."""
+    """``--a-b V`` -> ``{"a_b": "V"}``, ``--flag`` -> ``{"flag": True}``, ``--list A B`` -> ``["A", "B"]``
+    (argparse's dest rule)."""
     out: dict[str, object] = {}
     for line in text.splitlines():
         flag, *value = shlex.split(line)
-        out[flag[2:].replace("-", "_")] = value[0] if value else True
+        dest = flag[2:].replace("-", "_")
+        out[dest] = value if dest in _LIST_FLAGS else value[0] if value else True
     return out
 
 
@@ -148,3 +154,16 @@ def test_megatron_core_checks_the_mtp_module_in_the_emitted_layout(emitted):
     assert config.mtp_num_layers == 1 and config.pipeline_model_parallel_layout is not None
     with pytest.raises(AssertionError, match="mtp"):
         _transformer_config(_flags(text.replace("mL\n", "L\n")))
+
+
+def test_megatron_core_refuses_expert_offload_where_the_plan_rules_do(emitted):
+    """autotune's legality (``legality._offload_modules_errors``) mirrors TransformerConfig: fine-grained
+    offloading runs without layer-level CPU offloading, of modules Megatron knows (0.16.1; its later
+    ``moe``-recompute rule is in ``legality`` too, from Megatron-LM's main)."""
+    flags = _flags((emitted("qwen3_megatron_offload_experts") / "megatron_args.txt").read_text())
+    config = _transformer_config(flags)
+    assert config.fine_grained_activation_offloading and config.offload_modules == ["expert_fc1", "moe_act"]
+    layer_offload = {"cpu_offloading": True, "cpu_offloading_num_layers": "1"}
+    for change in (layer_offload, {"offload_modules": ["experts"]}):
+        with pytest.raises((AssertionError, ValueError)):
+            _transformer_config({**flags, **change})
