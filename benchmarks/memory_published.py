@@ -229,11 +229,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         plan["sharding"] = "fsdp-grad-op"
         if "interleaved" in str(entry["id"]):
             plan.update(schedule="interleaved", virtual_stages=int(entry.get("vp") or 2))
-    offload = re.search(
-        r"cpu_offloading_num_layers'?[:=]\s*(\d+)", f"{entry.get('notes')} {entry.get('recompute_detail')}"
-    )
-    if offload and not torchtitan:  # Megatron --cpu-offloading-num-layers (activations)
-        plan["offload_activation_layers"] = int(offload.group(1))
+    if not torchtitan and (n := modern_runs.offload_layers(entry)):  # Megatron --cpu-offloading-num-layers
+        plan["offload_activation_layers"] = n
     if not torchtitan and entry.get("grad_reduce_dtype"):  # the recipe's gradient buffer dtype (data note)
         plan["grad_reduce_dtype"] = entry["grad_reduce_dtype"]
     if not torchtitan and "distributed_fused_adam" in str(entry):

@@ -159,6 +159,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["cp_comm"] = "allgather"
     if row.get("grad_reduce_dtype") and fw == "megatron":  # the recipe's gradient dtype (data note)
         extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
+    if fw == "megatron" and (n := offload_layers(row)):  # Megatron --cpu-offloading-num-layers (activations)
+        extra["offload_activation_layers"] = n
     # Megatron --recompute-method block --recompute-num-layers N, as benchmarks/memory_published.py reads it
     layers = re.search(r"recompute_num_layers=(\d+)", str(row.get("recompute_detail")))
     if layers and fw == "megatron":
@@ -192,6 +194,15 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
     )
 
 
+def offload_layers(row: dict[str, Any]) -> int:
+    """Megatron-Bridge's ``cpu_offloading_num_layers`` of a row's recipe (its notes or recompute detail): the
+    layers whose activations go to the host (``plan.offload_activation_layers``); 0 when it sets none."""
+    found = re.search(
+        r"cpu_offloading_num_layers'*[:=]\s*(\d+)", f"{row.get('notes')} {row.get('recompute_detail')}"
+    )
+    return int(found.group(1)) if found else 0
+
+
 def _measured(row: dict[str, Any], model: ModelSpec) -> float:
     if isinstance(row.get("measured"), dict):
         return float(row["measured"]["tokens_per_s_per_gpu"])
@@ -203,12 +214,9 @@ def _measured(row: dict[str, Any], model: ModelSpec) -> float:
 
 
 def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
-    """A cause the source itself states for a row the model cannot price: an unstated power limit,
-    torchtitan's own note on its vanilla-TP float8 rowwise baseline, or a recipe that offloads activations to
-    the host (Megatron-Bridge ``cpu_offloading_num_layers``; a plan has no activation offload)."""
+    """A cause the source itself states for a row the model cannot price: an unstated power limit, or
+    torchtitan's own note on its vanilla-TP float8 rowwise baseline."""
     note = str(row.get("gpu_note") or "")
-    if "cpu activation offloading" in str(row.get("notes") or "").lower():
-        return "the recipe offloads activations to the host (cpu_offloading_num_layers), not priced"
     if ("power limit" in note and "not stated" in note) or "'power limited'" in note:
         return f"the source's cards run at an unstated power limit ({note})"
     if plan.fp8_recipe.value == "rowwise" and plan.tp > 1 and str(plan.precision) == "fp8":

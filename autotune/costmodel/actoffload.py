@@ -22,19 +22,21 @@ micro-batch in flight.
 Time: the copies run on their own streams at the host link's bandwidth (``host_link_bytes_per_s``); per block
 the forward's device-to-host copy hides behind the block's forward and the host-to-device copy behind its
 backward, and only what passes them is exposed (the docs' trade-off: "memory savings and PCIe bandwidth
-overhead").
+overhead"). Layer-level offload (``plan.offload_activation_layers``, Transformer Engine's
+``AsyncDoubleBufferGroupOffloadHandler``: a layer's saved tensors go out while the next layer computes and
+come back one layer ahead in backward) is timed the same way, each offloaded layer moving all it stores.
 """
 
 from __future__ import annotations
 
-from autotune.costmodel.activations import Kernels
+from autotune.costmodel.activations import Kernels, LayerShape, kernels_for, layer_activation_bytes
 from autotune.costmodel.moe import busiest_load
 from autotune.costmodel.offload import host_link_bytes_per_s
 from autotune.modelshape import routed_width_per_layer
 from autotune.plan import ParallelPlan
-from autotune.specs import GPUSpec, ModelSpec
+from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
-__all__ = ["RESIDENT_LAYERS", "offloaded_bytes_per_layer", "exposed_s"]
+__all__ = ["RESIDENT_LAYERS", "offloaded_bytes_per_layer", "exposed_s", "block_exposed_s"]
 
 RESIDENT_LAYERS = 2
 """Layers of offloaded tensors on the device at the backward's peak: the layer whose backward runs and the
@@ -65,3 +67,18 @@ def exposed_s(nbytes: float, gpu: GPUSpec, fwd_device_s: float, bwd_device_s: fl
         return 0.0
     copy_s = nbytes / host_link_bytes_per_s(gpu)
     return max(0.0, copy_s - fwd_device_s) + max(0.0, copy_s - bwd_device_s)
+
+
+def block_exposed_s(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, fwd_device_s: float, bwd_device_s: float
+) -> float:
+    """Exposed copy seconds of one (mean) block and micro-batch: its fine-grained offload, and its share of
+    the layer-level offload's whole layers (module docstring)."""
+    e, k = cluster.gpu.half_bytes, kernels_for(plan)
+    s = exposed_s(offloaded_bytes_per_layer(model, plan, e=e, k=k), cluster.gpu, fwd_device_s, bwd_device_s)
+    n = plan.offload_activation_layers
+    if n:
+        x, rc = LayerShape.of(model, plan), plan.recompute
+        whole = layer_activation_bytes(x, tp=plan.tp, sp=plan.sequence_parallel, recompute=rc, e=e, k=k)
+        s += min(1.0, n / model.num_layers) * exposed_s(whole, cluster.gpu, fwd_device_s, bwd_device_s)
+    return s

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from autotune.costmodel import actoffload, comm, compute, cpcomm, epoverlap, flops, moe, moehost, ncclsm
-from autotune.costmodel.activations import kernels_for
 from autotune.costmodel.hostops import block_host_s, edge_host_s
 from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.overlap import DP_OVERLAP_FRACTION, dp_overlap_fraction
@@ -202,8 +201,7 @@ def block_times(
 
 def _offload_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
     """What the block's activation-offload copies leave exposed (``actoffload``) against its device time."""
-    nbytes = actoffload.offloaded_bytes_per_layer(model, plan, e=act_bytes(cluster), k=kernels_for(plan))
-    return actoffload.exposed_s(nbytes, cluster.gpu, *_device_s(bt))
+    return actoffload.block_exposed_s(model, cluster, plan, *_device_s(bt))
 
 
 def _overlapped_ep_s(

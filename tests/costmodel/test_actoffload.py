@@ -106,3 +106,18 @@ def test_estimate_takes_the_flag_and_refuses_an_unpriced_module(capsys):
     assert code == 0 and "offload[expert_fc1+moe_act]" in out
     code, _, err = run_cli(capsys, *base, "--offload-modules", "core_attn")
     assert code == 2 and "does not price" in one_line(err)
+
+
+def test_layer_level_offload_is_timed_over_the_same_link():
+    """Megatron's --cpu-offloading-num-layers moves whole layers: over GB200's C2C they hide behind the
+    layer's compute (NeMo's 70B GB200 recipe offloads 40), over a PCIe host they do not."""
+    llama = load_model("llama3-70b")
+    plan = ParallelPlan(
+        framework="megatron", dp=64, micro_batch=2, global_batch=128, seq_len=8192, sharding="fsdp-full"
+    )
+    offloaded = dataclasses.replace(plan, offload_activation_layers=40)
+    for gpu, hidden in (("gb200", True), ("b200", False)):
+        cluster = make_cluster(num_gpus=64, gpu=gpu)
+        a, b = estimate(llama, cluster, plan), estimate(llama, cluster, offloaded)
+        assert (b.time.offload_s == a.time.offload_s) == hidden
+        assert b.memory.activations_bytes < a.memory.activations_bytes
