@@ -70,6 +70,7 @@ def _plan_table(plan: ParallelPlan) -> list[str]:
         ("global batch (sequences)", plan.global_batch),
         ("sequence length", plan.seq_len),
         ("recompute", plan.recompute),
+        *_memory_rows(plan),
         ("sequence parallel", plan.sequence_parallel),
         ("pipeline schedule", schedule),
         ("optimizer offload", plan.offload),
@@ -80,6 +81,18 @@ def _plan_table(plan: ParallelPlan) -> list[str]:
     if plan.ep > 1 or plan.etp > 1:
         rows += [("expert parallel (EP)", plan.ep), ("expert tensor parallel (ETP)", plan.etp)]
     return ["| knob | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _memory_rows(plan: ParallelPlan) -> list[tuple[str, object]]:
+    """Megatron's memory options the plan sets (each also a flag in megatron_args.txt)."""
+    rows: list[tuple[str, object]] = []
+    if plan.recompute_modules:
+        rows.append(("recompute modules", " ".join(plan.recompute_modules)))
+    if plan.offload_activation_layers:
+        rows.append(("activations of layers offloaded", plan.offload_activation_layers))
+    if plan.offload_modules:
+        rows.append(("activation offload (modules)", " ".join(plan.offload_modules)))
+    return rows
 
 
 def _speed_rows(plan: ParallelPlan) -> list[tuple[str, object]]:

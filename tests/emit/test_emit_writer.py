@@ -71,6 +71,13 @@ def test_skipped_artefacts_are_explained_in_the_summary(emitted):
     assert "Priced for **megatron**: start with megatron_args.txt" in summary
 
 
+def test_the_summary_lists_the_memory_options_the_args_set(emitted):
+    summary = (emitted("qwen3_megatron_offload_experts") / "summary.md").read_text()
+    assert "| recompute modules | moe_act layernorm |" in summary
+    assert "| activation offload (modules) | expert_fc1 moe_act |" in summary
+    assert "activation offload" not in (emitted("megatron_interleaved") / "summary.md").read_text()
+
+
 def _emit(name: str, out: Path, **kwargs):
     plan, model, cluster = CASES[name].build()
     return emit_all(plan, model, cluster, kwargs.pop("estimate", None), out, **kwargs)
