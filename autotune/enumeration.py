@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.plan import ParallelPlan, Schedule, Sharding
 from autotune.spacerules import (
     BATCH_RULE,
+    COLLAPSED_KNOBS,
     KNOBS,
-    SPEED_KNOBS,
     Variant,
     collapse,
     layout_rule,
@@ -162,13 +162,13 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
                 key = (fw, sp, prec, ep > 1)
                 if key not in speeds:  # collapse before multiplying: most combinations leave one value each
                     collapsed = (
-                        collapse(v._replace(**dict(zip(SPEED_KNOBS, speed, strict=True))), tp, cp)
-                        for speed in product(*(choices[k] for k in SPEED_KNOBS))
+                        collapse(v._replace(**dict(zip(COLLAPSED_KNOBS, speed, strict=True))), tp, cp)
+                        for speed in product(*(choices[k] for k in COLLAPSED_KNOBS))
                     )
                     speeds[key] = list(
-                        dict.fromkeys(tuple(getattr(c, k) for k in SPEED_KNOBS) for c in collapsed)
+                        dict.fromkeys(tuple(getattr(c, k) for k in COLLAPSED_KNOBS) for c in collapsed)
                     )
-                out += [v._replace(**dict(zip(SPEED_KNOBS, speed, strict=True))) for speed in speeds[key]]
+                out += [v._replace(**dict(zip(COLLAPSED_KNOBS, speed, strict=True))) for speed in speeds[key]]
     return list(dict.fromkeys(out))
 
 

@@ -32,6 +32,7 @@ from autotune.enumeration import Ladder, Tally, enumerate_plans, layout_dps
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM
 from autotune.plan import (
+    OFFLOAD_MODULES,
     CpComm,
     Fp8Recipe,
     Framework,
@@ -170,6 +171,8 @@ def _parse_list(key: str, value: Any, where: str) -> tuple[Any, ...]:
 
 
 def _parse_value(key: str, value: Any, where: str) -> Any:
+    if key == "offload_modules":
+        return _parse_modules(value, where)
     if key in _ENUMS:
         try:
             return _ENUMS[key](value)
@@ -185,8 +188,20 @@ def _parse_value(key: str, value: Any, where: str) -> Any:
     return value
 
 
+def _parse_modules(value: Any, where: str) -> tuple[str, ...]:
+    """An ``offload_modules`` candidate: a list of Megatron module names (the space file), or its plain form
+    (``spacerules.plain``: ``"expert_fc1+moe_act"``, ``"none"``) as Optuna stores it."""
+    names = ([] if value == "none" else value.split("+")) if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or any(n not in OFFLOAD_MODULES for n in names):
+        raise ConfigError(
+            f"{where}: knob 'offload_modules' takes lists of {', '.join(OFFLOAD_MODULES)} ([] for none), "
+            f"got {value!r}"
+        )
+    return tuple(names)
+
+
 def _parse_rule(key: str, value: dict[str, Any], where: str) -> Rule:
-    if key in _ENUMS or key in _BOOLS:
+    if key in _ENUMS or key in _BOOLS or key == "offload_modules":
         raise ConfigError(f"{where}: knob '{key}' takes a list of values, not a rule")
     extra = sorted(set(value) - {"rule", "min", "max"}, key=str)
     if extra:
@@ -221,6 +236,8 @@ def resolve_choices(
                     "experts); expert parallelism needs an MoE model"
                 )
             out[knob] = (1,)
+        if knob == "offload_modules" and not model.is_moe:  # it offloads routed-expert inputs
+            out[knob] = ((),)
         if knob == "moe_a2a_overlap" and not model.is_moe:  # the EP overlap needs routed experts
             if pins.get(knob):
                 raise ConfigError(

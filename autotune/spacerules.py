@@ -53,6 +53,7 @@ __all__ = [
     "Variant",
     "collapse",
     "SPEED_KNOBS",
+    "COLLAPSED_KNOBS",
     "layout_rule",
     "variant_rule",
     "pipeline_rule",
@@ -69,6 +70,9 @@ SPEED_KNOBS = (
     "moe_a2a_overlap",
 )
 """The speed knobs (``collapse`` sets each to its default where it does not apply)."""
+COLLAPSED_KNOBS = (*SPEED_KNOBS, "offload_modules")
+"""Every knob ``collapse`` sets to its default where it does not apply: the speed knobs and Megatron's
+offload of the experts' activations."""
 
 KNOBS = (
     "tp",
@@ -86,7 +90,7 @@ KNOBS = (
     "precision",
     "ep",
     "etp",
-    *SPEED_KNOBS,
+    *COLLAPSED_KNOBS,
 )
 
 BATCH_RULE = "global batch is not divisible by DP x micro-batch"
@@ -113,12 +117,14 @@ class Variant(NamedTuple):
     cp_comm: CpComm = CpComm.P2P
     moe_dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
     moe_a2a_overlap: bool = False
+    offload_modules: tuple[str, ...] = ()
 
 
 def collapse(v: Variant, tp: int, cp: int) -> Variant:
-    """Speed knobs that do not matter in this combination, at their defaults (as SP is without TP): the fp8
+    """Knobs that do not matter in this combination, at their defaults (as SP is without TP): the fp8
     recipe without fp8, compile and async TP outside the torch framework (async TP also without TP or
-    compile), TP-comm overlap outside Megatron or without SP, the CP exchange without CP."""
+    compile), TP-comm overlap outside Megatron or without SP, the CP exchange without CP, the experts'
+    activation offload outside Megatron."""
     torch_fw, fp8 = v.framework is Framework.FSDP, v.precision is Precision.FP8
     return v._replace(
         fp8_recipe=v.fp8_recipe if fp8 else Fp8Recipe.TENSORWISE,
@@ -132,6 +138,7 @@ def collapse(v: Variant, tp: int, cp: int) -> Variant:
             v.moe_dispatcher if v.ep > 1 and v.framework is Framework.MEGATRON else MoeDispatcher.ALLTOALL
         ),
         moe_a2a_overlap=v.moe_a2a_overlap and v.ep > 1 and v.framework is Framework.MEGATRON,
+        offload_modules=v.offload_modules if v.framework is Framework.MEGATRON else (),
     )
 
 
@@ -257,6 +264,8 @@ def _knob_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int) -> str |
         return _EP_OVERLAP[broken]
     if v.moe_a2a_overlap and ctx.model.mtp_layers > 1:
         return "Megatron's EP overlap runs with at most one MTP module"
+    if v.offload_modules and v.recompute is Recompute.FULL:
+        return "the experts' activation offload has nothing to move under full recompute"
     return None
 
 
@@ -282,5 +291,8 @@ _PIPELINE = {
 
 
 def plain(value: Any) -> Any:
-    """An enum member as its value (JSON and Optuna take plain values)."""
+    """An enum member as its value, a module list as its ``+``-joined names ("none" when empty): JSON and
+    Optuna take plain values."""
+    if isinstance(value, tuple):
+        return "+".join(value) or "none"
     return value.value if isinstance(value, Enum) else value

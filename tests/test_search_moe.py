@@ -234,3 +234,27 @@ def test_pinning_the_ep_overlap_on_a_dense_model_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--moe-a2a-overlap" in err and "dense model" in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_the_megatron_space_weighs_the_experts_activation_offload():
+    """``offload_modules`` is a knob of Megatron MoE plans (megatron.yaml): its plans hold less than the same
+    plan without it and never run faster; full recompute prunes it; a dense model never gets it."""
+    from autotune.catalog import load_model, make_cluster
+    from autotune.ranking import plan_search
+    from autotune.space import load_space, resolve_choices
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=16, gpu="gb200")
+    pins = {"tp": 1, "pp": 1, "cp": 1, "ep": 8, "micro_batch": 2, "moe_dispatcher": "alltoall"}
+    result = plan_search(load_space("megatron"), model, cluster, pins=pins, global_batch=128, seq_len=4096)
+    by_plan = {e.plan: e for e in result.feasible}
+    offloaded = [e for e in result.feasible if e.plan.offload_modules]
+    pairs = [
+        (by_plan[e.plan.replace(offload_modules=())], e)
+        for e in offloaded
+        if e.plan.replace(offload_modules=()) in by_plan
+    ]
+    assert pairs and all(on.memory_bytes_per_gpu < off.memory_bytes_per_gpu for off, on in pairs)
+    assert all(on.step_time_s >= off.step_time_s for off, on in pairs)
+    assert "the experts' activation offload has nothing to move under full recompute" in result.pruned
+    dense = resolve_choices(load_space("megatron"), load_model("llama3-8b"), cluster)
+    assert dense["offload_modules"] == ((),)

@@ -1,6 +1,7 @@
 """Search spaces as data: validation, pins, and an enumerator that agrees with ParallelPlan by brute force."""
 
 import itertools
+import json
 
 import optuna
 import pytest
@@ -210,3 +211,26 @@ def test_dp_pin_keeps_only_matching_layouts():
     ctx = PlanContext(model=model, cluster=cluster, global_batch=64, seq_len=4096, dp=2)
     plans = [ladder.plan(m) for ladder in enumerate_plans(choices, ctx) for m in ladder.micro_batches]
     assert plans and {p.dp for p in plans} == {2} and {str(p.framework) for p in plans} == {"megatron"}
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ([], ()),
+        (["expert_fc1", "moe_act"], ("expert_fc1", "moe_act")),
+        ("none", ()),
+        ("expert_fc1", ("expert_fc1",)),
+    ],
+)
+def test_offload_modules_candidates_read_as_the_space_file_and_optuna_write_them(tmp_path, value, parsed):
+    from autotune.spacerules import plain
+
+    space = _space(tmp_path, f"offload_modules: [{json.dumps(value)}]\n")
+    assert space.knobs["offload_modules"] == (parsed,)
+    stored = _space(tmp_path, f"offload_modules: [{json.dumps(plain(parsed))}]\n")  # Optuna's plain form
+    assert stored.knobs["offload_modules"] == (parsed,)
+
+
+def test_an_unpriced_offload_module_in_a_space_names_the_knob(tmp_path):
+    with pytest.raises(ConfigError, match="knob 'offload_modules' takes lists of expert_fc1, moe_act"):
+        _space(tmp_path, "offload_modules: [[core_attn]]\n")
