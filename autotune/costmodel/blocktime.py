@@ -56,7 +56,7 @@ class BlockTimes(NamedTuple):
     ep_s: float = 0.0
     """Exposed expert-parallel all-to-all of the block (``moe.dispatch_s``)."""
     offload_s: float = 0.0
-    """Exposed copies of fine-grained activation offloading (``actoffload``)."""
+    """Exposed copies of activation offloading, fine-grained or of whole layers (``actoffload``)."""
 
     @property
     def fwd_s(self) -> float:
