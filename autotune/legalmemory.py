@@ -1,0 +1,110 @@
+"""Legality of Megatron's memory options, stated once for ``legality.plan_errors``:
+``--recompute-num-layers``, ``--recompute-modules``, activation offload (whole layers or the listed modules),
+the precision-aware optimizer and the gradient dtype. Each message names the flag and what would satisfy it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.planenums import (
+    MEGATRON_OFFLOAD_MODULES,
+    OFFLOAD_MODULES,
+    RECOMPUTE_MODULES,
+    Framework,
+    Recompute,
+    Sharding,
+)
+
+if TYPE_CHECKING:
+    from autotune.plan import ParallelPlan
+
+__all__ = ["memory_option_errors"]
+
+
+def memory_option_errors(plan: ParallelPlan) -> list[str]:
+    """The rules of the memory options the plan sets."""
+    errors: list[str] = []
+    if plan.recompute_layers is not None:
+        errors += _recompute_layers_errors(plan)
+    if plan.recompute_modules:
+        errors += _recompute_modules_errors(plan)
+    if plan.offload_modules:
+        errors += _offload_modules_errors(plan)
+    return errors + _megatron_memory_option_errors(plan)
+
+
+def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
+    bad = [m for m in plan.recompute_modules if m not in RECOMPUTE_MODULES]
+    if bad:
+        return [f"recompute-modules: unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}"]
+    if plan.recompute is not Recompute.SELECTIVE or plan.framework is not Framework.MEGATRON:
+        return [
+            "recompute-modules needs --recompute selective and --framework megatron "
+            "(Megatron's --recompute-granularity selective --recompute-modules)"
+        ]
+    return []
+
+
+def _offload_modules_errors(plan: ParallelPlan) -> list[str]:
+    """Megatron's fine-grained activation offloading (``TransformerConfig.__post_init__``): Megatron only, not
+    with layer-level ``--cpu-offloading``, nothing inside a fully recomputed MoE layer; modules autotune does
+    not price are refused by name."""
+    priced = ", ".join(OFFLOAD_MODULES)
+    for m in plan.offload_modules:
+        if m not in MEGATRON_OFFLOAD_MODULES:
+            return [f"offload-modules: unknown module {m!r}; priced: {priced}"]
+        if m not in OFFLOAD_MODULES:
+            return [f"offload-modules: {m} is a Megatron module autotune does not price; priced: {priced}"]
+    if plan.framework is not Framework.MEGATRON:
+        return ["offload-modules needs --framework megatron (its --fine-grained-activation-offloading)"]
+    if plan.offload_activation_layers:
+        return [
+            "offload-modules does not run with offload-activation-layers (Megatron: fine-grained "
+            "activation offloading cannot be enabled with cpu_offloading); use one"
+        ]
+    if plan.recompute is Recompute.FULL or "moe" in plan.recompute_modules:
+        return [
+            "offload-modules: the MoE layer is recomputed whole (full recompute or moe in "
+            "--recompute-modules), so nothing inside it is kept to offload; drop one"
+        ]
+    return []
+
+
+def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
+    """Activation offload and the precision-aware optimizer are Megatron options; Megatron's
+    ``TransformerConfig.__post_init__`` rejects CPU offloading with pipeline parallelism."""
+    n = plan.offload_activation_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return [f"offload-activation-layers must be a non-negative integer, got {n!r}"]
+    errors = []
+    if n and (plan.framework is not Framework.MEGATRON or plan.pp > 1):
+        errors.append(
+            "offload-activation-layers needs --framework megatron and --pp 1 (Megatron's "
+            "--cpu-offloading-num-layers does not support pipeline parallelism)"
+        )
+    distributed = plan.sharding in (Sharding.ZERO1, Sharding.FSDP_FULL) or plan.dp * plan.cp == 1
+    if plan.precision_aware_optimizer and (plan.framework is not Framework.MEGATRON or not distributed):
+        errors.append(
+            "precision-aware-optimizer needs --framework megatron and its distributed optimizer "
+            "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
+            "--use-precision-aware-optimizer"
+        )
+    if plan.grad_reduce_dtype is not None and plan.framework is not Framework.MEGATRON:
+        errors.append(
+            "grad-reduce-dtype needs --framework megatron (Megatron's --grad-reduce-in-bf16); "
+            "FSDP2 reduces in fp32 and DeepSpeed in the 16-bit model dtype"
+        )
+    return errors
+
+
+def _recompute_layers_errors(plan: ParallelPlan) -> list[str]:
+    n = plan.recompute_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        return [f"recompute-layers must be a positive integer, got {n!r}"]
+    if plan.recompute is not Recompute.FULL or plan.framework is not Framework.MEGATRON:
+        return [
+            "recompute-layers needs --recompute full and --framework megatron "
+            "(Megatron's --recompute-num-layers with --recompute-method block)"
+        ]
+    return []
