@@ -22,6 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.backends.base import Backend
 from autotune.costmodel import Estimate, estimate
 from autotune.headroom import headroom_excess_bytes, headroom_reason
+from autotune.interrupt import held
 from autotune.plan import ParallelPlan
 from autotune.ranking import Estimator, Ranking
 from autotune.render import plan_summary
@@ -92,7 +93,8 @@ def run_study(
         trial, asks = ask_first(study, first), asks + 1
         try:
             beat(study, trial)  # from now on a dead process's trial is found stale
-            plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
+            with held():  # a stop signal waits for the whole plan: a retry must not get a part of one
+                plan, reason = suggest_plan(trial, ranking.choices, ranking.ctx)
             est = _gate(study, trial, plan, reason, ranking.ctx, estimator)
             if est is None or plan is None:
                 continue

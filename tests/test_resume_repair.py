@@ -222,3 +222,39 @@ def test_stops_by_signal_do_not_spend_the_retry_budget():
     count = len(study.trials)
     requeue(study, study.trials[-1])
     assert len(study.trials) == count
+
+
+def test_a_stop_signal_while_a_plan_is_suggested_requeues_the_whole_plan(tmp_path):
+    """Was (fuzz seed 1901): SIGINT between two ``suggest_categorical`` calls queued a retry holding part of
+    a plan; ``--resume`` sampled the rest afresh and ran another plan. The suggestion is now ``held``."""
+    import os
+    import signal
+
+    from autotune.interrupt import Interrupted, signals_interrupt
+    from autotune.space import KNOBS
+
+    class StopMidPlan(optuna.samplers.RandomSampler):
+        calls = 0
+
+        def sample_independent(self, study, trial, name, distribution):
+            StopMidPlan.calls += 1
+            if StopMidPlan.calls == 3:  # the third knob of the first plan TPE would propose
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            return super().sample_independent(study, trial, name, distribution)
+
+    study = optuna.create_study(direction="maximize", sampler=StopMidPlan(seed=0))
+    backend = RecordingBackend()
+    with signals_interrupt(), pytest.raises(Interrupted) as stopped:
+        run_study(
+            study,
+            fake_ranking(),
+            backend,
+            StudyOptions(n_trials=3, top_k=0),
+            trials_dir=tmp_path,
+            estimator=fake_estimate,
+        )
+    assert "runs first on --resume" in stopped.value.resume_hint and backend.plans == []
+    stopped_try, retry = study.trials
+    assert stopped_try.state is TrialState.FAIL and retry.state is TrialState.WAITING
+    assert set(stopped_try.params) == set(retry.params) == set(KNOBS)
