@@ -19,6 +19,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
+from autotune.rankworkers import judge, judged
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -67,25 +68,19 @@ def rank_plans(
     *,
     first_fit: bool = False,
 ) -> Ranking:
-    """Estimate every legal plan (stop at the first that fits with ``first_fit``)."""
+    """Estimate every legal plan (stop at the first that fits with ``first_fit``); large spaces are judged
+    across worker processes (``autotune.rankworkers``), with the same result."""
     tally, feasible, closest = Tally(), [], None
-    for ladder in enumerate_plans(choices, ctx, tally):
-        for i, micro_batch in enumerate(ladder.micro_batches):
-            try:
-                plan = ladder.plan(micro_batch)
-            except ConfigError as e:  # a plan.py rule space.py does not mirror yet: counted, never fatal
-                tally.count(rule_of(str(e)), len(ladder.micro_batches) - i)
-                break
-            est = estimator(ctx.model, ctx.cluster, plan)
-            above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
-            if est.feasible and above is None:
+    ladders = enumerate_plans(choices, ctx, tally)
+    verdicts = (judge(ladder, ctx, estimator) for ladder in ladders) if first_fit else None
+    for steps in verdicts or judged(list(ladders), ctx, estimator):
+        for est, reason, pruned in steps:
+            if reason is None and est is not None:
                 feasible.append(est)
                 continue
-            reason = above or est.reasons[0]
-            tally.count(rule_of(reason), len(ladder.micro_batches) - i)  # larger ones cannot fit
-            if closest is None or _overcommit(est, ctx) < _overcommit(closest, ctx):
+            tally.count(rule_of(reason or ""), pruned)
+            if est is not None and (closest is None or _overcommit(est, ctx) < _overcommit(closest, ctx)):
                 closest = est
-            break
         if first_fit and feasible:
             break
     feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
@@ -94,7 +89,7 @@ def rank_plans(
         choices=tally.choices(),
         feasible=feasible,
         num_legal=tally.num_legal,
-        pruned=dict(tally.pruned.most_common()),
+        pruned=dict(sorted(tally.pruned.items(), key=lambda kv: (-kv[1], kv[0]))),  # ties: by name
         closest=closest,
     )
 

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # plan.py imports this module for its legality check
 __all__ = [
     "StageSplit",
     "split_layers",
+    "split_layers_of",
     "split_error",
     "pipeline_degree_ok",
     "UNIFORM",
@@ -78,6 +79,10 @@ class StageSplit:
         """Blocks pipeline rank ``rank`` holds over its ``v`` chunks."""
         return sum(self.chunk_layers[rank :: self.pp])
 
+    def all_rank_layers(self) -> tuple[int, ...]:
+        """``rank_layers`` of every rank, in rank order (remembered: a search asks for it per plan)."""
+        return _all_rank_layers(self)
+
     @property
     def first_rank_layers(self) -> int:
         return self.rank_layers(0)
@@ -96,10 +101,22 @@ class StageSplit:
         return self.method == UNIFORM
 
 
+@functools.lru_cache(maxsize=1024)
+def _all_rank_layers(split: StageSplit) -> tuple[int, ...]:
+    return tuple(split.rank_layers(r) for r in range(split.pp))
+
+
 def split_layers(num_layers: int, plan: ParallelPlan, *, mtp: int = 0) -> StageSplit:
     """The split ``plan.framework`` makes (module docstring); ``ValueError`` when it cannot split. ``mtp``:
     the model's multi-token prediction modules, which Megatron places on the last chunk."""
-    split = _split(num_layers, plan.pp, plan.virtual_stages, str(plan.framework), mtp)
+    return split_layers_of(num_layers, plan.pp, plan.virtual_stages, str(plan.framework), mtp)
+
+
+def split_layers_of(
+    num_layers: int, pp: int, virtual_stages: int, framework: str, mtp: int = 0
+) -> StageSplit:
+    """``split_layers`` from the plan fields it reads."""
+    split = _split(num_layers, pp, virtual_stages, framework, mtp)
     if isinstance(split, str):
         raise ValueError(split)
     return split

@@ -31,17 +31,30 @@ CASES = [
         "budget_s": 10.0,
         "argv": ["--model", "llama3-405b", "--gpus", "16384"],
     },
+    {
+        "name": "llama3-405b on 16,384 H100, one process",
+        "budget_s": None,
+        "argv": ["--model", "llama3-405b", "--gpus", "16384"],
+        "env": {"AUTOTUNE_PLAN_WORKERS": "1"},
+    },
     {"name": "70b on 16 H100", "budget_s": 3.0, "argv": ["--model", "70b", "--gpus", "16"]},
     {
         "name": "llama3-405b on 16,384 H100, global batch 2048 (16M tokens)",
         "budget_s": None,
         "argv": ["--model", "llama3-405b", "--gpus", "16384", "--global-batch", "2048"],
     },
+    {
+        "name": "mixtral-8x7b on 16 H100",
+        "budget_s": None,
+        "argv": ["--model", "mixtral-8x7b", "--gpus", "16"],
+    },
 ]
+"""``env``: variables for that case's process (``AUTOTUNE_PLAN_WORKERS=1``: the cost model in one process,
+autotune/rankworkers.py; the other cases use every CPU)."""
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_once(argv: list[str]) -> tuple[float, float, dict]:
+def run_once(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, dict]:
     """One end-to-end run: (wall s, CPU s of the child, its --json output)."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
@@ -58,7 +71,9 @@ def run_once(argv: list[str]) -> tuple[float, float, dict]:
         ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            cmd, cwd=_ROOT, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
+        )
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
@@ -68,12 +83,16 @@ def run_once(argv: list[str]) -> tuple[float, float, dict]:
 
 
 def measure(case: dict, repeat: int) -> dict:
-    runs = [run_once(case["argv"]) for _ in range(repeat)]
+    runs = [run_once(case["argv"], case.get("env")) for _ in range(repeat)]
     walls, cpus, out = [r[0] for r in runs], [r[1] for r in runs], runs[-1][2]
     budget = case["budget_s"]
     return {
         "case": case["name"],
-        "command": "autotune search " + " ".join(case["argv"]) + " --backend simulate",
+        "command": " ".join(f"{k}={v}" for k, v in case.get("env", {}).items())
+        + ("" if not case.get("env") else " ")
+        + "autotune search "
+        + " ".join(case["argv"])
+        + " --backend simulate",
         "budget_s": budget,
         "wall_s_min": min(walls),
         "wall_s_median": statistics.median(walls),
@@ -95,7 +114,8 @@ def _markdown(result: dict) -> str:
         "# `autotune search` speed (planning mode)",
         "",
         f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}, Python "
-        f"{result['machine']['python']}; load average {result['load_before']} before, "
+        f"{result['machine']['python']}; {result['machine'].get('plan_workers', 1)} planning worker(s) "
+        f"(autotune/rankworkers.py); load average {result['load_before']} before, "
         f"{result['load_after']} after; commit {result['commit']}.",
         "",
         "| case | budget | fastest | median wall | median CPU | legal plans | fit | pruned |",
@@ -125,7 +145,12 @@ def main() -> int:
     ).stdout.strip()
     load_before = [round(x, 2) for x in os.getloadavg()]
     cases = [measure(case, args.repeat) for case in CASES]
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    machine = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "plan_workers": len(os.sched_getaffinity(0)),  # rankworkers.workers() with no AUTOTUNE_PLAN_WORKERS
+    }
     load_after = [round(x, 2) for x in os.getloadavg()]
     result = {
         "commit": commit,

@@ -169,6 +169,28 @@ def attention_rates(
     head_dims: tuple[float, float] = (128, 128),
 ) -> tuple[float, float] | None:
     """(forward, backward) FLOP/s of the attention core with ``kernel`` over ``seq_kv`` keys per query, from
+    the GPU's measured curves (``_attention_rates``), remembered per GPU object: a search asks the same few
+    questions of one GPU for every plan."""
+    key = (kernel, seq_kv, causal, head_dims)
+    memo = _RATES.get(id(gpu))
+    if memo is None or memo[0] is not gpu:  # a new GPU object (the id of a freed one may come back)
+        if len(_RATES) > 64:
+            _RATES.clear()
+        memo = _RATES[id(gpu)] = (gpu, {})
+    rates = memo[1].get(key, _MISSING)
+    if rates is _MISSING:
+        rates = memo[1][key] = _attention_rates(gpu, kernel, seq_kv, causal, head_dims)
+    return rates  # type: ignore[return-value]
+
+
+_RATES: dict[int, tuple[GPUSpec, dict[tuple[object, ...], tuple[float, float] | None]]] = {}
+_MISSING = object()
+
+
+def _attention_rates(
+    gpu: GPUSpec, kernel: str, seq_kv: float, causal: bool, head_dims: tuple[float, float]
+) -> tuple[float, float] | None:
+    """(forward, backward) FLOP/s of the attention core with ``kernel`` over ``seq_kv`` keys per query, from
     the GPU's measured curves (16-bit peak x fraction x ``clock_factor``), at the q/k and v ``head_dims``
     (``head_dim_factor``); None where the GPU has none (for ``causal=False``: no ``<kernel>-noncausal``
     curve)."""

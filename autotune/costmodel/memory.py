@@ -32,7 +32,8 @@ measures.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import functools
+from dataclasses import asdict, dataclass, fields, replace
 from typing import NamedTuple
 
 from autotune.costmodel import actoffload
@@ -43,6 +44,7 @@ from autotune.costmodel.activations import (
     head_activation_bytes,
     host_activation_bytes,
     in_flight_microbatches,
+    in_flight_of,
     kernels_for,
     loss_stored_bytes,
     loss_transient_bytes,
@@ -70,7 +72,7 @@ from autotune.costmodel.states import (
 )
 from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
-from autotune.stagesplit import split_layers
+from autotune.stagesplit import split_layers_of
 
 __all__ = [
     "MemoryBreakdown",
@@ -307,26 +309,38 @@ def memory_breakdown(
     ]
     worst = max(stages, key=lambda m: m.total_bytes)
     host = max(m.host_bytes_per_node for m in stages)
-    return MemoryBreakdown(**{**worst.as_dict(), "host_bytes_per_node": host})
+    return replace(worst, host_bytes_per_node=host)
 
 
-def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> list[float]:
+def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
     """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
     (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
+    return _split_rank_layers(
+        model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_rank_layers(num_layers: int, pp: int, v: int, framework: str, mtp: int) -> tuple[float, ...]:
     try:
-        split = split_layers(model.num_layers, plan, mtp=model.mtp_layers)
+        split = split_layers_of(num_layers, pp, v, framework, mtp)
     except ValueError:
-        return [model.num_layers / plan.pp] * plan.pp
-    return [float(split.rank_layers(r)) for r in range(plan.pp)]
+        return (num_layers / pp,) * pp
+    return tuple(map(float, split.all_rank_layers()))
 
 
-def _ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> list[int]:
+def _ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     """The first and last rank, and with unequal middle ranks the one with the most blocks and the one
     with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches)."""
-    ranks = {0, plan.pp - 1}
-    layers = _rank_layers(model, plan)
-    middle = range(1, plan.pp - 1)
+    return _ranks_of(_rank_layers(model, plan), plan.num_microbatches, plan.virtual_stages, plan.schedule)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_of(layers: tuple[float, ...], m: int, v: int, schedule: Schedule) -> tuple[int, ...]:
+    pp = len(layers)
+    ranks = {0, pp - 1}
+    middle = range(1, pp - 1)
     if middle and len(set(layers)) > 1:
         ranks.add(max(middle, key=lambda r: (layers[r], -r)))
-        ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_microbatches(plan, rank=r), -r)))
-    return sorted(ranks)
+        ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_of(m, pp, v, schedule, r), -r)))
+    return tuple(sorted(ranks))

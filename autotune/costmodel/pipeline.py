@@ -83,8 +83,8 @@ def rank_blocks(num_layers: int, plan: ParallelPlan, head_layers: float, *, mtp:
         split = split_layers(num_layers, plan, mtp=mtp)
     except ValueError:  # illegal plan: check_plan says why; price the balanced split
         return stage_split(num_layers, plan.pp, head_layers)
-    others = max(split.rank_layers(r) for r in range(plan.pp - 1))
-    return split.last_rank_layers, others
+    layers = split.all_rank_layers()
+    return layers[-1], max(layers[:-1])
 
 
 def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:

@@ -1,0 +1,130 @@
+"""Judging a space's micro-batch ladders, in this process or across forked workers: same verdicts, sooner.
+
+A ladder's plans are estimated smallest micro-batch first until one does not fit (``ranking.rank_plans``).
+Ladders are independent of each other, and the cost model is all of a search's planning time: Llama 3.1
+405B on 16,384 GPUs is ~45,000 estimates, an MoE model on 16 GPUs ~80,000 (benchmarks/search_speed.py).
+With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, the ladders are judged by
+``workers()`` forked processes (they inherit the model, cluster and ladders; only verdicts travel back) and
+the verdicts are merged in enumeration order, so the ranking is the one a single process makes. Elsewhere
+(a caller's own estimator, which may keep state; one CPU; no ``fork``; inside a daemonic process) the
+ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces that.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, NamedTuple
+
+from autotune.costmodel import Estimate, estimate
+from autotune.errors import ConfigError
+from autotune.headroom import headroom_reason
+
+if TYPE_CHECKING:
+    from autotune.enumeration import Ladder
+    from autotune.space import PlanContext
+
+__all__ = ["MIN_LADDERS", "Verdict", "judge", "judged", "workers"]
+
+MIN_LADDERS = 2000
+"""Below this many ladders (a few seconds of estimates at most) starting workers is not worth it."""
+_CHUNKS_PER_WORKER = 16
+"""Ladders are handed out in about this many chunks per worker: big enough to amortise the messages, small
+enough that a worker that drew the expensive ladders does not leave the others idle."""
+
+
+class Verdict(NamedTuple):
+    """One plan of a ladder, judged."""
+
+    estimate: Estimate | None
+    """None: the plan refused to build (a ``plan.py`` rule the space does not mirror yet)."""
+    reason: str | None = None
+    """Why it does not fit or build; None when it fits within the memory headroom."""
+    pruned: int = 0
+    """Micro-batches pruned with it: it and the larger ones of its ladder, which cannot fit either."""
+
+
+_WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate]] | None = None
+"""What forked workers judge (set in the parent before the fork)."""
+
+
+def judge(ladder: Ladder, ctx: PlanContext, estimator: Callable[..., Estimate] = estimate) -> list[Verdict]:
+    """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit."""
+    out: list[Verdict] = []
+    n = len(ladder.micro_batches)
+    for i, micro_batch in enumerate(ladder.micro_batches):
+        try:
+            plan = ladder.plan(micro_batch)
+        except ConfigError as e:  # a plan.py rule space.py does not mirror yet: counted, never fatal
+            out.append(Verdict(None, str(e), n - i))
+            break
+        est = estimator(ctx.model, ctx.cluster, plan)
+        above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
+        if est.feasible and above is None:
+            out.append(Verdict(est))
+            continue
+        out.append(Verdict(est, above or est.reasons[0], n - i))  # larger ones cannot fit
+        break
+    return out
+
+
+def workers() -> int:
+    """Processes to judge ladders with: ``AUTOTUNE_PLAN_WORKERS``, else the CPUs this process may use."""
+    env = os.environ.get("AUTOTUNE_PLAN_WORKERS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def judged(
+    ladders: Sequence[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
+) -> Iterator[list[Verdict]]:
+    """Each ladder's verdicts, in the order of ``ladders`` (module docstring: where workers judge them)."""
+    n = workers()
+    parallel = (
+        estimator is estimate
+        and len(ladders) >= MIN_LADDERS
+        and n > 1
+        and "fork" in multiprocessing.get_all_start_methods()
+        and not multiprocessing.current_process().daemon
+    )
+    if not parallel:
+        for ladder in ladders:
+            yield judge(ladder, ctx, estimator)
+        return
+    global _WORK
+    _WORK = (ladders, ctx, estimator)
+    chunk = max(1, len(ladders) // (n * _CHUNKS_PER_WORKER))
+    done = 0
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
+    try:
+        for verdicts in pool.map(_judge_index, range(len(ladders)), chunksize=chunk):
+            yield verdicts
+            done += 1
+    except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
+        for ladder in ladders[done:]:
+            yield judge(ladder, ctx, estimator)
+    finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
+        _WORK = None
+
+
+def _quiet() -> None:
+    """A worker leaves stop signals to the parent (which stops the pool) and dies at once on SIGTERM: the
+    parent's handlers (``autotune.interrupt``) are not inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _judge_index(i: int) -> list[Verdict]:
+    assert _WORK is not None
+    ladders, ctx, estimator = _WORK
+    return judge(ladders[i], ctx, estimator)

@@ -1,0 +1,76 @@
+"""Ladders judged by forked workers give the ranking one process gives: same plans, order, counts."""
+
+import os
+
+import pytest
+
+from autotune import rankworkers
+from autotune.catalog import load_model, make_cluster
+from autotune.costmodel import estimate
+from autotune.ranking import plan_search
+from autotune.space import load_space
+
+
+def _ranking(monkeypatch, workers: int, min_ladders: int):
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", str(workers))
+    monkeypatch.setattr(rankworkers, "MIN_LADDERS", min_ladders)
+    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    return plan_search(load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096)
+
+
+def _summary(ranking):
+    return (
+        [(e.plan, e.tokens_per_s, e.memory_bytes_per_gpu) for e in ranking.feasible],
+        ranking.pruned,
+        ranking.num_legal,
+        ranking.choices,
+        None if ranking.closest is None else ranking.closest.plan,
+    )
+
+
+def test_workers_rank_exactly_as_one_process(monkeypatch):
+    one = _ranking(monkeypatch, workers=1, min_ladders=1)
+    two = _ranking(monkeypatch, workers=2, min_ladders=1)
+    assert one.feasible and one.pruned.get("out of memory", 0) > 0  # both verdicts occur
+    assert _summary(two) == _summary(one)
+
+
+def test_a_callers_estimator_is_never_sent_to_workers(monkeypatch):
+    """A caller's estimator may keep state (a recording, a calibration): it runs in this process."""
+    calls = []
+
+    def recording(model, cluster, plan):
+        calls.append(plan)
+        return estimate(model, cluster, plan)
+
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
+    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 1)
+    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    ranking = plan_search(
+        load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, estimator=recording
+    )
+    assert len(calls) >= len(ranking.feasible) > 0
+
+
+@pytest.mark.parametrize("value, expected", [("3", 3), ("1", 1), ("0", None), ("x", None)])
+def test_workers_reads_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", value)
+    assert rankworkers.workers() == (expected or len(os.sched_getaffinity(0)))
+
+
+def test_a_worker_that_dies_costs_time_not_the_ranking(monkeypatch):
+    """A killed worker (out of host memory, a signal) breaks the pool: the rest is judged here, no hang."""
+    one = _ranking(monkeypatch, workers=1, min_ladders=1)
+    monkeypatch.setattr(rankworkers, "_judge_index", _dies_on_the_fourth)
+    broken = _ranking(monkeypatch, workers=2, min_ladders=1)
+    assert _summary(broken) == _summary(one)
+
+
+_JUDGE_INDEX = rankworkers._judge_index
+
+
+def _dies_on_the_fourth(i):
+    """A worker's task (module level: the pool sends it by name)."""
+    if i == 3:
+        os._exit(1)
+    return _JUDGE_INDEX(i)
