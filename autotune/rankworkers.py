@@ -12,6 +12,7 @@ ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -118,7 +119,10 @@ def judged(
 
 def _quiet() -> None:
     """A worker leaves stop signals to the parent (which stops the pool) and dies at once on SIGTERM: the
-    parent's handlers (``autotune.interrupt``) are not inherited."""
+    parent's handlers (``autotune.interrupt``) are not inherited. What it inherited is frozen out of its
+    garbage collector, so no finalizer of the parent's objects (a study's database connection, when
+    ``autotune worker`` ranks) runs in the worker; workers end with ``os._exit``, without atexit handlers."""
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
