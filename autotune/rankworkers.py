@@ -6,8 +6,9 @@ Ladders are independent of each other, and the cost model is all of a search's p
 With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, the ladders are judged by
 ``workers()`` forked processes (they inherit the model, cluster and ladders; only verdicts travel back) and
 the verdicts are merged in enumeration order, so the ranking is the one a single process makes. Elsewhere
-(a caller's own estimator, which may keep state; one CPU; no ``fork``; inside a daemonic process) the
-ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces that.
+(a caller's own estimator, which may keep state; one CPU; not Linux, whose ``fork`` the workers need; inside
+a daemonic process) the ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces
+that.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -93,6 +95,7 @@ def judged(
         estimator is estimate
         and len(ladders) >= MIN_LADDERS
         and n > 1
+        and sys.platform.startswith("linux")  # fork is not safe with macOS system libraries
         and "fork" in multiprocessing.get_all_start_methods()
         and not multiprocessing.current_process().daemon
     )
