@@ -155,7 +155,18 @@ class LayerShape:
     @classmethod
     def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
         """``ffn`` is the MLP width a token passes through (MoE: top-k experts + shared, the mean over
-        blocks: ``modelshape.active_ffn_per_layer``)."""
+        blocks: ``modelshape.active_ffn_per_layer``). The last shape made is kept: one estimate asks for
+        it of every stage it checks."""
+        global _LAST_SHAPE
+        last_model, last_plan, last = _LAST_SHAPE
+        if last is not None and last_model is model and last_plan is plan:
+            return last
+        shape = cls._of(model, plan)
+        _LAST_SHAPE = (model, plan, shape)  # one tuple, replaced whole: safe across threads
+        return shape
+
+    @classmethod
+    def _of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
         return cls(
             s=plan.seq_len / plan.cp,
             b=plan.micro_batch,
@@ -170,6 +181,10 @@ class LayerShape:
             routed=modelshape.routed_width_per_layer(model) * moe.busiest_load(plan),
             routed_peak=moe.dispatch_buffer_width(model, plan),
         )
+
+
+_LAST_SHAPE: tuple[object, object, LayerShape | None] = (None, None, None)
+"""(model, plan, its shape): ``LayerShape.of``'s last answer."""
 
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
@@ -371,12 +386,16 @@ def in_flight_microbatches(plan: ParallelPlan, *, rank: int) -> float:
     1F1B: ``min(pp - rank, m)`` (Narayanan et al. 2021 Sec. 2.2.1: rank 0 holds ``pp``). Interleaved with
     ``v`` chunks: Megatron's warm-up of ``2(pp - rank - 1) + (v - 1) pp`` chunk forwards plus the one in
     progress, in stage units (``/v``); rank 0 gives ``pp (1 + (pp - 1)/(pp v))`` (Korthikanti Sec. 4.2.3)."""
-    m, pp, v = plan.num_microbatches, plan.pp, plan.virtual_stages
+    return in_flight_of(plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule, rank)
+
+
+def in_flight_of(m: int, pp: int, v: int, schedule: Schedule, rank: int) -> float:
+    """``in_flight_microbatches`` from the plan fields it reads."""
     if pp == 1:
         return 1.0
-    if plan.schedule is Schedule.GPIPE:
+    if schedule is Schedule.GPIPE:
         return float(m)
-    if plan.schedule is Schedule.INTERLEAVED:
+    if schedule is Schedule.INTERLEAVED:
         chunks = 2 * (pp - rank - 1) + (v - 1) * pp + 1
         return min(chunks / v, float(m))
     return float(min(pp - rank, m))

@@ -44,6 +44,7 @@ from autotune.costmodel.activations import (
     head_activation_bytes,
     host_activation_bytes,
     in_flight_microbatches,
+    in_flight_of,
     kernels_for,
     loss_stored_bytes,
     loss_transient_bytes,
@@ -330,21 +331,16 @@ def _split_rank_layers(num_layers: int, pp: int, v: int, framework: str, mtp: in
 
 def _ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     """The first and last rank, and with unequal middle ranks the one with the most blocks and the one
-    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches). Remembered by
-    what it reads (the split and the schedule's occupancy): a search asks per plan."""
-    layers = _rank_layers(model, plan)
-    key = (layers, plan.num_microbatches, plan.virtual_stages, plan.schedule)
-    ranks = _RANKS.get(key)
-    if ranks is None:
-        chosen = {0, plan.pp - 1}
-        middle = range(1, plan.pp - 1)
-        if middle and len(set(layers)) > 1:
-            chosen.add(max(middle, key=lambda r: (layers[r], -r)))
-            chosen.add(max(middle, key=lambda r: (layers[r] * in_flight_microbatches(plan, rank=r), -r)))
-        if len(_RANKS) > 4096:
-            _RANKS.clear()
-        ranks = _RANKS[key] = tuple(sorted(chosen))
-    return ranks
+    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches)."""
+    return _ranks_of(_rank_layers(model, plan), plan.num_microbatches, plan.virtual_stages, plan.schedule)
 
 
-_RANKS: dict[tuple[object, ...], tuple[int, ...]] = {}
+@functools.lru_cache(maxsize=4096)
+def _ranks_of(layers: tuple[float, ...], m: int, v: int, schedule: Schedule) -> tuple[int, ...]:
+    pp = len(layers)
+    ranks = {0, pp - 1}
+    middle = range(1, pp - 1)
+    if middle and len(set(layers)) > 1:
+        ranks.add(max(middle, key=lambda r: (layers[r], -r)))
+        ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_of(m, pp, v, schedule, r), -r)))
+    return tuple(sorted(ranks))
