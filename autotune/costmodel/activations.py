@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from autotune import modelshape
 from autotune.costmodel import moe
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, Schedule
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -56,8 +56,6 @@ __all__ = [
     "head_activation_bytes",
     "loss_stored_bytes",
     "loss_transient_bytes",
-    "in_flight_microbatches",
-    "microbatches_at_loss",
 ]
 
 FLASH_ATTENTION = True
@@ -377,31 +375,3 @@ def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float
     else:
         per_logit = 12.0 if k.loss_parallel else max(8.0, e + 4.0)
     return x.s * x.b * x.vocab / tp * per_logit
-
-
-def in_flight_microbatches(plan: ParallelPlan, *, rank: int) -> float:
-    """Micro-batches of a whole stage whose activations pipeline rank ``rank`` holds at its peak.
-
-    PP = 1: one (gradient accumulation frees each micro-batch in its backward). GPipe: all ``m``.
-    1F1B: ``min(pp - rank, m)`` (Narayanan et al. 2021 Sec. 2.2.1: rank 0 holds ``pp``). Interleaved with
-    ``v`` chunks: Megatron's warm-up of ``2(pp - rank - 1) + (v - 1) pp`` chunk forwards plus the one in
-    progress, in stage units (``/v``); rank 0 gives ``pp (1 + (pp - 1)/(pp v))`` (Korthikanti Sec. 4.2.3)."""
-    return in_flight_of(plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule, rank)
-
-
-def in_flight_of(m: int, pp: int, v: int, schedule: Schedule, rank: int) -> float:
-    """``in_flight_microbatches`` from the plan fields it reads."""
-    if pp == 1:
-        return 1.0
-    if schedule is Schedule.GPIPE:
-        return float(m)
-    if schedule is Schedule.INTERLEAVED:
-        chunks = 2 * (pp - rank - 1) + (v - 1) * pp + 1
-        return min(chunks / v, float(m))
-    return float(min(pp - rank, m))
-
-
-def microbatches_at_loss(plan: ParallelPlan) -> float:
-    """Micro-batches whose logits the last stage holds: all with GPipe (every forward before any
-    backward), else one (the loss's backward follows its forward at once)."""
-    return float(plan.num_microbatches) if plan.pp > 1 and plan.schedule is Schedule.GPIPE else 1.0

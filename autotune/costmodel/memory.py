@@ -43,17 +43,15 @@ from autotune.costmodel.activations import (
     backward_working_bytes,
     head_activation_bytes,
     host_activation_bytes,
-    in_flight_microbatches,
-    in_flight_of,
     kernels_for,
     loss_stored_bytes,
     loss_transient_bytes,
-    microbatches_at_loss,
     stage_activation_bytes,
 )
 from autotune.costmodel.cpbuffers import cp_attention_bytes
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
 from autotune.costmodel.dpbuffers import comm_bucket_bytes, gathered_bytes
+from autotune.costmodel.inflight import in_flight_microbatches, in_flight_of, microbatches_at_loss
 from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.pipebuffers import (
     keeps_stage_buffers,

@@ -51,7 +51,7 @@ def _local_stages(plan: ParallelPlan, rank: int) -> tuple[int, int]:
 
 def stage_buffer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, in_flight: float, e: int) -> float:
     """Receive buffers held all step: per micro-batch, one input buffer on each receiving stage (less those
-    holding an in-flight input, ``in_flight`` per stage as ``activations.in_flight_microbatches`` gives it)
+    holding an in-flight input, ``in_flight`` per stage as ``inflight.in_flight_microbatches`` gives it)
     and one gradient buffer on each stage that sends."""
     if not keeps_stage_buffers(plan):
         return 0.0

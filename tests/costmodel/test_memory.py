@@ -13,7 +13,6 @@ from autotune.costmodel import states as states_mod
 from autotune.costmodel.activations import (
     Kernels,
     LayerShape,
-    in_flight_microbatches,
     layer_activation_bytes,
 )
 from autotune.costmodel.dpbuffers import (
@@ -21,6 +20,7 @@ from autotune.costmodel.dpbuffers import (
     gathered_bytes,
     largest_module_params_per_gpu,
 )
+from autotune.costmodel.inflight import in_flight_microbatches
 from autotune.costmodel.memory import memory_breakdown
 from autotune.costmodel.reserve import CPU_RESERVE_BYTES
 from autotune.costmodel.states import MIXED_BF16, model_state_bytes, state_bytes_per_param

@@ -10,8 +10,8 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import states as states_mod
-from autotune.costmodel.activations import in_flight_microbatches
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
+from autotune.costmodel.inflight import in_flight_microbatches
 from autotune.costmodel.memory import stage_memory
 from autotune.costmodel.states import model_state_bytes
 from autotune.plan import ParallelPlan

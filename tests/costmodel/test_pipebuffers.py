@@ -6,7 +6,7 @@ import inspect
 import pytest
 
 from autotune.catalog import load_model, make_cluster
-from autotune.costmodel.activations import in_flight_microbatches
+from autotune.costmodel.inflight import in_flight_microbatches
 from autotune.costmodel.memory import pipeline_p2p_bytes, stage_memory
 from autotune.costmodel.pipebuffers import boundary_bytes, stage_buffer_bytes, stage_output_bytes
 from autotune.plan import ParallelPlan
