@@ -42,55 +42,11 @@ from autotune.plan import ParallelPlan, Recompute, Sharding
 from autotune.specs import ModelSpec
 from autotune.trials.model import Transformer
 from autotune.trials.parallelize import apply_ac
+from benchmarks._crosscheck_models import GPU_MODEL, GPU_MODEL_8B, SMALL, TINY
 
 _MIB = 1024**2
 ACCUMULATION = 2
 """Micro-batches per step: gradients from the first are alive during the second's forward."""
-
-# Llama-shaped, GQA, SwiGLU; sized so that one step runs in well under a second on 2 CPU cores.
-SMALL = ModelSpec(
-    name="crosscheck-small",
-    hidden_size=256,
-    num_layers=4,
-    num_heads=8,
-    num_kv_heads=4,
-    ffn_hidden_size=688,
-    vocab_size=2048,
-    max_seq_len=512,
-)
-TINY = ModelSpec(
-    name="crosscheck-tiny",
-    hidden_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    ffn_hidden_size=344,
-    vocab_size=512,
-    max_seq_len=128,
-)
-GPU_MODEL = ModelSpec(
-    name="crosscheck-gpu",
-    hidden_size=2048,
-    num_layers=8,
-    num_heads=16,
-    num_kv_heads=4,
-    ffn_hidden_size=5632,
-    vocab_size=32000,
-    max_seq_len=2048,
-)
-
-GPU_MODEL_8B = ModelSpec(
-    name="crosscheck-gpu-8b-width",
-    hidden_size=4096,
-    num_layers=4,
-    num_heads=32,
-    num_kv_heads=8,
-    ffn_hidden_size=14336,
-    vocab_size=128256,
-    max_seq_len=8192,
-)
-"""Llama 3 8B's width, heads, FFN and vocabulary at 8192 tokens, 4 of its 32 layers (``--gpu-model 8b``): the
-per-layer activations and the loss path at the size the published 8B runs use, on one GPU."""
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
-import math
 import re
 import statistics
 import sys
@@ -31,6 +29,7 @@ from autotune.costmodel import flops
 from autotune.costmodel.steptime import step_time
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
+from autotune.report import kendall_tau
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 from autotune.usergpu import gpu_from_mapping
 
@@ -279,21 +278,11 @@ def _skip_reason(row: dict[str, Any]) -> str:
     return ""
 
 
-def kendall_tau(xs: list[float], ys: list[float]) -> float:
-    """Kendall's tau-b (``scipy.stats.kendalltau``'s default): concordant minus discordant pairs over the
-    geometric mean of the pairs untied in each list. A group that repeats one layout measured in two releases
-    (Megatron-Bridge 2606 and 260401) has a tie in its predictions that no model can order; tau-a would count
-    that pair against it."""
-    pairs = list(itertools.combinations(range(len(xs)), 2))
-    if not pairs:
-        return float("nan")
-    s = sum(
-        (1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0)
-        for i, j in pairs
-    )
-    untied_x = sum(1 for i, j in pairs if xs[i] != xs[j])
-    untied_y = sum(1 for i, j in pairs if ys[i] != ys[j])
-    return s / math.sqrt(untied_x * untied_y) if untied_x and untied_y else float("nan")
+def _tau_or_nan(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-b (``autotune.report.kendall_tau``: a group repeating one layout in two releases has a
+    tie in its predictions that tau-a would count against the model); NaN where undefined."""
+    tau = kendall_tau(xs, ys)
+    return float("nan") if tau is None else tau
 
 
 def name_other_releases(rows: list[dict[str, Any]], outcomes: list[Outcome]) -> list[release_spread.Group]:
@@ -315,7 +304,7 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     for o in outcomes:
         groups.setdefault(o.group, []).append(o)
     taus = {  # a group of one layout (two submitters of one MLPerf config) has nothing to rank
-        g: kendall_tau([o.predicted for o in os], [o.measured for o in os])
+        g: _tau_or_nan([o.predicted for o in os], [o.measured for o in os])
         for g, os in groups.items()
         if len({o.predicted for o in os}) >= 2
     }
