@@ -41,7 +41,14 @@ from autotune.scaleout import DEFAULT_HEARTBEAT_S, open_storage, storage_error
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.userfile import writable_dir
 
-__all__ = ["StudyDir", "study_name_for", "default_storage_url", "open_study", "check_study_name"]
+__all__ = [
+    "StudyDir",
+    "study_name_for",
+    "default_storage_url",
+    "open_study",
+    "check_study_name",
+    "check_reusable",
+]
 
 _IDENTITY_ATTR = "autotune_identity"
 _MAX_NAME = 100
@@ -122,6 +129,25 @@ def open_study(
         raise storage_error(url, e) from None
 
 
+def check_reusable(
+    *, name: str, runs_dir: Path, storage: str | None, identity: dict[str, Any], resume: bool, force: bool
+) -> None:
+    """What ``open_study`` would refuse, told before the plans are ranked (minutes on a large cluster):
+    an existing study without ``resume``/``force``, or one made for another model, cluster or batch.
+    ``identity`` holds the keys known before ranking; ``open_study`` checks the whole of it again."""
+    check_study_name(name)
+    if force:
+        return
+    study_dir = StudyDir(runs_dir / name)
+    url = storage or default_storage_url(study_dir)
+    try:
+        existing = _existing_identity(study_dir, url, name, own_storage=storage is None)
+    except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        raise storage_error(url, e) from None
+    if existing is not None:
+        _check_existing(name, study_dir, existing, json.loads(json.dumps(identity)), resume=resume)
+
+
 def check_study_name(name: str) -> None:
     """A study name is a directory under ``--out``: a plain, short name, never a path."""
     if not name:
@@ -150,12 +176,7 @@ def _open(
 ) -> tuple[optuna.Study, StudyDir, str]:
     existing = _existing_identity(study_dir, url, name, own_storage=storage is None)
     if existing is not None and not force:
-        _check_same(name, existing, identity)
-        if not resume:
-            raise ConfigError(
-                f"study '{name}' already exists ({study_dir.root}); pass --resume to add "
-                "trials to it, --force to start over, or --study NEW"
-            )
+        _check_existing(name, study_dir, existing, identity, resume=resume)
     if existing is not None and force:
         _remove(study_dir, url, name, own_storage=storage is None)
     writable_dir(study_dir.root, "--out")
@@ -218,6 +239,19 @@ def _identity_in(url: str, name: str, *, missing: dict[str, Any] | None) -> dict
     except KeyError:
         return None
     return study.user_attrs.get(_IDENTITY_ATTR, missing)  # type: ignore[no-any-return]
+
+
+def _check_existing(
+    name: str, study_dir: StudyDir, existing: dict[str, Any], identity: dict[str, Any], *, resume: bool
+) -> None:
+    """An existing study is reopened only with ``resume`` and only for the same model, cluster, batch and
+    space (the keys of ``identity``)."""
+    _check_same(name, existing, identity)
+    if not resume:
+        raise ConfigError(
+            f"study '{name}' already exists ({study_dir.root}); pass --resume to add "
+            "trials to it, --force to start over, or --study NEW"
+        )
 
 
 def _check_same(name: str, old: dict[str, Any], new: dict[str, Any]) -> None:

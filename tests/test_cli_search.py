@@ -176,3 +176,23 @@ def test_70b_on_16_h100_is_sane(capsys, tmp_path):
     assert out["memory_bytes_per_gpu"] <= out["memory_capacity_bytes"]
     assert 0.2 < out["mfu"] < 0.75
     assert out["pruned_by_reason"].get("out of memory", 0) > 0
+
+
+def test_a_study_that_would_be_refused_is_refused_before_the_plans_are_ranked(capsys, tmp_path, monkeypatch):
+    """Ranking takes minutes on a large cluster; a rerun without --resume (or for another model) must not
+    wait for it to learn that the study exists."""
+    argv = ("--model", "7b", "--gpus", "8", "--global-batch", "64", "--study", "s3", "--top", "1")
+    _json(capsys, tmp_path, *argv)
+
+    def no_ranking(*args, **kwargs):
+        raise AssertionError("the plans were ranked before the study was checked")
+
+    monkeypatch.setattr("autotune.ranking.plan_search", no_ranking)
+    code, _, err = _search(capsys, tmp_path, *argv)
+    assert code == 2 and "study 's3' already exists" in err and len(err.strip().splitlines()) == 1
+    code, _, err = _search(
+        capsys, tmp_path, "--model", "13b", "--gpus", "8", "--global-batch", "64", "--study", "s3", "--resume"
+    )
+    assert code == 2 and "study 's3' was made for 7b" in err
+    with pytest.raises(AssertionError, match="ranked before"):  # --force replaces it: the ranking runs
+        main(["search", *argv, "--force", "--out", str(tmp_path / "runs")])

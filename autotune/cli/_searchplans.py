@@ -18,7 +18,7 @@ from autotune.modelshape import trial_model_gap
 from autotune.probe.profile import with_profile
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["CPU_SEQUENCES_PER_PROCESS", "open_search_study", "choose_and_rank"]
+__all__ = ["CPU_SEQUENCES_PER_PROCESS", "check_search_study", "open_search_study", "choose_and_rank"]
 
 _PIN_KEYS = (
     "tp",
@@ -80,9 +80,7 @@ def choose_and_rank(
             "--moe-capacity-factor: the built-in trial MoE routes dropless; plan with --backend simulate, "
             "or run your own model (its own token dropping) with --workload / --script"
         )
-    global_batch = args.global_batch
-    if global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
-        global_batch = CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
+    global_batch = _given_global_batch(args, cluster)
     pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
     ranking = plan_search(
         space,
@@ -101,6 +99,38 @@ def choose_and_rank(
         },
     )
     return choice, ranking
+
+
+def _given_global_batch(args: argparse.Namespace, cluster: ClusterSpec) -> int | None:
+    """The global batch the user gave, or the CPU default; None: the ranking picks ~4M tokens."""
+    if args.global_batch is None and args.device == "cpu":  # real CPU steps: ~4M tokens would take hours
+        return CPU_SEQUENCES_PER_PROCESS * cluster.num_gpus
+    return args.global_batch  # type: ignore[no-any-return]
+
+
+def check_search_study(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> None:
+    """Refuse a study ``open_search_study`` would refuse (it exists without --resume/--force, or was made
+    for another model, cluster, batch or sequence) before the plans are ranked, which takes minutes on a large
+    cluster; a default batch and the space are known after ranking and checked when the study is opened."""
+    from autotune.store import check_reusable, study_name_for
+
+    identity = {
+        "model": model.name,
+        "num_params": model.num_params,
+        "cluster": cluster.name,
+        "num_gpus": cluster.num_gpus,
+        "seq_len": args.seq_len or default_seq_len(model),
+    }
+    if _given_global_batch(args, cluster) is not None:
+        identity["global_batch"] = _given_global_batch(args, cluster)
+    check_reusable(
+        name=args.study if args.study is not None else study_name_for(model, cluster),
+        runs_dir=Path(args.out),
+        storage=args.storage,
+        identity=identity,
+        resume=args.resume,
+        force=args.force,
+    )
 
 
 def open_search_study(

@@ -20,7 +20,12 @@ from typing import Any
 
 from autotune.cli._args import add_model_cluster_args, add_plan_args, implied_framework, resolve_model_cluster
 from autotune.cli._notes import batch_notes
-from autotune.cli._searchplans import CPU_SEQUENCES_PER_PROCESS, choose_and_rank, open_search_study
+from autotune.cli._searchplans import (
+    CPU_SEQUENCES_PER_PROCESS,
+    check_search_study,
+    choose_and_rank,
+    open_search_study,
+)
 from autotune.cli._searchreport import search_report, search_summary, trial_row
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
@@ -162,6 +167,7 @@ class SearchCommand:
         model, cluster = resolve_model_cluster(args)
         _check_precision(args, cluster)
         check_writable(args.out, "--out")
+        check_search_study(args, model, cluster)  # before the ranking: minutes on a large cluster
         with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
             choice, ranking = choose_and_rank(args, model, cluster, progress.ranking_estimator())
             for line in batch_notes(
