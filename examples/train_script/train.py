@@ -15,6 +15,7 @@ The contract in four calls: ``contract.plan()`` (what to run), ``contract.warmup
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import time
@@ -105,6 +106,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = LM(plan["seq_len"]).to(device)
     engine = deepspeed_engine(model) if plan["framework"] == "deepspeed" else None
+    optimizer = None
     if engine is None:
         parallelize(model, plan, device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -120,7 +122,7 @@ def main() -> None:
                 engine.step()
             else:
                 (loss / accum).backward()
-        if engine is None:
+        if optimizer is not None:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         if use_cuda:
@@ -135,7 +137,11 @@ def main() -> None:
     peak_t = torch.tensor([float(peak)], device=device)
     dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
     contract.report(peak_memory_bytes=peak_t.item(), loss=loss.item())
+    # Nothing may still hold the process group when it is destroyed, or gloo can abort at exit ("terminate
+    # called without an active exception"): barrier, drop the model, optimizer and engine, collect, destroy.
     dist.barrier()
+    del model, optimizer, engine
+    gc.collect()
     dist.destroy_process_group()
 
 
