@@ -255,9 +255,11 @@ def expert_errors(plan: ParallelPlan, framework: Framework | None = None) -> lis
         return [f"torchtitan supports ETP = 1 or ETP = TP ({plan.tp}), got {etp}"]
     if broken == "torchtitan-borrow":
         borrow = shard * plan.cp * (plan.tp // etp)
+        unsharded = plan.sharding is Sharding.NONE and (plan.dp * plan.cp * (plan.tp // etp)) % ep == 0
+        fix = " (sharding none leaves no dp_shard: shard DP with --sharding fsdp-full)" if unsharded else ""
         return [
             f"torchtitan borrows EP from dp_shard x CP{' x TP' if etp == 1 else ''} = {borrow}; "
-            f"EP {ep} does not divide it"
+            f"EP {ep} does not divide it{fix}"
         ]
     deepspeed = {
         "deepspeed-tp": "DeepSpeed-MoE is priced with TP = ETP = 1 here (its expert-slicing is not modelled)",

@@ -27,7 +27,8 @@ def test_ep_on_a_dense_model_is_illegal_with_a_reason():
     ("kw", "message"),
     [
         ({"dp": 4, "ep": 8, "framework": "megatron"}, "EP x ETP = 8 x 1 to divide"),
-        ({"dp": 8, "ep": 8, "framework": "fsdp", "sharding": "none"}, "torchtitan borrows EP"),
+        ({"dp": 8, "ep": 8, "framework": "fsdp", "sharding": "none"}, "borrows EP.*--sharding fsdp-full"),
+        ({"dp": 2, "ep": 4, "framework": "fsdp", "sharding": "fsdp-full"}, "= 2; EP 4 does not divide it$"),
         (
             {
                 "dp": 4,
