@@ -112,19 +112,14 @@ def check_search_study(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     """Refuse a study ``open_search_study`` would refuse (it exists without --resume/--force, or was made
     for another model, cluster, batch or sequence) before the plans are ranked, which takes minutes on a large
     cluster; a default batch and the space are known after ranking and checked when the study is opened."""
-    from autotune.store import check_reusable, study_name_for
+    from autotune.store import check_reusable
 
-    identity = {
-        "model": model.name,
-        "num_params": model.num_params,
-        "cluster": cluster.name,
-        "num_gpus": cluster.num_gpus,
-        "seq_len": args.seq_len or default_seq_len(model),
-    }
-    if _given_global_batch(args, cluster) is not None:
-        identity["global_batch"] = _given_global_batch(args, cluster)
+    given_batch = _given_global_batch(args, cluster)
+    identity = _study_identity(model, cluster, given_batch, args.seq_len or default_seq_len(model))
+    if given_batch is None:  # the default batch is known once the layouts are ranked
+        del identity["global_batch"]
     check_reusable(
-        name=args.study if args.study is not None else study_name_for(model, cluster),
+        name=_study_name(args, model, cluster),
         runs_dir=Path(args.out),
         storage=args.storage,
         identity=identity,
@@ -139,24 +134,16 @@ def open_search_study(
     import optuna
 
     from autotune.search import make_sampler
-    from autotune.store import open_study, study_name_for
+    from autotune.store import open_study
 
     ctx = ranking.ctx
-    identity = {
-        "model": model.name,
-        "num_params": model.num_params,
-        "cluster": cluster.name,
-        "num_gpus": cluster.num_gpus,
-        "global_batch": ctx.global_batch,
-        "seq_len": ctx.seq_len,
-        "space": ranking.choices,
-    }
+    identity = {**_study_identity(model, cluster, ctx.global_batch, ctx.seq_len), "space": ranking.choices}
     if ctx.moe_capacity_factor is not None or ctx.moe_load_imbalance != 1.0:  # another run: another study
         identity["routing"] = ctx.routing()
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile
     study, study_dir, url = open_study(
-        name=args.study if args.study is not None else study_name_for(model, cluster),
+        name=_study_name(args, model, cluster),
         runs_dir=Path(args.out),
         storage=args.storage,
         identity=identity,
@@ -168,6 +155,26 @@ def open_search_study(
     )
     study.sampler = make_sampler(args.seed, len(study.trials))  # a resumed study does not replay its start
     return study, study_dir, url
+
+
+def _study_name(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> str:
+    from autotune.store import study_name_for
+
+    return args.study if args.study is not None else study_name_for(model, cluster)  # type: ignore[no-any-return]
+
+
+def _study_identity(
+    model: ModelSpec, cluster: ClusterSpec, global_batch: int | None, seq_len: int
+) -> dict[str, Any]:
+    """What a study is for: another model, cluster, batch or sequence is another study."""
+    return {
+        "model": model.name,
+        "num_params": model.num_params,
+        "cluster": cluster.name,
+        "num_gpus": cluster.num_gpus,
+        "global_batch": global_batch,
+        "seq_len": seq_len,
+    }
 
 
 def _cluster_at(args: argparse.Namespace, cluster: ClusterSpec) -> Any:
