@@ -48,7 +48,8 @@ _COMPILE = "torch.compile / async TP not modelled"
 _COMPILED_LOSS = ("e7c0cae", "820504e", "6fc499f6")
 """torchtitan commits of the rows that descend from bbb1b616e (2025-04-02), which compiles the loss with the
 model (``git merge-base --is-ancestor bbb1b616e <commit>``); the 2024-12 (9dec370) and 0.0.2 rows do not.
-Their plans set ``compile`` (priced: the compiled loss); the compiled blocks are not: they stay unscored."""
+Their plans set ``compile`` (priced: the compiled loss and the compiled op-SAC block's saved tensors,
+``Kernels.compiled_sac``); the compiled block's fusions are not: they stay unscored."""
 _END_UNITS = ("6fc499f6",)
 """torchtitan commits that descend from 83e694105 (2025-07-28): ``apply_fsdp`` wraps ``tok_embeddings`` and
 ``[norm, output]`` as their own FSDP units, the latter not resharded after forward. A plan prices autotune's
@@ -253,7 +254,7 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         includes=f"max {kind}" if measured is not None else f"ran on {gpu}",
         modelled=not unmodelled,
         note=(_COMPILE if unmodelled else "")
-        + ("; compiled loss priced" if plan.get("compile") else "")
+        + ("; compiled loss and op-SAC partition priced" if plan.get("compile") else "")
         + ("; ends as own FSDP units (torchtitan 83e694105) not modelled" if _ends_apart(entry) else "")
         + (f"; {_PUBLISHED_CONFLICT[entry['id']]}" if entry.get("id") in _PUBLISHED_CONFLICT else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),

@@ -82,6 +82,11 @@ class Kernels:
     op_sac: bool = False
     """Selective recompute is torchtitan's per-op SAC (``op_sac_bytes``), not Megatron's attention-core
     recompute."""
+    compiled_sac: bool = False
+    """The op-SAC block runs under ``torch.compile`` (torchtitan compiles each block with its checkpoint):
+    AOTAutograd's partitioner saves what the backward reads, so a MUST_SAVE output nothing reads is not kept
+    (the down projection's; ``op_sac_bytes``). Measured on CPU with Inductor, torch 2.13:
+    benchmarks/results/compiled_sac_saved.json (eager keeps 7 tensors, compiled 6, without ``w2``'s)."""
     loss_parallel: bool = False
     """torch's vocab-parallel loss (``torch.distributed.tensor.parallel.loss_parallel``, what torchtitan
     runs with TP): its backward holds four fp32 logit-sized buffers (``loss_transient_bytes``)."""
@@ -122,6 +127,7 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
         compiled_loss=torchtitan_compiled,
         gathered_head_input=plan.framework is Framework.FSDP,
         op_sac=plan.framework is Framework.FSDP,
+        compiled_sac=plan.framework is Framework.FSDP and plan.compile,
         loss_parallel=plan.framework is Framework.FSDP and plan.tp > 1,
         fp8_gemm_inputs=megatron and plan.precision is Precision.FP8,
         routed_saved_h=moe.routed_saved_h_tensors(plan),
@@ -262,12 +268,18 @@ def op_sac_bytes(x: LayerShape, *, tp: int, sp: bool, e: int, k: Kernels) -> flo
     q, k, v, o, gate, up, down (GeLU MLP: up, down), so q, v, gate and down are kept (GeLU: q, v, up);
     column-parallel outputs are ``1/t`` wide, row-parallel ones (o, down) the full ``h`` of partial sums.
     Plus the block input the checkpoint keeps (``/t`` with SP), SDPA's output and fp32 log-sum-exp, and with
-    SP the two reduce-scattered outputs (``h/t`` each)."""
+    SP the two reduce-scattered outputs (``h/t`` each). Compiled (``Kernels.compiled_sac``), the down
+    projection's output, and with SP its reduce-scattered copy, are not kept: no backward reads them (the
+    residual add's backward needs neither; the MLP's is computed from its input)."""
     side_div = tp if sp else 1
     mlp = [x.ffn / tp, x.ffn / tp, x.h] if x.gated else [x.ffn / tp, x.h]
     widths = [x.h / tp, x.kv / tp, x.kv / tp, x.h] + mlp
-    kept = sum(widths[0::2])  # the 1st, 3rd, 5th, ... matmul of the block
-    scattered = 2 * x.h / tp if sp else 0.0
+    saved = widths[0::2]  # the 1st, 3rd, 5th, ... matmul of the block
+    down_saved = len(widths) % 2 == 1  # the block's last matmul falls on a saved slot
+    if k.compiled_sac and down_saved:
+        saved = saved[:-1]
+    kept = sum(saved)
+    scattered = (1 if k.compiled_sac else 2) * x.h / tp if sp else 0.0
     elements = x.h / side_div + kept + x.h / tp + scattered
     return x.s * x.b * elements * e + attention_core_bytes(x, e, k) / tp
 

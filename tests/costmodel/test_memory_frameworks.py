@@ -95,3 +95,56 @@ def test_megatron_fsdp_shards_everything_and_gathers_per_layer():
     assert "--data-parallel-sharding-strategy optim_grads_params\n" in text
     with pytest.raises(Exception, match="Megatron-FSDP is priced without pipelining"):
         ParallelPlan(**{**base, "dp": 4}, pp=2, sharding="fsdp-full")
+
+
+def test_op_sac_keeps_what_the_measured_block_saves_eager_and_compiled():
+    """benchmarks/compiled_sac_saved.py: one Llama block under torchtitan's op SAC on CPU (fp32), what
+    autograd and the checkpoint keep. Eager keeps q, v, gate and down outputs, the block input, SDPA's output
+    and log-sum-exp; compiled, AOTAutograd drops the down projection's output, which no backward reads."""
+    import json
+    from pathlib import Path
+
+    from autotune.costmodel.activations import Kernels, op_sac_bytes
+
+    saved = json.loads((Path(__file__).parents[2] / "benchmarks/results/compiled_sac_saved.json").read_text())
+    d = saved["shape"]
+    x = LayerShape(
+        s=d["seq"],
+        b=d["batch"],
+        h=d["hidden"],
+        kv=d["hidden"] * d["kv_heads"] // d["heads"],
+        ffn=d["ffn"],
+        heads=d["heads"],
+        vocab=32000,
+        gated=True,
+    )
+    for mode, compiled in (("eager", False), ("compiled", True)):
+        measured = 4 * sum(_numel(t["shape"]) for t in saved[mode]["saved"])
+        k = Kernels(op_sac=True, compiled_sac=compiled)
+        assert op_sac_bytes(x, tp=1, sp=False, e=4, k=k) == pytest.approx(measured, rel=1e-9), mode
+    names = {m: {t["name"] for t in saved[m]["saved"]} for m in ("eager", "compiled")}
+    assert names["eager"] - names["compiled"] == {"w2"}
+
+
+def _numel(shape):
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def test_compiled_op_sac_drops_the_down_projection_and_its_scattered_copy():
+    plan = ParallelPlan(
+        dp=8,
+        tp=8,
+        micro_batch=1,
+        global_batch=8,
+        seq_len=8192,
+        sharding="fsdp-full",
+        recompute="selective",
+        framework="fsdp",
+        sequence_parallel=True,
+    )
+    eager, compiled = _layer(plan), _layer(plan.replace(compile=True))
+    h, tokens = 4096, 8192
+    assert eager - compiled == pytest.approx(tokens * (h + h / 8) * 2)  # partial sums + reduce-scattered
