@@ -308,7 +308,10 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
         for g, os in groups.items()
         if len({o.predicted for o in os}) >= 2
     }
+    # rows that differ in their setup but get one prediction: the model does not rank them (tau undefined)
+    tied = [g for g, os in groups.items() if len({o.predicted for o in os}) == 1 < len({o.setup for o in os})]
     return {
+        "kendall_tau_undefined": tied,
         "rows": len(outcomes),
         "median_abs_error": statistics.median(errs) if errs else float("nan"),
         "beyond_30pct": [o.id for o in outcomes if abs(o.error) > OUTLIER],
@@ -337,6 +340,10 @@ def _markdown(
         "",
     ]
     lines += [f"- {g}: {tau:+.2f}" for g, tau in sorted(stats["kendall_tau"].items())]
+    lines += [
+        f"- {g}: undefined, one prediction for rows whose setups differ"
+        for g in stats["kendall_tau_undefined"]
+    ]
     before = json.loads(BASELINE.read_text()) if BASELINE.exists() else {}
     if before:
         errs = [abs(v) for k, v in before.items() if k in {o.id for o in outcomes}]
@@ -380,17 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     text = _markdown(outcomes, skipped, stats, spread)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "modern_runs.md").write_text(text)
-    (args.out / "modern_runs.json").write_text(
-        json.dumps(
-            {
-                "summary": stats,
-                "rows": [dataclasses.asdict(o) | {"error": o.error} for o in outcomes],
-                "not_predicted": dict(skipped),
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    rows_out = [dataclasses.asdict(o) | {"error": o.error} for o in outcomes]
+    payload = {"summary": stats, "rows": rows_out, "not_predicted": dict(skipped)}
+    (args.out / "modern_runs.json").write_text(json.dumps(payload, indent=1) + "\n")
     print(text)
     return 0
 
