@@ -1,14 +1,20 @@
 """Memory terms that follow what each framework allocates: torchtitan op SAC and loss parallel,
 Transformer Engine fp8 GEMM inputs, Megatron's gradient dtype; pinned to torchtitan's published peaks."""
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel.activations import (
+    Kernels,
     LayerShape,
     kernels_for,
     layer_activation_bytes,
     loss_transient_bytes,
+    op_sac_bytes,
 )
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
@@ -101,11 +107,6 @@ def test_op_sac_keeps_what_the_measured_block_saves_eager_and_compiled():
     """benchmarks/compiled_sac_saved.py: one Llama block under torchtitan's op SAC on CPU (fp32), what
     autograd and the checkpoint keep. Eager keeps q, v, gate and down outputs, the block input, SDPA's output
     and log-sum-exp; compiled, AOTAutograd drops the down projection's output, which no backward reads."""
-    import json
-    from pathlib import Path
-
-    from autotune.costmodel.activations import Kernels, op_sac_bytes
-
     saved = json.loads((Path(__file__).parents[2] / "benchmarks/results/compiled_sac_saved.json").read_text())
     d = saved["shape"]
     x = LayerShape(
@@ -119,18 +120,11 @@ def test_op_sac_keeps_what_the_measured_block_saves_eager_and_compiled():
         gated=True,
     )
     for mode, compiled in (("eager", False), ("compiled", True)):
-        measured = 4 * sum(_numel(t["shape"]) for t in saved[mode]["saved"])
+        measured = 4 * sum(math.prod(t["shape"]) for t in saved[mode]["saved"])
         k = Kernels(op_sac=True, compiled_sac=compiled)
         assert op_sac_bytes(x, tp=1, sp=False, e=4, k=k) == pytest.approx(measured, rel=1e-9), mode
     names = {m: {t["name"] for t in saved[m]["saved"]} for m in ("eager", "compiled")}
     assert names["eager"] - names["compiled"] == {"w2"}
-
-
-def _numel(shape):
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
 
 
 def test_compiled_op_sac_drops_the_down_projection_and_its_scattered_copy():
