@@ -141,9 +141,13 @@ def recompute_modules(row: dict[str, Any]) -> tuple[str, ...]:
 
 
 def dispatcher(row: dict[str, Any]) -> str:
-    """The row's MoE token dispatcher as a plan value: the flex backend its recipe names
-    (``moe_flex_dispatcher_backend``, or "dispatcher DeepEP" in the zoo notes), else the all-to-all."""
+    """The row's MoE token dispatcher as a plan value: the all-to-all where its recipe sets
+    ``moe_token_dispatcher_type`` to it (a flex backend named beside it is then unused), else the flex backend
+    its recipe names (``moe_flex_dispatcher_backend``, or "dispatcher DeepEP" in the zoo notes), else the
+    all-to-all."""
     notes = str(row.get("notes", ""))
+    if "'moe_token_dispatcher_type': 'alltoall'" in notes:  # the builder's dispatcher: a flex backend unused
+        return "alltoall"
     m = re.search(r"'moe_flex_dispatcher_backend': '?(\w+)", notes)
     if m and m.group(1) in ("deepep", "hybridep"):
         return m.group(1)
