@@ -23,3 +23,13 @@ def test_deepseek_v3_25_09_rows_run_what_run_script_set():
     assert moe_runs.recompute_modules(gb200) == ("mla_up_proj", "mlp", "moe_act")
     assert moe_runs.row_plan(gb200).moe_capacity_factor == 1.0  # token drop, padded: priced
     assert "token drop" not in moe_runs.unpriced_knobs(gb200)
+
+
+def test_a_builders_all_to_all_dispatcher_wins_over_a_presets_flex_backend():
+    """Megatron-Bridge 26.02 (c0b9a0003): the Qwen3-30B B200 preset names DeepEP, but the builder sets
+    ``moe_token_dispatcher_type = "alltoall"`` (qwen3_llm_pretrain.py), so the flex backend is never used."""
+    row = _row("mb-2602-qwen3-30b-a3b-b200-8g-mxfp8-tp1pp1cp1ep8")
+    assert "'moe_flex_dispatcher_backend': 'deepep'" in row["notes"]
+    assert moe_runs.dispatcher(row) == "alltoall"
+    gpt_oss = _row("mb-2511-gpt-oss-120b-gb200-64g-bf16-tp1pp1cp1ep64")  # 25.11: modules without selective
+    assert moe_runs.row_plan(gpt_oss).recompute.value == "none"
