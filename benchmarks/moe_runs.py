@@ -23,6 +23,8 @@ What is fixed for every row (no per-row or per-model factor):
   scale the routed copies, and the dispatcher skips its host sync: ``costmodel.moe``, ``costmodel.moehost``);
 - Megatron's fine-grained activation offloading of a row's recipe (``--offload-modules expert_fc1 moe_act``)
   becomes ``plan.offload_modules`` (``offload_modules``; ``costmodel.actoffload``);
+- the recipe's DP and TP overlap switches (``knobs``: ``--overlap-grad-reduce``, ``--overlap-param-gather``,
+  ``--tp-comm-overlap``) become the plan's fields (``overlap_knobs``);
 - Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
   (``recompute_modules``); the memory they free and the forward work they rerun are priced
   (``costmodel.recompute_modules``);
@@ -91,7 +93,20 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         moe_capacity_factor=TOKEN_DROP_CAPACITY if token_drop(row) else None,
         moe_a2a_overlap=a2a_overlap(row),
         offload_modules=offload_modules(row),
+        **overlap_knobs(row),
     )
+
+
+def overlap_knobs(row: dict[str, Any]) -> dict[str, bool]:
+    """The Megatron overlap switches the row's recipe sets (its ``knobs``, read from the release's code:
+    docs/moe.md), as plan fields: ``--overlap-grad-reduce``, ``--overlap-param-gather`` and TE's
+    ``--tp-comm-overlap`` (only with TP > 1, where it exists). A knob the row leaves null keeps the plan's
+    default (both DP overlaps on, TP-comm overlap off), as ``modern_runs.py`` does for the dense rows."""
+    knobs = {k: bool(v) for k, v in (row.get("knobs") or {}).items() if v is not None}
+    out = {k: knobs[k] for k in ("overlap_grad_reduce", "overlap_param_gather") if k in knobs}
+    if row["tp"] > 1 and "tp_comm_overlap" in knobs:
+        out["tp_comm_overlap"] = knobs["tp_comm_overlap"]
+    return out
 
 
 TOKEN_DROP_CAPACITY = 1.0

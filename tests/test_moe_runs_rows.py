@@ -33,3 +33,19 @@ def test_a_builders_all_to_all_dispatcher_wins_over_a_presets_flex_backend():
     assert moe_runs.dispatcher(row) == "alltoall"
     gpt_oss = _row("mb-2511-gpt-oss-120b-gb200-64g-bf16-tp1pp1cp1ep64")  # 25.11: modules without selective
     assert moe_runs.row_plan(gpt_oss).recompute.value == "none"
+
+
+def test_the_recipes_overlap_switches_become_plan_fields():
+    """The overlap knobs read from each release's code (docs/moe.md "read in full") reach the plan: 25.09's
+    DeepSeek-V3 on H100 ran without grad-reduce overlap and without TE TP-comm overlap, its Qwen3-235B on
+    GB200 with TP-comm overlap; 25.11's MXFP8 DeepSeek-V3 on GB200 without param-gather overlap. A row that
+    leaves a knob null keeps the plan's default."""
+    dsv3 = moe_runs.row_plan(_row("mb-2509-deepseekv3-h100-1024g-fp8-tp2pp8cp1vp4ep64"))
+    assert (dsv3.overlap_grad_reduce, dsv3.overlap_param_gather, dsv3.tp_comm_overlap) == (False, True, False)
+    assert moe_runs.row_plan(_row("mb-2509-qwen3-235b-a22b-gb200-64g-fp8-tp2pp1cp1ep64")).tp_comm_overlap
+    mx = moe_runs.row_plan(_row("mb-2511-deepseekv3-gb200-256g-fp8-mx-tp1pp8cp1vp4ep32"))
+    assert not mx.overlap_param_gather and mx.overlap_grad_reduce and not mx.tp_comm_overlap
+    row = _row("mb-2511-qwen3-235b-a22b-gb200-256g-bf16-tp1pp8cp1vp3ep32")
+    row["knobs"] = {}  # nothing stated: the plan's defaults
+    plan = moe_runs.row_plan(row)
+    assert (plan.overlap_grad_reduce, plan.overlap_param_gather, plan.tp_comm_overlap) == (True, True, False)
