@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable
 from typing import IO, Any
 
-from autotune.costmodel import Estimate, estimate
-from autotune.plan import ParallelPlan
-from autotune.specs import ClusterSpec, ModelSpec
 from autotune.trialrecord import record_of
 
 __all__ = ["SearchProgress", "wants_progress"]
-
-Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
 
 
 def wants_progress(stream: IO[str] | None = None, *, quiet: bool = False) -> bool:
@@ -71,20 +65,17 @@ class SearchProgress:
             self._progress = None
 
     # ------------------------------------------------------------------------------------------ ranking
-    def ranking_estimator(self, inner: Estimator = estimate) -> Estimator:
-        """``inner``, counting each plan the cost model judges on the ranking bar."""
+    def ladder_judged(self, estimated: int, fit: int) -> None:
+        """One micro-batch ladder of the ranking judged (``ranking.LadderJudged``): ``estimated`` plans,
+        ``fit`` of them within the memory headroom. A callback, not a wrapped estimator, so that the ranking
+        keeps its worker processes (``autotune.rankworkers``)."""
         if not self.enabled:
-            return inner
-
-        def counted(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Estimate:
-            est = inner(model, cluster, plan)
-            self._estimated += 1
-            self._fit += est.feasible
-            if self._estimated % 64 == 1:
-                self._update_rank()
-            return est
-
-        return counted
+            return
+        before = self._estimated
+        self._estimated += estimated
+        self._fit += fit
+        if before == 0 or self._estimated // 64 != before // 64:
+            self._update_rank()
 
     def _update_rank(self) -> None:
         if self._progress is None:

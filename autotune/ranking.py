@@ -31,9 +31,13 @@ from autotune.space import (
 )
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["ClusterAt", "Estimator", "Ranking", "plan_search", "rank_plans", "rule_of"]
+__all__ = ["ClusterAt", "Estimator", "LadderJudged", "Ranking", "plan_search", "rank_plans", "rule_of"]
 
 Estimator = Callable[[ModelSpec, ClusterSpec, ParallelPlan], Estimate]
+LadderJudged = Callable[[int, int], None]
+"""Called as each micro-batch ladder is judged, with the plans the cost model estimated in it and how many of
+them fit: a progress bar counts the ranking without wrapping the estimator, so the ranking still runs in
+worker processes (``autotune.rankworkers`` only forks for the catalog cost model itself)."""
 ClusterAt = Callable[[int], ClusterSpec]
 """Builds the same kind of cluster with another GPU count (for "the smallest cluster that fits")."""
 
@@ -67,13 +71,17 @@ def rank_plans(
     estimator: Estimator = estimate,
     *,
     first_fit: bool = False,
+    on_ladder: LadderJudged | None = None,
 ) -> Ranking:
     """Estimate every legal plan (stop at the first that fits with ``first_fit``); large spaces are judged
-    across worker processes (``autotune.rankworkers``), with the same result."""
+    across worker processes (``autotune.rankworkers``), with the same result. ``on_ladder`` hears of each
+    judged ladder (``LadderJudged``)."""
     tally, feasible, closest = Tally(), [], None
     ladders = enumerate_plans(choices, ctx, tally)
     verdicts = (judge(ladder, ctx, estimator) for ladder in ladders) if first_fit else None
     for steps in verdicts or judged(list(ladders), ctx, estimator):
+        if on_ladder is not None:
+            on_ladder(sum(v.estimate is not None for v in steps), sum(v.reason is None for v in steps))
         for est, reason, pruned in steps:
             if reason is None and est is not None:
                 feasible.append(est)
@@ -115,12 +123,14 @@ def plan_search(
     cluster_at: ClusterAt | None = None,
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     routing: Mapping[str, Any] | None = None,
+    on_ladder: LadderJudged | None = None,
 ) -> Ranking:
     """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
 
     ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
     a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended; ``routing`` (the user's
-    ``moe_capacity_factor`` / ``moe_load_imbalance``: ``PlanContext.routing``) is set on every plan.
+    ``moe_capacity_factor`` / ``moe_load_imbalance``: ``PlanContext.routing``) is set on every plan;
+    ``on_ladder`` hears of each judged ladder of the ranking (``LadderJudged``).
     """
     routing = dict(routing or {})
     if not model.is_moe and routing.get("moe_capacity_factor") is not None:
@@ -131,7 +141,7 @@ def plan_search(
         space = _only_frameworks(space, model, cluster, pins, frameworks)
     choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
     ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing)
-    ranking = rank_plans(choices, ctx, estimator)
+    ranking = rank_plans(choices, ctx, estimator, on_ladder=on_ladder)
     if ranking.feasible:
         return ranking
     if ranking.num_legal == 0 and BATCH_RULE in ranking.pruned and layout_dps(choices, ctx):

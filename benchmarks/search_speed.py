@@ -48,14 +48,24 @@ CASES = [
         "budget_s": None,
         "argv": ["--model", "mixtral-8x7b", "--gpus", "16"],
     },
+    {
+        "name": "mixtral-8x7b on 16 H100, progress bars on a terminal",
+        "budget_s": None,
+        "argv": ["--model", "mixtral-8x7b", "--gpus", "16"],
+        "terminal": True,
+    },
 ]
 """``env``: variables for that case's process (``AUTOTUNE_PLAN_WORKERS=1``: the cost model in one process,
-autotune/rankworkers.py; the other cases use every CPU)."""
+autotune/rankworkers.py; the other cases use every CPU). ``terminal``: stderr is a pseudo-terminal, so the
+search draws its progress bars as it does for a user at a shell (autotune/progress.py); stdout stays a pipe
+for the ``--json`` answer."""
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_once(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, dict]:
-    """One end-to-end run: (wall s, CPU s of the child, its --json output)."""
+def run_once(
+    argv: list[str], env: dict[str, str] | None = None, terminal: bool = False
+) -> tuple[float, float, dict]:
+    """One end-to-end run: (wall s, CPU s of the child, its --json output); ``terminal``: stderr on a pty."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             sys.executable,
@@ -71,19 +81,49 @@ def run_once(argv: list[str], env: dict[str, str] | None = None) -> tuple[float,
         ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        proc = subprocess.run(
-            cmd, cwd=_ROOT, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
-        )
+        returncode, stdout, stderr = _run(cmd, {**os.environ, **(env or {})}, terminal)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    if returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed: {stderr.strip()}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, json.loads(proc.stdout)
+    return wall, cpu, json.loads(stdout)
+
+
+def _run(cmd: list[str], env: dict[str, str], terminal: bool) -> tuple[int, str, str]:
+    """(return code, stdout, stderr); with ``terminal`` stderr is a pseudo-terminal, drained by a thread so
+    that the bars never block the child."""
+    if not terminal:
+        proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False, env=env)
+        return proc.returncode, proc.stdout, proc.stderr
+    import pty
+    import threading
+
+    leader, follower = pty.openpty()
+    drained: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the child closed its end
+                return
+            if not chunk:
+                return
+            drained.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    child = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.PIPE, stderr=follower, env=env)
+    os.close(follower)
+    out, _ = child.communicate()
+    reader.join(timeout=5)
+    os.close(leader)
+    return child.returncode, out.decode(), b"".join(drained).decode(errors="replace")
 
 
 def measure(case: dict, repeat: int) -> dict:
-    runs = [run_once(case["argv"], case.get("env")) for _ in range(repeat)]
+    runs = [run_once(case["argv"], case.get("env"), case.get("terminal", False)) for _ in range(repeat)]
     walls, cpus, out = [r[0] for r in runs], [r[1] for r in runs], runs[-1][2]
     budget = case["budget_s"]
     return {
@@ -92,7 +132,8 @@ def measure(case: dict, repeat: int) -> dict:
         + ("" if not case.get("env") else " ")
         + "autotune search "
         + " ".join(case["argv"])
-        + " --backend simulate",
+        + " --backend simulate"
+        + (" (stderr on a terminal)" if case.get("terminal") else ""),
         "budget_s": budget,
         "wall_s_min": min(walls),
         "wall_s_median": statistics.median(walls),

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
+from autotune import rankworkers
 from autotune.cli import main
+from autotune.costmodel import estimate
 from autotune.progress import SearchProgress, wants_progress
 
 _ARGV = ["search", "--model", "7b", "--gpus", "8", "--global-batch", "64", "--top", "2", "--trials", "3"]
@@ -42,7 +44,16 @@ def test_off_a_terminal_search_prints_no_bars_and_json_stays_one_object(tmp_path
 @pytest.mark.slow
 def test_on_a_terminal_search_draws_ranking_and_trial_bars_with_the_best(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("autotune.cli.search.wants_progress", lambda quiet=False: not quiet)
+    given = []  # the estimator the ranking judges with: the catalog's, which forks workers on large spaces
+    real_judged = rankworkers.judged
+
+    def spy(ladders, ctx, est):
+        given.append(est)
+        return real_judged(ladders, ctx, est)
+
+    monkeypatch.setattr("autotune.ranking.judged", spy)
     assert main([*_ARGV, "--out", str(tmp_path), "--json"]) == 0
+    assert given and all(e is estimate for e in given)
     out, err = capsys.readouterr()
     assert json.loads(out)["trials"]["launched_this_run"] == 3  # stdout untouched by the bars
     assert "ranking plans (cost model)" in err and "trials" in err and "best " in err and "ok:3" in err

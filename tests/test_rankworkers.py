@@ -74,3 +74,42 @@ def _dies_on_the_fourth(i):
     if i == 3:
         os._exit(1)
     return _JUDGE_INDEX(i)
+
+
+def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
+    """The search's progress bar hears of each judged ladder (``on_ladder``) instead of wrapping the
+    estimator, so a terminal user's ranking still forks: the catalog cost model reaches the workers, the
+    ranking is the one a single process makes and the callback counts every estimate and every fit."""
+    seen = []
+    real_judged = rankworkers.judged
+
+    def spy(ladders, ctx, estimator=estimate):
+        seen.append(estimator is estimate)
+        return real_judged(ladders, ctx, estimator)
+
+    one = _ranking(monkeypatch, workers=1, min_ladders=1)
+    calls = []
+
+    def recording(model, cluster, plan):
+        calls.append(plan)
+        return estimate(model, cluster, plan)
+
+    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    plan_search(
+        load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, estimator=recording
+    )
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
+    monkeypatch.setattr("autotune.ranking.judged", spy)
+    counts = []
+    two = plan_search(
+        load_space(),
+        model,
+        cluster,
+        pins={"pp": 1},
+        global_batch=64,
+        seq_len=4096,
+        on_ladder=lambda estimated, fit: counts.append((estimated, fit)),
+    )
+    assert seen == [True]  # the catalog estimator itself: the workers run
+    assert _summary(two) == _summary(one)
+    assert sum(e for e, _ in counts) == len(calls) and sum(f for _, f in counts) == len(two.feasible) > 0

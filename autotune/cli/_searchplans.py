@@ -48,9 +48,14 @@ CPU_SEQUENCES_PER_PROCESS = 4
 
 
 def choose_and_rank(
-    args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, estimator: Any = estimate
+    args: argparse.Namespace,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    estimator: Any = estimate,
+    on_ladder: Any = None,
 ) -> tuple[Any, Any]:
-    """The backend, and every legal plan ranked by the cost model (bad input raises before any write)."""
+    """The backend, and every legal plan ranked by the cost model (bad input raises before any write);
+    ``on_ladder`` hears of each judged ladder (``ranking.LadderJudged``: the progress bar)."""
     from autotune.backends.registry import apply_pins, get_backend, trial_options
     from autotune.ranking import plan_search
     from autotune.space import load_space
@@ -92,6 +97,7 @@ def choose_and_rank(
         frameworks=choice.frameworks,
         cluster_at=_cluster_at(args, cluster),
         estimator=estimator,
+        on_ladder=on_ladder,
         memory_headroom=getattr(args, "memory_headroom", DEFAULT_MEMORY_HEADROOM),
         routing={
             "moe_capacity_factor": getattr(args, "moe_capacity_factor", None),

@@ -169,7 +169,7 @@ class SearchCommand:
         check_writable(args.out, "--out")
         check_search_study(args, model, cluster)  # before the ranking: minutes on a large cluster
         with SearchProgress(enabled=wants_progress(quiet=args.quiet)) as progress:  # bars on a TTY only
-            choice, ranking = choose_and_rank(args, model, cluster, progress.ranking_estimator())
+            choice, ranking = choose_and_rank(args, model, cluster, on_ladder=progress.ladder_judged)
             for line in batch_notes(
                 model,
                 cluster,
