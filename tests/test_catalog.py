@@ -117,6 +117,8 @@ def test_catalog_covers_required_gpus():
         "h100-pcie",
         "h200",
         "b200",
+        "b300",
+        "gb300",
         "l40s",
         "a10g",
         "rtx-4090",

@@ -184,3 +184,26 @@ def test_blackwell_attention_curves_are_the_published_cudnn_benchmark():
             assert fwd[s] * b200_peak == pytest.approx(work / fwd_s, rel=0.01)
             assert bwd[s] * b200_peak == pytest.approx(2 * work / bwd_s, rel=0.01)
             assert bwd[s] < 0.75 * fwd[s]  # the backward is the slow half on Blackwell
+
+
+def test_blackwell_ultra_attention_curves_are_the_published_gb300_run():
+    """gb300 / b300 ``cudnn`` curves are the same benchmark run on a GB300 with b200's cuDNN release (9.13,
+    torch nv25.09), as fractions of each GPU's own peak; Blackwell Ultra's doubled exponential units make its
+    layer faster than B200's at every length from 4k."""
+    import csv
+
+    path = H200_JSON.parents[1] / "data" / "cudnn_sdpa_blackwell.csv"
+    rows = list(csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#")))
+    gb300 = {float(r["seq"]): r for r in rows if r["gpu"] == "gb300"}
+    b200 = {float(r["seq"]): r for r in rows if r["gpu"] == "b200"}
+    peak = load_gpu("gb300").bf16_flops
+    for key in ("gb300", "b300"):
+        gpu = load_gpu(key)
+        fwd, bwd = dict(gpu.attention_curves[0][1]), dict(gpu.attention_curves[0][2])
+        assert len(fwd) == len(bwd) >= 7 and set(fwd) <= set(gb300)
+        for s in fwd:
+            work = 4 * s * s * 128 * 128 / 2
+            assert fwd[s] * peak == pytest.approx(work / (float(gb300[s]["forward_ms"]) / 1e3), rel=0.01)
+            assert bwd[s] * peak == pytest.approx(2 * work / (float(gb300[s]["backward_ms"]) / 1e3), rel=0.01)
+            if s >= 4096:
+                assert float(gb300[s]["forward_ms"]) < 0.85 * float(b200[s]["forward_ms"])

@@ -319,3 +319,19 @@ def test_a_probe_across_two_torchrun_agents_measures_the_link_between_nodes(tmp_
     assert cluster.inter_link.bw_bytes_per_s == pytest.approx(link["bw_gb_s"] * 1e9)
     across = comm.group_link(cluster, 2, 1)  # a 2-rank group spans both nodes: it runs at the measured link
     assert across.num_nodes == 2 and across.latency_s == pytest.approx(cluster.inter_link.latency_s)
+
+
+@pytest.mark.parametrize(
+    "device, key",
+    [
+        ("NVIDIA GB200", "gb200"),  # contains "B200": the superchip's own entry must win
+        ("NVIDIA GB300", "gb300"),
+        ("NVIDIA B300 SXM6 AC", "b300"),
+        ("NVIDIA B200", "b200"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ],
+)
+def test_the_device_name_picks_its_catalog_gpu(device, key):
+    from autotune.cli.probe import _guess_gpu
+
+    assert _guess_gpu(device) == key
