@@ -26,6 +26,8 @@ __all__ = ["ProbeCommand", "parse_size"]
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _GPU_NAMES = (
+    (("GH200",), None),  # a Grace Hopper superchip contains "H200" but is not one: refused with the fix
+    (("H800",), "h800"),
     (("H200",), "h200"),
     (("H100", "PCIE"), "h100-pcie"),
     (("H100",), "h100-sxm"),
@@ -71,6 +73,8 @@ def _guess_gpu(device_name: str) -> str:
     upper = device_name.upper()
     for needles, key in _GPU_NAMES:
         if all(n in upper for n in needles):
+            if key is None:
+                break
             return key
     raise ConfigError(f"cannot tell which catalog GPU {device_name!r} is; pass --gpu KEY")
 

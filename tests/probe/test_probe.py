@@ -329,9 +329,21 @@ def test_a_probe_across_two_torchrun_agents_measures_the_link_between_nodes(tmp_
         ("NVIDIA B300 SXM6 AC", "b300"),
         ("NVIDIA B200", "b200"),
         ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+        ("NVIDIA H800", "h800"),
+        ("NVIDIA H200", "h200"),
     ],
 )
 def test_the_device_name_picks_its_catalog_gpu(device, key):
     from autotune.cli.probe import _guess_gpu
 
     assert _guess_gpu(device) == key
+
+
+def test_a_grace_hopper_superchip_is_not_taken_for_an_h200():
+    """'NVIDIA GH200 480GB' contains 'H200', but its memory (96 or 144 GB) is not the H200's 141 GB: a
+    one-line error with the fix, not a silent h200 profile."""
+    from autotune.cli.probe import _guess_gpu
+    from autotune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pass --gpu KEY"):
+        _guess_gpu("NVIDIA GH200 480GB")
