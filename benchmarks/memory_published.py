@@ -9,7 +9,7 @@ are checked for one thing: the model must not call them out of memory.
 
 Rows: every entry of benchmarks/data/modern_runs.yaml (its source and the fields it fills are in
 ``_modern_row``; a model without a catalog preset is read from the row's Hugging Face shape as
-``modern_runs.py`` reads it; Mixture-of-Experts rows take ``moe_runs.py``'s model and plan; rows it cannot
+``modern_runs.py`` reads it; Mixture-of-Experts rows take ``moe_recipes.py``'s model and plan; rows it cannot
 turn into a plan are listed with the reason), plus ``ROWS`` below: layouts of the issue 21 table that ran
 without a published figure.
 Nothing here is tuned to a row: the prediction is ``estimate()`` as the CLI runs it.
@@ -37,7 +37,7 @@ from autotune.plan import ParallelPlan, Sharding
 from autotune.specs import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
-from benchmarks import modern_runs, moe_runs  # noqa: E402
+from benchmarks import modern_runs, moe_recipes, moe_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 MODERN = ROOT / "data" / "modern_runs.yaml"
@@ -264,18 +264,19 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
 def _moe_row(entry: dict[str, Any], measured: float | None) -> Row:
     """A Mixture-of-Experts entry as ``benchmarks/moe_runs.py`` prices its speed (the same model and plan:
     the row's shape, its layout with EP, dispatcher and ``--recompute-modules``). What its recipe ran that a
-    plan cannot express (``moe_runs.unpriced_knobs``: the precision-aware optimizer, activation offload, fp8
-    parameter gather... most of which save memory) is named in the note; the row is then shown, not scored."""
+    plan cannot express (``moe_recipes.unpriced_knobs``: the precision-aware optimizer, activation offload,
+    fp8 parameter gather... most of which save memory) is named in the note; the row is then shown, not
+    scored."""
     reason = moe_runs.skip_reason(entry)
     if reason or entry["gpu"] not in gpu_names():
         raise ValueError(reason or f"GPU {entry['gpu']} is not in autotune's catalog")
-    plan = moe_runs.row_plan(entry)
-    unpriced = moe_runs.unpriced_knobs(entry)
+    plan = moe_recipes.row_plan(entry)
+    unpriced = moe_recipes.unpriced_knobs(entry)
     return Row(
         name=str(entry["id"]),
         source=str(entry.get("source", "")).split(" (")[0],
         model=str(entry["id"]),
-        spec=moe_runs.row_model(entry),
+        spec=moe_recipes.row_model(entry),
         gpu=str(entry["gpu"]),
         plan={f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)},
         published_gib=measured,

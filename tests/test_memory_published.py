@@ -1,6 +1,6 @@
 """Issue 21's acceptance on the committed data: no published layout that ran is called out of memory."""
 
-from benchmarks import memory_published, moe_runs
+from benchmarks import memory_published, moe_recipes
 
 
 def test_no_published_layout_that_ran_is_called_out_of_memory():
@@ -12,7 +12,7 @@ def test_no_published_layout_that_ran_is_called_out_of_memory():
     # the MoE model zoo's GB200 MXFP8 row ran only with its experts' inputs offloaded ("activation offloading
     # required"): priced with them (plan.offload_modules), not as a memory saver beyond the plan
     zoo = next(r for r in rows if r.name == "zoo-qwen3-235b-gb200-256g-tp1pp4vp6ep64-hybridep-mxfp8-mbs3")
-    assert zoo.plan["offload_modules"] == ("expert_fc1", "moe_act") and not moe_runs.offload_modules({})
+    assert zoo.plan["offload_modules"] == ("expert_fc1", "moe_act") and not moe_recipes.offload_modules({})
     assert set(skipped) <= {  # each with its reason in the table
         "llama3-paper-405b-h100-8192g-tp8cp1pp16-8k",
         "llama3-paper-405b-h100-16384g-tp8cp1pp16-8k",

@@ -2,7 +2,7 @@
 
 import yaml
 
-from benchmarks import moe_runs
+from benchmarks import moe_recipes, moe_runs
 
 
 def _row(run_id: str) -> dict:
@@ -14,15 +14,15 @@ def test_deepseek_v3_25_09_rows_run_what_run_script_set():
     """Megatron-Bridge scripts/performance/run_script.py at fa0315ae2 (the 25.09 summary commit): DeepEP,
     the EP a2a overlap and ``mla_up_proj mlp`` on H100; token drop, ``mla_up_proj mlp moe_act`` on GB200."""
     h100 = _row("mb-2509-deepseekv3-h100-1024g-fp8-tp2pp8cp1vp4ep64")
-    assert moe_runs.dispatcher(h100) == "deepep"
-    assert moe_runs.recompute_modules(h100) == ("mla_up_proj", "mlp")
-    assert moe_runs.row_plan(h100).moe_a2a_overlap  # the EP a2a overlap with delayed wgrad: priced
-    assert not {"EP a2a overlap", "delayed wgrad"} & set(moe_runs.unpriced_knobs(h100))
+    assert moe_recipes.dispatcher(h100) == "deepep"
+    assert moe_recipes.recompute_modules(h100) == ("mla_up_proj", "mlp")
+    assert moe_recipes.row_plan(h100).moe_a2a_overlap  # the EP a2a overlap with delayed wgrad: priced
+    assert not {"EP a2a overlap", "delayed wgrad"} & set(moe_recipes.unpriced_knobs(h100))
     gb200 = _row("mb-2509-deepseekv3-gb200-256g-fp8-tp1pp4cp1vp4ep64")
-    assert moe_runs.dispatcher(gb200) == "alltoall"
-    assert moe_runs.recompute_modules(gb200) == ("mla_up_proj", "mlp", "moe_act")
-    assert moe_runs.row_plan(gb200).moe_capacity_factor == 1.0  # token drop, padded: priced
-    assert "token drop" not in moe_runs.unpriced_knobs(gb200)
+    assert moe_recipes.dispatcher(gb200) == "alltoall"
+    assert moe_recipes.recompute_modules(gb200) == ("mla_up_proj", "mlp", "moe_act")
+    assert moe_recipes.row_plan(gb200).moe_capacity_factor == 1.0  # token drop, padded: priced
+    assert "token drop" not in moe_recipes.unpriced_knobs(gb200)
 
 
 def test_a_builders_all_to_all_dispatcher_wins_over_a_presets_flex_backend():
@@ -30,9 +30,9 @@ def test_a_builders_all_to_all_dispatcher_wins_over_a_presets_flex_backend():
     ``moe_token_dispatcher_type = "alltoall"`` (qwen3_llm_pretrain.py), so the flex backend is never used."""
     row = _row("mb-2602-qwen3-30b-a3b-b200-8g-mxfp8-tp1pp1cp1ep8")
     assert "'moe_flex_dispatcher_backend': 'deepep'" in row["notes"]
-    assert moe_runs.dispatcher(row) == "alltoall"
+    assert moe_recipes.dispatcher(row) == "alltoall"
     gpt_oss = _row("mb-2511-gpt-oss-120b-gb200-64g-bf16-tp1pp1cp1ep64")  # 25.11: modules without selective
-    assert moe_runs.row_plan(gpt_oss).recompute.value == "none"
+    assert moe_recipes.row_plan(gpt_oss).recompute.value == "none"
 
 
 def test_the_recipes_overlap_switches_become_plan_fields():
@@ -40,12 +40,12 @@ def test_the_recipes_overlap_switches_become_plan_fields():
     DeepSeek-V3 on H100 ran without grad-reduce overlap and without TE TP-comm overlap, its Qwen3-235B on
     GB200 with TP-comm overlap; 25.11's MXFP8 DeepSeek-V3 on GB200 without param-gather overlap. A row that
     leaves a knob null keeps the plan's default."""
-    dsv3 = moe_runs.row_plan(_row("mb-2509-deepseekv3-h100-1024g-fp8-tp2pp8cp1vp4ep64"))
+    dsv3 = moe_recipes.row_plan(_row("mb-2509-deepseekv3-h100-1024g-fp8-tp2pp8cp1vp4ep64"))
     assert (dsv3.overlap_grad_reduce, dsv3.overlap_param_gather, dsv3.tp_comm_overlap) == (False, True, False)
-    assert moe_runs.row_plan(_row("mb-2509-qwen3-235b-a22b-gb200-64g-fp8-tp2pp1cp1ep64")).tp_comm_overlap
-    mx = moe_runs.row_plan(_row("mb-2511-deepseekv3-gb200-256g-fp8-mx-tp1pp8cp1vp4ep32"))
+    assert moe_recipes.row_plan(_row("mb-2509-qwen3-235b-a22b-gb200-64g-fp8-tp2pp1cp1ep64")).tp_comm_overlap
+    mx = moe_recipes.row_plan(_row("mb-2511-deepseekv3-gb200-256g-fp8-mx-tp1pp8cp1vp4ep32"))
     assert not mx.overlap_param_gather and mx.overlap_grad_reduce and not mx.tp_comm_overlap
     row = _row("mb-2511-qwen3-235b-a22b-gb200-256g-bf16-tp1pp8cp1vp3ep32")
     row["knobs"] = {}  # nothing stated: the plan's defaults
-    plan = moe_runs.row_plan(row)
+    plan = moe_recipes.row_plan(row)
     assert (plan.overlap_grad_reduce, plan.overlap_param_gather, plan.tp_comm_overlap) == (True, True, False)

@@ -11,11 +11,16 @@ from autotune.ranking import plan_search
 from autotune.space import load_space
 
 
+def _search(**kwargs):
+    """7b on 8 H100 without pipelining: a space with both fitting and out-of-memory plans."""
+    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    return plan_search(load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, **kwargs)
+
+
 def _ranking(monkeypatch, workers: int, min_ladders: int):
     monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", str(workers))
     monkeypatch.setattr(rankworkers, "MIN_LADDERS", min_ladders)
-    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
-    return plan_search(load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096)
+    return _search()
 
 
 def _summary(ranking):
@@ -45,10 +50,7 @@ def test_a_callers_estimator_is_never_sent_to_workers(monkeypatch):
 
     monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
     monkeypatch.setattr(rankworkers, "MIN_LADDERS", 1)
-    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
-    ranking = plan_search(
-        load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, estimator=recording
-    )
+    ranking = _search(estimator=recording)
     assert len(calls) >= len(ranking.feasible) > 0
 
 
@@ -94,22 +96,11 @@ def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
         calls.append(plan)
         return estimate(model, cluster, plan)
 
-    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
-    plan_search(
-        load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, estimator=recording
-    )
+    _search(estimator=recording)
     monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
     monkeypatch.setattr("autotune.ranking.judged", spy)
     counts = []
-    two = plan_search(
-        load_space(),
-        model,
-        cluster,
-        pins={"pp": 1},
-        global_batch=64,
-        seq_len=4096,
-        on_ladder=lambda estimated, fit: counts.append((estimated, fit)),
-    )
+    two = _search(on_ladder=lambda estimated, fit: counts.append((estimated, fit)))
     assert seen == [True]  # the catalog estimator itself: the workers run
     assert _summary(two) == _summary(one)
     assert sum(e for e, _ in counts) == len(calls) and sum(f for _, f in counts) == len(two.feasible) > 0
