@@ -1,17 +1,17 @@
 """Host time of FSDP2's per-unit machinery on this machine's CPU: the cost model's
 ``HostProfile.fsdp_host_unit_s`` and ``fsdp_host_bytes_per_s`` (``autotune/data/cpu_device.yaml``).
 
-FSDP2 runs Python and copies around every unit it wraps (``fully_shard`` / ``replicate`` per block, then the
-root): pre-forward unshard, post-forward reshard, pre-backward unshard, post-backward gradient copy-in to the
-reduce buffer (``chunk_cat``), the pre-divide, the copy-out into the gradient, and the stream/event
-bookkeeping. On one rank no collective moves data (FSDP2 copies instead of gathering or reducing), so the
-difference between the trial model wrapped with FSDP2 (``TrialConfig.fsdp_at_dp1``, the validation mode that
-wraps a one-rank model) and the same model unwrapped is that host time. It is measured on ``tiny`` (5 units)
-and ``small`` (9 units) at 1 and 2 micro-batches per step (``fully_shard`` with reshard after forward; FSDP2's
-``replicate`` runs the same per-unit machinery, ``_composable/replicate_with_fsdp.py``), and the two terms of
-``costmodel.hostops.fsdp_host_s`` are fitted to the four differences by least squares: per unit and
-micro-batch (hooks, bookkeeping) and per micro-batch over the rank's parameter bytes (the copies in and out of
-the gather and reduce buffers).
+FSDP2 runs Python and copies around every unit it wraps (``fully_shard`` per end and per block, ``replicate``
+per block, then the root): pre-forward unshard, post-forward reshard, pre-backward unshard, post-backward
+gradient copy-in to the reduce buffer (``chunk_cat``), the pre-divide, the copy-out into the gradient, and the
+stream/event bookkeeping. On one rank no collective moves data (FSDP2 copies instead of gathering or
+reducing), so the difference between the trial model wrapped with FSDP2 (``TrialConfig.fsdp_at_dp1``, the
+validation mode that wraps a one-rank model) and the same model unwrapped is that host time. It is measured on
+``tiny`` (6 units) and ``small`` (10 units) at 1 and 2 micro-batches per step (``fully_shard`` with reshard
+after forward; FSDP2's ``replicate`` runs the same per-unit machinery,
+``_composable/replicate_with_fsdp.py``), and the two terms of ``costmodel.hostops.fsdp_host_s`` are fitted to
+the four differences by least squares: per unit and micro-batch (hooks, bookkeeping) and per micro-batch over
+the rank's parameter bytes (the copies in and out of the gather and reduce buffers).
 
 Usage:  python benchmarks/fsdp_host.py [--repeats 5] [--steps 10]
 """
@@ -76,7 +76,9 @@ def main() -> None:
     rows, eqs = [], []
     for name in models:
         spec = load_model(name)
-        units, nbytes = spec.num_layers + 1, 4 * spec.num_params  # a unit per block, then the root; fp32
+        # a unit per block and per end (trials.parallelize.end_units; results before 2026-12-05: per block
+        # and the root, L + 1); fp32
+        units, nbytes = spec.num_layers + (1 if spec.tie_embeddings else 2), 4 * spec.num_params
         for mbs, n in ((2, 1), (1, 2)):
             plain, wrapped = med[f"{name}-plain-mbs{mbs}"], med[f"{name}-fsdp-mbs{mbs}"]
             rows.append(

@@ -16,7 +16,7 @@ from autotune.costmodel.memory import MemoryBreakdown
 from autotune.costmodel.states import MIXED_BF16
 from autotune.plan import ParallelPlan, Recompute, Sharding
 from autotune.trials.model import Transformer
-from autotune.trials.parallelize import apply_ac
+from autotune.trials.parallelize import apply_ac, end_units
 from benchmarks.memory_crosscheck import (
     _MIB,
     ACCUMULATION,
@@ -137,8 +137,8 @@ def measure_gpu(case: Case, mesh, foreach: bool = True) -> dict[str, object]:
     if case.plan.recompute is not Recompute.NONE:
         apply_ac(model, case.plan.recompute)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp)
+    for unit in [*end_units(model), *model.layers.values()]:  # as the trials wrap it (apply_dp)
+        fully_shard(unit, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     opt = _adamw(model, foreach)
     _train_step(model, opt, case.spec, case.plan, "cuda", False)  # optimizer states exist from here on

@@ -48,6 +48,7 @@ __all__ = [
     "apply_tp",
     "apply_ac",
     "apply_dp",
+    "end_units",
     "wraps_data_parallel",
     "split_stages",
     "build_schedule",
@@ -204,12 +205,18 @@ def apply_dp(
     blocks: list[nn.Module] | None = None,
     expert_mesh: DeviceMesh | None = None,
 ) -> None:
-    """FSDP2 per block then the root (embeddings, norm, head). fsdp-full reshards after forward
-    (ZeRO-3), fsdp-grad-op keeps parameters gathered until backward (ZeRO-2-like), HSDP shards inside
-    ``dp_shard`` and replicates over ``dp_replicate``; sharding ``none`` is DDP-style replication.
-    ``blocks``: the units to wrap before the root (default: the trial model's ``layers``).
+    """FSDP2 units as torchtitan wraps a decoder (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``,
+    since 83e694105): the embeddings, then the final norm with the head, then each block, then the root,
+    which is left holding nothing of the trial model; tied embeddings make the two ends one unit (a
+    parameter belongs to one unit). fsdp-full reshards every unit after forward (ZeRO-3; torchtitan's
+    ``fsdp_reshard_after_forward = "always"``, what autotune emits), fsdp-grad-op keeps parameters gathered
+    until backward (ZeRO-2-like, ``"never"``), HSDP shards inside ``dp_shard`` and replicates over
+    ``dp_replicate``; sharding ``none`` is DDP-style replication (per block, then the root).
+    ``blocks``: the block units (default: the trial model's ``layers``); a user's model passed with its own
+    ``blocks`` keeps everything else in the root.
     ``expert_mesh`` (EP > 1): each block's routed experts are wrapped first, alone, over its ``edp`` ranks
     (torchtitan ``apply_fsdp``: experts on the expert-DP mesh, router and shared expert with the block)."""
+    ends = end_units(model) if blocks is None else []
     blocks = list(model.layers.values()) if blocks is None else blocks
     if plan.sharding is Sharding.NONE and not fsdp_at_dp1:
         if expert_mesh is not None:
@@ -227,9 +234,24 @@ def apply_dp(
     if expert_mesh is not None:
         for experts in _routed_experts(blocks):
             fully_shard(experts, **(kwargs | {"mesh": expert_mesh["edp"]}))
+    for unit in ends:
+        fully_shard(unit, **kwargs)
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def end_units(model: nn.Module) -> list[list[nn.Module]]:
+    """The trial model's ends as FSDP2 units, as torchtitan groups them: ``[embeddings]`` and
+    ``[norm, head]``, or one ``[embeddings, norm, head]`` when the head shares the embedding's weight; a
+    pipeline stage has the ends it holds (``split_stages``)."""
+    if not isinstance(model, Transformer):
+        return []
+    embed = [m for m in (model.embed_tokens, model.embed_positions) if m is not None]
+    head = [m for m in (model.norm, model.lm_head) if m is not None]
+    if embed and head and model.spec.tie_embeddings:
+        return [embed + head]
+    return [unit for unit in (embed, head) if unit]
 
 
 def _routed_experts(blocks: list[nn.Module]) -> list[nn.Module]:
