@@ -6,8 +6,10 @@ gradients of the first micro-batch are alive during the second one's forward, as
 
 CPU (default), plain fp32, compared with ``memory_breakdown(numerics=FP32)`` on the ``cpu`` GPU type:
 - one process, real tensors, ``MemTracker`` (torch/distributed/_tools): recompute none / selective / full;
-- FSDP2 ``fully_shard`` per block + root over a fake process group of 4 and 8 ranks in ``FakeTensorMode``
-  with ``FSDPMemTracker``: fsdp-full and fsdp-grad-op; one process, nothing allocated.
+- FSDP2 units as the trials wrap them (``apply_dp``: the ends, each block, the root) over a fake
+  process group of 4 and 8 ranks in ``FakeTensorMode`` with ``FSDPMemTracker``: fsdp-full and
+  fsdp-grad-op; one process, nothing allocated; and at Llama 3 8B's width and vocabulary (``wide_cases``),
+  where the ends' units decide the peak.
 The CPU runs the eager, decomposed RMSNorm, so the model is asked with ``Kernels(fused_norm=False)``.
 
 GPU (``--gpu``, one CUDA device), bf16 autocast as the trials run at DP=1: ``torch.cuda.max_memory_allocated``
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import platform
 import sys
@@ -41,7 +44,7 @@ from autotune.costmodel.states import FP32, Numerics
 from autotune.plan import ParallelPlan, Recompute, Sharding
 from autotune.specs import ModelSpec
 from autotune.trials.model import Transformer
-from autotune.trials.parallelize import apply_ac
+from autotune.trials.parallelize import apply_ac, apply_dp
 from benchmarks._crosscheck_models import GPU_MODEL, GPU_MODEL_8B, SMALL, TINY
 
 _MIB = 1024**2
@@ -146,19 +149,18 @@ def measure_fsdp(case: Case) -> dict[str, float]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     world = case.plan.dp
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        mesh = init_device_mesh("cpu", (world,))
-        reshard = case.plan.sharding is not Sharding.FSDP_GRAD_OP
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
         with FakeTensorMode():
             model = Transformer(case.spec)
-            for block in model.layers.values():  # as autotune/trials/parallelize.py apply_dp
-                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
-            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            if case.plan.recompute is not Recompute.NONE:  # AC then DP, as the trials parallelize
+                apply_ac(model, case.plan.recompute)
+            apply_dp(model, mesh, plan=case.plan, mp_policy=MixedPrecisionPolicy())  # the trials' units
             opt = _adamw(model)
             tracker = FSDPMemTracker(model, opt)
             with tracker:
@@ -216,11 +218,48 @@ def cpu_setup(tiny: bool) -> tuple[ModelSpec, int, int, tuple[int, ...]]:
     return (TINY, 4, 128, (4,)) if tiny else (SMALL, 4, 256, (4, 8))
 
 
+WIDE_WORLD = 8
+"""Fake-PG ranks of the wide cases."""
+
+
+def wide_cases() -> list[Case]:
+    """FSDP2 at Llama 3 8B's width and vocabulary (``GPU_MODEL_8B``: 4 layers, each end unit 2.4x a block)
+    and its tied variant, where the end units' buffers decide the peak: fsdp-full and fsdp-grad-op,
+    recompute none and full, 1k and 4k tokens, over a fake process group (nothing is allocated)."""
+    cases = []
+    for spec in (
+        GPU_MODEL_8B,
+        dataclasses.replace(GPU_MODEL_8B, name=f"{GPU_MODEL_8B.name}-tied", tie_embeddings=True),
+    ):
+        for sharding in ("fsdp-full", "fsdp-grad-op"):
+            for recompute in ("none", "full"):
+                for seq in (1024, 4096):
+                    plan = ParallelPlan(
+                        dp=WIDE_WORLD,
+                        micro_batch=1,
+                        global_batch=WIDE_WORLD * ACCUMULATION,
+                        seq_len=seq,
+                        sharding=sharding,
+                        recompute=recompute,
+                    )
+                    cases.append(
+                        Case(f"{spec.name}, {sharding}, recompute {recompute}, {seq} tokens", spec, plan)
+                    )
+    return cases
+
+
 def run_cpu(*, tiny: bool) -> list[dict[str, object]]:
     spec, mb, seq, worlds = cpu_setup(tiny)
     kernels = Kernels(fused_norm=False)  # eager F.rms_norm on CPU stores x * rstd too
+    cases = cpu_cases(spec, micro_batch=mb, seq_len=seq, worlds=worlds)
     rows = []
-    for case in cpu_cases(spec, micro_batch=mb, seq_len=seq, worlds=worlds):
+    if not tiny:
+        # the first fake-mode step of each model books a one-off spike in the OPT category (at 8B width
+        # ~13x the optimizer states): one run of each before the measured ones
+        for spec_ in {c.spec.name: c for c in wide_cases()}.values():
+            measure_fsdp(spec_)
+        cases += wide_cases()
+    for case in cases:
         measured = measure_fsdp(case) if case.plan.dp > 1 else measure_one_rank(case)
         rows.append(compare(case, measured, predict(case, FP32, kernels)))
     return rows
@@ -262,6 +301,9 @@ def _gpu_section(gpu: dict[str, object], spec: ModelSpec) -> list[str]:
     ]
 
 
+_HEADER = "| case | measured MiB | predicted MiB | error | states meas / pred | transient meas / pred |"
+
+
 def markdown(
     cpu_rows: list[dict[str, object]],
     gpu: dict[str, object] | None,
@@ -284,10 +326,22 @@ def markdown(
         f"{spec.num_kv_heads} KV, ffn={spec.ffn_hidden_size}, V={spec.vocab_size}; micro-batch"
         f" {mb} x {seq} tokens, {ACCUMULATION} micro-batches per step, AdamW(foreach=True).",
         "",
-        "| case | measured MiB | predicted MiB | error | states meas / pred | transient meas / pred |",
+        _HEADER,
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in cpu_rows:
+        if str(r["case"]).startswith(GPU_MODEL_8B.name) and not lines[-1].startswith("| crosscheck-gpu-8b"):
+            w = GPU_MODEL_8B
+            lines += [
+                "",
+                f"Llama 3 8B's width and vocabulary, {w.num_layers} layers (`{w.name}`: h={w.hidden_size}, "
+                f"ffn={w.ffn_hidden_size}, V={w.vocab_size}), and its tied variant; FSDP2 over {WIDE_WORLD} "
+                f"fake ranks, micro-batch 1, {ACCUMULATION} per step: each end unit holds 2.4x a block's "
+                "parameters, so the ends' buffers (`dpbuffers.end_backward_bytes`) decide these peaks.",
+                "",
+                _HEADER,
+                "|---|---:|---:|---:|---:|---:|",
+            ]
         lines.append(
             f"| {r['case']} | {r['total_measured_mib']:.1f} | {r['total_predicted_mib']:.1f} | "
             f"{_pct(r['total_rel_error'])} | {r['states_measured_mib']:.1f} / "
@@ -300,7 +354,8 @@ def markdown(
     lines += ["", "## What this does and does not cover", ""]
     lines += [
         "- Measured: one rank without parallelism (recompute none/selective/full) and FSDP2 full / grad-"
-        "op sharding (per block + root, as the trials wrap it) at 4 and 8 ranks on CPU; FSDP2 mixed "
+        "op sharding (per block and per end, as the trials and torchtitan wrap it) at 4 and 8 ranks on CPU, "
+        "and at 8 ranks with 8B-sized ends; FSDP2 mixed "
         "precision at one GPU (the 1B-class model, and Llama 3 8B's width at 8192 tokens). Not measured "
         "here: TP, SP, PP, CP, DeepSpeed and Megatron (their terms "
         "rest on the cited papers and source; DeepSpeed's model states are pinned to its own estimator "

@@ -68,11 +68,12 @@ def gathered_bytes(
 ) -> float:
     """Unsharded parameter/gradient buffers in flight (ZeRO-3 / FSDP), in backward or at the loss.
 
-    FSDP2 (per-block units + a root unit holding the ends, as autotune/trials/parallelize.py wraps them;
-    measured with FSDPMemTracker, benchmarks/memory_crosscheck.py): nothing stays gathered at the loss
-    (the root reshards after forward too); in backward the root is gathered for the whole backward, the
-    current and the prefetched block are gathered, and one unit's unsharded gradient waits for its
-    reduce-scatter (in ``reduce_dtype`` fp32). fsdp-grad-op holds every unit gathered already
+    FSDP2 (a unit per block and per end, as autotune/trials/parallelize.py and torchtitan wrap them;
+    measured with FSDPMemTracker, benchmarks/memory_crosscheck.py): nothing stays gathered at the loss; in a
+    block's backward the current and the prefetched block are gathered and one block's unsharded gradient
+    waits for its reduce-scatter (in ``reduce_dtype`` fp32); the ends' own backwards are
+    ``end_backward_bytes``. Megatron-FSDP and pipelining + FSDP2 keep the root unit's pricing (the ends
+    gathered through the whole backward). fsdp-grad-op holds every unit gathered already
     (``state_bytes_per_param.unsharded_copy``), so only the gradient remains. With pipelining
     (``defers_grad_reduce``) no unit reduces in backward: its compute-dtype gradient waits to be added to the
     accumulated one (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
@@ -94,9 +95,56 @@ def gathered_bytes(
     if megatron_fsdp:  # units per layer, double-buffered gathers (megatron_fsdp ``fsdp_double_buffer``)
         grad_element_bytes = megatron_grad_bytes(plan)
     grad = max(layer, root) * grad_element_bytes if backward else 0.0
-    if plan.sharding is Sharding.FSDP_GRAD_OP:
-        return grad
-    return (root + 2 * layer) * c + grad if backward else 0.0
+    if megatron_fsdp or defers_grad_reduce(plan):
+        if plan.sharding is Sharding.FSDP_GRAD_OP:
+            return grad
+        return (root + 2 * layer) * c + grad if backward else 0.0
+    # FSDP2 with the ends as their own units (autotune/trials/parallelize.py ``end_units``, torchtitan):
+    # a block's backward holds it and the next gathered and its gradient; the ends' own backwards are
+    # ``end_backward_bytes``
+    if not backward:
+        return 0.0
+    gathered = 0.0 if plan.sharding is Sharding.FSDP_GRAD_OP else 2 * c
+    return gathered * layer + layer * grad_element_bytes
+
+
+def end_backward_bytes(
+    model: ModelSpec, plan: ParallelPlan, numerics: Numerics = MIXED_BF16, *, first: bool, last: bool
+) -> tuple[float, float]:
+    """FSDP2 buffers while an end unit runs its backward, (embeddings, head), measured per category with
+    FSDPMemTracker at Llama 3 8B's width and vocabulary (benchmarks/memory_crosscheck.py, "wide" cases):
+
+    - the head: gathered again (under fsdp-grad-op it stayed gathered, counted with the weights), the
+      forward's last all-gather output, which FSDP2 frees only at the next forward's copy-out
+      (``FSDPParamGroup.wait_for_unshard``), and its gradient's reduce-scatter input in ``reduce_dtype``
+      fp32;
+    - the embeddings, the step's last backward: the same, and the first block's reduce-scatter still in
+      flight;
+    - tied embeddings (one unit holding both ends): at the embeddings' backward autograd holds the head's
+      gradient of the shared weight, the embeddings' and their sum beside the gathered unit (fsdp-full:
+      4 unit-sized buffers; fsdp-grad-op, gathered all along: 2 beyond the weights).
+
+    0 for other frameworks and for pipelining + FSDP2 (``gathered_bytes``)."""
+    if plan.framework is not Framework.FSDP or plan.sharding is Sharding.NONE or defers_grad_reduce(plan):
+        return 0.0, 0.0
+    c, grad_op = numerics.compute_bytes, plan.sharding is Sharding.FSDP_GRAD_OP
+    embed, head = end_unit_params(model, plan, first=first, last=last)
+    block_reduce = layer_params_per_gpu(model, plan) * 4.0
+    gathered = c if grad_op else 2 * c
+    if first and last and model.tie_embeddings:  # the unit runs the head's backward first, as the head's
+        return head * (2 if grad_op else 4) * c + block_reduce, head * (gathered + 4.0)
+    return (embed * (gathered + 4.0) + block_reduce if embed else 0.0), head * (gathered + 4.0)
+
+
+def end_unit_params(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> tuple[float, float]:
+    """Parameters of one rank's two end units, (embeddings, final norm + head), as
+    ``trials.parallelize.end_units`` groups them: tied embeddings on a stage that holds both ends are one
+    unit, counted as the head's."""
+    embed = root_params_per_gpu(model, plan, first=first, last=False)
+    both = root_params_per_gpu(model, plan, first=first, last=last)
+    if first and last and model.tie_embeddings:
+        return 0.0, both
+    return embed, both - embed
 
 
 def comm_bucket_bytes(plan: ParallelPlan, stage_params: float, numerics: Numerics = MIXED_BF16) -> float:

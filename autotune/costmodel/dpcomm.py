@@ -161,8 +161,10 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
     """(parameter all-gathers, gradient reductions) one pass of the DP group issues over a rank's ``params``
     held in ``blocks`` transformer blocks; each pays the ring latency (``comm.allgather_s`` ``calls``).
 
-    - FSDP2 (``fully_shard``/``replicate`` per block, then the root, as torchtitan and the trials wrap):
-      one of each per block plus the root's.
+    - FSDP2 (``fully_shard`` per block and per end, as torchtitan and the trials wrap:
+      ``trials.parallelize.end_units``): one of each per block, plus the embeddings' and the head's (one
+      unit when they are tied; a pipeline stage holds at most one end); ``replicate`` per block and the
+      root.
     - Megatron: gradient buckets of ``megatron_bucket_elements`` (its DDP ``bucket_size``), the distributed
       optimizer's parameter gather over the same buckets.
     - DeepSpeed ZeRO-0/1/2: ``reduce_bucket_size`` / ``allreduce_bucket_size`` buckets (5e8 elements), and
@@ -172,7 +174,8 @@ def collective_calls(model: ModelSpec, plan: ParallelPlan, params: float, blocks
       buckets.
     """
     if plan.framework is Framework.FSDP:
-        return blocks + 1, blocks + 1
+        ends = 2 if plan.pp == 1 and plan.sharding is not Sharding.NONE and not model.tie_embeddings else 1
+        return blocks + ends, blocks + ends
     if plan.framework is Framework.MEGATRON:
         buckets = max(1, math.ceil(params / megatron_bucket_elements(plan)))
         return buckets, buckets

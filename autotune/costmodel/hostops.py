@@ -20,10 +20,10 @@ scaled by the ranks' share of a core; the figures: benchmarks/results/calibratio
 every kind of collective (the reason is in ``HostProfile.dtensor_collective_overhead_s``).
 Megatron and DeepSpeed AutoTP use no DTensors: their TP blocks are charged as unsharded ones.
 
-FSDP2 (``fully_shard`` and ``replicate``, one unit per block and the root) runs hooks and copies around every
-unit in every micro-batch: ``HostProfile.fsdp_host_unit_s`` per unit and the rank's parameter bytes at
-``fsdp_host_bytes_per_s``, measured on one rank, where no collective moves data, as the wrapped minus the
-unwrapped trial model (benchmarks/fsdp_host.py); 0 on GPUs.
+FSDP2 (``fully_shard`` per block and per end, ``replicate`` per block and the root) runs hooks and copies
+around every unit in every micro-batch: ``HostProfile.fsdp_host_unit_s`` per unit and the rank's parameter
+bytes at ``fsdp_host_bytes_per_s``, measured on one rank, where no collective moves data, as the wrapped
+minus the unwrapped trial model (benchmarks/fsdp_host.py); 0 on GPUs.
 
 DeepSpeed ZeRO-3 runs Python hooks around every module that holds parameters (fetch and release through its
 parameter coordinator, in forward and backward) and goes through the rank's parameter bytes (flat fetch

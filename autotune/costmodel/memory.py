@@ -7,7 +7,9 @@ stage. Inside a stage every TP/CP/DP rank is alike. A stage's peak is the larger
 moments, and the breakdown shows the components of that moment:
 
 - the loss (last stage only): stored activations + logits + the loss's fp32 gradient buffers + what is
-  gathered then (FSDP2's root unit);
+  gathered then;
+- FSDP2's end units' backwards (``dpbuffers.end_backward_bytes``): the head's, with every activation still
+  stored, and the embeddings', the step's last;
 - one layer's backward: stored activations + that layer's gradient/recompute working set + the gathered
   current and prefetched units and one unsharded gradient (ZeRO-3/FSDP);
 - the optimizer step: no activations, but the step's temporaries (shown in ``optimizer_bytes``).
@@ -50,7 +52,7 @@ from autotune.costmodel.activations import (
 )
 from autotune.costmodel.cpbuffers import cp_attention_bytes
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
-from autotune.costmodel.dpbuffers import comm_bucket_bytes, gathered_bytes
+from autotune.costmodel.dpbuffers import comm_bucket_bytes, end_backward_bytes, gathered_bytes
 from autotune.costmodel.inflight import in_flight_microbatches, in_flight_of, microbatches_at_loss
 from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.pipebuffers import (
@@ -179,6 +181,13 @@ def _moments(
         prefetch=gathered_bytes(model, plan, numerics, first=first, last=last, backward=True) + accumulated,
     )
     moments = [backward, _Moment(activations=0.0, logits=0.0, prefetch=0.0, step_temp=step_bytes)]
+    embed_bw, head_bw = end_backward_bytes(model, plan, numerics, first=first, last=last)
+    if head_bw:  # the head's backward: the loss's buffers freed, every activation still stored
+        moments.append(
+            _Moment(activations=stored, logits=logits, prefetch=head_bw + accumulated, step_temp=0.0)
+        )
+    if embed_bw:  # the embeddings' backward, the step's last: every block's activations freed
+        moments.append(_Moment(activations=0.0, logits=0.0, prefetch=embed_bw + accumulated, step_temp=0.0))
     if kept != KeptBytes():
         freed = (per_stage + head_first + outputs) / plan.virtual_stages + (head_last if last else 0.0)
         moments += _deferred_reduce_moments(

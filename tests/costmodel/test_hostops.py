@@ -169,17 +169,19 @@ def test_fsdp2_host_time_per_wrapped_unit_and_micro_batch():
     assert gpu.host.fsdp_host_unit_s > 0 and gpu.host.fsdp_host_bytes_per_s > 0
     assert make_cluster(num_gpus=8, gpu="h100-sxm").gpu.host.fsdp_host_unit_s == 0
     plan = ParallelPlan(dp=2, global_batch=8, micro_batch=2, seq_len=64, sharding="fsdp-full")
-    units, params = model.num_layers + 1, model.num_params  # a unit per block, then the root
-    per_mb = units * gpu.host.fsdp_host_unit_s + params * gpu.half_bytes / gpu.host.fsdp_host_bytes_per_s
+    units, params = model.num_layers + 2, model.num_params  # a unit per block and per end (untied)
+    per_byte = params * gpu.half_bytes / gpu.host.fsdp_host_bytes_per_s
+    per_mb = units * gpu.host.fsdp_host_unit_s + per_byte
     assert fsdp_host_s(cpu, plan, units, params) == pytest.approx(2 * per_mb)  # 2 micro-batches per rank
-    # in the step: on top of the same plan without it, for replicate (sharding none) as for fully_shard
-    for sharding in ("none", "fsdp-grad-op", "fsdp-full"):
+    # in the step: on top of the same plan without it, for replicate (sharding none: per block, then the
+    # root) as for fully_shard
+    for sharding, wrapped in (("none", units - 1), ("fsdp-grad-op", units), ("fsdp-full", units)):
         p = plan.replace(sharding=sharding)
         without = dataclasses.replace(
             cpu, gpu=_with_host(gpu, fsdp_host_unit_s=0.0, fsdp_host_bytes_per_s=0.0)
         )
         added = step_time(model, cpu, p).overhead_s - step_time(model, without, p).overhead_s
-        assert added == pytest.approx(2 * per_mb)
+        assert added == pytest.approx(2 * (wrapped * gpu.host.fsdp_host_unit_s + per_byte))
     # nothing to wrap on one rank, and DeepSpeed has its own hooks
     assert fsdp_host_s(cpu, ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64), units, params) == 0
     assert fsdp_host_s(cpu, plan.replace(framework="deepspeed", sharding="zero3"), units, params) == 0

@@ -329,6 +329,22 @@ def test_tiny_crosscheck_against_measured_peak():
         assert abs(row["states_rel_error"]) <= 0.01, row  # states are exact: 4 + 4 + 8 B/param, sharded
 
 
+@pytest.mark.slow
+def test_fsdp2_end_units_against_measured_peak_at_8b_width():
+    """Llama 3 8B's width and vocabulary over 8 fake ranks, where the ends' units (each 2.4x a block) decide
+    the peak: the head's backward (untied, fsdp-full, 1k tokens) and the tied unit at the embeddings'
+    backward. The pricing of the old wrapping (both ends in the root unit) is +34 % and -21 % off these."""
+    cases = {c.name: c for c in mc.wide_cases()}
+    picked = [
+        cases[f"{mc.GPU_MODEL_8B.name}, fsdp-full, recompute none, 1024 tokens"],
+        cases[f"{mc.GPU_MODEL_8B.name}-tied, fsdp-full, recompute full, 4096 tokens"],
+    ]
+    for case in picked:
+        mc.measure_fsdp(case)  # the first fake-mode step of a model books a one-off spike (run_cpu)
+        row = mc.compare(case, mc.measure_fsdp(case), mc.predict(case, mc.FP32, Kernels(fused_norm=False)))
+        assert abs(row["total_rel_error"]) <= 0.02, row
+
+
 def test_deepspeed_offload_accumulation_keeps_a_16bit_host_gradient_buffer():
     """DeepSpeed ZeRO-1/2 ``offload_optimizer`` with accumulation (the installed deepspeed's
     runtime/zero/stage_1_and_2.py, pinned below): ``async_accumulate_grad_in_cpu_via_gpu`` keeps one host
