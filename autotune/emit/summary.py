@@ -213,6 +213,13 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
             "accelerate_fsdp.yaml --machine_rank R --main_process_ip HOST --main_process_port PORT "
             "train.py"
         )
+        ends = model.vocab_size * model.hidden_size * (1 if model.tie_embeddings else 2) / plan.tp
+        notes.append(
+            f"- accelerate wraps the blocks, not the ends: the embeddings and head ({ends / 1e9:.2f} B "
+            "parameters per GPU) stay in the root FSDP unit, gathered through the whole backward with their "
+            f"fp32 gradient, up to {ends * 6 / 2**30:.1f} GiB above the estimate, which prices them as their "
+            "own units (as torchtitan and the trials wrap them)."
+        )
         if plan.tp > 1:
             notes.append(
                 "- accelerate TP applies a Hugging Face transformers model's tp_plan: it needs "

@@ -71,6 +71,14 @@ def test_skipped_artefacts_are_explained_in_the_summary(emitted):
     assert "Priced for **megatron**: start with megatron_args.txt" in summary
 
 
+def test_the_summary_says_what_accelerates_wrapping_adds_to_the_estimate(emitted):
+    """accelerate's transformer-based wrap leaves the embeddings and head in the root FSDP unit; the estimate
+    prices them as their own units (torchtitan, the trials), so the summary names the difference."""
+    summary = (emitted("fsdp_full") / "summary.md").read_text()
+    assert "stay in the root FSDP unit" in summary and "GiB above the estimate" in summary
+    assert "root FSDP unit" not in (emitted("megatron_interleaved") / "summary.md").read_text()
+
+
 def test_the_summary_lists_the_memory_options_the_args_set(emitted):
     summary = (emitted("qwen3_megatron_offload_experts") / "summary.md").read_text()
     assert "| recompute modules | moe_act layernorm |" in summary
