@@ -51,10 +51,10 @@ model (``git merge-base --is-ancestor bbb1b616e <commit>``); the 2024-12 (9dec37
 Their plans set ``compile`` (priced: the compiled loss and the compiled op-SAC block's saved tensors,
 ``Kernels.compiled_sac``); the compiled block's fusions are not: they stay unscored."""
 _END_UNITS = ("6fc499f6",)
-"""torchtitan commits that descend from 83e694105 (2025-07-28): ``apply_fsdp`` wraps ``tok_embeddings`` and
-``[norm, output]`` as their own FSDP units, the latter not resharded after forward. A plan prices autotune's
-FSDP2 wrapping (both ends in the root unit: autotune/trials/parallelize.py, measured by the CPU cross-check);
-the rows' note says so (docs/memory_recipes.md has the size of the difference)."""
+"""torchtitan commits that descend from 83e694105 (2025-07-28), where ``apply_fsdp`` wraps ``tok_embeddings``
+and ``[norm, output]`` as their own FSDP units, as autotune's trials do (``trials.parallelize.end_units``) and
+the model prices (``dpbuffers.end_backward_bytes``). Earlier torchtitan rows (9dec370, e7c0cae, 820504e,
+0.0.2) kept both ends in the root unit, gathered through the whole backward: their note says so."""
 
 _PUBLISHED_CONFLICT = {
     "tt-2412-llama31-405b-h100-fsdp8-tp8-pp8-1f1b": "published peaks conflict: Table 6's FSDP 8 CP 1 row "
@@ -255,7 +255,11 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         modelled=not unmodelled,
         note=(_COMPILE if unmodelled else "")
         + ("; compiled loss and op-SAC partition priced" if plan.get("compile") else "")
-        + ("; ends as own FSDP units (torchtitan 83e694105) not modelled" if _ends_apart(entry) else "")
+        + (
+            "; ends in the root unit (torchtitan before 83e694105) priced as their own"
+            if _ends_in_root(entry)
+            else ""
+        )
         + (f"; {_PUBLISHED_CONFLICT[entry['id']]}" if entry.get("id") in _PUBLISHED_CONFLICT else "")
         + ("" if entry.get("recompute") else " recompute not printed: priced none"),
     )
@@ -288,9 +292,9 @@ def _moe_row(entry: dict[str, Any], measured: float | None) -> Row:
     )
 
 
-def _ends_apart(entry: dict[str, Any]) -> bool:
-    """A torchtitan row whose commit wraps the model's ends as their own FSDP units (``_END_UNITS``)."""
-    return str(entry.get("framework")).lower() == "torchtitan" and any(
+def _ends_in_root(entry: dict[str, Any]) -> bool:
+    """A torchtitan row whose commit kept the model's ends in the root FSDP unit (not in ``_END_UNITS``)."""
+    return str(entry.get("framework")).lower() == "torchtitan" and not any(
         c in str(entry.get("source")) for c in _END_UNITS
     )
 
