@@ -118,11 +118,11 @@ def end_backward_bytes(
       forward's last all-gather output, which FSDP2 frees only at the next forward's copy-out
       (``FSDPParamGroup.wait_for_unshard``), and its gradient's reduce-scatter input in ``reduce_dtype``
       fp32;
-    - the embeddings, the step's last backward: the same, and the first block's reduce-scatter still in
-      flight;
+    - the embeddings, the step's last backward: the same (the head's all-gather output still lingers);
     - tied embeddings (one unit holding both ends): at the embeddings' backward autograd holds the head's
       gradient of the shared weight, the embeddings' and their sum beside the gathered unit (fsdp-full:
-      4 unit-sized buffers; fsdp-grad-op, gathered all along: 2 beyond the weights).
+      4 unit-sized buffers; fsdp-grad-op, gathered all along: 2 beyond the weights), and the first block's
+      reduce-scatter is still in flight.
 
     0 for other frameworks and for pipelining + FSDP2 (``gathered_bytes``)."""
     if plan.framework is not Framework.FSDP or plan.sharding is Sharding.NONE or defers_grad_reduce(plan):
@@ -133,7 +133,7 @@ def end_backward_bytes(
     gathered = c if grad_op else 2 * c
     if first and last and model.tie_embeddings:  # the unit runs the head's backward first, as the head's
         return head * (2 if grad_op else 4) * c + block_reduce, head * (gathered + 4.0)
-    return (embed * (gathered + 4.0) + block_reduce if embed else 0.0), head * (gathered + 4.0)
+    return embed * (gathered + 4.0), head * (gathered + 4.0)
 
 
 def end_unit_params(model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool) -> tuple[float, float]:
