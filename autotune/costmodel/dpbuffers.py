@@ -131,7 +131,7 @@ def end_backward_bytes(
     embed, head = end_unit_params(model, plan, first=first, last=last)
     block_reduce = layer_params_per_gpu(model, plan) * 4.0
     gathered = c if grad_op else 2 * c
-    if first and last and model.tie_embeddings:  # the unit runs the head's backward first, as the head's
+    if first and last and model.tie_embeddings:  # one unit: the head's backward, then the shared gradients'
         return head * (2 if grad_op else 4) * c + block_reduce, head * (gathered + 4.0)
     return embed * (gathered + 4.0), head * (gathered + 4.0)
 
