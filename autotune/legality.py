@@ -32,8 +32,8 @@ from autotune.legalrules import (
 from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
+    MOE_DISPATCHERS,
     Framework,
-    MoeDispatcher,
     Schedule,
     Sharding,
 )
@@ -200,10 +200,11 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
             "cp-comm a2a (Ulysses) needs --framework megatron or deepspeed; torchtitan rotates K/V by p2p "
             "or allgather"
         )
-    if plan.moe_dispatcher is not MoeDispatcher.ALLTOALL and fw is not Framework.MEGATRON:
+    if plan.moe_dispatcher not in MOE_DISPATCHERS[fw]:
+        offered = ", ".join(sorted(d.value for d in MOE_DISPATCHERS[fw]))
         errors.append(
-            f"moe-dispatcher {plan.moe_dispatcher} is one of Megatron's dispatchers; use --framework "
-            "megatron or moe-dispatcher alltoall"
+            f"framework {fw} has no moe-dispatcher {plan.moe_dispatcher} (it offers: {offered}); use "
+            "--framework megatron for Megatron's others"
         )
     if plan.moe_a2a_overlap:
         errors += _ep_overlap_errors(plan)

@@ -24,6 +24,7 @@ from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
     MESH_ORDER,
+    MOE_DISPATCHERS,
     OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
     CpComm,
@@ -57,6 +58,7 @@ __all__ = [
     "check_plan",
     "expert_errors",
     "FP8_RECIPES",
+    "MOE_DISPATCHERS",
     "RECOMPUTE_MODULES",
     "OFFLOAD_MODULES",
 ]
@@ -125,7 +127,9 @@ class ParallelPlan:
     """MoE token dispatch (read only with ``ep > 1``): Megatron's ``--moe-token-dispatcher-type alltoall``;
     ``allgather`` (every rank gathers the EP group's tokens and keeps its experts', the outputs
     reduce-scattered back); or ``flex`` with ``--moe-flex-dispatcher-backend deepep | hybridep``, which send a
-    token once per destination node across nodes and forward it over NVLink there."""
+    token once per destination node across nodes and forward it over NVLink there. torchtitan (framework fsdp)
+    runs ``alltoall`` (its ``"standard"`` backend) or ``deepep`` (``expert_parallel_comm_backend``, since
+    v0.2.1)."""
     recompute_modules: tuple[str, ...] = ()
     """With ``recompute=selective`` on Megatron: ``--recompute-modules`` (``RECOMPUTE_MODULES``); empty:
     Megatron's default ``core_attn``, the attention core (``costmodel.recompute_modules``)."""

@@ -21,6 +21,7 @@ __all__ = [
     "MESH_ORDER",
     "FRAMEWORK_SHARDING",
     "FP8_RECIPES",
+    "MOE_DISPATCHERS",
     "RECOMPUTE_MODULES",
     "OFFLOAD_MODULES",
     "MEGATRON_OFFLOAD_MODULES",
@@ -148,6 +149,16 @@ FP8_RECIPES: dict[Framework, frozenset[Fp8Recipe]] = {
 """fp8 recipes each framework runs: Megatron ``--fp8-recipe {tensorwise,delayed,blockwise,mxfp8}``
 (megatron/training/arguments.py); torchtitan ``[quantize.linear.float8] recipe_name`` tensorwise / rowwise
 and ``[quantize.linear.mx]`` (torchao); DeepSpeed none."""
+
+MOE_DISPATCHERS: dict[Framework, frozenset[MoeDispatcher]] = {
+    Framework.MEGATRON: frozenset(MoeDispatcher),
+    Framework.FSDP: frozenset({MoeDispatcher.ALLTOALL, MoeDispatcher.DEEPEP}),
+    Framework.DEEPSPEED: frozenset({MoeDispatcher.ALLTOALL}),
+}
+"""MoE token dispatchers each framework runs: Megatron's ``--moe-token-dispatcher-type`` alltoall, allgather
+and flex (``--moe-flex-dispatcher-backend deepep | hybridep``); torchtitan's ``expert_parallel_comm_backend``
+``"standard"`` (all-to-all) or ``"deepep"`` (v0.2.1 and later, torchtitan 36a4b6942); DeepSpeed-MoE's
+all-to-all."""
 
 
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")

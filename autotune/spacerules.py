@@ -33,6 +33,7 @@ from autotune.legalrules import (
 )
 from autotune.planenums import (
     FRAMEWORK_SHARDING,
+    MOE_DISPATCHERS,
     CpComm,
     Fp8Recipe,
     Framework,
@@ -135,7 +136,9 @@ def collapse(v: Variant, tp: int, cp: int) -> Variant:
         ),
         cp_comm=v.cp_comm if cp > 1 else CpComm.P2P,
         moe_dispatcher=(
-            v.moe_dispatcher if v.ep > 1 and v.framework is Framework.MEGATRON else MoeDispatcher.ALLTOALL
+            v.moe_dispatcher
+            if v.ep > 1 and v.moe_dispatcher in MOE_DISPATCHERS[v.framework]
+            else MoeDispatcher.ALLTOALL
         ),
         moe_a2a_overlap=v.moe_a2a_overlap and v.ep > 1 and v.framework is Framework.MEGATRON,
         offload_modules=v.offload_modules if v.framework is Framework.MEGATRON else (),

@@ -93,8 +93,8 @@ def test_human_output_shows_both_breakdowns(capsys):
         (["--model", "7b", "--gpus", "8", "--host-memory-gib", "nan"], "--host-memory-gib: host RAM"),
         (["--model", "7b", "--gpus", "8", "--host-memory-gib", "-5"], "--host-memory-gib: host RAM"),
         (
-            ["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--moe-dispatcher", "deepep"],
-            "moe-dispatcher deepep is one of Megatron's dispatchers",
+            ["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--moe-dispatcher", "hybridep"],
+            "framework fsdp has no moe-dispatcher hybridep",
         ),
     ],
 )

@@ -89,10 +89,11 @@ def _pins(options: Mapping[str, Any], model: ModelSpec | None) -> tuple[dict[str
     if options.get("script"):  # the script decides what it can run
         return {}, {}
     if model is not None and model.is_moe and not options.get("workload"):  # trials/parallelize.py
-        return {"cp": 1, "etp": 1, "tp": 1}, {
+        return {"cp": 1, "etp": 1, "tp": 1, "moe_dispatcher": "alltoall"}, {
             "cp": "context parallelism is not implemented in real trials",
             "etp": "expert tensor parallelism is not implemented in real trials",
             "tp": "MoE layers are not tensor-parallel in real trials (EP splits the experts)",
+            "moe_dispatcher": "the trial MoE exchanges tokens all-to-all (no DeepEP kernels in trials)",
         }
     if options.get("workload"):
         why = "pipeline and context parallelism are not applied to a --workload model"

@@ -19,7 +19,8 @@ Mapping notes:
   ``generate_llm_fqn_per_model_part`` (embedding and output weighing one layer) would, which
   ``autotune/stagesplit.py`` reproduces for the cost model.
 * EP / ETP: ``expert_parallel_degree`` / ``expert_tensor_parallel_degree`` (0.2.2 ``Parallelism``); EP
-  borrows its ranks from ``dp_shard x cp`` (and TP when ETP is 1), as ``plan.py`` checks.
+  borrows its ranks from ``dp_shard x cp`` (and TP when ETP is 1), as ``plan.py`` checks. A DeepEP plan
+  sets ``expert_parallel_comm_backend = "deepep"`` (0.2.2; the DeepEP kernels must be installed).
 * ``selective`` recompute maps to per-op SAC (``selective_ac_option = "op"``): matmul and attention outputs
   are kept, cheap element-wise ops recomputed.
 """
@@ -31,6 +32,7 @@ from typing import Any
 from autotune.emit.deepspeed import GRADIENT_CLIPPING
 from autotune.errors import ConfigError
 from autotune.plan import (
+    MOE_DISPATCHERS,
     CpComm,
     Framework,
     MoeDispatcher,
@@ -63,9 +65,9 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     reasons: list[str] = expert_errors(plan, Framework.FSDP)
     if plan.moe_capacity_factor is not None:
         reasons.append("torchtitan's MoE routes dropless: it has no capacity factor")
-    if plan.ep > 1 and plan.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+    if plan.ep > 1 and plan.moe_dispatcher not in MOE_DISPATCHERS[Framework.FSDP]:
         reasons.append(
-            f"torchtitan dispatches tokens all-to-all; the plan was priced with Megatron's "
+            f"torchtitan dispatches tokens all-to-all or by DeepEP; the plan was priced with Megatron's "
             f"{plan.moe_dispatcher}"
         )
     if plan.moe_a2a_overlap:
@@ -110,6 +112,8 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
     if plan.ep > 1 or plan.etp > 1:
         out["expert_parallel_degree"] = plan.ep
         out["expert_tensor_parallel_degree"] = plan.etp
+    if plan.ep > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP:
+        out["expert_parallel_comm_backend"] = "deepep"
     if plan.pp > 1:
         out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
         split = split_layers(model.num_layers, plan)

@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from autotune.errors import TrialError
-from autotune.plan import ParallelPlan, Recompute, Schedule, Sharding
+from autotune.plan import MoeDispatcher, ParallelPlan, Recompute, Schedule, Sharding
 from autotune.stagesplit import split_layers
 from autotune.trials.model import Transformer
 from autotune.trials.moe import GroupedExperts, MoE, apply_ep
@@ -112,6 +112,8 @@ def parallelize(
         raise TrialError("context parallelism is not implemented in real trials; use CP=1")
     if plan.etp > 1:
         raise TrialError("expert tensor parallelism is not implemented in real trials; use ETP=1")
+    if plan.ep > 1 and plan.moe_dispatcher is not MoeDispatcher.ALLTOALL:
+        raise TrialError(f"the trial MoE exchanges tokens all-to-all, not by {plan.moe_dispatcher}")
     if plan.tp > 1 and any(isinstance(m, MoE) for m in model.modules()):
         raise TrialError("MoE layers are not tensor-parallel in real trials; use TP=1 (EP splits experts)")
     if plan.ep > 1:

@@ -265,9 +265,16 @@ def test_deepep_sends_a_token_once_per_node_across_nodes_only():
     )
 
 
-def test_flex_dispatcher_is_megatrons():
-    with pytest.raises(ConfigError, match="moe-dispatcher deepep"):
-        _plan(dp=8, ep=8, framework="fsdp", moe_dispatcher="deepep")
+def test_each_framework_offers_its_own_dispatchers():
+    """Megatron runs all four; torchtitan (fsdp) all-to-all and DeepEP (``expert_parallel_comm_backend``,
+    v0.2.1); DeepSpeed-MoE all-to-all only."""
+    fsdp = {"framework": "fsdp", "sharding": "fsdp-full"}
+    assert _plan(dp=8, ep=8, moe_dispatcher="deepep", **fsdp).moe_dispatcher.value == "deepep"
+    deepspeed = {"framework": "deepspeed", "sharding": "zero1"}
+    for fw, dispatcher in ((fsdp, "hybridep"), (fsdp, "allgather"), (deepspeed, "deepep")):
+        refused = f"framework {fw['framework']} has no moe-dispatcher {dispatcher}"
+        with pytest.raises(ConfigError, match=refused):
+            _plan(dp=8, ep=8, moe_dispatcher=dispatcher, **fw)
 
 
 def test_a_capacity_factor_scales_expert_rows_exchange_and_routed_memory():
@@ -332,7 +339,7 @@ def test_the_all_gather_dispatcher_moves_every_token_to_every_rank():
 
     assert 3.5 < ratio("mixtral-8x7b") < 4.6
     assert 0.95 < ratio("qwen3-30b-a3b") < 1.3  # plus the gathered routing map and probabilities
-    with pytest.raises(ConfigError, match="Megatron's dispatchers"):
+    with pytest.raises(ConfigError, match="framework fsdp has no moe-dispatcher allgather"):
         ParallelPlan(
             dp=8, ep=8, global_batch=64, seq_len=4096, sharding="fsdp-full", moe_dispatcher="allgather"
         )

@@ -93,6 +93,7 @@ V0_2_2_LITERALS = {
     ("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
     ("quantize.linear.float8", "recipe_name"): {"tensorwise", "rowwise", "rowwise_with_gw_hp"},
     ("parallelism", "context_parallel_rotate_method"): {"allgather", "alltoall"},
+    ("parallelism", "expert_parallel_comm_backend"): {"standard", "deepep"},
 }
 CONVERTERS = {
     "quantize.linear.float8",
@@ -192,6 +193,7 @@ def test_interleaved_pipeline_maps_to_interleaved1f1b():
         ({"sharding": "none", "tp": 2, "dp": 4}, "DDP"),
         ({"offload": True, "sharding": "fsdp-full"}, "parameters and gradients too"),
         ({"precision": "fp16"}, "fp16"),
+        ({"ep": 8, "moe_dispatcher": "hybridep", "framework": "megatron", "sharding": "zero1"}, "hybridep"),
     ],
 )
 def test_plans_torchtitan_cannot_run_get_no_config(changes, reason):
@@ -288,3 +290,17 @@ def test_speed_knobs_are_written_as_torchtitan_keys():
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "allgather"
     assert cfg["quantize.linear.float8"]["recipe_name"] == "rowwise"
     assert cfg["quantize.linear.float8"]["enable_fsdp_float8_all_gather"] is False
+
+
+def test_a_deepep_plan_sets_torchtitans_comm_backend():
+    """torchtitan runs DeepEP for expert parallelism since v0.2.1 (``[parallelism]
+    expert_parallel_comm_backend``, 36a4b6942): a DeepEP plan of framework fsdp is emitted with it, an
+    all-to-all one leaves torchtitan's default ("standard")."""
+    plan, model, _ = CASES["qwen3_moe_fsdp_ep"].build()
+    deepep = plan.replace(moe_dispatcher="deepep")
+    assert not torchtitan_unsupported(deepep)
+    cfg = to_torchtitan_config(deepep, model)
+    sections = _flatten(tomllib.loads(dumps_toml(cfg)))
+    assert set(sections["parallelism"]) <= V0_2_2_FIELDS["parallelism"]
+    assert cfg["parallelism"]["expert_parallel_comm_backend"] == "deepep"
+    assert "expert_parallel_comm_backend" not in to_torchtitan_config(plan, model)["parallelism"]

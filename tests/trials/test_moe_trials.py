@@ -242,9 +242,12 @@ def test_real_trials_pin_what_moe_trials_cannot_split(tiny_moe):
 
     cluster = make_cluster(num_gpus=2, gpu="cpu")
     choice = get_backend("torchrun", cluster=cluster, device="cpu", model=tiny_moe)
-    assert apply_pins({"ep": 2}, choice) == {"ep": 2, "cp": 1, "etp": 1, "tp": 1}
+    pinned = {"ep": 2, "cp": 1, "etp": 1, "tp": 1, "moe_dispatcher": "alltoall"}
+    assert apply_pins({"ep": 2}, choice) == pinned
     with pytest.raises(ConfigError, match="--tp 2: MoE layers are not tensor-parallel in real trials"):
         apply_pins({"tp": 2}, choice)
+    with pytest.raises(ConfigError, match="--moe-dispatcher deepep: the trial MoE exchanges tokens"):
+        apply_pins({"moe_dispatcher": "deepep"}, choice)
     plan = _plan({"dp": 2, "ep": 2, "sharding": "zero1", "framework": "deepspeed"})
     with pytest.raises(TrialError, match="DeepSpeed-MoE expert parallelism is not implemented"):
         DeepSpeedTrainer(plan=plan, config=TrialConfig(model=tiny_moe), device=torch.device("cpu"))
