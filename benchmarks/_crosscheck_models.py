@@ -3,7 +3,7 @@ on one GPU. Shapes only: the measured peaks live in benchmarks/results/memory_cr
 
 from autotune.specs import ModelSpec
 
-__all__ = ["SMALL", "TINY", "GPU_MODEL", "GPU_MODEL_8B"]
+__all__ = ["SMALL", "TINY", "GPU_MODEL", "GPU_MODEL_8B", "ACCUMULATION", "WIDE_WORLD", "cpu_setup"]
 
 # Llama-shaped, GQA, SwiGLU; sized so that one step runs in well under a second on 2 CPU cores.
 SMALL = ModelSpec(
@@ -49,3 +49,13 @@ GPU_MODEL_8B = ModelSpec(
 )
 """Llama 3 8B's width, heads, FFN and vocabulary at 8192 tokens, 4 of its 32 layers (``--gpu-model 8b``): the
 per-layer activations and the loss path at the size the published 8B runs use, on one GPU."""
+
+ACCUMULATION = 2
+"""Micro-batches per step: gradients from the first are alive during the second's forward."""
+WIDE_WORLD = 8
+"""Fake-PG ranks of the wide cases (``memory_crosscheck.wide_cases``)."""
+
+
+def cpu_setup(tiny: bool) -> tuple[ModelSpec, int, int, tuple[int, ...]]:
+    """(model, micro-batch, sequence length, fake-PG world sizes) of the CPU runs."""
+    return (TINY, 4, 128, (4,)) if tiny else (SMALL, 4, 256, (4, 8))

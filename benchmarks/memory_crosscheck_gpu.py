@@ -17,16 +17,8 @@ from autotune.costmodel.states import MIXED_BF16
 from autotune.plan import ParallelPlan, Recompute, Sharding
 from autotune.trials.model import Transformer
 from autotune.trials.parallelize import apply_ac, end_units
-from benchmarks.memory_crosscheck import (
-    _MIB,
-    ACCUMULATION,
-    GPU_MODEL,
-    GPU_MODEL_8B,
-    Case,
-    _adamw,
-    _train_step,
-    predict,
-)
+from benchmarks._crosscheck_models import ACCUMULATION, GPU_MODEL, GPU_MODEL_8B
+from benchmarks.memory_crosscheck import _MIB, Case, _adamw, _train_step, predict
 
 
 def _unvalidated_plan(**fields: object) -> ParallelPlan:

@@ -26,6 +26,7 @@ from autotune.costmodel.reserve import CPU_RESERVE_BYTES
 from autotune.costmodel.states import MIXED_BF16, model_state_bytes, state_bytes_per_param
 from autotune.plan import ParallelPlan, Recompute
 from benchmarks import memory_crosscheck as mc
+from benchmarks._crosscheck_models import TINY
 
 GIB = 1024**3
 DS_SHAPES = [(1.3e9, 8, 1), (7e9, 8, 2), (70e9, 8, 8), (175e9, 16, 4)]
@@ -319,7 +320,7 @@ H200; benchmarks/results/memory_crosscheck.md)."""
 
 @pytest.mark.slow
 def test_tiny_crosscheck_against_measured_peak():
-    cases = mc.cpu_cases(mc.TINY, micro_batch=4, seq_len=128, worlds=(4,))
+    cases = mc.cpu_cases(TINY, micro_batch=4, seq_len=128, worlds=(4,))
     picked = [c for c in cases if c.name in ("1 rank, recompute none", "fsdp-full, 4 ranks (fake PG)")]
     assert len(picked) == 2
     for case in picked:
