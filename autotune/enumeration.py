@@ -126,6 +126,7 @@ def _ladders(
                     "global_batch": ctx.global_batch,
                     "seq_len": ctx.seq_len,
                     **ctx.routing(),
+                    **ctx.stored(),
                     **v._asdict(),
                 },
                 tuple(good),

@@ -84,6 +84,7 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
         seq_len=setup["seq_len"],
         dp=setup["dp"],
         **setup.get("routing", {}),  # studies from before it: dropless and balanced
+        **_stored(setup.get("stored", {})),  # studies from before it: fp32 throughout
     )
     space = study.user_attrs["autotune_identity"]["space"]  # the study's categorical choices, as JSON
     study_space = SearchSpace(knobs={k: tuple(v) for k, v in space.items()}, source=f"study {name}")
@@ -107,3 +108,10 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     return Joined(
         study=study, setup=setup, ranking=ranking, backend=choice.backend, url=url, study_dir=study_dir
     )
+
+
+def _stored(fields: dict[str, str | None]) -> dict[str, Any]:
+    """A study's stored dtypes (``PlanContext.stored``) back from its JSON description."""
+    from autotune.plan import StoreDtype
+
+    return {k: None if v is None else StoreDtype(v) for k, v in fields.items()}

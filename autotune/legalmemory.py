@@ -1,12 +1,14 @@
 """Legality of Megatron's memory options, stated once for ``legality.plan_errors``:
 ``--recompute-num-layers``, ``--recompute-modules``, activation offload (whole layers or the listed modules),
-the precision-aware optimizer and the gradient dtype. Each message names the flag and what would satisfy it.
+the precision-aware optimizer and the gradient dtype; and framework fsdp's stored dtypes (weights, Adam
+moments, loss). Each message names the flag and what would satisfy it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.legalrules import store_dtype_broken
 from autotune.planenums import (
     MEGATRON_OFFLOAD_MODULES,
     OFFLOAD_MODULES,
@@ -14,6 +16,7 @@ from autotune.planenums import (
     Framework,
     Recompute,
     Sharding,
+    StoreDtype,
 )
 
 if TYPE_CHECKING:
@@ -31,7 +34,29 @@ def memory_option_errors(plan: ParallelPlan) -> list[str]:
         errors += _recompute_modules_errors(plan)
     if plan.offload_modules:
         errors += _offload_modules_errors(plan)
-    return errors + _megatron_memory_option_errors(plan)
+    return errors + _megatron_memory_option_errors(plan) + _store_dtype_errors(plan)
+
+
+def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
+    """bf16 weights, moments or loss (``legalrules.store_dtype_broken``)."""
+    chosen = [
+        flag
+        for flag, value in (
+            ("weight-dtype", plan.weight_dtype),
+            ("adam-dtype", plan.adam_dtype),
+            ("loss-dtype", plan.loss_dtype),
+        )
+        if value is StoreDtype.BF16
+    ]
+    broken = store_dtype_broken(plan.framework, plan.precision, bool(chosen))
+    if broken == "framework":
+        return [
+            f"{chosen[0]} bf16 needs --framework fsdp (Megatron and DeepSpeed keep fp32 master weights and "
+            "moments and run an fp32 cross-entropy)"
+        ]
+    if broken == "fp16":
+        return [f"{chosen[0]} bf16 needs --precision bf16 or fp8, not fp16"]
+    return []
 
 
 def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:

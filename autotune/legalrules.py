@@ -38,6 +38,7 @@ __all__ = [
     "expert_model_broken",
     "expert_fold_broken",
     "capacity_broken",
+    "store_dtype_broken",
     "ep_overlap_broken",
 ]
 
@@ -219,3 +220,13 @@ def ep_overlap_broken(
     if moe_recomputed:
         return "moe-recompute"
     return None
+
+
+def store_dtype_broken(fw: Framework, precision: Precision, bf16_stored: bool) -> str | None:
+    """bf16 weights, moments or loss (``ParallelPlan.weight_dtype`` ...): "framework" unless fsdp (Megatron
+    and DeepSpeed keep fp32 masters and an fp32 cross-entropy), "fp16" beside fp16 compute; else None."""
+    if not bf16_stored:
+        return None
+    if fw is not Framework.FSDP:
+        return "framework"
+    return "fp16" if precision is Precision.FP16 else None

@@ -37,6 +37,7 @@ from autotune.planenums import (
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
     zero_stage,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "CpComm",
     "MoeDispatcher",
     "GradDtype",
+    "StoreDtype",
     "ParallelPlan",
     "MESH_ORDER",
     "FRAMEWORK_SHARDING",
@@ -148,6 +150,16 @@ class ParallelPlan:
     grad_reduce_dtype: GradDtype | None = None
     """Megatron's gradient buffer and DP reduction dtype (``--grad-reduce-in-bf16`` for bf16). None: the
     framework default as autotune emits it, fp32 except bf16 for fp8 plans (``costmodel.states``)."""
+    weight_dtype: StoreDtype = StoreDtype.FP32
+    """Framework fsdp: the stored (sharded) parameters, hence FSDP2's sharded gradients. fp32: mixed precision
+    over fp32 masters (torchtitan, the trials); bf16: the model built in bf16 with no master copy (NeMo
+    AutoModel's benchmark recipes). The user's numerics, never tuned (``costmodel.states``)."""
+    adam_dtype: StoreDtype | None = None
+    """Framework fsdp: Adam's two moments. None: the weights' dtype, as ``torch.optim.Adam(W)`` allocates
+    them (``zeros_like(param)``); fp32 with bf16 weights is Transformer Engine's ``FusedAdam`` default."""
+    loss_dtype: StoreDtype = StoreDtype.FP32
+    """Framework fsdp: the cross-entropy's dtype. fp32: the logits upcast first (torchtitan's
+    ``pred.float()``); bf16: on the bf16 logits (AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``)."""
     moe_capacity_factor: float | None = None
     """MoE token dropping: each expert takes at most ``ceil(c x T x k / E)`` of the ``T x k`` token copies a
     rank routes (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021 Sec. 2.2), the lowest
@@ -194,6 +206,11 @@ class ParallelPlan:
         if self.grad_reduce_dtype is not None:
             return self.grad_reduce_dtype
         return GradDtype.BF16 if self.precision is Precision.FP8 else GradDtype.FP32
+
+    @property
+    def moment_dtype(self) -> StoreDtype:
+        """Adam's moments: ``adam_dtype``, else the weights' dtype."""
+        return self.adam_dtype if self.adam_dtype is not None else self.weight_dtype
 
     @property
     def num_microbatches(self) -> int:
@@ -259,8 +276,11 @@ _ENUM_FIELDS: dict[str, type[Enum]] = {
     "cp_comm": CpComm,
     "moe_dispatcher": MoeDispatcher,
     "grad_reduce_dtype": GradDtype,
+    "weight_dtype": StoreDtype,
+    "adam_dtype": StoreDtype,
+    "loss_dtype": StoreDtype,
 }
-_OPTIONAL_ENUMS = {"grad_reduce_dtype"}
+_OPTIONAL_ENUMS = {"grad_reduce_dtype", "adam_dtype"}
 _BOOL_FIELDS = {
     "sequence_parallel",
     "offload",

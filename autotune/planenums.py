@@ -18,6 +18,7 @@ __all__ = [
     "CpComm",
     "MoeDispatcher",
     "GradDtype",
+    "StoreDtype",
     "MESH_ORDER",
     "FRAMEWORK_SHARDING",
     "FP8_RECIPES",
@@ -111,6 +112,14 @@ class GradDtype(_StrEnum):
 
     FP32 = "fp32"  # --accumulate-allreduce-grads-in-fp32 (Megatron's default under --bf16)
     BF16 = "bf16"  # --grad-reduce-in-bf16 (DDP grad_reduce_in_fp32=False)
+
+
+class StoreDtype(_StrEnum):
+    """Element type a framework fsdp plan keeps its weights, Adam moments or loss in (``costmodel.states``,
+    ``costmodel.lossmemory``): a numerics choice of the user's, which changes convergence, never tuned."""
+
+    FP32 = "fp32"  # fp32 master weights / moments / logits upcast (torchtitan, the trials)
+    BF16 = "bf16"  # stored in bf16 (NeMo AutoModel's benchmark recipes: a bf16 model, torch.optim.Adam)
 
 
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {

@@ -18,7 +18,7 @@ from autotune.batch import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
-from autotune.plan import Framework, ParallelPlan
+from autotune.plan import Framework, ParallelPlan, StoreDtype
 from autotune.rankworkers import judge, judged
 from autotune.space import (
     BATCH_RULE,
@@ -123,13 +123,15 @@ def plan_search(
     cluster_at: ClusterAt | None = None,
     memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
     routing: Mapping[str, Any] | None = None,
+    stored: Mapping[str, Any] | None = None,
     on_ladder: LadderJudged | None = None,
 ) -> Ranking:
     """Rank the space for this model and cluster; ``ConfigError`` when no plan is legal and feasible.
 
     ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
     a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended; ``routing`` (the user's
-    ``moe_capacity_factor`` / ``moe_load_imbalance``: ``PlanContext.routing``) is set on every plan;
+    ``moe_capacity_factor`` / ``moe_load_imbalance``: ``PlanContext.routing``) and ``stored`` (the user's
+    ``weight_dtype`` / ``adam_dtype`` / ``loss_dtype``: ``PlanContext.stored``) are set on every plan;
     ``on_ladder`` hears of each judged ladder of the ranking (``LadderJudged``).
     """
     routing = dict(routing or {})
@@ -140,7 +142,8 @@ def plan_search(
     if frameworks is not None:
         space = _only_frameworks(space, model, cluster, pins, frameworks)
     choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
-    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing)
+    stored = {k: None if v is None else StoreDtype(v) for k, v in (stored or {}).items()}
+    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing, **stored)
     ranking = rank_plans(choices, ctx, estimator, on_ladder=on_ladder)
     if ranking.feasible:
         return ranking
@@ -234,7 +237,7 @@ def _fits_nowhere(
             choices, bigger = _context(space, ctx.model, cluster_at(n), pins, global_batch, ctx.seq_len)
         except ConfigError:
             continue
-        bigger = dataclasses.replace(bigger, **ctx.routing())
+        bigger = dataclasses.replace(bigger, **ctx.routing(), **ctx.stored())
         if rank_plans(choices, bigger, estimator, first_fit=True).feasible:
             return f"{head}; the cost model finds plans that fit on {n} GPUs: --gpus {n}"
     return f"{head}, even on {n} GPUs"

@@ -128,7 +128,11 @@ def plan_summary(plan: ParallelPlan) -> str:
         parts.append("offload")
     if plan.offload_modules:
         parts.append(f"offload[{'+'.join(plan.offload_modules)}]")
-    parts += [str(plan.precision), str(plan.framework)]
+    stored = [f"{n}:{v}" for n, v in (("weights", plan.weight_dtype), ("loss", plan.loss_dtype))]
+    stored = [s for s in stored if not s.endswith("fp32")]
+    if plan.moment_dtype is not plan.weight_dtype:
+        stored.append(f"adam:{plan.moment_dtype}")
+    parts += [str(plan.precision)] + stored + [str(plan.framework)]
     return " ".join(parts)
 
 

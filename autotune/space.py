@@ -42,6 +42,7 @@ from autotune.plan import (
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
 )
 from autotune.spacerules import (
     BATCH_RULE,
@@ -130,12 +131,26 @@ class PlanContext:
     moe_load_imbalance: float = 1.0
     """The user's measured routing imbalance (``--moe-load-imbalance``), on every plan: never tuned."""
 
+    weight_dtype: StoreDtype = StoreDtype.FP32
+    """The user's stored dtypes (``--weight-dtype``, ``--adam-dtype``, ``--loss-dtype``), on every plan like
+    the batch: numerics that change convergence, never tuned."""
+    adam_dtype: StoreDtype | None = None
+    loss_dtype: StoreDtype = StoreDtype.FP32
+
     def routing(self) -> dict[str, Any]:
         """The plan fields of the user's MoE routing, the same on every plan of the search."""
         return {
             "moe_capacity_factor": self.moe_capacity_factor,
             "moe_load_imbalance": self.moe_load_imbalance,
         }
+
+    def stored(self) -> dict[str, Any]:
+        """The plan fields of the user's stored dtypes, the same on every plan of the search."""
+        return {name: getattr(self, name) for name in ("weight_dtype", "adam_dtype", "loss_dtype")}
+
+    @property
+    def bf16_stored(self) -> bool:
+        return StoreDtype.BF16 in (self.weight_dtype, self.adam_dtype, self.loss_dtype)
 
 
 # ---------------------------------------------------------------------------------------------- loading
@@ -320,6 +335,7 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
             global_batch=ctx.global_batch,
             seq_len=ctx.seq_len,
             **ctx.routing(),
+            **ctx.stored(),
             **variant._asdict(),
         ), None
     except ConfigError as e:  # a plan-only rule spacerules does not prune by (a test catches it)

@@ -29,6 +29,7 @@ from autotune.legalrules import (
     nothing_to_shard,
     offload_unsharded,
     shard_ranks,
+    store_dtype_broken,
     tp_split_broken,
 )
 from autotune.planenums import (
@@ -201,9 +202,15 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "multi-token prediction is priced for Megatron only"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
+    if broken_store := store_dtype_broken(fw, v.precision, ctx.bf16_stored):
+        return _STORE_DTYPE[broken_store]
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 
 
+_STORE_DTYPE = {
+    "framework": "bf16 weights, moments or loss are framework fsdp's (the others keep fp32 masters)",
+    "fp16": "bf16 weights, moments or loss do not go with fp16 compute",
+}
 _DEEPSPEED = {
     "pipeline-zero": "DeepSpeed's pipeline engine rejects ZeRO-2/3",
     "pipeline-tp": "DeepSpeed's pipeline engine fails with TP",

@@ -21,6 +21,7 @@ from autotune.plan import (
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
 )
 from autotune.probe.profile import with_profile
 from autotune.specs import ClusterSpec, ModelSpec
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_GLOBAL_BATCH_TOKENS",
     "DEFAULT_GPU",
     "implied_framework",
+    "store_dtypes",
 ]
 
 DEFAULT_GPU = "h100-sxm"
@@ -234,6 +236,12 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         help="routed tokens of the busiest EP rank over the mean, as you measured your router (>= 1; yours, "
         "never tuned). Default 1: balanced, as framework benchmarks force it",
     )
+    for flag, default, what in (
+        ("--weight-dtype", "fp32", "stored parameters and sharded gradients (bf16: no fp32 master)"),
+        ("--adam-dtype", None, "Adam's moments (default: the weights' dtype, as torch.optim.Adam)"),
+        ("--loss-dtype", "fp32", "cross-entropy (bf16: on the bf16 logits, no fp32 upcast)"),
+    ):  # yours (they change convergence), never tuned
+        g.add_argument(flag, choices=[x.value for x in StoreDtype], default=default, help=f"fsdp: {what}")
     if not pinning:
         g.add_argument(
             "--moe-dispatcher",
@@ -328,9 +336,19 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         offload_modules=tuple(getattr(args, "offload_modules", None) or ()),
         precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None),
+        **store_dtypes(args),
         moe_capacity_factor=getattr(args, "moe_capacity_factor", None),
         moe_load_imbalance=getattr(args, "moe_load_imbalance", None) or 1.0,
     )
+
+
+def store_dtypes(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan's stored dtypes the user gave (``--weight-dtype``, ``--adam-dtype``, ``--loss-dtype``)."""
+    return {
+        "weight_dtype": getattr(args, "weight_dtype", None) or "fp32",
+        "adam_dtype": getattr(args, "adam_dtype", None),
+        "loss_dtype": getattr(args, "loss_dtype", None) or "fp32",
+    }
 
 
 def implied_framework(sharding: str | None) -> str | None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from autotune import modelshape
 from autotune.costmodel import moe
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute
+from autotune.plan import Framework, ParallelPlan, Precision, Recompute, StoreDtype
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -110,6 +110,9 @@ class Kernels:
     2025-04-02; ``compile.components`` defaults to model and loss in 0.2.2). Inductor's graph keeps only the
     compute-dtype logits for backward and writes their gradient in one fused kernel
     (``loss_stored_bytes``, ``loss_transient_bytes``)."""
+    loss_bytes: int = 4
+    """Element size of the eager cross-entropy's softmax and gradients: 4 with the logits upcast first (every
+    framework's default), 2 for a bf16 loss (``plan.loss_dtype``)."""
 
 
 def kernels_for(plan: ParallelPlan) -> Kernels:
@@ -125,6 +128,7 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
         fused_swiglu=megatron,
         fused_cross_entropy=megatron,
         compiled_loss=torchtitan_compiled,
+        loss_bytes=2 if plan.loss_dtype is StoreDtype.BF16 else 4,
         gathered_head_input=plan.framework is Framework.FSDP,
         op_sac=plan.framework is Framework.FSDP,
         compiled_sac=plan.framework is Framework.FSDP and plan.compile,
@@ -367,8 +371,11 @@ def loss_stored_bytes(x: LayerShape, *, tp: int, e: int = 2, k: Kernels | None =
     logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs). A
     compiled loss (``Kernels.compiled_loss``) keeps the ``e``-byte logits instead, recomputing the softmax
     in backward: measured with ``saved_tensors_hooks`` (benchmarks/compiled_loss_saved.py: eager keeps one
-    fp32 logit-sized tensor, 4 B per logit; compiled the bf16 input, 2 B)."""
-    per_logit = float(e) if k is not None and k.compiled_loss else 4.0
+    fp32 logit-sized tensor, 4 B per logit; compiled the bf16 input, 2 B). A bf16 loss keeps its bf16
+    log-softmax (``Kernels.loss_bytes``)."""
+    if k is None:
+        return x.s * x.b * x.vocab / tp * 4.0
+    per_logit = float(e) if k.compiled_loss else float(k.loss_bytes)
     return x.s * x.b * x.vocab / tp * per_logit
 
 
@@ -381,9 +388,10 @@ def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float
     generated code in benchmarks/compiled_loss_saved.py). torch's ``loss_parallel``
     (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``) holds, beside the
     saved log-softmax, ``zeros_like(x)``, ``exp(x)`` and their sum, then the product with the incoming
-    gradient: 12 B per logit."""
+    gradient: 12 B per logit. A bf16 loss (``Kernels.loss_bytes`` 2) holds the same buffers in bf16."""
+    b = k.loss_bytes
     if k.fused_cross_entropy or k.compiled_loss:  # compiled: the one e-byte gradient buffer Inductor writes
         per_logit = float(e)
     else:
-        per_logit = 12.0 if k.loss_parallel else max(8.0, e + 4.0)
+        per_logit = 3.0 * b if k.loss_parallel else max(2.0 * b, e + b)
     return x.s * x.b * x.vocab / tp * per_logit

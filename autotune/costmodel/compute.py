@@ -14,7 +14,7 @@ from autotune import modelshape
 from autotune.costmodel import flops, gemms, kernels
 from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.modelshape import qk_v_head_dims
-from autotune.plan import Framework, ParallelPlan
+from autotune.plan import Framework, ParallelPlan, StoreDtype
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
 __all__ = [
@@ -86,12 +86,21 @@ zero-filled fp32 gradient (write 4), ``log_softmax_backward`` (read 4 + 4, write
 (read 4, write 2): 36 B against the fused path's 10 beyond writing the logits."""
 
 
+EAGER_BF16_LOSS_EXTRA_BYTES = 2
+"""The same eager loss on the bf16 logits (``plan.loss_dtype`` bf16, AutoModel's ``MaskedCrossEntropy(
+fp32_upcast=False)``): ``log_softmax`` (read 2, write 2), the zero-filled gradient (write 2),
+``log_softmax_backward`` (read 2 + 2, write 2): 12 B against the fused path's 10."""
+
+
 def eager_loss_extra_bytes_per_vocab(cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """``EAGER_LOSS_EXTRA_BYTES`` for a torch (fsdp framework) plan without torch.compile on a GPU; 0 for
-    compiled plans, Megatron/DeepSpeed (fused or vocab-parallel fp32 kernels) and the CPU trial device, whose
-    eager operators are priced by their measured host time (``costmodel.hostops``)."""
+    """``EAGER_LOSS_EXTRA_BYTES`` (``EAGER_BF16_LOSS_EXTRA_BYTES`` for a bf16 loss) for a torch (fsdp
+    framework) plan without torch.compile on a GPU; 0 for compiled plans, Megatron/DeepSpeed (fused or
+    vocab-parallel fp32 kernels) and the CPU trial device, whose eager operators are priced by their
+    measured host time (``costmodel.hostops``)."""
     if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
+    if plan.loss_dtype is StoreDtype.BF16:
+        return float(EAGER_BF16_LOSS_EXTRA_BYTES)
     return float(EAGER_LOSS_EXTRA_BYTES)
 
 

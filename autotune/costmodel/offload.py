@@ -10,11 +10,12 @@ from typing import NamedTuple
 
 from autotune.costmodel.dpcomm import gathers_per_microbatch
 from autotune.costmodel.kernels import HBM_EFFICIENCY
-from autotune.plan import Framework, ParallelPlan
+from autotune.plan import Framework, ParallelPlan, StoreDtype
 from autotune.specs import ClusterSpec, GPUSpec
 
 __all__ = [
     "OPTIMIZER_BYTES_PER_PARAM",
+    "gpu_optimizer_bytes_per_param",
     "TORCH_CPU_ADAMW_BYTES_PER_PARAM",
     "HOST_OPTIMIZER_BYTES_PER_S",
     "PCIE_BYTES_PER_S",
@@ -117,6 +118,16 @@ def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
     )
 
 
+def gpu_optimizer_bytes_per_param(plan: ParallelPlan) -> float:
+    """``OPTIMIZER_BYTES_PER_PARAM``, or for a framework fsdp plan that stores its weights in bf16
+    (``plan.weight_dtype``) the same passes over what it stores: read the gradient, weight and both moments,
+    write weight and moments, the grad-norm pass over the gradient (16 B with bf16 moments, 24 with fp32)."""
+    if plan.weight_dtype is StoreDtype.FP32:
+        return float(OPTIMIZER_BYTES_PER_PARAM)
+    moment = 4.0 if plan.moment_dtype is StoreDtype.FP32 else 2.0
+    return 2.0 * 4 + 4 * moment
+
+
 def gpus_sharing_host(cluster: ClusterSpec, plan: ParallelPlan) -> int:
     return min(cluster.gpus_per_node, plan.world_size)
 
@@ -128,7 +139,7 @@ def optimizer_s(cluster: ClusterSpec, plan: ParallelPlan, shard_params: float) -
     CPU AdamW: ``TORCH_CPU_ADAMW_BYTES_PER_PARAM``)."""
     if not plan.offload:
         hbm = cluster.gpu.memory_bandwidth_bytes_per_s * HBM_EFFICIENCY
-        return shard_params * OPTIMIZER_BYTES_PER_PARAM / hbm
+        return shard_params * gpu_optimizer_bytes_per_param(plan) / hbm
     node_params = shard_params * gpus_sharing_host(cluster, plan)
     per_param = (
         TORCH_CPU_ADAMW_BYTES_PER_PARAM if plan.framework is Framework.MEGATRON else OPTIMIZER_BYTES_PER_PARAM

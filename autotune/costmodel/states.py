@@ -20,6 +20,10 @@ framework stores something else, ``state_bytes_per_param`` says so with its sour
   8 B; bf16 copies exist only unsharded (per unit in flight, or the whole stage for fsdp-grad-op, whose
   ``reshard_after_forward=False`` keeps every unit gathered from forward to backward). Sharding ``none``
   is DDP + bf16 autocast: fp32 params, grads and Adam, plus the bf16 weight casts saved for backward.
+  ``plan.weight_dtype`` bf16 (a model built in bf16, as NeMo AutoModel's benchmark recipes build theirs:
+  ``dtype=config.torch_dtype`` in its model classes) stores parameters and FSDP2's sharded gradients in
+  2 B (FSDP2 casts the fp32 reduce-scatter output back to the parameter's dtype); the moments take
+  ``plan.moment_dtype`` (``torch.optim.Adam`` allocates them like the parameter: 2 + 2 B).
 
 Sharding: ZeRO-1 shards the optimizer, ZeRO-2/fsdp-grad-op also gradients, ZeRO-3/fsdp-full/hsdp also
 parameters, over ``plan.shard_degree`` (DP, or the HSDP shard group) times CP (CP ranks hold the same
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.plan import Framework, GradDtype, ParallelPlan, Precision, Sharding
+from autotune.plan import Framework, GradDtype, ParallelPlan, Precision, Sharding, StoreDtype
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -64,6 +68,9 @@ __all__ = [
 DEEPSPEED_SUB_GROUP_ELEMENTS = 1_000_000_000
 """``zero_optimization.sub_group_size`` default (deepspeed/runtime/zero/config.py, 1e9): ZeRO-3 runs the
 optimizer step on this many parameters at a time."""
+
+
+_STORE_BYTES = {StoreDtype.FP32: 4.0, StoreDtype.BF16: 2.0}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,9 +120,15 @@ def state_bytes_per_param(plan: ParallelPlan, numerics: Numerics) -> StateBytesP
             weight=c, unsharded_copy=held, grad=c, grad_fp32_partition=0.0, optimizer=8.0
         )
     if plan.framework is Framework.FSDP:
-        held = c if plan.sharding in (Sharding.FSDP_GRAD_OP, Sharding.NONE) else 0.0
+        weight = _STORE_BYTES[plan.weight_dtype]
+        autocast_copy = plan.sharding is Sharding.NONE and weight > c  # DDP + autocast casts fp32 weights
+        held = c if plan.sharding is Sharding.FSDP_GRAD_OP or autocast_copy else 0.0
         return StateBytesPerParam(
-            weight=4.0, unsharded_copy=held, grad=4.0, grad_fp32_partition=0.0, optimizer=8.0
+            weight=weight,
+            unsharded_copy=held,
+            grad=weight,
+            grad_fp32_partition=0.0,
+            optimizer=2 * _STORE_BYTES[plan.moment_dtype],
         )
     if plan.framework is Framework.MEGATRON:
         return StateBytesPerParam(

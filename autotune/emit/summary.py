@@ -8,7 +8,7 @@ from typing import Any
 from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.emit.fsdp import transformer_layer_cls
 from autotune.emit.torchtitan import torchtitan_flavor
-from autotune.plan import Framework, ParallelPlan, Recompute
+from autotune.plan import Framework, ParallelPlan, Recompute, StoreDtype
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["render_summary"]
@@ -180,6 +180,19 @@ def _deepspeed_notes(plan: ParallelPlan) -> list[str]:
     return notes
 
 
+def _stored_dtype_note(plan: ParallelPlan) -> str:
+    """What a train.py must do for the stored dtypes the plan was priced with (autotune's trainer does it)."""
+    parts = []
+    if plan.weight_dtype is StoreDtype.BF16:
+        moments = "bf16 (torch.optim.AdamW)" if plan.moment_dtype is StoreDtype.BF16 else "fp32"
+        parts.append(f"build the model in bf16 (torch_dtype=torch.bfloat16, no master), moments {moments}")
+    elif plan.moment_dtype is StoreDtype.BF16:
+        parts.append("keep Adam's moments in bf16")
+    if plan.loss_dtype is StoreDtype.BF16:
+        parts.append("take the cross-entropy of the bf16 logits (no .float())")
+    return f"- Priced numerics: {'; '.join(parts)}." if parts else ""
+
+
 def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]:
     notes = [
         f"- Each data-parallel rank takes {plan.micro_batch} sequence(s) of {plan.seq_len} tokens per "
@@ -205,6 +218,9 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
                 f"deepspeed.moe.layer.MoE(hidden_size={model.hidden_size}, expert=..., "
                 f"num_experts={model.num_experts}, ep_size={plan.ep}, k={model.experts_per_token}, " + routing
             )
+    stored = _stored_dtype_note(plan)
+    if stored:
+        notes.append(stored)
     if "accelerate_fsdp.yaml" in written:
         notes.append(
             f"- accelerate: wraps each {transformer_layer_cls(model)}; pass Accelerator("

@@ -41,6 +41,7 @@ from autotune.plan import (
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
     expert_errors,
 )
 from autotune.specs import ModelSpec
@@ -84,6 +85,10 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append("torchtitan trains in bf16 or fp32 (mixed_precision_param has no fp16)")
     if plan.cp > 1 and plan.cp_comm is CpComm.A2A:
         reasons.append("torchtitan rotates K/V for CP (p2p, allgather); it has no Ulysses a2a")
+    if StoreDtype.BF16 in (plan.weight_dtype, plan.moment_dtype):
+        reasons.append("torchtitan keeps fp32 weights and AdamW moments (mixed_precision_param casts them)")
+    if plan.loss_dtype is StoreDtype.BF16:
+        reasons.append("torchtitan's cross-entropy upcasts the logits to fp32 (components/loss.py)")
     return reasons
 
 

@@ -12,6 +12,7 @@ Only torch is imported: this module runs where optuna and deepspeed are not inst
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -22,7 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
-from autotune.plan import ParallelPlan, Precision
+from autotune.errors import TrialError
+from autotune.plan import ParallelPlan, Precision, StoreDtype
 from autotune.trials.config import TrialConfig
 from autotune.trials.model import build_model, init_weights, synthetic_batch
 from autotune.trials.parallelize import (
@@ -35,7 +37,15 @@ from autotune.trials.parallelize import (
     wraps_data_parallel,
 )
 
-__all__ = ["NativeTrainer", "compute_dtype", "dp_rows", "lm_loss", "make_optimizer", "reduce_partial_grads"]
+__all__ = [
+    "NativeTrainer",
+    "compute_dtype",
+    "check_stored_dtypes",
+    "dp_rows",
+    "lm_loss",
+    "make_optimizer",
+    "reduce_partial_grads",
+]
 
 
 def _no_outputs(schedule) -> dict[str, bool]:
@@ -56,9 +66,22 @@ def compute_dtype(plan: ParallelPlan, device: torch.device) -> torch.dtype:
     return torch.float16 if plan.precision is Precision.FP16 else torch.bfloat16
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, computed in fp32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+def check_stored_dtypes(plan: ParallelPlan, device: torch.device, *, workload: bool) -> None:
+    """The plan's bf16 stores (``weight_dtype``, ``adam_dtype``, ``loss_dtype``) run in the built-in model on
+    a GPU; a CPU trial computes in fp32 and a user's workload owns its dtypes, so both are refused, as is
+    fp32 moments beside bf16 weights (``torch.optim.AdamW`` allocates its moments like the parameter)."""
+    if StoreDtype.BF16 not in (plan.weight_dtype, plan.moment_dtype, plan.loss_dtype):
+        return
+    if device.type != "cuda" or workload:
+        where = "your --workload sets its own dtypes" if workload else "CPU trials train in fp32"
+        raise TrialError(f"--weight-dtype / --adam-dtype / --loss-dtype bf16 run on a GPU trial: {where}")
+    if plan.weight_dtype is StoreDtype.BF16 and plan.moment_dtype is StoreDtype.FP32:
+        raise TrialError("--adam-dtype fp32 beside bf16 weights: trial AdamW keeps moments like the weights")
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, upcast: bool = True) -> torch.Tensor:
+    """Mean next-token cross-entropy, in fp32 unless ``upcast`` is off (``plan.loss_dtype`` bf16)."""
+    return F.cross_entropy((logits.float() if upcast else logits).flatten(0, 1), targets.flatten())
 
 
 def dp_rows(plan: ParallelPlan, dp_rank: int) -> slice:
@@ -121,6 +144,10 @@ class NativeTrainer:
     def __init__(self, *, plan: ParallelPlan, config: TrialConfig, device: torch.device) -> None:
         self.plan, self.config, self.device = plan, config, device
         self.dtype = compute_dtype(plan, device)
+        check_stored_dtypes(plan, device, workload=bool(config.workload))
+        self.loss_fn: Callable[..., torch.Tensor] = functools.partial(
+            lm_loss, upcast=plan.loss_dtype is StoreDtype.FP32
+        )
         self.mesh = build_mesh(plan, device.type)
         self.expert_mesh = build_expert_mesh(plan, device.type)
         _, shard = dp_degrees(plan)
@@ -137,6 +164,8 @@ class NativeTrainer:
     def _build(self) -> list[nn.Module]:
         cfg, plan = self.config, self.plan
         model = build_model(cfg.model, device=self.device, seed=cfg.seed if cfg.full_init else None)
+        if plan.weight_dtype is StoreDtype.BF16:  # no fp32 master: FSDP2 shards and steps bf16 parameters
+            model = model.to(torch.bfloat16)
         param_dtype = self.dtype if self.dtype != torch.float32 else None
         kwargs = {
             "plan": plan,
@@ -161,7 +190,7 @@ class NativeTrainer:
                 plan=plan,
                 mesh=self.mesh,
                 device=self.device,
-                loss_fn=lm_loss,
+                loss_fn=self.loss_fn,
             )
             self._stage_ids = [s for s, _ in chunks]
         return modules
@@ -201,7 +230,7 @@ class NativeTrainer:
         n = self.plan.num_microbatches
         total = torch.zeros((), device=self.device)
         for x, y in zip(inputs.chunk(n), targets.chunk(n), strict=True):
-            loss = lm_loss(model(x), y)
+            loss = self.loss_fn(model(x), y)
             (loss / n).backward()
             total += loss.detach()
             if self.microbatch_hook is not None:

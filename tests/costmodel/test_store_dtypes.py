@@ -1,0 +1,113 @@
+"""Stored dtypes of a framework fsdp plan (``weight_dtype``, ``adam_dtype``, ``loss_dtype``): what NeMo
+AutoModel's benchmark recipes run (a bf16 model, ``torch.optim.Adam``, ``MaskedCrossEntropy(fp32_upcast=
+False)``) priced as such, refused where a framework cannot run it, and the same on every searched plan."""
+
+import pytest
+import torch
+
+from autotune.catalog import load_model, make_cluster
+from autotune.cli import main
+from autotune.costmodel import estimate
+from autotune.costmodel.activations import LayerShape, kernels_for, loss_stored_bytes, loss_transient_bytes
+from autotune.costmodel.offload import gpu_optimizer_bytes_per_param
+from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param
+from autotune.emit import torchtitan_unsupported
+from autotune.errors import ConfigError, TrialError
+from autotune.plan import ParallelPlan, StoreDtype
+
+GIB = 1024**3
+
+
+def _plan(**changes) -> ParallelPlan:
+    base = dict(dp=8, micro_batch=2, global_batch=64, seq_len=4096, sharding="fsdp-full", recompute="full")
+    return ParallelPlan(**{**base, **changes})
+
+
+def test_bf16_weights_store_parameters_gradients_and_moments_in_two_bytes():
+    """FSDP2 keeps the sharded gradient in the parameter's dtype and torch.optim.Adam its moments (torch 2.13,
+    gloo: both bf16 for a bf16 model); TE FusedAdam's default fp32 moments are ``adam_dtype`` fp32."""
+    fp32 = state_bytes_per_param(_plan(), MIXED_BF16)
+    bf16 = state_bytes_per_param(_plan(weight_dtype="bf16"), MIXED_BF16)
+    te_adam = state_bytes_per_param(_plan(weight_dtype="bf16", adam_dtype="fp32"), MIXED_BF16)
+    assert (fp32.weight, fp32.grad, fp32.optimizer) == (4.0, 4.0, 8.0)
+    assert (bf16.weight, bf16.grad, bf16.optimizer) == (2.0, 2.0, 4.0)
+    assert (te_adam.weight, te_adam.grad, te_adam.optimizer) == (2.0, 2.0, 8.0)
+    ddp = state_bytes_per_param(_plan(sharding="none", weight_dtype="bf16"), MIXED_BF16)
+    assert ddp.unsharded_copy == 0.0  # no autocast copy of weights that are already bf16
+    assert state_bytes_per_param(_plan(sharding="none"), MIXED_BF16).unsharded_copy == 2.0
+    assert gpu_optimizer_bytes_per_param(_plan(weight_dtype="bf16")) == 16.0
+    assert gpu_optimizer_bytes_per_param(_plan(weight_dtype="bf16", adam_dtype="fp32")) == 24.0
+    assert gpu_optimizer_bytes_per_param(_plan()) == 34.0
+
+
+@pytest.mark.parametrize("loss_dtype", ["fp32", "bf16"])
+def test_the_eager_loss_peak_matches_torchs_memtracker(loss_dtype):
+    """benchmarks/loss_dtype_memory.py measures 12 B per logit with the fp32 upcast, 6 without."""
+    from benchmarks.loss_dtype_memory import measure
+
+    measured = measure(upcast=loss_dtype == "fp32", tokens=256, vocab=4096)["loss"]
+    plan = _plan(loss_dtype=loss_dtype)
+    model = load_model("llama3-8b")
+    x, k = LayerShape.of(model, plan), kernels_for(plan)
+    per_logit = (loss_stored_bytes(x, tp=1, e=2, k=k) + loss_transient_bytes(x, tp=1, e=2, k=k)) / (
+        x.s * x.b * x.vocab
+    )
+    assert per_logit == pytest.approx(measured, rel=0.01)
+
+
+def test_automodels_qwen3_moe_layout_fits_as_it_ran():
+    """NeMo AutoModel's Qwen3-30B-A3B on 8 H100 (EP8, FSDP8, local batch 4 x 4096, full AC; docs/
+    performance-summary.mdx, 12,040 tok/s/GPU) ran on 80 GB with a bf16 model and a bf16 loss; priced with
+    fp32 masters and an fp32 loss it was called out of memory."""
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=8)
+    plan = _plan(ep=8, micro_batch=4, global_batch=512, moe_dispatcher="deepep")
+    assert not estimate(model, cluster, plan).feasible
+    est = estimate(model, cluster, plan.replace(weight_dtype="bf16", loss_dtype="bf16"))
+    assert est.feasible
+    states = est.memory.weights_bytes + est.memory.gradients_bytes + est.memory.optimizer_bytes
+    assert states == pytest.approx(model.total_params * 8 / 8, rel=0.02)  # 2 + 2 + 4 B over 8 ranks
+    assert est.memory_bytes_per_gpu < 60 * GIB
+
+
+def test_frameworks_that_keep_fp32_masters_refuse_bf16_stores():
+    with pytest.raises(ConfigError, match="weight-dtype bf16 needs --framework fsdp"):
+        _plan(framework="megatron", sharding="zero1", weight_dtype="bf16")
+    with pytest.raises(ConfigError, match="loss-dtype bf16 needs --precision bf16 or fp8"):
+        _plan(precision="fp16", loss_dtype="bf16")
+    assert ParallelPlan.from_dict(_plan(adam_dtype="bf16").to_dict()).moment_dtype is StoreDtype.BF16
+    reasons = torchtitan_unsupported(_plan(weight_dtype="bf16", loss_dtype="bf16"))
+    assert any("fp32 weights" in r for r in reasons) and any("upcasts the logits" in r for r in reasons)
+
+
+def test_a_search_puts_the_users_stored_dtypes_on_every_plan():
+    from autotune.ranking import plan_search
+    from autotune.space import load_space
+
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    stored = {"weight_dtype": "bf16", "adam_dtype": None, "loss_dtype": "bf16"}
+    ranking = plan_search(
+        load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, stored=stored
+    )
+    plans = [r.plan for r in ranking.feasible]
+    assert plans and all(p.weight_dtype is StoreDtype.BF16 and p.loss_dtype is StoreDtype.BF16 for p in plans)
+    assert {str(p.framework) for p in plans} == {"fsdp"}
+    assert any(r.startswith("bf16 weights, moments or loss are framework fsdp's") for r in ranking.pruned)
+
+
+def test_trials_run_bf16_stores_on_a_gpu_only(tmp_path, capsys):
+    from autotune.trials.train import check_stored_dtypes, lm_loss
+
+    cpu = torch.device("cpu")
+    with pytest.raises(TrialError, match="CPU trials train in fp32"):
+        check_stored_dtypes(_plan(weight_dtype="bf16"), cpu, workload=False)
+    with pytest.raises(TrialError, match="moments like the weights"):
+        te_adam = _plan(weight_dtype="bf16", adam_dtype="fp32")
+        check_stored_dtypes(te_adam, torch.device("cuda"), workload=False)
+    check_stored_dtypes(_plan(), cpu, workload=False)
+    logits = torch.randn(2, 8, 32, dtype=torch.bfloat16)
+    targets = torch.randint(0, 32, (2, 8))
+    assert lm_loss(logits, targets, upcast=False).dtype == torch.bfloat16
+    assert lm_loss(logits, targets).dtype == torch.float32
+    args = ["search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--backend", "torchrun"]
+    assert main([*args, "--weight-dtype", "bf16", "--out", str(tmp_path)]) == 2
+    assert "cannot run in CPU trials (fp32)" in capsys.readouterr().err
