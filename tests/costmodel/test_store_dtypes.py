@@ -111,3 +111,23 @@ def test_trials_run_bf16_stores_on_a_gpu_only(tmp_path, capsys):
     args = ["search", "--model", "tiny", "--gpus", "2", "--device", "cpu", "--backend", "torchrun"]
     assert main([*args, "--weight-dtype", "bf16", "--out", str(tmp_path)]) == 2
     assert "cannot run in CPU trials (fp32)" in capsys.readouterr().err
+
+
+def test_the_flags_reach_estimate_and_the_emitted_summary(capsys, tmp_path):
+    import json
+
+    args = ["--model", "llama3-8b", "--gpus", "8", "--sharding", "fsdp-full", "--weight-dtype", "bf16"]
+    assert main(["estimate", *args, "--loss-dtype", "bf16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["plan"]["weight_dtype"], out["plan"]["adam_dtype"], out["plan"]["loss_dtype"]) == (
+        "bf16",
+        None,
+        "bf16",
+    )
+    assert main(["estimate", *args, "--framework", "deepspeed"]) == 2
+    assert "weight-dtype bf16 needs --framework fsdp" in capsys.readouterr().err
+    search = ["search", *args, "--backend", "simulate", "--out", str(tmp_path), "--pp", "1", "--tp", "1"]
+    assert main(search) == 0
+    (summary,) = tmp_path.glob("*/best/summary.md")
+    assert "build the model in bf16 (torch_dtype=torch.bfloat16, no master)" in summary.read_text()
+    assert "weights:bf16" in capsys.readouterr().out
