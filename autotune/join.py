@@ -48,7 +48,7 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     from autotune.ranking import rank_plans
     from autotune.scaleout import cluster_from_dict, model_from_dict, open_storage, study_setup
     from autotune.search import make_sampler
-    from autotune.space import PlanContext, SearchSpace, resolve_choices
+    from autotune.space import PlanContext, SearchSpace, resolve_choices, stored_fields
     from autotune.store import StudyDir, default_storage_url
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -84,7 +84,7 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
         seq_len=setup["seq_len"],
         dp=setup["dp"],
         **setup.get("routing", {}),  # studies from before it: dropless and balanced
-        **_stored(setup.get("stored", {})),  # studies from before it: fp32 throughout
+        **stored_fields(setup.get("stored", {})),  # studies from before it: fp32 throughout
     )
     space = study.user_attrs["autotune_identity"]["space"]  # the study's categorical choices, as JSON
     study_space = SearchSpace(knobs={k: tuple(v) for k, v in space.items()}, source=f"study {name}")
@@ -108,10 +108,3 @@ def join_study(name: str, storage: str | None, runs_dir: Path, *, heartbeat_s: i
     return Joined(
         study=study, setup=setup, ranking=ranking, backend=choice.backend, url=url, study_dir=study_dir
     )
-
-
-def _stored(fields: dict[str, str | None]) -> dict[str, Any]:
-    """A study's stored dtypes (``PlanContext.stored``) back from its JSON description."""
-    from autotune.plan import StoreDtype
-
-    return {k: None if v is None else StoreDtype(v) for k, v in fields.items()}

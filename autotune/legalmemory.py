@@ -16,7 +16,6 @@ from autotune.planenums import (
     Framework,
     Recompute,
     Sharding,
-    StoreDtype,
 )
 
 if TYPE_CHECKING:
@@ -38,24 +37,16 @@ def memory_option_errors(plan: ParallelPlan) -> list[str]:
 
 
 def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
-    """bf16 weights, moments or loss (``legalrules.store_dtype_broken``)."""
-    chosen = [
-        flag
-        for flag, value in (
-            ("weight-dtype", plan.weight_dtype),
-            ("adam-dtype", plan.adam_dtype),
-            ("loss-dtype", plan.loss_dtype),
-        )
-        if value is StoreDtype.BF16
-    ]
+    """bf16 weights or moments, a loss kernel other than eager fp32 (``legalrules.store_dtype_broken``)."""
+    chosen = plan.numerics_flags
     broken = store_dtype_broken(plan.framework, plan.precision, bool(chosen))
     if broken == "framework":
         return [
-            f"{chosen[0]} bf16 needs --framework fsdp (Megatron and DeepSpeed keep fp32 master weights and "
-            "moments and run an fp32 cross-entropy)"
+            f"{chosen[0]} needs --framework fsdp (Megatron and DeepSpeed keep fp32 master weights and "
+            "moments and run their own cross-entropy)"
         ]
     if broken == "fp16":
-        return [f"{chosen[0]} bf16 needs --precision bf16 or fp8, not fp16"]
+        return [f"{chosen[0]} needs --precision bf16 or fp8, not fp16"]
     return []
 
 

@@ -222,10 +222,11 @@ def ep_overlap_broken(
     return None
 
 
-def store_dtype_broken(fw: Framework, precision: Precision, bf16_stored: bool) -> str | None:
-    """bf16 weights, moments or loss (``ParallelPlan.weight_dtype`` ...): "framework" unless fsdp (Megatron
-    and DeepSpeed keep fp32 masters and an fp32 cross-entropy), "fp16" beside fp16 compute; else None."""
-    if not bf16_stored:
+def store_dtype_broken(fw: Framework, precision: Precision, custom: bool) -> str | None:
+    """bf16 weights or moments, or a loss kernel other than eager fp32 (``ParallelPlan.numerics_flags``):
+    "framework" unless fsdp (Megatron and DeepSpeed keep fp32 masters and run their own cross-entropy),
+    "fp16" beside fp16 compute; else None."""
+    if not custom:
         return None
     if fw is not Framework.FSDP:
         return "framework"

@@ -31,6 +31,7 @@ from autotune.planenums import (
     Fp8Recipe,
     Framework,
     GradDtype,
+    LossKernel,
     MeshAxis,
     MoeDispatcher,
     Precision,
@@ -53,6 +54,7 @@ __all__ = [
     "MoeDispatcher",
     "GradDtype",
     "StoreDtype",
+    "LossKernel",
     "ParallelPlan",
     "MESH_ORDER",
     "FRAMEWORK_SHARDING",
@@ -157,9 +159,11 @@ class ParallelPlan:
     adam_dtype: StoreDtype | None = None
     """Framework fsdp: Adam's two moments. None: the weights' dtype, as ``torch.optim.Adam(W)`` allocates
     them (``zeros_like(param)``); fp32 with bf16 weights is Transformer Engine's ``FusedAdam`` default."""
-    loss_dtype: StoreDtype = StoreDtype.FP32
-    """Framework fsdp: the cross-entropy's dtype. fp32: the logits upcast first (torchtitan's
-    ``pred.float()``); bf16: on the bf16 logits (AutoModel's ``MaskedCrossEntropy(fp32_upcast=False)``)."""
+    loss_kernel: LossKernel = LossKernel.FP32
+    """Framework fsdp: the cross-entropy the train script runs. fp32: eager on logits upcast first
+    (torchtitan's ``pred.float()``); bf16: eager on the bf16 logits (AutoModel's ``MaskedCrossEntropy(
+    fp32_upcast=False)``); fused: one kernel that keeps the bf16 logits and writes their gradient once
+    (flash-attn's ``CrossEntropyLoss``, llm-foundry's default ``fused_crossentropy``)."""
     moe_capacity_factor: float | None = None
     """MoE token dropping: each expert takes at most ``ceil(c x T x k / E)`` of the ``T x k`` token copies a
     rank routes (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021 Sec. 2.2), the lowest
@@ -206,6 +210,15 @@ class ParallelPlan:
         if self.grad_reduce_dtype is not None:
             return self.grad_reduce_dtype
         return GradDtype.BF16 if self.precision is Precision.FP8 else GradDtype.FP32
+
+    @property
+    def numerics_flags(self) -> list[str]:
+        """The stored dtypes and loss kernel set away from fp32 (``--weight-dtype bf16`` ...), as flags."""
+        fields = (("weight-dtype", self.weight_dtype), ("adam-dtype", self.adam_dtype))
+        flags = [f"--{flag} {value}" for flag, value in fields if value is StoreDtype.BF16]
+        return flags + (
+            [f"--loss-kernel {self.loss_kernel}"] if self.loss_kernel is not LossKernel.FP32 else []
+        )
 
     @property
     def moment_dtype(self) -> StoreDtype:
@@ -278,7 +291,7 @@ _ENUM_FIELDS: dict[str, type[Enum]] = {
     "grad_reduce_dtype": GradDtype,
     "weight_dtype": StoreDtype,
     "adam_dtype": StoreDtype,
-    "loss_dtype": StoreDtype,
+    "loss_kernel": LossKernel,
 }
 _OPTIONAL_ENUMS = {"grad_reduce_dtype", "adam_dtype"}
 _BOOL_FIELDS = {

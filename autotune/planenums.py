@@ -19,6 +19,7 @@ __all__ = [
     "MoeDispatcher",
     "GradDtype",
     "StoreDtype",
+    "LossKernel",
     "MESH_ORDER",
     "FRAMEWORK_SHARDING",
     "FP8_RECIPES",
@@ -120,6 +121,15 @@ class StoreDtype(_StrEnum):
 
     FP32 = "fp32"  # fp32 master weights / moments / logits upcast (torchtitan, the trials)
     BF16 = "bf16"  # stored in bf16 (NeMo AutoModel's benchmark recipes: a bf16 model, torch.optim.Adam)
+
+
+class LossKernel(_StrEnum):
+    """The cross-entropy a framework fsdp plan's train script runs (``costmodel.activations`` prices its
+    memory, ``costmodel.compute`` its traffic): the user's choice, never tuned."""
+
+    FP32 = "fp32"  # eager on fp32-upcast logits (torchtitan, transformers' ForCausalLMLoss)
+    BF16 = "bf16"  # eager on the bf16 logits (NeMo AutoModel's MaskedCrossEntropy(fp32_upcast=False))
+    FUSED = "fused"  # one kernel keeping the bf16 logits (flash-attn's CrossEntropyLoss, llm-foundry)
 
 
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {

@@ -18,7 +18,7 @@ from autotune.batch import default_global_batch
 from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
-from autotune.plan import Framework, ParallelPlan, StoreDtype
+from autotune.plan import Framework, ParallelPlan
 from autotune.rankworkers import judge, judged
 from autotune.space import (
     BATCH_RULE,
@@ -28,6 +28,7 @@ from autotune.space import (
     enumerate_plans,
     layout_dps,
     resolve_choices,
+    stored_fields,
 )
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -131,7 +132,7 @@ def plan_search(
     ``frameworks`` keeps only plans a backend can run; ``cluster_at`` lets "fits nowhere" name a cluster size;
     a plan above ``memory_headroom`` (``autotune/headroom.py``) is not recommended; ``routing`` (the user's
     ``moe_capacity_factor`` / ``moe_load_imbalance``: ``PlanContext.routing``) and ``stored`` (the user's
-    ``weight_dtype`` / ``adam_dtype`` / ``loss_dtype``: ``PlanContext.stored``) are set on every plan;
+    ``weight_dtype`` / ``adam_dtype`` / ``loss_kernel``: ``PlanContext.stored``) are set on every plan;
     ``on_ladder`` hears of each judged ladder of the ranking (``LadderJudged``).
     """
     routing = dict(routing or {})
@@ -142,8 +143,7 @@ def plan_search(
     if frameworks is not None:
         space = _only_frameworks(space, model, cluster, pins, frameworks)
     choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
-    stored = {k: None if v is None else StoreDtype(v) for k, v in (stored or {}).items()}
-    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing, **stored)
+    ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing, **stored_fields(stored or {}))
     ranking = rank_plans(choices, ctx, estimator, on_ladder=on_ladder)
     if ranking.feasible:
         return ranking

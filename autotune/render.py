@@ -128,7 +128,7 @@ def plan_summary(plan: ParallelPlan) -> str:
         parts.append("offload")
     if plan.offload_modules:
         parts.append(f"offload[{'+'.join(plan.offload_modules)}]")
-    stored = [f"{n}:{v}" for n, v in (("weights", plan.weight_dtype), ("loss", plan.loss_dtype))]
+    stored = [f"{n}:{v}" for n, v in (("weights", plan.weight_dtype), ("loss", plan.loss_kernel))]
     stored = [s for s in stored if not s.endswith("fp32")]
     if plan.moment_dtype is not plan.weight_dtype:
         stored.append(f"adam:{plan.moment_dtype}")

@@ -36,6 +36,7 @@ from autotune.plan import (
     CpComm,
     Fp8Recipe,
     Framework,
+    LossKernel,
     MoeDispatcher,
     ParallelPlan,
     Precision,
@@ -68,6 +69,7 @@ __all__ = [
     "Tally",
     "load_space",
     "resolve_choices",
+    "stored_fields",
     "enumerate_plans",
     "layout_dps",
     "suggest_plan",
@@ -132,10 +134,10 @@ class PlanContext:
     """The user's measured routing imbalance (``--moe-load-imbalance``), on every plan: never tuned."""
 
     weight_dtype: StoreDtype = StoreDtype.FP32
-    """The user's stored dtypes (``--weight-dtype``, ``--adam-dtype``, ``--loss-dtype``), on every plan like
+    """The user's stored dtypes (``--weight-dtype``, ``--adam-dtype``, ``--loss-kernel``), on every plan like
     the batch: numerics that change convergence, never tuned."""
     adam_dtype: StoreDtype | None = None
-    loss_dtype: StoreDtype = StoreDtype.FP32
+    loss_kernel: LossKernel = LossKernel.FP32
 
     def routing(self) -> dict[str, Any]:
         """The plan fields of the user's MoE routing, the same on every plan of the search."""
@@ -146,11 +148,20 @@ class PlanContext:
 
     def stored(self) -> dict[str, Any]:
         """The plan fields of the user's stored dtypes, the same on every plan of the search."""
-        return {name: getattr(self, name) for name in ("weight_dtype", "adam_dtype", "loss_dtype")}
+        return {name: getattr(self, name) for name in ("weight_dtype", "adam_dtype", "loss_kernel")}
 
     @property
-    def bf16_stored(self) -> bool:
-        return StoreDtype.BF16 in (self.weight_dtype, self.adam_dtype, self.loss_dtype)
+    def custom_numerics(self) -> bool:
+        """Weights or moments in bf16, or a loss kernel other than eager fp32."""
+        return (
+            StoreDtype.BF16 in (self.weight_dtype, self.adam_dtype) or self.loss_kernel is not LossKernel.FP32
+        )
+
+
+def stored_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The user's stored dtypes and loss kernel as ``PlanContext`` takes them (flags, a study's JSON)."""
+    kinds = {"weight_dtype": StoreDtype, "adam_dtype": StoreDtype, "loss_kernel": LossKernel}
+    return {k: None if v is None else kinds[k](v) for k, v in values.items()}
 
 
 # ---------------------------------------------------------------------------------------------- loading

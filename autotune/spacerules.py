@@ -202,14 +202,14 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "multi-token prediction is priced for Megatron only"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
-    if broken_store := store_dtype_broken(fw, v.precision, ctx.bf16_stored):
+    if broken_store := store_dtype_broken(fw, v.precision, ctx.custom_numerics):
         return _STORE_DTYPE[broken_store]
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 
 
 _STORE_DTYPE = {
-    "framework": "bf16 weights, moments or loss are framework fsdp's (the others keep fp32 masters)",
-    "fp16": "bf16 weights, moments or loss do not go with fp16 compute",
+    "framework": "bf16 weights or moments, or a loss kernel, are framework fsdp's (the others: fp32 masters)",
+    "fp16": "bf16 weights, moments or loss kernel do not go with fp16 compute",
 }
 _DEEPSPEED = {
     "pipeline-zero": "DeepSpeed's pipeline engine rejects ZeRO-2/3",

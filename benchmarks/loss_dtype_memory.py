@@ -2,7 +2,7 @@
 
 torchtitan's loss is ``F.cross_entropy(pred.float(), labels)``; NeMo AutoModel's benchmark recipes set
 ``MaskedCrossEntropy(fp32_upcast=False)``, i.e. ``F.cross_entropy(pred, labels)`` on the bf16 logits
-(``plan.loss_dtype`` bf16). This runs both, forward and backward, under
+(``plan.loss_kernel`` bf16). This runs both, forward and backward, under
 ``torch.distributed._tools.mem_tracker.MemTracker`` and records the peak bytes per logit beyond the incoming
 logits themselves: what autograd keeps (``ACT``) and the backward's temporaries (``TEMP``). The cost model's
 ``activations.loss_stored_bytes`` + ``loss_transient_bytes`` are checked against ``measure()`` by

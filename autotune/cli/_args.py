@@ -15,6 +15,7 @@ from autotune.plan import (
     Fp8Recipe,
     Framework,
     GradDtype,
+    LossKernel,
     MoeDispatcher,
     ParallelPlan,
     Precision,
@@ -239,9 +240,15 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     for flag, default, what in (
         ("--weight-dtype", "fp32", "stored parameters and sharded gradients (bf16: no fp32 master)"),
         ("--adam-dtype", None, "Adam's moments (default: the weights' dtype, as torch.optim.Adam)"),
-        ("--loss-dtype", "fp32", "cross-entropy (bf16: on the bf16 logits, no fp32 upcast)"),
     ):  # yours (they change convergence), never tuned
         g.add_argument(flag, choices=[x.value for x in StoreDtype], default=default, help=f"fsdp: {what}")
+    g.add_argument(
+        "--loss-kernel",
+        choices=[x.value for x in LossKernel],
+        default="fp32",
+        help="fsdp: your cross-entropy: eager on fp32-upcast logits, eager on bf16 logits, or a fused "
+        "kernel that keeps the bf16 logits (flash-attn's CrossEntropyLoss)",
+    )
     if not pinning:
         g.add_argument(
             "--moe-dispatcher",
@@ -343,11 +350,11 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
 
 
 def store_dtypes(args: argparse.Namespace) -> dict[str, Any]:
-    """The plan's stored dtypes the user gave (``--weight-dtype``, ``--adam-dtype``, ``--loss-dtype``)."""
+    """The plan's stored dtypes the user gave (``--weight-dtype``, ``--adam-dtype``, ``--loss-kernel``)."""
     return {
         "weight_dtype": getattr(args, "weight_dtype", None) or "fp32",
         "adam_dtype": getattr(args, "adam_dtype", None),
-        "loss_dtype": getattr(args, "loss_dtype", None) or "fp32",
+        "loss_kernel": getattr(args, "loss_kernel", None) or "fp32",
     }
 
 

@@ -85,13 +85,13 @@ def choose_and_rank(
             "--moe-capacity-factor: the built-in trial MoE routes dropless; plan with --backend simulate, "
             "or run your own model (its own token dropping) with --workload / --script"
         )
-    if getattr(choice.backend, "measures", False) and "bf16" in store_dtypes(args).values():
-        where = "on your --workload (its own dtypes)" if options else "in CPU trials (fp32)"
-        if options or args.device == "cpu":
-            raise ConfigError(
-                f"--weight-dtype / --adam-dtype / --loss-dtype bf16 cannot run {where}; plan with --backend "
-                "simulate, or measure on GPUs with the built-in model"
-            )
+    custom = {k: v for k, v in store_dtypes(args).items() if v not in (None, "fp32")}
+    if getattr(choice.backend, "measures", False) and custom and (options or args.device == "cpu"):
+        where = "on your --workload (its own numerics)" if options else "in CPU trials (fp32)"
+        raise ConfigError(
+            f"--weight-dtype / --adam-dtype / --loss-kernel {'/'.join(custom.values())} cannot run {where}; "
+            "plan with --backend simulate, or measure on GPUs with the built-in model"
+        )
     global_batch = _given_global_batch(args, cluster)
     pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
     ranking = plan_search(
@@ -154,7 +154,7 @@ def open_search_study(
     identity = {**_study_identity(model, cluster, ctx.global_batch, ctx.seq_len), "space": ranking.choices}
     if ctx.moe_capacity_factor is not None or ctx.moe_load_imbalance != 1.0:  # another run: another study
         identity["routing"] = ctx.routing()
-    if ctx.bf16_stored:  # other numerics: another study
+    if ctx.custom_numerics:  # other numerics: another study
         identity["stored"] = {k: None if v is None else str(v) for k, v in ctx.stored().items()}
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from autotune import modelshape
 from autotune.costmodel import moe
-from autotune.plan import Framework, ParallelPlan, Precision, Recompute, StoreDtype
+from autotune.plan import Framework, LossKernel, ParallelPlan, Precision, Recompute
 from autotune.specs import ModelSpec
 
 __all__ = [
@@ -109,10 +109,11 @@ class Kernels:
     ``build_cross_entropy_loss``: ``torch.compile(loss_fn)`` when compile is on, since torchtitan bbb1b616e,
     2025-04-02; ``compile.components`` defaults to model and loss in 0.2.2). Inductor's graph keeps only the
     compute-dtype logits for backward and writes their gradient in one fused kernel
-    (``loss_stored_bytes``, ``loss_transient_bytes``)."""
+    (``loss_stored_bytes``, ``loss_transient_bytes``). So does flash-attn's ``CrossEntropyLoss``
+    (``plan.loss_kernel`` fused): ``save_for_backward(logits, lse, labels)``, then ``empty_like(logits)``."""
     loss_bytes: int = 4
     """Element size of the eager cross-entropy's softmax and gradients: 4 with the logits upcast first (every
-    framework's default), 2 for a bf16 loss (``plan.loss_dtype``)."""
+    framework's default), 2 for a bf16 loss (``plan.loss_kernel``)."""
 
 
 def kernels_for(plan: ParallelPlan) -> Kernels:
@@ -127,8 +128,8 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     return Kernels(
         fused_swiglu=megatron,
         fused_cross_entropy=megatron,
-        compiled_loss=torchtitan_compiled,
-        loss_bytes=2 if plan.loss_dtype is StoreDtype.BF16 else 4,
+        compiled_loss=torchtitan_compiled or plan.loss_kernel is LossKernel.FUSED,
+        loss_bytes=2 if plan.loss_kernel is LossKernel.BF16 else 4,
         gathered_head_input=plan.framework is Framework.FSDP,
         op_sac=plan.framework is Framework.FSDP,
         compiled_sac=plan.framework is Framework.FSDP and plan.compile,

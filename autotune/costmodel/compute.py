@@ -14,7 +14,7 @@ from autotune import modelshape
 from autotune.costmodel import flops, gemms, kernels
 from autotune.costmodel.kernels import HBM_EFFICIENCY
 from autotune.modelshape import qk_v_head_dims
-from autotune.plan import Framework, ParallelPlan, StoreDtype
+from autotune.plan import Framework, LossKernel, ParallelPlan
 from autotune.specs import ClusterSpec, GPUSpec, ModelSpec
 
 __all__ = [
@@ -87,7 +87,7 @@ zero-filled fp32 gradient (write 4), ``log_softmax_backward`` (read 4 + 4, write
 
 
 EAGER_BF16_LOSS_EXTRA_BYTES = 2
-"""The same eager loss on the bf16 logits (``plan.loss_dtype`` bf16, AutoModel's ``MaskedCrossEntropy(
+"""The same eager loss on the bf16 logits (``plan.loss_kernel`` bf16, AutoModel's ``MaskedCrossEntropy(
 fp32_upcast=False)``): ``log_softmax`` (read 2, write 2), the zero-filled gradient (write 2),
 ``log_softmax_backward`` (read 2 + 2, write 2): 12 B against the fused path's 10."""
 
@@ -99,7 +99,9 @@ def eager_loss_extra_bytes_per_vocab(cluster: ClusterSpec, plan: ParallelPlan) -
     measured host time (``costmodel.hostops``)."""
     if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
-    if plan.loss_dtype is StoreDtype.BF16:
+    if plan.loss_kernel is LossKernel.FUSED:  # the fused path LOGITS_BYTES_PER_VOCAB prices
+        return 0.0
+    if plan.loss_kernel is LossKernel.BF16:
         return float(EAGER_BF16_LOSS_EXTRA_BYTES)
     return float(EAGER_LOSS_EXTRA_BYTES)
 

@@ -8,7 +8,7 @@ from typing import Any
 from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.emit.fsdp import transformer_layer_cls
 from autotune.emit.torchtitan import torchtitan_flavor
-from autotune.plan import Framework, ParallelPlan, Recompute, StoreDtype
+from autotune.plan import Framework, LossKernel, ParallelPlan, Recompute, StoreDtype
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["render_summary"]
@@ -188,8 +188,10 @@ def _stored_dtype_note(plan: ParallelPlan) -> str:
         parts.append(f"build the model in bf16 (torch_dtype=torch.bfloat16, no master), moments {moments}")
     elif plan.moment_dtype is StoreDtype.BF16:
         parts.append("keep Adam's moments in bf16")
-    if plan.loss_dtype is StoreDtype.BF16:
+    if plan.loss_kernel is LossKernel.BF16:
         parts.append("take the cross-entropy of the bf16 logits (no .float())")
+    elif plan.loss_kernel is LossKernel.FUSED:
+        parts.append("a fused cross-entropy that keeps the bf16 logits (flash-attn's CrossEntropyLoss)")
     return f"- Priced numerics: {'; '.join(parts)}." if parts else ""
 
 

@@ -35,6 +35,7 @@ from autotune.plan import (
     MOE_DISPATCHERS,
     CpComm,
     Framework,
+    LossKernel,
     MoeDispatcher,
     ParallelPlan,
     Precision,
@@ -87,7 +88,8 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append("torchtitan rotates K/V for CP (p2p, allgather); it has no Ulysses a2a")
     if StoreDtype.BF16 in (plan.weight_dtype, plan.moment_dtype):
         reasons.append("torchtitan keeps fp32 weights and AdamW moments (mixed_precision_param casts them)")
-    if plan.loss_dtype is StoreDtype.BF16:
+    compiled = plan.compile and plan.loss_kernel is LossKernel.FUSED  # torchtitan compiles its loss
+    if plan.loss_kernel is not LossKernel.FP32 and not compiled:
         reasons.append("torchtitan's cross-entropy upcasts the logits to fp32 (components/loss.py)")
     return reasons
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
 from autotune.errors import TrialError
-from autotune.plan import ParallelPlan, Precision, StoreDtype
+from autotune.plan import LossKernel, ParallelPlan, Precision, StoreDtype
 from autotune.trials.config import TrialConfig
 from autotune.trials.model import build_model, init_weights, synthetic_batch
 from autotune.trials.parallelize import (
@@ -67,20 +67,22 @@ def compute_dtype(plan: ParallelPlan, device: torch.device) -> torch.dtype:
 
 
 def check_stored_dtypes(plan: ParallelPlan, device: torch.device, *, workload: bool) -> None:
-    """The plan's bf16 stores (``weight_dtype``, ``adam_dtype``, ``loss_dtype``) run in the built-in model on
+    """The plan's bf16 stores (``weight_dtype``, ``adam_dtype``, ``loss_kernel``) run in the built-in model on
     a GPU; a CPU trial computes in fp32 and a user's workload owns its dtypes, so both are refused, as is
     fp32 moments beside bf16 weights (``torch.optim.AdamW`` allocates its moments like the parameter)."""
-    if StoreDtype.BF16 not in (plan.weight_dtype, plan.moment_dtype, plan.loss_dtype):
+    if not plan.numerics_flags:
         return
+    if plan.loss_kernel is LossKernel.FUSED:
+        raise TrialError("--loss-kernel fused: the trial model runs torch's cross-entropy (fp32 or bf16)")
     if device.type != "cuda" or workload:
         where = "your --workload sets its own dtypes" if workload else "CPU trials train in fp32"
-        raise TrialError(f"--weight-dtype / --adam-dtype / --loss-dtype bf16 run on a GPU trial: {where}")
+        raise TrialError(f"{' '.join(plan.numerics_flags)} run on a GPU trial: {where}")
     if plan.weight_dtype is StoreDtype.BF16 and plan.moment_dtype is StoreDtype.FP32:
         raise TrialError("--adam-dtype fp32 beside bf16 weights: trial AdamW keeps moments like the weights")
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, *, upcast: bool = True) -> torch.Tensor:
-    """Mean next-token cross-entropy, in fp32 unless ``upcast`` is off (``plan.loss_dtype`` bf16)."""
+    """Mean next-token cross-entropy, in fp32 unless ``upcast`` is off (``plan.loss_kernel`` bf16)."""
     return F.cross_entropy((logits.float() if upcast else logits).flatten(0, 1), targets.flatten())
 
 
@@ -146,7 +148,7 @@ class NativeTrainer:
         self.dtype = compute_dtype(plan, device)
         check_stored_dtypes(plan, device, workload=bool(config.workload))
         self.loss_fn: Callable[..., torch.Tensor] = functools.partial(
-            lm_loss, upcast=plan.loss_dtype is StoreDtype.FP32
+            lm_loss, upcast=plan.loss_kernel is LossKernel.FP32
         )
         self.mesh = build_mesh(plan, device.type)
         self.expert_mesh = build_expert_mesh(plan, device.type)

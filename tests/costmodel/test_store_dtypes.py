@@ -1,4 +1,4 @@
-"""Stored dtypes of a framework fsdp plan (``weight_dtype``, ``adam_dtype``, ``loss_dtype``): what NeMo
+"""Stored dtypes of a framework fsdp plan (``weight_dtype``, ``adam_dtype``, ``loss_kernel``): what NeMo
 AutoModel's benchmark recipes run (a bf16 model, ``torch.optim.Adam``, ``MaskedCrossEntropy(fp32_upcast=
 False)``) priced as such, refused where a framework cannot run it, and the same on every searched plan."""
 
@@ -13,7 +13,7 @@ from autotune.costmodel.offload import gpu_optimizer_bytes_per_param
 from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param
 from autotune.emit import torchtitan_unsupported
 from autotune.errors import ConfigError, TrialError
-from autotune.plan import ParallelPlan, StoreDtype
+from autotune.plan import LossKernel, ParallelPlan, StoreDtype
 
 GIB = 1024**3
 
@@ -40,13 +40,13 @@ def test_bf16_weights_store_parameters_gradients_and_moments_in_two_bytes():
     assert gpu_optimizer_bytes_per_param(_plan()) == 34.0
 
 
-@pytest.mark.parametrize("loss_dtype", ["fp32", "bf16"])
-def test_the_eager_loss_peak_matches_torchs_memtracker(loss_dtype):
+@pytest.mark.parametrize("loss_kernel", ["fp32", "bf16"])
+def test_the_eager_loss_peak_matches_torchs_memtracker(loss_kernel):
     """benchmarks/loss_dtype_memory.py measures 12 B per logit with the fp32 upcast, 6 without."""
     from benchmarks.loss_dtype_memory import measure
 
-    measured = measure(upcast=loss_dtype == "fp32", tokens=256, vocab=4096)["loss"]
-    plan = _plan(loss_dtype=loss_dtype)
+    measured = measure(upcast=loss_kernel == "fp32", tokens=256, vocab=4096)["loss"]
+    plan = _plan(loss_kernel=loss_kernel)
     model = load_model("llama3-8b")
     x, k = LayerShape.of(model, plan), kernels_for(plan)
     per_logit = (loss_stored_bytes(x, tp=1, e=2, k=k) + loss_transient_bytes(x, tp=1, e=2, k=k)) / (
@@ -62,7 +62,7 @@ def test_automodels_qwen3_moe_layout_fits_as_it_ran():
     model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=8)
     plan = _plan(ep=8, micro_batch=4, global_batch=512, moe_dispatcher="deepep")
     assert not estimate(model, cluster, plan).feasible
-    est = estimate(model, cluster, plan.replace(weight_dtype="bf16", loss_dtype="bf16"))
+    est = estimate(model, cluster, plan.replace(weight_dtype="bf16", loss_kernel="bf16"))
     assert est.feasible
     states = est.memory.weights_bytes + est.memory.gradients_bytes + est.memory.optimizer_bytes
     assert states == pytest.approx(model.total_params * 8 / 8, rel=0.02)  # 2 + 2 + 4 B over 8 ranks
@@ -70,12 +70,12 @@ def test_automodels_qwen3_moe_layout_fits_as_it_ran():
 
 
 def test_frameworks_that_keep_fp32_masters_refuse_bf16_stores():
-    with pytest.raises(ConfigError, match="weight-dtype bf16 needs --framework fsdp"):
+    with pytest.raises(ConfigError, match="--weight-dtype bf16 needs --framework fsdp"):
         _plan(framework="megatron", sharding="zero1", weight_dtype="bf16")
-    with pytest.raises(ConfigError, match="loss-dtype bf16 needs --precision bf16 or fp8"):
-        _plan(precision="fp16", loss_dtype="bf16")
+    with pytest.raises(ConfigError, match="--loss-kernel bf16 needs --precision bf16 or fp8"):
+        _plan(precision="fp16", loss_kernel="bf16")
     assert ParallelPlan.from_dict(_plan(adam_dtype="bf16").to_dict()).moment_dtype is StoreDtype.BF16
-    reasons = torchtitan_unsupported(_plan(weight_dtype="bf16", loss_dtype="bf16"))
+    reasons = torchtitan_unsupported(_plan(weight_dtype="bf16", loss_kernel="bf16"))
     assert any("fp32 weights" in r for r in reasons) and any("upcasts the logits" in r for r in reasons)
 
 
@@ -84,14 +84,16 @@ def test_a_search_puts_the_users_stored_dtypes_on_every_plan():
     from autotune.space import load_space
 
     model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
-    stored = {"weight_dtype": "bf16", "adam_dtype": None, "loss_dtype": "bf16"}
+    stored = {"weight_dtype": "bf16", "adam_dtype": None, "loss_kernel": "bf16"}
     ranking = plan_search(
         load_space(), model, cluster, pins={"pp": 1}, global_batch=64, seq_len=4096, stored=stored
     )
     plans = [r.plan for r in ranking.feasible]
-    assert plans and all(p.weight_dtype is StoreDtype.BF16 and p.loss_dtype is StoreDtype.BF16 for p in plans)
+    assert plans and all(
+        p.weight_dtype is StoreDtype.BF16 and p.loss_kernel is LossKernel.BF16 for p in plans
+    )
     assert {str(p.framework) for p in plans} == {"fsdp"}
-    assert any(r.startswith("bf16 weights, moments or loss are framework fsdp's") for r in ranking.pruned)
+    assert any(r.startswith("bf16 weights or moments, or a loss kernel") for r in ranking.pruned)
 
 
 def test_trials_run_bf16_stores_on_a_gpu_only(tmp_path, capsys):
@@ -117,9 +119,9 @@ def test_the_flags_reach_estimate_and_the_emitted_summary(capsys, tmp_path):
     import json
 
     args = ["--model", "llama3-8b", "--gpus", "8", "--sharding", "fsdp-full", "--weight-dtype", "bf16"]
-    assert main(["estimate", *args, "--loss-dtype", "bf16", "--json"]) == 0
+    assert main(["estimate", *args, "--loss-kernel", "bf16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["plan"]["weight_dtype"], out["plan"]["adam_dtype"], out["plan"]["loss_dtype"]) == (
+    assert (out["plan"]["weight_dtype"], out["plan"]["adam_dtype"], out["plan"]["loss_kernel"]) == (
         "bf16",
         None,
         "bf16",
@@ -131,3 +133,20 @@ def test_the_flags_reach_estimate_and_the_emitted_summary(capsys, tmp_path):
     (summary,) = tmp_path.glob("*/best/summary.md")
     assert "build the model in bf16 (torch_dtype=torch.bfloat16, no master)" in summary.read_text()
     assert "weights:bf16" in capsys.readouterr().out
+
+
+def test_a_fused_loss_kernel_lets_llm_foundrys_small_models_fit_as_they_ran():
+    """llm-foundry's H100 table (scripts/train/benchmarking/README.md) ran MPT-760M at 24 x 2048 tokens a GPU
+    without recompute under its default ``loss_fn: fused_crossentropy`` (flash-attn's Triton kernel: bf16
+    logits kept, one bf16 gradient); with the eager fp32 loss's 12 B per logit it was called out of memory."""
+    from autotune.catalog import model_from_dict
+
+    shape = {"model_type": "gpt2", "hidden_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 12}
+    model = model_from_dict({**shape, "vocab_size": 50368, "tie_word_embeddings": True}, name="mpt-760m")
+    cluster = make_cluster(num_gpus=8)
+    plan = ParallelPlan(dp=8, micro_batch=24, global_batch=384, seq_len=2048, sharding="fsdp-full")
+    eager, fused = (estimate(model, cluster, plan.replace(loss_kernel=k)) for k in ("fp32", "fused"))
+    logits = 24 * 2048 * 50368
+    assert not eager.feasible and eager.memory.logits_bytes == pytest.approx(12 * logits)
+    assert fused.feasible and fused.memory.logits_bytes == pytest.approx(4 * logits)
+    assert fused.step_time_s < eager.step_time_s  # 26 B per logit of eager fp32 traffic gone

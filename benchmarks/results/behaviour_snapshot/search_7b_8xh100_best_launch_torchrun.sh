@@ -11,6 +11,6 @@ export RUN_DIR="${RUN_DIR:-$HERE}"
 MASTER_ADDR="${MASTER_ADDR:-localhost}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the hostname of the first node (the same on every node)}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-RDZV_ID="${RDZV_ID:-autotune-4ffcede13dc7}"
+RDZV_ID="${RDZV_ID:-autotune-b47ab6243d51}"
 if [ "$#" -gt 0 ]; then ENTRY=("$@"); else ENTRY=(-m autotune.trials.worker --trial-dir "$AUTOTUNE_TRIAL_DIR"); fi
 exec torchrun --nnodes 1 --nproc_per_node 8 --rdzv_backend c10d --max_restarts 0 --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID" "${ENTRY[@]}"

@@ -11,6 +11,6 @@ export RUN_DIR="${RUN_DIR:-$HERE}"
 MASTER_ADDR="${MASTER_ADDR:-localhost}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the hostname of the first node (the same on every node)}"
 MASTER_PORT="${MASTER_PORT:-29500}"
-RDZV_ID="${RDZV_ID:-autotune-a5ff7a435cda}"
+RDZV_ID="${RDZV_ID:-autotune-53320af7d6f9}"
 if [ "$#" -gt 0 ]; then ENTRY=("$@"); else ENTRY=(-m autotune.trials.worker --trial-dir "$AUTOTUNE_TRIAL_DIR"); fi
 exec torchrun --nnodes 1 --nproc_per_node 2 --rdzv_backend c10d --max_restarts 0 --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_id "$RDZV_ID" "${ENTRY[@]}"
