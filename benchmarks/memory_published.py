@@ -193,18 +193,19 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     if entry.get("moe"):
         return _moe_row(entry, measured)
     fw = str(entry.get("framework")).lower()
-    if fw not in ("torchtitan", "megatron"):
+    if fw not in ("torchtitan", "megatron", "llm-foundry"):
         raise ValueError(f"framework {fw} not priced here")
     if entry.get("sharding") not in ("zero1", "fsdp-full", "megatron-fsdp"):
         raise ValueError(f"sharding {entry.get('sharding')} not offered")
     torchtitan = fw == "torchtitan"
+    foundry = fw == "llm-foundry"  # composer FSDP: framework fsdp, its fused cross-entropy
     tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
     # unprinted micro-batch: torchtitan's pipeline splits the local batch into PP-degree micro-batches; a
     # Megatron run takes 1, as modern_runs.py prices its speed
     micro = entry.get("micro_batch") or (int(entry["global_batch"]) // dp // pp if torchtitan else 1)
     recompute = {"op-sac": "selective", None: "none"}.get(entry.get("recompute"), entry.get("recompute"))
     plan: dict[str, Any] = {
-        "framework": "fsdp" if torchtitan else fw,
+        "framework": "fsdp" if torchtitan or foundry else fw,
         "tp": tp,
         "pp": pp,
         "dp": dp,
@@ -238,6 +239,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         # Apex DistributedFusedAdam as NeMo 1.0 builds it: 16-bit master remainders (states.py)
         plan["precision_aware_optimizer"] = True
     knobs = entry.get("knobs") or {}
+    if foundry and knobs.get("fused_cross_entropy"):  # llm-foundry's default loss_fn fused_crossentropy
+        plan["loss_kernel"] = "fused"
     if torchtitan and knobs.get("compile") and any(c in str(entry.get("source")) for c in _COMPILED_LOSS):
         plan["compile"] = True  # its loss compiled too: Kernels.compiled_loss
     gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])

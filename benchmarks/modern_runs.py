@@ -108,11 +108,12 @@ def _cluster(row: dict[str, Any]) -> ClusterSpec:
 def _attention_kernel(row: dict[str, Any]) -> str:
     """The attention kernel the row's software ran (an assumption per software, not per row): Transformer
     Engine before 1.8 (NeMo 24.03) preferred flash-attn 2 on Hopper, later TE cuDNN fused attention; torch
-    SDPA (torchtitan, torch 2.5.1-2.8) dispatches to its FlashAttention-2 backend on Hopper by default."""
+    SDPA (torchtitan, torch 2.5.1-2.8) dispatches to its FlashAttention-2 backend on Hopper by default;
+    llm-foundry's MPT calls flash-attn 2 (``attn_impl: flash``, the ``gpu-flash2`` extra)."""
     text = f"{row.get('source', '')} {row.get('notes', '')}"
     if row.get("attention_kernel"):
         return str(row["attention_kernel"])
-    if row["framework"] in ("torchtitan", "fsdp") or "24.03" in text:
+    if row["framework"] in ("torchtitan", "fsdp", "llm-foundry") or "24.03" in text:
         return "fa2"
     return "cudnn"
 
@@ -130,7 +131,9 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
     tp, pp, cp = int(row.get("tp") or 1), int(row.get("pp") or 1), int(row.get("cp") or 1)
     dp = int(row["num_gpus"]) // (tp * pp * cp)
     vp = int(row.get("vp") or 1)
-    fw = {"torchtitan": "fsdp"}.get(row.get("framework", "megatron"), row.get("framework", "megatron"))
+    fw = {"torchtitan": "fsdp", "llm-foundry": "fsdp"}.get(
+        row.get("framework", "megatron"), row.get("framework", "megatron")
+    )
     sharding = _SHARDING.get(row.get("sharding"), row.get("sharding")) or (
         "zero1" if fw == "megatron" and dp > 1 else "none"
     )
@@ -156,6 +159,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["compile"] = True
     if fw == "fsdp" and cp > 1:  # torchtitan's default context_parallel_rotate_method (config/job_config.py)
         extra["cp_comm"] = "allgather"
+    if fw == "fsdp" and (row.get("knobs") or {}).get("fused_cross_entropy"):  # llm-foundry's default loss_fn
+        extra["loss_kernel"] = "fused"
     if row.get("grad_reduce_dtype") and fw == "megatron":  # the recipe's gradient dtype (data note)
         extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
     if fw == "megatron" and (n := offload_layers(row)):  # Megatron --cpu-offloading-num-layers (activations)
@@ -270,8 +275,10 @@ def _skip_reason(row: dict[str, Any]) -> str:
         return "MoE (priced by issue 23)"
     if not isinstance(row["gpu"], dict) and row["gpu"] not in gpu_names():
         return f"GPU {row['gpu']} not in the catalog"
-    if row.get("framework") not in ("megatron", "torchtitan", "fsdp", None):
+    if row.get("framework") not in ("megatron", "torchtitan", "llm-foundry", "fsdp", None):
         return f"framework {row.get('framework')} not modelled"
+    if row.get("speed_unpriced"):
+        return str(row["speed_unpriced"])
     measured = row.get("measured")
     if isinstance(measured, dict) and not measured.get("tokens_per_s_per_gpu"):
         return "no tokens/s published"
