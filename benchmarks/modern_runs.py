@@ -108,8 +108,7 @@ def _cluster(row: dict[str, Any]) -> ClusterSpec:
 def _attention_kernel(row: dict[str, Any]) -> str:
     """The attention kernel the row's software ran (an assumption per software, not per row): Transformer
     Engine before 1.8 (NeMo 24.03) preferred flash-attn 2 on Hopper, later TE cuDNN fused attention; torch
-    SDPA (torchtitan, torch 2.5.1-2.8) dispatches to its FlashAttention-2 backend on Hopper by default;
-    llm-foundry's MPT calls flash-attn 2 (``attn_impl: flash``, the ``gpu-flash2`` extra)."""
+    SDPA (torchtitan, torch 2.5.1-2.8) runs FlashAttention-2 on Hopper, llm-foundry's MPT flash-attn 2."""
     text = f"{row.get('source', '')} {row.get('notes', '')}"
     if row.get("attention_kernel"):
         return str(row["attention_kernel"])
@@ -131,9 +130,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
     tp, pp, cp = int(row.get("tp") or 1), int(row.get("pp") or 1), int(row.get("cp") or 1)
     dp = int(row["num_gpus"]) // (tp * pp * cp)
     vp = int(row.get("vp") or 1)
-    fw = {"torchtitan": "fsdp", "llm-foundry": "fsdp"}.get(
-        row.get("framework", "megatron"), row.get("framework", "megatron")
-    )
+    fw = str(row.get("framework", "megatron"))
+    fw = "fsdp" if fw in ("torchtitan", "llm-foundry") else fw
     sharding = _SHARDING.get(row.get("sharding"), row.get("sharding")) or (
         "zero1" if fw == "megatron" and dp > 1 else "none"
     )
@@ -145,16 +143,13 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         sharding = "fsdp-grad-op"
     knobs = {k: v for k, v in (row.get("knobs") or {}).items() if v is not None}
     extra: dict[str, Any] = {k: bool(knobs[k]) for k in _KNOB_FIELDS if k in knobs}
-    if fw != "megatron":
-        extra.pop("tp_comm_overlap", None)
-        extra.pop("overlap_grad_reduce", None)
-        extra.pop("overlap_param_gather", None)
-    if fw == "megatron":
-        extra.pop("compile", None)
-        extra.pop("async_tp", None)
-    if tp == 1:
-        extra.pop("tp_comm_overlap", None)
-        extra.pop("async_tp", None)
+    dropped = (
+        ("compile", "async_tp")
+        if fw == "megatron"
+        else ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+    )
+    for k in dropped + (("tp_comm_overlap", "async_tp") if tp == 1 else ()):
+        extra.pop(k, None)
     if extra.get("async_tp"):
         extra["compile"] = True
     if fw == "fsdp" and cp > 1:  # torchtitan's default context_parallel_rotate_method (config/job_config.py)

@@ -237,18 +237,12 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         help="routed tokens of the busiest EP rank over the mean, as you measured your router (>= 1; yours, "
         "never tuned). Default 1: balanced, as framework benchmarks force it",
     )
-    for flag, default, what in (
-        ("--weight-dtype", "fp32", "stored parameters and sharded gradients (bf16: no fp32 master)"),
-        ("--adam-dtype", None, "Adam's moments (default: the weights' dtype, as torch.optim.Adam)"),
-    ):  # yours (they change convergence), never tuned
-        g.add_argument(flag, choices=[x.value for x in StoreDtype], default=default, help=f"fsdp: {what}")
-    g.add_argument(
-        "--loss-kernel",
-        choices=[x.value for x in LossKernel],
-        default="fp32",
-        help="fsdp: your cross-entropy: eager on fp32-upcast logits, eager on bf16 logits, or a fused "
-        "kernel that keeps the bf16 logits (flash-attn's CrossEntropyLoss)",
-    )
+    for flag, kind, default, what in (  # yours (they change convergence), never tuned
+        ("--weight-dtype", StoreDtype, "fp32", "parameters and sharded gradients (bf16: no fp32 master)"),
+        ("--adam-dtype", StoreDtype, None, "Adam's moments (default: the weights', as torch.optim.Adam)"),
+        ("--loss-kernel", LossKernel, "fp32", "cross-entropy: eager on fp32 or bf16 logits, or fused"),
+    ):
+        g.add_argument(flag, choices=[x.value for x in kind], default=default, help=f"fsdp: {what}")
     if not pinning:
         g.add_argument(
             "--moe-dispatcher",
