@@ -38,6 +38,7 @@ from autotune.specs import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import modern_runs, moe_recipes, moe_runs  # noqa: E402
+from benchmarks._fsdp_stacks import row_numerics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 MODERN = ROOT / "data" / "modern_runs.yaml"
@@ -193,12 +194,12 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     if entry.get("moe"):
         return _moe_row(entry, measured)
     fw = str(entry.get("framework")).lower()
-    if fw not in ("torchtitan", "megatron", "llm-foundry"):
+    if fw not in ("torchtitan", "megatron", "llm-foundry", "automodel"):
         raise ValueError(f"framework {fw} not priced here")
     if entry.get("sharding") not in ("zero1", "fsdp-full", "megatron-fsdp"):
         raise ValueError(f"sharding {entry.get('sharding')} not offered")
     torchtitan = fw == "torchtitan"
-    foundry = fw == "llm-foundry"  # composer FSDP: framework fsdp, its fused cross-entropy
+    foundry = fw in ("llm-foundry", "automodel")  # FSDP stacks with their own numerics (modern_runs.numerics)
     tp, pp, dp, cp = (int(entry.get(k) or 1) for k in ("tp", "pp", "dp", "cp"))
     # unprinted micro-batch: torchtitan's pipeline splits the local batch into PP-degree micro-batches; a
     # Megatron run takes 1, as modern_runs.py prices its speed
@@ -239,8 +240,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         # Apex DistributedFusedAdam as NeMo 1.0 builds it: 16-bit master remainders (states.py)
         plan["precision_aware_optimizer"] = True
     knobs = entry.get("knobs") or {}
-    if foundry and knobs.get("fused_cross_entropy"):  # llm-foundry's default loss_fn fused_crossentropy
-        plan["loss_kernel"] = "fused"
+    if foundry:
+        plan.update(row_numerics(entry))
     if torchtitan and knobs.get("compile") and any(c in str(entry.get("source")) for c in _COMPILED_LOSS):
         plan["compile"] = True  # its loss compiled too: Kernels.compiled_loss
     gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])

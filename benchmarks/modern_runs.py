@@ -4,8 +4,8 @@ measured, over ``benchmarks/data/modern_runs.yaml`` (branch ``data``) and ``mode
 Each row becomes (ModelSpec, ClusterSpec, ParallelPlan) from its own fields only; what a source leaves out is
 filled by the row's ``assumed`` text (the framework's published recipe), never by a fitted factor. Rows with a
 ``reason`` are predicted and shown; the reason names the published cause when one is beyond 30 %. MoE rows are
-listed as not predicted (issue 23). Statistics: median |error|, rows beyond 30 %, and Kendall tau between
-predicted and measured inside each group of rows sharing model and cluster.
+listed (moe_runs.py prices them). Statistics: median |error|, rows beyond 30 %, Kendall tau inside each group
+of rows sharing model and cluster.
 
 Usage:  python benchmarks/modern_runs.py [--out benchmarks/results]
 """
@@ -35,6 +35,7 @@ from autotune.usergpu import gpu_from_mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import release_spread  # noqa: E402
+from benchmarks._fsdp_stacks import FSDP_STACKS, row_numerics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 DATA = [ROOT / "data" / "modern_runs.yaml", ROOT / "data" / "modern_runs_speed.yaml"]
@@ -112,7 +113,7 @@ def _attention_kernel(row: dict[str, Any]) -> str:
     text = f"{row.get('source', '')} {row.get('notes', '')}"
     if row.get("attention_kernel"):
         return str(row["attention_kernel"])
-    if row["framework"] in ("torchtitan", "fsdp", "llm-foundry") or "24.03" in text:
+    if row["framework"] in (*FSDP_STACKS, "fsdp") or "24.03" in text:
         return "fa2"
     return "cudnn"
 
@@ -131,7 +132,7 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
     dp = int(row["num_gpus"]) // (tp * pp * cp)
     vp = int(row.get("vp") or 1)
     fw = str(row.get("framework", "megatron"))
-    fw = "fsdp" if fw in ("torchtitan", "llm-foundry") else fw
+    fw = "fsdp" if fw in FSDP_STACKS else fw
     sharding = _SHARDING.get(row.get("sharding"), row.get("sharding")) or (
         "zero1" if fw == "megatron" and dp > 1 else "none"
     )
@@ -154,8 +155,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["compile"] = True
     if fw == "fsdp" and cp > 1:  # torchtitan's default context_parallel_rotate_method (config/job_config.py)
         extra["cp_comm"] = "allgather"
-    if fw == "fsdp" and (row.get("knobs") or {}).get("fused_cross_entropy"):  # llm-foundry's default loss_fn
-        extra["loss_kernel"] = "fused"
+    if fw == "fsdp":  # llm-foundry's fused loss, AutoModel's bf16 model and loss (the row's numerics)
+        extra.update(row_numerics(row))
     if row.get("grad_reduce_dtype") and fw == "megatron":  # the recipe's gradient dtype (data note)
         extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
     if fw == "megatron" and (n := offload_layers(row)):  # Megatron --cpu-offloading-num-layers (activations)
@@ -270,14 +271,12 @@ def _skip_reason(row: dict[str, Any]) -> str:
         return "MoE (priced by issue 23)"
     if not isinstance(row["gpu"], dict) and row["gpu"] not in gpu_names():
         return f"GPU {row['gpu']} not in the catalog"
-    if row.get("framework") not in ("megatron", "torchtitan", "llm-foundry", "fsdp", None):
+    if row.get("framework") not in ("megatron", *FSDP_STACKS, "fsdp", None):
         return f"framework {row.get('framework')} not modelled"
-    if row.get("speed_unpriced"):
-        return str(row["speed_unpriced"])
     measured = row.get("measured")
     if isinstance(measured, dict) and not measured.get("tokens_per_s_per_gpu"):
         return "no tokens/s published"
-    return ""
+    return str(row.get("speed_unpriced") or "")
 
 
 def _tau_or_nan(xs: list[float], ys: list[float]) -> float:

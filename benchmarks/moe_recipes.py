@@ -13,6 +13,7 @@ from typing import Any
 
 from autotune.catalog import model_from_dict
 from autotune.plan import OFFLOAD_MODULES, RECOMPUTE_MODULES, ParallelPlan
+from benchmarks._fsdp_stacks import row_numerics
 from benchmarks.modern_runs import FP8_RECIPES
 
 _RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
@@ -25,6 +26,8 @@ def row_model(row: dict[str, Any]):
 
 def row_plan(row: dict[str, Any]) -> ParallelPlan:
     vp = row.get("vp") or 1
+    if row["framework"] == "automodel":
+        return _fsdp_row_plan(row, vp)
     return ParallelPlan(
         tp=row["tp"],
         pp=row["pp"],
@@ -50,6 +53,29 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         moe_a2a_overlap=a2a_overlap(row),
         offload_modules=offload_modules(row),
         **overlap_knobs(row),
+    )
+
+
+def _fsdp_row_plan(row: dict[str, Any], vp: int) -> ParallelPlan:
+    """An FSDP2 MoE row (NeMo AutoModel): framework fsdp with the row's dispatcher and its stored dtypes and
+    loss kernel (``row["numerics"]``)."""
+    return ParallelPlan(
+        tp=row["tp"],
+        pp=row["pp"],
+        cp=row["cp"],
+        dp=row["dp"],
+        ep=row["ep"],
+        micro_batch=row["micro_batch"],
+        global_batch=row["global_batch"],
+        seq_len=row["seq_len"],
+        sharding=row["sharding"],
+        recompute=_RECOMPUTE[row["recompute"]],
+        precision=row["precision"],
+        schedule="interleaved" if vp > 1 else "1f1b",
+        virtual_stages=vp,
+        framework="fsdp",
+        moe_dispatcher=row.get("dispatcher") or "alltoall",
+        **row_numerics(row),
     )
 
 

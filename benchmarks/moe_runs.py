@@ -83,9 +83,10 @@ def skip_reason(row: dict[str, Any]) -> str | None:
         return f"recompute {row.get('recompute')!r} is not a plan mode"
     if row["sharding"] == "megatron-fsdp":
         return MEGATRON_FSDP_UNSTATED
-    if row["sharding"] not in ("none", "zero1"):
+    fsdp = ("fsdp-full", "fsdp-grad-op") if row["framework"] == "automodel" else ()
+    if row["sharding"] not in ("none", "zero1", *fsdp):
         return f"sharding {row['sharding']} is not a plan sharding"
-    if row["framework"] != "megatron":
+    if row["framework"] not in ("megatron", "automodel"):
         return f"framework {row['framework']}"
     m = row["measured"]
     if not m.get("tokens_per_s_per_gpu") and not m.get("tflops_per_gpu"):
@@ -117,7 +118,7 @@ def predict(row: dict[str, Any]) -> dict[str, Any]:
         metric = "TFLOP/s/GPU -> tokens/s/GPU"
     pred = est.tokens_per_s_per_gpu
     t = est.time.as_dict()
-    flex = "flex" in str(row.get("notes", "")) or "deepep" in row["id"]
+    flex = "flex" in str(row.get("notes", "")) or "deepep" in row["id"] or row.get("dispatcher") == "deepep"
     return {
         "id": row["id"],
         "gpu": row["gpu"],
