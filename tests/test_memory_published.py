@@ -27,3 +27,41 @@ def test_an_unprinted_megatron_micro_batch_is_one():
     rows, _ = memory_published.modern_rows()
     weak = next(r for r in rows if r.name == "mlm-weakscaling-gpt-462b-h100-6144g")
     assert weak.plan["micro_batch"] == 1 and weak.spec is not None
+
+
+def test_fsdp_stacks_are_priced_with_the_numerics_they_ran():
+    """llm-foundry rows take its fused cross-entropy, NeMo AutoModel rows their bf16 model and loss; every one
+    of those layouts fits; priced with torchtitan's fp32 stores and eager fp32 loss 15 would not (12 of
+    llm-foundry's, 3 of AutoModel's)."""
+    import yaml
+
+    from autotune.catalog import make_cluster
+    from autotune.costmodel import estimate
+    from autotune.plan import LossKernel, StoreDtype
+    from benchmarks import modern_runs
+
+    rows, _ = memory_published.modern_rows()
+    results = [memory_published.predict(r) for r in rows if r.name.startswith(("foundry-", "automodel-"))]
+    assert len(results) == 76 and not [r["name"] for r in results if r["called_oom"]]
+    entries = [
+        e
+        for e in yaml.safe_load(memory_published.MODERN.read_text())
+        if e["framework"] in ("llm-foundry", "automodel")
+    ]
+    plans = {}
+    for e in entries:
+        if e.get("moe"):
+            model, plan = moe_recipes.row_model(e), moe_recipes.row_plan(e)
+        else:
+            model = modern_runs.row_model(e)
+            plan = modern_runs._plan(e, model)
+        plans[e["id"]] = (model, make_cluster(num_gpus=e["num_gpus"], gpu=e["gpu"]), plan)
+    assert {p.loss_kernel for _, _, p in plans.values() if p.framework.value == "fsdp"} >= {
+        LossKernel.FUSED,
+        LossKernel.BF16,
+    }
+    qwen = plans["automodel-2510-qwen3-30b-a3b-h100-8g-ep8-fsdp8"][2]
+    assert (qwen.weight_dtype, str(qwen.moe_dispatcher)) == (StoreDtype.BF16, "deepep")
+    fp32 = dict(weight_dtype=StoreDtype.FP32, adam_dtype=None, loss_kernel=LossKernel.FP32)
+    as_torchtitan = sum(not estimate(m, c, p.replace(**fp32)).feasible for m, c, p in plans.values())
+    assert as_torchtitan == 15
