@@ -150,3 +150,21 @@ def test_a_fused_loss_kernel_lets_llm_foundrys_small_models_fit_as_they_ran():
     assert not eager.feasible and eager.memory.logits_bytes == pytest.approx(12 * logits)
     assert fused.feasible and fused.memory.logits_bytes == pytest.approx(4 * logits)
     assert fused.step_time_s < eager.step_time_s  # 26 B per logit of eager fp32 traffic gone
+
+
+def test_a_joining_worker_rebuilds_the_studys_numerics(tmp_path):
+    """A worker that joins a study (``autotune worker``) ranks its plans with the creator's stored dtypes and
+    loss kernel, read back from the study's own description."""
+    from autotune.join import join_study
+
+    runs = tmp_path / "runs"
+    argv = ["search", "--model", "7b", "--gpus", "8", "--global-batch", "64", "--backend", "simulate"]
+    argv += ["--weight-dtype", "bf16", "--loss-kernel", "fused", "--study", "s", "--out", str(runs)]
+    assert main([*argv, "--create-only"]) == 0
+    joined = join_study("s", None, runs, heartbeat_s=None)
+    ctx = joined.ranking.ctx
+    assert (ctx.weight_dtype, ctx.loss_kernel) == (StoreDtype.BF16, LossKernel.FUSED)
+    assert joined.ranking.feasible and all(
+        r.plan.weight_dtype is StoreDtype.BF16 and r.plan.loss_kernel is LossKernel.FUSED
+        for r in joined.ranking.feasible
+    )
