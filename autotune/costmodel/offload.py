@@ -119,13 +119,14 @@ def host_traffic(plan: ParallelPlan, shard_params: float) -> HostTraffic:
 
 
 def gpu_optimizer_bytes_per_param(plan: ParallelPlan) -> float:
-    """``OPTIMIZER_BYTES_PER_PARAM``, or for a framework fsdp plan that stores its weights in bf16
-    (``plan.weight_dtype``) the same passes over what it stores: read the gradient, weight and both moments,
-    write weight and moments, the grad-norm pass over the gradient (16 B with bf16 moments, 24 with fp32)."""
-    if plan.weight_dtype is StoreDtype.FP32:
+    """``OPTIMIZER_BYTES_PER_PARAM``, or for a framework fsdp plan that stores its weights or moments in bf16
+    (``plan.weight_dtype``, ``plan.moment_dtype``) the same passes over what it stores: read the gradient,
+    weight and both moments, write weight and moments, the grad-norm pass over the gradient (16 B all bf16,
+    24 with fp32 moments beside bf16 weights)."""
+    weight, moment = (4.0 if d is StoreDtype.FP32 else 2.0 for d in (plan.weight_dtype, plan.moment_dtype))
+    if weight == moment == 4.0:
         return float(OPTIMIZER_BYTES_PER_PARAM)
-    moment = 4.0 if plan.moment_dtype is StoreDtype.FP32 else 2.0
-    return 2.0 * 4 + 4 * moment
+    return 4 * weight + 4 * moment
 
 
 def gpus_sharing_host(cluster: ClusterSpec, plan: ParallelPlan) -> int:

@@ -38,6 +38,7 @@ def test_bf16_weights_store_parameters_gradients_and_moments_in_two_bytes():
     assert gpu_optimizer_bytes_per_param(_plan(weight_dtype="bf16")) == 16.0
     assert gpu_optimizer_bytes_per_param(_plan(weight_dtype="bf16", adam_dtype="fp32")) == 24.0
     assert gpu_optimizer_bytes_per_param(_plan()) == 34.0
+    assert gpu_optimizer_bytes_per_param(_plan(adam_dtype="bf16")) == 24.0
 
 
 @pytest.mark.parametrize("loss_kernel", ["fp32", "bf16"])
