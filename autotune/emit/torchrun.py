@@ -14,13 +14,28 @@ import json
 import shlex
 
 from autotune.emit.command import WORKER_MODULE, torchrun_command, worker_entry
-from autotune.plan import ParallelPlan
+from autotune.plan import LossKernel, ParallelPlan
 from autotune.specs import ClusterSpec
 
-__all__ = ["WORKER_MODULE", "TRIAL_DIR", "rdzv_id", "torchrun_args", "worker_args", "torchrun_args_text"]
+__all__ = [
+    "WORKER_MODULE",
+    "TRIAL_DIR",
+    "rdzv_id",
+    "torchrun_args",
+    "trainer_unsupported",
+    "worker_args",
+    "torchrun_args_text",
+]
 
 TRIAL_DIR = "trial"
 """The worker's directory inside the emitted folder."""
+
+
+def trainer_unsupported(plan: ParallelPlan) -> list[str]:
+    """Why autotune's trainer cannot run ``plan`` as priced; [] when it can (the rest it refuses at start)."""
+    if plan.loss_kernel is LossKernel.FUSED:
+        return ["autotune's trainer runs torch's cross-entropy (fp32 or bf16 logits), not a fused kernel"]
+    return []
 
 
 def rdzv_id(plan: ParallelPlan, cluster: ClusterSpec) -> str:

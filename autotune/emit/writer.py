@@ -26,7 +26,7 @@ from autotune.emit.fsdp import accelerate_unsupported, to_accelerate_config
 from autotune.emit.megatron import megatron_args_text, megatron_unsupported
 from autotune.emit.planfile import plan_document
 from autotune.emit.summary import render_summary
-from autotune.emit.torchrun import torchrun_args_text
+from autotune.emit.torchrun import torchrun_args_text, trainer_unsupported
 from autotune.emit.torchtitan import dumps_toml, to_torchtitan_config, torchtitan_unsupported
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
@@ -75,9 +75,9 @@ def _contract_configs(plan: ParallelPlan) -> dict[str, str]:
 
 def _pod_files(plan: ParallelPlan) -> list[str]:
     """What the PyTorchJob's ConfigMap holds: the contract, the worker's plan and model, the configs."""
+    trial = [] if trainer_unsupported(plan) else ["trial/plan.json", "trial/trial.json"]
     return [
-        "trial/plan.json",
-        "trial/trial.json",
+        *trial,
         launchers.CONTRACT_ENV_FILE,
         *_contract_configs(plan).values(),
     ]
@@ -94,11 +94,13 @@ _ARTEFACTS = (
         name="trial/plan.json",
         what="the plan alone, as autotune's trial worker reads it",
         render=lambda c: _json(c.plan.to_dict()),
+        unsupported=trainer_unsupported,
     ),
     _Artefact(
         name="trial/trial.json",
         what="the model, for autotune's trial worker (`--trial-dir trial`)",
         render=lambda c: _json({"model": dataclasses.asdict(c.model)}),
+        unsupported=trainer_unsupported,
     ),
     _Artefact(
         name="ds_config.json",
@@ -119,6 +121,7 @@ _ARTEFACTS = (
         name="torchrun_args.txt",
         what="torchrun flags and autotune's trainer entry point (add `--rdzv_endpoint HOST:PORT`)",
         render=lambda c: torchrun_args_text(c.plan, c.cluster),
+        unsupported=trainer_unsupported,
     ),
     _Artefact(
         name="torchtitan.toml",

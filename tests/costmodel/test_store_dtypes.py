@@ -169,3 +169,15 @@ def test_a_joining_worker_rebuilds_the_studys_numerics(tmp_path):
         r.plan.weight_dtype is StoreDtype.BF16 and r.plan.loss_kernel is LossKernel.FUSED
         for r in joined.ranking.feasible
     )
+
+
+def test_a_fused_loss_plan_leaves_autotunes_trainer_out_of_what_is_emitted(tmp_path):
+    from autotune.emit import emit_all
+
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    emit_all(_plan(loss_kernel="fused"), model, cluster, None, tmp_path)
+    assert not (tmp_path / "torchrun_args.txt").exists() and not (tmp_path / "trial").exists()
+    assert "trial/plan.json" not in (tmp_path / "pytorchjob.yaml").read_text()
+    assert "not a fused kernel" in (tmp_path / "summary.md").read_text()
+    emit_all(_plan(loss_kernel="bf16"), model, cluster, None, tmp_path / "bf16")
+    assert (tmp_path / "bf16" / "trial" / "plan.json").exists()
