@@ -7,8 +7,9 @@ from typing import Any
 
 from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.emit.fsdp import transformer_layer_cls
+from autotune.emit.summarynotes import deepspeed_notes, stored_dtype_note
 from autotune.emit.torchtitan import torchtitan_flavor
-from autotune.plan import Framework, LossKernel, ParallelPlan, Recompute, StoreDtype
+from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["render_summary"]
@@ -17,7 +18,7 @@ _GIB = 1024**3
 _PRIMARY = {
     Framework.FSDP: (
         "launch_torchrun.sh",
-        "launch_torchrun.sh (autotune's trainer), torchtitan.toml or accelerate_fsdp.yaml",
+        "launch_torchrun.sh ({}), torchtitan.toml, accelerate_fsdp.yaml",
     ),
     Framework.DEEPSPEED: ("ds_config.json", "ds_config.json with launch_deepspeed.sh"),
     Framework.MEGATRON: ("megatron_args.txt", "megatron_args.txt"),
@@ -46,7 +47,10 @@ _LAUNCHERS = {
 
 def _priced_for(plan: ParallelPlan, written: set[str]) -> str:
     needed, start = _PRIMARY[plan.framework]
-    if needed in written:
+    if needed in written:  # the options that were written, in order
+        start = start.format("autotune's trainer" if "torchrun_args.txt" in written else "your train.py")
+        kept = [f for f in start.split(", ") if f.split(" ")[0] in written]
+        start = " or ".join([", ".join(kept[:-1]), kept[-1]] if len(kept) > 1 else kept)
         return f"Priced for **{plan.framework}**: start with {start}."
     return (
         f"**Priced for {plan.framework}, but {plan.framework} cannot run this plan** (see Not emitted): "
@@ -138,63 +142,6 @@ def _estimate_lines(est: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _deepspeed_notes(plan: ParallelPlan) -> list[str]:
-    notes: list[str] = []
-    if plan.recompute is not Recompute.NONE:
-        what = "the attention core" if plan.recompute is Recompute.SELECTIVE else "each block"
-        notes.append(
-            "- DeepSpeed: activation_checkpointing configures deepspeed.checkpointing; the model "
-            f"code decides what to recompute ({plan.recompute}: {what})."
-        )
-    if plan.offload:
-        notes.append(
-            "- DeepSpeed offload: create the optimizer as deepspeed.ops.adam.DeepSpeedCPUAdam "
-            "(DeepSpeed insists by default; the step-time estimate assumes its speed)."
-        )
-    if plan.pp > 1:
-        notes.append(
-            f"- DeepSpeed pipeline: build the model as deepspeed.pipe.PipelineModule(num_stages="
-            f"{plan.pp}, partition_method='uniform') and train with engine.train_batch() (the stage "
-            "count and partition are PipelineModule arguments; ds_config cannot set them)."
-        )
-    if plan.tp > 1:
-        notes.append(
-            f"- DeepSpeed AutoTP: after deepspeed.init_distributed() call deepspeed.utils.groups."
-            "_init_tp_mesh_device("
-            f"tensor_model_parallel_size={plan.tp}) and pass mpu=deepspeed.utils.groups to "
-            "deepspeed.initialize; without an mpu DeepSpeed counts the TP ranks as data parallel, "
-            "rejects train_batch_size and (left out) reports TP times the global batch."
-        )
-    if plan.cp > 1:
-        notes.append(
-            "- DeepSpeed-Ulysses (sequence_parallel_size "
-            f"{plan.cp}): after deepspeed.init_distributed() call deepspeed.runtime.sequence_parallel."
-            f"parallel_state_sp.initialize_sequence_parallel({plan.cp}) and pass that module as mpu to "
-            "deepspeed.initialize (ZeRO then shards over DP x CP); wrap each layer's attention in "
-            "deepspeed.sequence.layer.DistributedAttention(local_attention, parallel_state_sp."
-            "get_sequence_parallel_group()), and give each rank its 1/"
-            f"{plan.cp} of every sequence (consecutive ranks hold consecutive slices; rotary / position "
-            "ids of the full sequence). Hugging Face models: deepspeed.runtime.sequence_parallel.ulysses_sp."
-            "UlyssesSPAttentionHF.register_with_transformers does the wrapping."
-        )
-    return notes
-
-
-def _stored_dtype_note(plan: ParallelPlan) -> str:
-    """What a train.py must do for the stored dtypes the plan was priced with (autotune's trainer does it)."""
-    parts = []
-    if plan.weight_dtype is StoreDtype.BF16:
-        moments = "bf16 (torch.optim.AdamW)" if plan.moment_dtype is StoreDtype.BF16 else "fp32"
-        parts.append(f"build the model in bf16 (torch_dtype=torch.bfloat16, no master), moments {moments}")
-    elif plan.moment_dtype is StoreDtype.BF16:
-        parts.append("keep Adam's moments in bf16")
-    if plan.loss_kernel is LossKernel.BF16:
-        parts.append("take the cross-entropy of the bf16 logits (no .float())")
-    elif plan.loss_kernel is LossKernel.FUSED:
-        parts.append("a fused cross-entropy that keeps the bf16 logits (flash-attn's CrossEntropyLoss)")
-    return f"- Priced numerics: {'; '.join(parts)}." if parts else ""
-
-
 def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]:
     notes = [
         f"- Each data-parallel rank takes {plan.micro_batch} sequence(s) of {plan.seq_len} tokens per "
@@ -207,7 +154,7 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
             "moves with it."
         )
     if "ds_config.json" in written:
-        notes += _deepspeed_notes(plan)
+        notes += deepspeed_notes(plan)
         if model.is_moe:  # deepspeed/moe/layer.py: MoE(..., ep_size, k, capacity_factor, drop_tokens=True)
             c = plan.moe_capacity_factor
             routing = (
@@ -220,7 +167,7 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
                 f"deepspeed.moe.layer.MoE(hidden_size={model.hidden_size}, expert=..., "
                 f"num_experts={model.num_experts}, ep_size={plan.ep}, k={model.experts_per_token}, " + routing
             )
-    stored = _stored_dtype_note(plan)
+    stored = stored_dtype_note(plan)
     if stored:
         notes.append(stored)
     if "accelerate_fsdp.yaml" in written:
