@@ -14,6 +14,7 @@ from autotune.planenums import (
     OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
     Framework,
+    LossKernel,
     Recompute,
     Sharding,
 )
@@ -47,6 +48,8 @@ def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
         ]
     if broken == "fp16":
         return [f"{chosen[0]} needs --precision bf16 or fp8, not fp16"]
+    if plan.loss_kernel is LossKernel.CHUNKED and plan.tp > 1:  # Liger's kernel takes the whole vocabulary
+        return ["--loss-kernel chunked needs --tp 1 (Liger's linear cross-entropy is not vocab-parallel)"]
     return []
 
 

@@ -163,7 +163,8 @@ class ParallelPlan:
     """Framework fsdp: the cross-entropy the train script runs. fp32: eager on logits upcast first
     (torchtitan's ``pred.float()``); bf16: eager on the bf16 logits (AutoModel's ``MaskedCrossEntropy(
     fp32_upcast=False)``); fused: one kernel that keeps the bf16 logits and writes their gradient once
-    (flash-attn's ``CrossEntropyLoss``, llm-foundry's default ``fused_crossentropy``)."""
+    (flash-attn's ``CrossEntropyLoss``, llm-foundry's default ``fused_crossentropy``); chunked: the head and
+    loss by token chunks, no logits kept (Liger's ``LigerFusedLinearCrossEntropyLoss``; TP 1)."""
     moe_capacity_factor: float | None = None
     """MoE token dropping: each expert takes at most ``ceil(c x T x k / E)`` of the ``T x k`` token copies a
     rank routes (GShard, Lepikhin et al. 2020; Switch Transformer, Fedus et al. 2021 Sec. 2.2), the lowest

@@ -130,6 +130,7 @@ class LossKernel(_StrEnum):
     FP32 = "fp32"  # eager on fp32-upcast logits (torchtitan, transformers' ForCausalLMLoss)
     BF16 = "bf16"  # eager on the bf16 logits (NeMo AutoModel's MaskedCrossEntropy(fp32_upcast=False))
     FUSED = "fused"  # one kernel keeping the bf16 logits (flash-attn's CrossEntropyLoss, llm-foundry)
+    CHUNKED = "chunked"  # head GEMM + loss by token chunks, logits never whole (Liger's fused linear CE)
 
 
 FRAMEWORK_SHARDING: dict[Framework, frozenset[Sharding]] = {

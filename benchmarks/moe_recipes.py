@@ -25,26 +25,26 @@ def row_model(row: dict[str, Any]):
 
 
 def row_plan(row: dict[str, Any]) -> ParallelPlan:
+    """The row's layout as a plan: Megatron's recipe (dispatcher, recompute modules, token drop, EP overlap,
+    offload, overlap knobs), or for an FSDP2 row (NeMo AutoModel) framework fsdp with its dispatcher and its
+    stored dtypes and loss kernel (``row["numerics"]``)."""
     vp = row.get("vp") or 1
-    if row["framework"] == "automodel":
-        return _fsdp_row_plan(row, vp)
-    return ParallelPlan(
-        tp=row["tp"],
-        pp=row["pp"],
-        cp=row["cp"],
-        dp=row["dp"],
-        ep=row["ep"],
-        etp=row.get("etp") or 1,
-        micro_batch=row["micro_batch"],
-        global_batch=row["global_batch"],
-        seq_len=row["seq_len"],
+    layout = {k: row[k] for k in ("tp", "pp", "cp", "dp", "ep", "micro_batch", "global_batch", "seq_len")}
+    layout.update(
         sharding=row["sharding"],
         recompute=_RECOMPUTE[row["recompute"]],
         precision=row["precision"],
-        fp8_recipe=FP8_RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe")),
-        sequence_parallel=row["tp"] > 1,
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
+    )
+    if row["framework"] == "automodel":
+        dispatch = row.get("dispatcher") or "alltoall"
+        return ParallelPlan(**layout, framework="fsdp", moe_dispatcher=dispatch, **row_numerics(row))
+    return ParallelPlan(
+        **layout,
+        etp=row.get("etp") or 1,
+        fp8_recipe=FP8_RECIPES.get(row.get("fp8_recipe"), row.get("fp8_recipe")),
+        sequence_parallel=row["tp"] > 1,
         framework="megatron",
         moe_dispatcher=dispatcher(row),
         recompute_modules=recompute_modules(row),
@@ -53,29 +53,6 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         moe_a2a_overlap=a2a_overlap(row),
         offload_modules=offload_modules(row),
         **overlap_knobs(row),
-    )
-
-
-def _fsdp_row_plan(row: dict[str, Any], vp: int) -> ParallelPlan:
-    """An FSDP2 MoE row (NeMo AutoModel): framework fsdp with the row's dispatcher and its stored dtypes and
-    loss kernel (``row["numerics"]``)."""
-    return ParallelPlan(
-        tp=row["tp"],
-        pp=row["pp"],
-        cp=row["cp"],
-        dp=row["dp"],
-        ep=row["ep"],
-        micro_batch=row["micro_batch"],
-        global_batch=row["global_batch"],
-        seq_len=row["seq_len"],
-        sharding=row["sharding"],
-        recompute=_RECOMPUTE[row["recompute"]],
-        precision=row["precision"],
-        schedule="interleaved" if vp > 1 else "1f1b",
-        virtual_stages=vp,
-        framework="fsdp",
-        moe_dispatcher=row.get("dispatcher") or "alltoall",
-        **row_numerics(row),
     )
 
 

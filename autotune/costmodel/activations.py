@@ -54,8 +54,6 @@ __all__ = [
     "host_activation_bytes",
     "backward_working_bytes",
     "head_activation_bytes",
-    "loss_stored_bytes",
-    "loss_transient_bytes",
 ]
 
 FLASH_ATTENTION = True
@@ -111,6 +109,9 @@ class Kernels:
     compute-dtype logits for backward and writes their gradient in one fused kernel
     (``loss_stored_bytes``, ``loss_transient_bytes``). So does flash-attn's ``CrossEntropyLoss``
     (``plan.loss_kernel`` fused): ``save_for_backward(logits, lse, labels)``, then ``empty_like(logits)``."""
+    chunked_loss: bool = False
+    """Liger's ``LigerFusedLinearCrossEntropyLoss`` (``plan.loss_kernel`` chunked): the head GEMM and the loss
+    by token chunks, both gradients made in forward (``costmodel.lossmemory``)."""
     loss_bytes: int = 4
     """Element size of the eager cross-entropy's softmax and gradients: 4 with the logits upcast first (every
     framework's default), 2 for a bf16 loss (``plan.loss_kernel``)."""
@@ -129,6 +130,7 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
         fused_swiglu=megatron,
         fused_cross_entropy=megatron,
         compiled_loss=torchtitan_compiled or plan.loss_kernel is LossKernel.FUSED,
+        chunked_loss=plan.loss_kernel is LossKernel.CHUNKED,
         loss_bytes=2 if plan.loss_kernel is LossKernel.BF16 else 4,
         gathered_head_input=plan.framework is Framework.FSDP,
         op_sac=plan.framework is Framework.FSDP,
@@ -364,35 +366,3 @@ def head_activation_bytes(
         head_input_div = 1 if k.gathered_head_input else side_div
         stored += sbh * e * ((1 + (0 if k.fused_norm else 1)) / side_div + 1 / head_input_div)
     return stored
-
-
-def loss_stored_bytes(x: LayerShape, *, tp: int, e: int = 2, k: Kernels | None = None) -> float:
-    """Kept for the loss's backward per micro-batch on the last stage (Korthikanti Sec. 4.3: the
-    cross-entropy works on fp32 logits): the fp32 (log-)softmax, 4 B per logit, vocab split by ``t``. The
-    logits themselves are saved by no op (the cast to fp32 and the log-softmax keep only outputs). A
-    compiled loss (``Kernels.compiled_loss``) keeps the ``e``-byte logits instead, recomputing the softmax
-    in backward: measured with ``saved_tensors_hooks`` (benchmarks/compiled_loss_saved.py: eager keeps one
-    fp32 logit-sized tensor, 4 B per logit; compiled the bf16 input, 2 B). A bf16 loss keeps its bf16
-    log-softmax (``Kernels.loss_bytes``)."""
-    if k is None:
-        return x.s * x.b * x.vocab / tp * 4.0
-    per_logit = float(e) if k.compiled_loss else float(k.loss_bytes)
-    return x.s * x.b * x.vocab / tp * per_logit
-
-
-def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float:
-    """Loss buffers that come and go around the stored softmax. Eager ``F.cross_entropy`` holds the fp32
-    gradients of the log-softmax output and of its input at once in backward (8 B per logit; the CPU
-    cross-check's peak), more than the forward's ``e``-byte logits + fp32 copy. Megatron's fused
-    vocab-parallel cross-entropy writes its gradient in place: only the logits (``e``) while the fp32
-    buffer is made; so does a compiled loss (its backward allocates one ``e``-byte logit-sized buffer, the
-    generated code in benchmarks/compiled_loss_saved.py). torch's ``loss_parallel``
-    (torch/distributed/tensor/parallel/loss.py ``_nll_loss_and_log_softmax_backward``) holds, beside the
-    saved log-softmax, ``zeros_like(x)``, ``exp(x)`` and their sum, then the product with the incoming
-    gradient: 12 B per logit. A bf16 loss (``Kernels.loss_bytes`` 2) holds the same buffers in bf16."""
-    b = k.loss_bytes
-    if k.fused_cross_entropy or k.compiled_loss:  # compiled: the one e-byte gradient buffer Inductor writes
-        per_logit = float(e)
-    else:
-        per_logit = 3.0 * b if k.loss_parallel else max(2.0 * b, e + b)
-    return x.s * x.b * x.vocab / tp * per_logit

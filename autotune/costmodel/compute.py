@@ -99,7 +99,7 @@ def eager_loss_extra_bytes_per_vocab(cluster: ClusterSpec, plan: ParallelPlan) -
     measured host time (``costmodel.hostops``)."""
     if plan.framework is not Framework.FSDP or plan.compile or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
-    if plan.loss_kernel is LossKernel.FUSED:  # the fused path LOGITS_BYTES_PER_VOCAB prices
+    if plan.loss_kernel in (LossKernel.FUSED, LossKernel.CHUNKED):  # LOGITS_BYTES_PER_VOCAB's fused path
         return 0.0
     if plan.loss_kernel is LossKernel.BF16:
         return float(EAGER_BF16_LOSS_EXTRA_BYTES)

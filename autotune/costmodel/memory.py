@@ -46,14 +46,13 @@ from autotune.costmodel.activations import (
     head_activation_bytes,
     host_activation_bytes,
     kernels_for,
-    loss_stored_bytes,
-    loss_transient_bytes,
     stage_activation_bytes,
 )
 from autotune.costmodel.cpbuffers import cp_attention_bytes
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
 from autotune.costmodel.dpbuffers import comm_bucket_bytes, end_backward_bytes, gathered_bytes
 from autotune.costmodel.inflight import in_flight_microbatches, in_flight_of, microbatches_at_loss
+from autotune.costmodel.lossmemory import loss_stored_bytes, loss_transient_bytes
 from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.pipebuffers import (
     keeps_stage_buffers,

@@ -66,4 +66,5 @@ def stored_dtype_note(plan: ParallelPlan) -> str:
 _LOSS_NOTE = {
     LossKernel.BF16: "take the cross-entropy of the bf16 logits (no .float())",
     LossKernel.FUSED: "a fused cross-entropy that keeps the bf16 logits (flash-attn's CrossEntropyLoss)",
+    LossKernel.CHUNKED: "the head and loss in chunks (Liger's LigerFusedLinearCrossEntropyLoss)",
 }

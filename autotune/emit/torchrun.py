@@ -33,7 +33,7 @@ TRIAL_DIR = "trial"
 
 def trainer_unsupported(plan: ParallelPlan) -> list[str]:
     """Why autotune's trainer cannot run ``plan`` as priced; [] when it can (the rest it refuses at start)."""
-    if plan.loss_kernel is LossKernel.FUSED:
+    if plan.loss_kernel in (LossKernel.FUSED, LossKernel.CHUNKED):
         return ["autotune's trainer runs torch's cross-entropy (fp32 or bf16 logits), not a fused kernel"]
     return []
 

@@ -72,8 +72,8 @@ def check_stored_dtypes(plan: ParallelPlan, device: torch.device, *, workload: b
     fp32 moments beside bf16 weights (``torch.optim.AdamW`` allocates its moments like the parameter)."""
     if not plan.numerics_flags:
         return
-    if plan.loss_kernel is LossKernel.FUSED:
-        raise TrialError("--loss-kernel fused: the trial model runs torch's cross-entropy (fp32 or bf16)")
+    if plan.loss_kernel in (LossKernel.FUSED, LossKernel.CHUNKED):
+        raise TrialError(f"--loss-kernel {plan.loss_kernel}: the trial model runs torch's cross-entropy")
     if device.type != "cuda" or workload:
         where = "your --workload sets its own dtypes" if workload else "CPU trials train in fp32"
         raise TrialError(f"{' '.join(plan.numerics_flags)} run on a GPU trial: {where}")

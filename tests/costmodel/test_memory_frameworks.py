@@ -13,10 +13,10 @@ from autotune.costmodel.activations import (
     LayerShape,
     kernels_for,
     layer_activation_bytes,
-    loss_transient_bytes,
     op_sac_bytes,
 )
 from autotune.costmodel.estimate import estimate
+from autotune.costmodel.lossmemory import loss_transient_bytes
 from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
 from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param
 from autotune.plan import ParallelPlan, Recompute

@@ -9,9 +9,8 @@ from autotune.costmodel.activations import (
     LayerShape,
     kernels_for,
     layer_activation_bytes,
-    loss_stored_bytes,
-    loss_transient_bytes,
 )
+from autotune.costmodel.lossmemory import loss_stored_bytes, loss_transient_bytes
 from autotune.costmodel.memory import memory_breakdown
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
 from autotune.emit import megatron_args

@@ -8,7 +8,8 @@ import torch
 from autotune.catalog import load_model, make_cluster
 from autotune.cli import main
 from autotune.costmodel import estimate
-from autotune.costmodel.activations import LayerShape, kernels_for, loss_stored_bytes, loss_transient_bytes
+from autotune.costmodel.activations import LayerShape, kernels_for
+from autotune.costmodel.lossmemory import loss_stored_bytes, loss_transient_bytes
 from autotune.costmodel.offload import gpu_optimizer_bytes_per_param
 from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param
 from autotune.emit import torchtitan_unsupported
@@ -182,3 +183,21 @@ def test_a_fused_loss_plan_leaves_autotunes_trainer_out_of_what_is_emitted(tmp_p
     assert "not a fused kernel" in summary and "launch_torchrun.sh (your train.py) or accelerate" in summary
     emit_all(_plan(loss_kernel="bf16"), model, cluster, None, tmp_path / "bf16")
     assert (tmp_path / "bf16" / "trial" / "plan.json").exists()
+
+
+def test_a_chunked_linear_cross_entropy_keeps_no_logits():
+    """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py): chunks of
+    ``next_power_of_2(cdiv(BT, cdiv(V, H)))`` tokens (512 of 16k at Llama 3 8B's 4096 x 128,256), both head
+    gradients made in forward, the weight's kept until backward; it takes the whole vocabulary (TP 1)."""
+    from autotune.costmodel.lossmemory import liger_chunk_tokens
+
+    model = load_model("llama3-8b")
+    plan = _plan(micro_batch=4, loss_kernel="chunked")
+    x, k = LayerShape.of(model, plan), kernels_for(plan)
+    assert liger_chunk_tokens(4 * 4096, 4096, 128256) == 512
+    assert loss_stored_bytes(x, tp=1, e=2, k=k) == 128256 * 4096 * 2
+    assert loss_transient_bytes(x, tp=1, e=2, k=k) == 512 * 128256 * 2
+    eager = kernels_for(_plan(micro_batch=4))
+    assert loss_transient_bytes(x, tp=1, e=2, k=eager) > 50 * loss_transient_bytes(x, tp=1, e=2, k=k)
+    with pytest.raises(ConfigError, match="--loss-kernel chunked needs --tp 1"):
+        _plan(tp=2, dp=4, loss_kernel="chunked")
