@@ -375,7 +375,7 @@ def make_setup(
         "seq_len": ctx.seq_len,
         "dp": ctx.dp,
         "routing": ctx.routing(),
-        "stored": {k: None if v is None else str(v) for k, v in ctx.stored().items()},
+        "stored": ctx.stored_json(),
         "backend": backend if backend != "auto" or measures else "simulate",
         "device": device,
         "measures": measures,

@@ -150,6 +150,10 @@ class PlanContext:
         """The plan fields of the user's stored dtypes, the same on every plan of the search."""
         return {name: getattr(self, name) for name in ("weight_dtype", "adam_dtype", "loss_kernel")}
 
+    def stored_json(self) -> dict[str, str | None]:
+        """``stored`` as a study's JSON holds it (``stored_fields`` reads it back)."""
+        return {k: None if v is None else str(v) for k, v in self.stored().items()}
+
     @property
     def custom_numerics(self) -> bool:
         """Weights or moments in bf16, or a loss kernel other than eager fp32."""

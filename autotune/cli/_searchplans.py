@@ -155,7 +155,7 @@ def open_search_study(
     if ctx.moe_capacity_factor is not None or ctx.moe_load_imbalance != 1.0:  # another run: another study
         identity["routing"] = ctx.routing()
     if ctx.custom_numerics:  # other numerics: another study
-        identity["stored"] = {k: None if v is None else str(v) for k, v in ctx.stored().items()}
+        identity["stored"] = ctx.stored_json()
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile
     study, study_dir, url = open_study(
