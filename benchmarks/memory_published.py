@@ -244,7 +244,7 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         plan.update(row_numerics(entry))
     if torchtitan and knobs.get("compile") and any(c in str(entry.get("source")) for c in _COMPILED_LOSS):
         plan["compile"] = True  # its loss compiled too: Kernels.compiled_loss
-    gpu = "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
+    gpu = _row_gpu(entry)
     unmodelled = bool(knobs.get("compile")) or bool(knobs.get("async_tp"))
     kind = (entry.get("measured") or {}).get("memory_kind", "?")
     return Row(
@@ -269,6 +269,12 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
     )
 
 
+def _row_gpu(entry: dict[str, Any]) -> str:
+    """The catalog GPU a row ran on: Meta's Grand Teton H100s (96 GB HBM2e, their ``gpu_note``) as
+    ``h100-96gb``, else the row's ``gpu``."""
+    return "h100-96gb" if "96 GB" in str(entry.get("gpu_note")) else str(entry["gpu"])
+
+
 def _moe_row(entry: dict[str, Any], measured: float | None) -> Row:
     """A Mixture-of-Experts entry as ``benchmarks/moe_runs.py`` prices its speed (the same model and plan:
     the row's shape, its layout with EP, dispatcher and ``--recompute-modules``). What its recipe ran that a
@@ -280,19 +286,23 @@ def _moe_row(entry: dict[str, Any], measured: float | None) -> Row:
         raise ValueError(reason or f"GPU {entry['gpu']} is not in autotune's catalog")
     plan = moe_recipes.row_plan(entry)
     unpriced = moe_recipes.unpriced_knobs(entry)
+    gpu = _row_gpu(entry)
+    compiled = bool((entry.get("knobs") or {}).get("compile"))  # as the dense rows: not scored
     return Row(
         name=str(entry["id"]),
         source=str(entry.get("source", "")).split(" (")[0],
         model=str(entry["id"]),
         spec=moe_recipes.row_model(entry),
-        gpu=str(entry["gpu"]),
+        gpu=gpu,
         plan={f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)},
         published_gib=measured,
         includes=f"max {(entry.get('measured') or {}).get('memory_kind', '?')}"
         if measured is not None
-        else f"ran on {entry['gpu']}",
-        modelled=not unpriced,
-        note=("recipe beyond the plan: " + ", ".join(unpriced)) if unpriced else "",
+        else f"ran on {gpu}",
+        modelled=not unpriced and not compiled,
+        note=("recipe beyond the plan: " + ", ".join(unpriced))
+        if unpriced
+        else (_COMPILE if compiled else ""),
     )
 
 

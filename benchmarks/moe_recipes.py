@@ -13,10 +13,11 @@ from typing import Any
 
 from autotune.catalog import model_from_dict
 from autotune.plan import OFFLOAD_MODULES, RECOMPUTE_MODULES, ParallelPlan
-from benchmarks._fsdp_stacks import row_numerics
+from benchmarks._fsdp_stacks import FSDP_STACKS, row_numerics
 from benchmarks.modern_runs import FP8_RECIPES
 
-_RECOMPUTE = {"none": "none", "selective": "selective", "full": "full"}
+_RECOMPUTE = {"none": "none", "selective": "selective", "full": "full", "op-sac": "selective"}
+"""Row recompute modes as plan modes; torchtitan's per-op SAC is framework fsdp's selective recompute."""
 
 
 def row_model(row: dict[str, Any]):
@@ -26,8 +27,8 @@ def row_model(row: dict[str, Any]):
 
 def row_plan(row: dict[str, Any]) -> ParallelPlan:
     """The row's layout as a plan: Megatron's recipe (dispatcher, recompute modules, token drop, EP overlap,
-    offload, overlap knobs), or for an FSDP2 row (NeMo AutoModel) framework fsdp with its dispatcher and its
-    stored dtypes and loss kernel (``row["numerics"]``)."""
+    offload, overlap knobs), or for an FSDP2 row (torchtitan, NeMo AutoModel) framework fsdp with its
+    dispatcher, torch.compile, and its stored dtypes and loss kernel (``row["numerics"]``)."""
     vp = row.get("vp") or 1
     layout = {k: row[k] for k in ("tp", "pp", "cp", "dp", "ep", "micro_batch", "global_batch", "seq_len")}
     layout.update(
@@ -37,9 +38,12 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         schedule="interleaved" if vp > 1 else "1f1b",
         virtual_stages=vp,
     )
-    if row["framework"] == "automodel":
+    if row["framework"] in FSDP_STACKS:
         dispatch = row.get("dispatcher") or "alltoall"
-        return ParallelPlan(**layout, framework="fsdp", moe_dispatcher=dispatch, **row_numerics(row))
+        compiled = bool((row.get("knobs") or {}).get("compile"))
+        return ParallelPlan(
+            **layout, framework="fsdp", moe_dispatcher=dispatch, compile=compiled, **row_numerics(row)
+        )
     return ParallelPlan(
         **layout,
         etp=row.get("etp") or 1,

@@ -48,12 +48,14 @@ from typing import Any
 
 import yaml
 
-from autotune.catalog import gpu_names, make_cluster
-from autotune.costmodel import estimate, flops
+from autotune.catalog import gpu_names
+from autotune.costmodel import estimate, flops, step_time
 from autotune.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import release_spread  # noqa: E402
+from benchmarks._fsdp_stacks import FSDP_STACKS  # noqa: E402
+from benchmarks.modern_runs import row_cluster  # noqa: E402
 from benchmarks.moe_recipes import (  # noqa: E402
     _RECOMPUTE,
     TOKEN_DROP_CAPACITY,
@@ -83,10 +85,10 @@ def skip_reason(row: dict[str, Any]) -> str | None:
         return f"recompute {row.get('recompute')!r} is not a plan mode"
     if row["sharding"] == "megatron-fsdp":
         return MEGATRON_FSDP_UNSTATED
-    fsdp = ("fsdp-full", "fsdp-grad-op") if row["framework"] == "automodel" else ()
+    fsdp = ("fsdp-full", "fsdp-grad-op") if row["framework"] in FSDP_STACKS else ()
     if row["sharding"] not in ("none", "zero1", *fsdp):
         return f"sharding {row['sharding']} is not a plan sharding"
-    if row["framework"] not in ("megatron", "automodel"):
+    if row["framework"] not in ("megatron", *FSDP_STACKS):
         return f"framework {row['framework']}"
     m = row["measured"]
     if not m.get("tokens_per_s_per_gpu") and not m.get("tflops_per_gpu"):
@@ -107,9 +109,11 @@ def _megatron_flops_per_token(model, seq_len: int) -> float:
 
 
 def predict(row: dict[str, Any]) -> dict[str, Any]:
-    model, plan = row_model(row), row_plan(row)
-    cluster = make_cluster(num_gpus=row["num_gpus"], gpu=row["gpu"], gpus_per_node=row["gpus_per_node"])
+    model, plan, cluster = row_model(row), row_plan(row), row_cluster(row)
     est = estimate(model, cluster, plan)
+    if row.get("attention_kernel"):  # the kernel the row's software ran, where it says (modern_runs.py)
+        step = step_time(model, cluster, plan, attention_kernel=str(row["attention_kernel"]))
+        est = dataclasses.replace(est, time=step)
     measured = row["measured"]
     if measured.get("tokens_per_s_per_gpu"):
         meas, metric = float(measured["tokens_per_s_per_gpu"]), "tokens/s/GPU"

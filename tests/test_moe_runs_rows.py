@@ -2,7 +2,7 @@
 
 import yaml
 
-from benchmarks import moe_recipes, moe_runs
+from benchmarks import modern_runs, moe_recipes, moe_runs
 
 
 def _row(run_id: str) -> dict:
@@ -49,3 +49,29 @@ def test_the_recipes_overlap_switches_become_plan_fields():
     row["knobs"] = {}  # nothing stated: the plan's defaults
     plan = moe_recipes.row_plan(row)
     assert (plan.overlap_grad_reduce, plan.overlap_param_gather, plan.tp_comm_overlap) == (True, True, False)
+
+
+def test_torchtitan_moe_rows_are_priced_with_the_attention_kernel_their_code_ran():
+    """torchtitan's DeepSeek-V3 under SDPA (Aug 2025: backends flash, efficient, math on Hopper) runs MLA's
+    192 / 128 head dims on torch's memory-efficient kernel, flash needing one width (an H200 reports "No
+    available kernel"): priced with that kernel's measured curve, the two SDPA rows land within 15 %;
+    priced as FlashAttention-2 they would be 34-69 % fast. The FlexAttention twin stays FA2-priced (no flex
+    curve)."""
+    from autotune.costmodel import step_time
+
+    rows = {r["id"]: r for r in yaml.safe_load(moe_runs.DATA.read_text()) if r["framework"] == "torchtitan"}
+    sdpa = ("tt-2508-dsv3-16b-h100-96g-8g-ep8-sdpa", "tt-2508-dsv3-16b-h100-96g-8g-pp4v2-sdpa")
+    for rid in sdpa:
+        row = rows[rid]
+        plan = moe_recipes.row_plan(row)
+        assert (plan.framework.value, plan.compile, row["attention_kernel"]) == ("fsdp", False, "efficient")
+        assert abs(moe_runs.predict(row)["error"]) <= 0.15
+        model, cluster = moe_recipes.row_model(row), modern_runs.row_cluster(row)
+        assert cluster.gpu.power_limit_w == 500 and cluster.gpu.memory_bytes > 90 * 1024**3  # Grand Teton
+        fa2 = step_time(model, cluster, plan, attention_kernel="fa2")
+        predicted = plan.tokens_per_step / fa2.step_time_s / plan.world_size
+        assert predicted / row["measured"]["tokens_per_s_per_gpu"] - 1 > 0.30
+    deepep = moe_recipes.row_plan(rows["tt-2512-dsv3-671b-h100-512g-pp8v2-ep32-deepep"])
+    assert (str(deepep.moe_dispatcher), deepep.compile) == ("deepep", True)
+    assert deepep.sharding.value == "fsdp-grad-op"  # torchtitan keeps parameters gathered under PP
+    assert moe_recipes.row_plan(rows["tt-2510-dsv3-16b-h100-8g-ep8-opsac"]).recompute.value == "selective"

@@ -73,7 +73,7 @@ under compile; Transformer Engine's cast-transpose and amax kernels likewise), e
 floor of 2-3 us on a small tensor. The figure is the one that puts the torchao float8 README's small example
 (M,K,N = 1024,2048,1024: 0.80x bf16 on an H100) where it was measured, with its large one (1.39x) setting
 ``fp8_gemm_scale``; at the GEMM sizes of training (milliseconds per linear) it is under a percent."""
-ATTENTION_KERNELS = ("cudnn", "fa2", "fa3")
+ATTENTION_KERNELS = ("cudnn", "fa2", "fa3", "efficient")
 
 
 def intensity(m: float, n: float, k: float) -> float:

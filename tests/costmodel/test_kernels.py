@@ -207,3 +207,18 @@ def test_blackwell_ultra_attention_curves_are_the_published_gb300_run():
             assert bwd[s] * peak == pytest.approx(2 * work / (float(gb300[s]["backward_ms"]) / 1e3), rel=0.01)
             if s >= 4096:
                 assert float(gb300[s]["forward_ms"]) < 0.85 * float(b200[s]["forward_ms"])
+
+
+def test_torch_sdpas_memory_efficient_kernel_runs_mla_at_its_measured_rate():
+    """benchmarks/results/gpu_kernels_heads_h200.json: at 4k keys the efficient backend runs head dim 128 at
+    154.8 TF forward / 96.2 backward (2x convention) on one H200, MLA's 192 / 128 at 0.82 / 0.31 of that; the
+    flash backend has no kernel for unequal widths and runs 128 at 2.2x the efficient forward."""
+    for name in ("h100-sxm", "h200"):
+        gpu = load_gpu(name)
+        fwd, bwd = kernels.attention_rates(gpu, "efficient", 4096)
+        assert fwd == pytest.approx(154.8e12, rel=0.01) and bwd == pytest.approx(96.2e12, rel=0.01)
+        mla = kernels.attention_rates(gpu, "efficient", 4096, head_dims=(192, 128))
+        assert mla == pytest.approx((0.82 * fwd, 0.31 * bwd), rel=1e-6)
+        fa2 = kernels.attention_rates(gpu, "fa2", 4096)
+        assert fa2[0] > 1.8 * fwd and fa2[1] > 2 * bwd
+        assert kernels.attention_rates(gpu, "efficient", 4096, causal=False)[0] > fwd  # no masked tiles
