@@ -8,7 +8,7 @@ from typing import Any
 from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.emit.fsdp import transformer_layer_cls
 from autotune.emit.summarynotes import deepspeed_notes, stored_dtype_note
-from autotune.emit.torchtitan import torchtitan_flavor
+from autotune.emit.torchtitan import REGISTRIES, torchtitan_flavor, torchtitan_model
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -228,9 +228,10 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
                 f"(validate_args asserts it); {where}."
             )
     if "torchtitan.toml" in written and torchtitan_flavor(model) is None:
+        family = torchtitan_model(model)
         notes.append(
-            f"- torchtitan: no llama3 flavor has this model's shape; register one named "
-            f"'{model.name}' (torchtitan/models/llama3/__init__.py llama3_args) or set [model] "
+            f"- torchtitan: no {family} flavor has this model's shape; register one named "
+            f"'{model.name}' (torchtitan/models/{family}/__init__.py {REGISTRIES[family]}) or set [model] "
             "flavor."
         )
     return notes

@@ -3,8 +3,9 @@
 Keys are those of torchtitan's TOML ``JobConfig`` as of v0.2.2, its last TOML release
 (``torchtitan/config/job_config.py``; later versions configure jobs in Python): sections ``[training]``,
 ``[parallelism]``, ``[activation_checkpoint]`` and, for fp8, ``[model] converters`` with
-``[quantize.linear.float8]``. torchtitan rejects unknown keys. ``[model]`` names the llama3 flavor of the
-model's shape (``torchtitan_flavor``); the data and tokenizer come from the job config it is merged into.
+``[quantize.linear.float8]``. torchtitan rejects unknown keys. ``[model]`` names the torchtitan model of the
+architecture and the flavor of its shape (``torchtitan_model``, ``torchtitan_flavor``: llama3, and the
+deepseek_v3 / qwen3 MoE flavors); the data and tokenizer come from the job config it is merged into.
 
 Mapping notes:
 * Batch: torchtitan accumulates ``global_batch_size / (local_batch_size x DP)`` micro-steps. Without PP,
@@ -48,7 +49,13 @@ from autotune.plan import (
 from autotune.specs import ModelSpec
 from autotune.stagesplit import split_layers
 
-__all__ = ["torchtitan_unsupported", "to_torchtitan_config", "dumps_toml", "torchtitan_flavor"]
+__all__ = [
+    "torchtitan_unsupported",
+    "to_torchtitan_config",
+    "dumps_toml",
+    "torchtitan_flavor",
+    "torchtitan_model",
+]
 
 LLAMA3_FLAVORS = {
     "8B": (4096, 32, 32, 8, 14336, 128256),
@@ -57,6 +64,18 @@ LLAMA3_FLAVORS = {
 }
 """torchtitan 0.2.2 ``torchtitan/models/llama3/__init__.py::llama3_args``: flavor -> (dim, layers, heads,
 KV heads, FFN width as its ``FeedForward`` rounds it, vocabulary); a test builds each and compares."""
+MOE_FLAVORS = {
+    ("deepseek_v3", "16B"): (2048, 27, 16, 16, 1408, 64, 6, 102400),
+    ("deepseek_v3", "236B"): (5120, 60, 128, 128, 1536, 160, 6, 102400),
+    ("deepseek_v3", "671B"): (7168, 61, 128, 128, 2048, 256, 8, 129280),
+    ("qwen3", "30B-A3B"): (2048, 48, 32, 4, 768, 128, 8, 151936),
+    ("qwen3", "235B-A22B"): (4096, 94, 64, 4, 1536, 128, 8, 151936),
+}
+"""torchtitan 0.2.2's registered MoE flavors (``models/deepseek_v3/__init__.py::deepseekv3_args``,
+``models/qwen3/__init__.py::qwen3_args``): (model, flavor) -> (dim, layers, heads, KV heads (MLA: the heads),
+routed expert width, routed experts, top-k, vocabulary)."""
+REGISTRIES = {"llama3": "llama3_args", "deepseek_v3": "deepseekv3_args", "qwen3": "qwen3_args"}
+"""Where a flavor of each torchtitan model is registered (``torchtitan/models/<model>/__init__.py``)."""
 
 _SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B"}
 _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
@@ -157,17 +176,24 @@ def _training(plan: ParallelPlan) -> dict[str, Any]:
     }
 
 
+def torchtitan_model(model: ModelSpec) -> str:
+    """The torchtitan model that trains ``model``'s architecture: ``deepseek_v3`` for MLA experts, ``qwen3``
+    (torchtitan's grouped-query MoE) for other experts, ``llama3`` for dense models."""
+    if model.is_moe:
+        return "deepseek_v3" if model.uses_mla else "qwen3"
+    return "llama3"
+
+
 def torchtitan_flavor(model: ModelSpec) -> str | None:
-    """The llama3 flavor of ``model``'s shape, or None: the fragment then gives the model's name as flavor and
-    torchtitan stops on an unknown flavor until one is registered, instead of training its debug model."""
-    shape = (
-        model.hidden_size,
-        model.num_layers,
-        model.num_heads,
-        model.num_kv_heads,
-        model.ffn_hidden_size,
-        model.vocab_size,
-    )
+    """The registered flavor of ``torchtitan_model(model)`` with ``model``'s shape, or None: the fragment then
+    gives the model's name as flavor and torchtitan stops on an unknown flavor until one is registered,
+    instead of training its debug model."""
+    base = (model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads)
+    if model.is_moe:
+        experts = (model.expert_ffn_hidden_size, model.num_experts, model.experts_per_token)
+        moe_shape, family = (*base, *experts, model.vocab_size), torchtitan_model(model)
+        return next((f for (m, f), dims in MOE_FLAVORS.items() if (m, dims) == (family, moe_shape)), None)
+    shape = (*base, model.ffn_hidden_size, model.vocab_size)
     return next((name for name, dims in LLAMA3_FLAVORS.items() if dims == shape), None)
 
 
@@ -181,7 +207,7 @@ def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict
         ac["selective_ac_option"] = "op"
     flavor = torchtitan_flavor(model) or model.name
     cfg: dict[str, dict[str, Any]] = {
-        "model": {"name": "llama3", "flavor": flavor},
+        "model": {"name": torchtitan_model(model), "flavor": flavor},
         "training": _training(plan),
         "parallelism": _parallelism(plan, model),
         "activation_checkpoint": ac,

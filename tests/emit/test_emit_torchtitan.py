@@ -18,7 +18,13 @@ from emit_cases import CASES
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
 from autotune.emit import to_torchtitan_config, torchtitan_unsupported
-from autotune.emit.torchtitan import LLAMA3_FLAVORS, dumps_toml, torchtitan_flavor
+from autotune.emit.torchtitan import (
+    LLAMA3_FLAVORS,
+    MOE_FLAVORS,
+    dumps_toml,
+    torchtitan_flavor,
+    torchtitan_model,
+)
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
@@ -224,8 +230,9 @@ def test_torchtitan_itself_parses_it_when_installed(name, emitted):
         etp=1,
         world_size=plan.world_size,
     )
-    assert job.model.name == "llama3"  # alone, the fragment no longer loads as torchtitan's debug model
-    assert job.model.flavor == (torchtitan_flavor(CASES[name].build()[1]) or CASES[name].build()[1].name)
+    model = CASES[name].build()[1]
+    assert job.model.name == torchtitan_model(model)  # alone, the fragment no longer loads the debug model
+    assert job.model.flavor == (torchtitan_flavor(model) or model.name)
 
 
 @pytest.mark.slow
@@ -304,3 +311,44 @@ def test_a_deepep_plan_sets_torchtitans_comm_backend():
     assert set(sections["parallelism"]) <= V0_2_2_FIELDS["parallelism"]
     assert cfg["parallelism"]["expert_parallel_comm_backend"] == "deepep"
     assert "expert_parallel_comm_backend" not in to_torchtitan_config(plan, model)["parallelism"]
+
+
+def test_moe_presets_name_torchtitans_own_model_and_flavor():
+    """torchtitan 0.2.2 trains DeepSeek-V3 as ``deepseek_v3`` (MLA) and Qwen3-MoE as ``qwen3``; a preset of a
+    registered flavor's shape names it, another MoE shape names its family and its own name as flavor (and
+    the summary says where to register it)."""
+    from autotune.catalog import load_model
+
+    for preset, expected in (
+        ("deepseek-v3", ("deepseek_v3", "671B")),
+        ("qwen3-30b-a3b", ("qwen3", "30B-A3B")),
+        ("qwen3-235b-a22b", ("qwen3", "235B-A22B")),
+        ("llama3-70b", ("llama3", "70B")),
+    ):
+        model = load_model(preset)
+        assert (torchtitan_model(model), torchtitan_flavor(model)) == expected, preset
+    mixtral = load_model("mixtral-8x7b")
+    assert (torchtitan_model(mixtral), torchtitan_flavor(mixtral)) == ("qwen3", None)
+
+
+@pytest.mark.slow
+def test_moe_flavors_are_torchtitans():
+    """Each registered MoE flavor's shape as torchtitan's own model args give it."""
+    ds = pytest.importorskip("torchtitan.models.deepseek_v3")
+    qwen3 = pytest.importorskip("torchtitan.models.qwen3")
+    registries = {"deepseek_v3": ds.deepseekv3_args, "qwen3": qwen3.qwen3_args}
+    for (name, flavor), (
+        dim,
+        layers,
+        heads,
+        kv_heads,
+        expert_ffn,
+        experts,
+        top_k,
+        vocab,
+    ) in MOE_FLAVORS.items():
+        args = registries[name][flavor]
+        kv = getattr(args, "n_kv_heads", None) or args.n_heads
+        shape = (args.dim, args.n_layers, args.n_heads, kv, args.moe_inter_dim)
+        assert shape == (dim, layers, heads, kv_heads, expert_ffn), (name, flavor)
+        assert (args.moe_args.num_experts, args.moe_args.top_k, args.vocab_size) == (experts, top_k, vocab)
