@@ -29,6 +29,10 @@ What is fixed for every row (no per-row or per-model factor; the row readers nam
 - Megatron's ``--recompute-modules`` of a selective row become ``plan.recompute_modules``
   (``recompute_modules``); the memory they free and the forward work they rerun are priced
   (``costmodel.recompute_modules``);
+- framework fsdp rows (torchtitan, NeMo AutoModel) run their dispatcher (torchtitan's all-to-all or DeepEP),
+  compile and numerics as plan fields; the attention core is the catalog's default kernel (cuDNN) unless the
+  row names the one its software ran (``attention_kernel``: torchtitan's 2025 SDPA runs FlashAttention-2, and
+  for MLA's unequal head widths torch's memory-efficient kernel; FlexAttention is priced as FlashAttention-2);
 - rows not set up (listed with the reason): a GPU not in autotune's catalog (H800), a micro-batch or
   recompute mode the source does not state, Megatron-FSDP whose sharding strategy the source does not
   state (``MEGATRON_FSDP_UNSTATED``).
