@@ -107,7 +107,7 @@ def row_cluster(row: dict[str, Any]) -> ClusterSpec:
     return make_cluster(num_gpus=n, gpu=_gpu(row), gpus_per_node=min(n, int(row.get("gpus_per_node") or 8)))
 
 
-def attention_kernel(row: dict[str, Any]) -> str:
+def _attention_kernel(row: dict[str, Any]) -> str:
     """The attention kernel the row's software ran (an assumption per software, not per row): Transformer
     Engine before 1.8 (NeMo 24.03) preferred flash-attn 2 on Hopper, later TE cuDNN fused attention; torch
     SDPA (torchtitan, torch 2.5.1-2.8) runs FlashAttention-2 on Hopper, llm-foundry's MPT flash-attn 2."""
@@ -231,7 +231,7 @@ def _published_caveat(row: dict[str, Any], plan: ParallelPlan) -> str:
 def predict_row(row: dict[str, Any]) -> Outcome:
     model, cluster = row_model(row), row_cluster(row)
     plan = _plan(row, model)
-    kernel = attention_kernel(row)
+    kernel = _attention_kernel(row)
     t = step_time(model, cluster, plan, attention_kernel=kernel)
     step_s = t.step_time_s
     predicted = plan.tokens_per_step / step_s / plan.world_size

@@ -337,16 +337,8 @@ def test_moe_flavors_are_torchtitans():
     ds = pytest.importorskip("torchtitan.models.deepseek_v3")
     qwen3 = pytest.importorskip("torchtitan.models.qwen3")
     registries = {"deepseek_v3": ds.deepseekv3_args, "qwen3": qwen3.qwen3_args}
-    for (name, flavor), (
-        dim,
-        layers,
-        heads,
-        kv_heads,
-        expert_ffn,
-        experts,
-        top_k,
-        vocab,
-    ) in MOE_FLAVORS.items():
+    for (name, flavor), dims in MOE_FLAVORS.items():
+        dim, layers, heads, kv_heads, expert_ffn, experts, top_k, vocab = dims
         args = registries[name][flavor]
         kv = getattr(args, "n_kv_heads", None) or args.n_heads
         shape = (args.dim, args.n_layers, args.n_heads, kv, args.moe_inter_dim)
