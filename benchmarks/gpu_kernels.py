@@ -1,6 +1,7 @@
 """Device probe for step-time terms the catalog priced from others' figures (issues 22 and 23): torch's
 context-parallel ring as torchtitan runs it, float8 GEMMs (tensorwise and rowwise ``torch._scaled_mm``),
-grouped expert GEMMs (``torch._grouped_mm``), SDPA attention rates to 32k keys, and the narrow / short-``k``
+grouped expert GEMMs (``torch._grouped_mm``), SDPA attention rates to 32k keys, FlexAttention at MLA's head
+widths (``flex_mla``: torchtitan's DeepSeek-V3 kernel, no catalog curve yet), and the narrow / short-``k``
 GEMMs below the shape curve's first point.
 
 The GEMM sections live in ``benchmarks/gpu_gemm_probes.py``, the device and timing in
@@ -166,6 +167,44 @@ def sdpa_rates(
     return rows
 
 
+def flex_rates(
+    lengths: tuple[int, ...] = (4096, 8192), dims: tuple[tuple[int, int], ...] = ((192, 128), (128, 128))
+) -> list[dict[str, object]]:
+    """FlexAttention as torchtitan runs it (torchtitan/models/attention.py at b84d5c0d7, its DeepSeek-V3 rows'
+    commit: ``torch.compile(flex_attention, mode="max-autotune-no-cudagraphs")`` with a block mask) on a
+    causal mask, ~32k tokens per call, 16 heads of (q/k, v) widths ``dims``: MLA's 192 / 128 (DeepSeek-V3)
+    and 128 / 128 beside it, to set a ``flex`` curve next to ``fa2`` / ``cudnn`` / ``efficient``. FLOPs as
+    ``sdpa_rates`` counts them. The CPU dry run is eager and forward only (flex has no CPU backward)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention, mode="max-autotune-no-cudagraphs") if CUDA else flex_attention
+    rows: list[dict[str, object]] = []
+    heads = 16
+    for hd, hv in dims:
+        for s in lengths:
+            s //= SCALE
+            b = max(1, 32768 // SCALE // s)
+            mask = create_block_mask(lambda _b, _h, qi, ki: qi >= ki, None, None, s, s, device=DEV)
+            q, k, _ = _qkv(heads, s, s, hd, b)
+            v = torch.randn(b, heads, s, hv, device=DEV, dtype=DT)
+            g = torch.randn(b, heads, s, hv, device=DEV, dtype=DT)
+            if CUDA:
+                q, k, v = (t.requires_grad_() for t in (q, k, v))
+            work = 2.0 * b * heads * s * s * (hd + hv) * 0.5
+            row: dict[str, object] = {"kernel": "flex", "hd": hd, "hd_v": hv, "heads": heads, "b": b, "s": s}
+            try:
+                fwd = timed(lambda: flex(q, k, v, block_mask=mask))
+                row.update(fwd_s=fwd, fwd_tflops=work / fwd / 1e12)
+                if CUDA:
+                    fb = timed(lambda: flex(q, k, v, block_mask=mask).backward(g))
+                    row.update(fwd_bwd_s=fb, bwd_tflops_2x=2 * work / max(fb - fwd, 1e-9) / 1e12)
+            except Exception as e:  # a shape the kernel refuses is a finding, not a failed section
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            print("flex", hd, hv, s, flush=True)
+    return rows
+
+
 # ---------------------------------------------------------------- torch's CP ring (compute of one rank)
 
 
@@ -280,6 +319,7 @@ def main() -> int:
             "sdpa_mla",
             lambda: sdpa_rates((4096, 8192), (192,), v_dim=128, backends=("flash", "cudnn", "efficient")),
         ),
+        ("flex_mla", flex_rates),
         ("fp8_accum", fp8_accum),
         ("tp_block_linears", tp_block_linears),
         ("te_style_experts", te_style_experts),

@@ -49,7 +49,7 @@ def test_the_probe_runs_its_sections_on_the_cpu_and_records_each(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    sections = "gemm_shapes,grouped_gemm,tp_block_linears"
+    sections = "gemm_shapes,grouped_gemm,tp_block_linears,flex_mla"
     subprocess.run(
         [
             sys.executable,
@@ -71,3 +71,6 @@ def test_the_probe_runs_its_sections_on_the_cpu_and_records_each(tmp_path):
         assert all(v > 0 for r in rows for k, v in r.items() if k.endswith("_s")), name
     assert "ring" not in result
     assert {r["block"] for r in result["tp_block_linears"]} == set(gpu_gemm_probes.TP_BLOCKS)
+    flex = result["flex_mla"]  # MLA's 192-wide q/k with 128-wide v, timed, not refused
+    assert not [r for r in flex if "error" in r]
+    assert {(r["hd"], r["hd_v"]) for r in flex} == {(192, 128), (128, 128)}
