@@ -261,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="the small, fast CPU variant the test runs")
     p.add_argument(
         "--gpu-model",
-        choices=("1b", "8b"),
+        choices=("1b", "8b", "8b-fp8"),
         default="1b",
         help="with --gpu: the 1B-class model (memory_crosscheck_gpu.json) or Llama 3 8B's width at 8k "
-        "tokens, 4 layers (memory_crosscheck_gpu_8b.json)",
+        "tokens, 4 layers (memory_crosscheck_gpu_8b.json), or that model with torchao float8 linears "
+        "(memory_crosscheck_gpu_8b_fp8.json; needs torchao)",
     )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)
@@ -274,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.memory_crosscheck_gpu import run_gpu  # imports this module: not at the top
 
         result = run_gpu(args.gpu_model)
-        if args.gpu_model == "8b":
-            gpu_json = args.out / "memory_crosscheck_gpu_8b.json"
+        if args.gpu_model != "1b":
+            gpu_json = args.out / f"memory_crosscheck_gpu_{args.gpu_model.replace('-', '_')}.json"
         gpu_json.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
         for r in result["rows"]:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from autotune.costmodel.activations import Kernels
 from autotune.costmodel.memory import MemoryBreakdown
 from autotune.costmodel.states import MIXED_BF16
-from autotune.plan import ParallelPlan, Recompute, Sharding
+from autotune.plan import Fp8Recipe, ParallelPlan, Precision, Recompute, Sharding
 from autotune.trials.model import Transformer
 from autotune.trials.parallelize import apply_ac, end_units
 from benchmarks._crosscheck_models import ACCUMULATION, GPU_MODEL, GPU_MODEL_8B
@@ -86,6 +86,50 @@ def gpu_cases_8b() -> list[Case]:
     ]
 
 
+FP8_RECIPES = ("tensorwise", "rowwise")
+"""torchao float8 recipes of the fp8 cases (``Float8LinearConfig.from_recipe_name``), torchtitan's two."""
+
+
+def gpu_cases_8b_fp8() -> list[Case]:
+    """The 8B-width model with torchao float8 linears (issue 21's bf16-vs-fp8 check): each recipe with no
+    and with full recompute at micro-batch 1, beside the bf16 cases of ``gpu_cases_8b``."""
+    return [
+        Case(
+            f"fsdp2 1 GPU, fp8 {recipe} (torchao), 8B width x 4 layers, seq 8192, mbs 1, recompute {rc}",
+            GPU_MODEL_8B,
+            _unvalidated_plan(
+                micro_batch=1,
+                global_batch=ACCUMULATION,
+                seq_len=8192,
+                sharding=Sharding.FSDP_FULL,
+                recompute=Recompute(rc),
+                precision=Precision.FP8,
+                fp8_recipe=Fp8Recipe(recipe),
+            ),
+        )
+        for recipe in FP8_RECIPES
+        for rc in ("none", "full")
+    ]
+
+
+def float8_linears(model: torch.nn.Module, recipe: str, emulate: bool = False) -> torch.nn.Module:
+    """Swap the blocks' linears for torchao ``Float8Linear`` as torchtitan does (torchtitan/components/
+    quantization/float8.py: ``convert_to_float8_training`` with the recipe's config, the output head left in
+    bf16); ``emulate`` runs the casts without fp8 GEMMs (a CPU check of the conversion)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    if emulate:
+        config = dataclasses.replace(config, emulate=True)
+    return convert_to_float8_training(
+        model,
+        config=config,
+        module_filter_fn=lambda mod, fqn: (
+            fqn != "lm_head" and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+        ),
+    )
+
+
 def gpu_cases() -> list[Case]:
     spec = GPU_MODEL
     cases = [
@@ -126,6 +170,8 @@ def measure_gpu(case: Case, mesh, foreach: bool = True) -> dict[str, object]:
     base, base_reserved = float(torch.cuda.memory_allocated()), float(torch.cuda.memory_reserved())
     with torch.device("cuda"):
         model = Transformer(case.spec)
+    if case.plan.precision is Precision.FP8:
+        float8_linears(model, str(case.plan.fp8_recipe))
     if case.plan.recompute is not Recompute.NONE:
         apply_ac(model, case.plan.recompute)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -188,7 +234,7 @@ def run_gpu(model: str = "1b") -> dict[str, object]:
     kernels = Kernels(fused_norm=bool(facts["rms_norm_fused"]))
     mesh = init_device_mesh("cuda", (1,))
     rows = []
-    cases = gpu_cases() if model == "1b" else gpu_cases_8b()
+    cases = {"1b": gpu_cases, "8b": gpu_cases_8b, "8b-fp8": gpu_cases_8b_fp8}[model]()
     runs = [(c, True) for c in cases] + ([(cases[-1], False)] if model == "1b" else [])
     for case, foreach in runs:
         measured = measure_gpu(case, mesh, foreach)
