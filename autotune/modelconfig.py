@@ -101,6 +101,10 @@ NEUTRAL_KEYS: dict[str, str] = {
             "rope_local_base_freq",
             "no_rope_layer_interval",
             "initial_context_length",
+            "original_max_position_embeddings",  # Phi-3 / Phi-4 LongRoPE
+            "partial_rotary_factor",  # Phi, StableLM, GLM-4: RoPE on part of each head
+            "rotary_pct",  # GPT-NeoX's name for it
+            "rotary_emb_base",  # GPT-NeoX's rope_theta
         ),
         _POSITION,
     ),
@@ -161,6 +165,12 @@ NEUTRAL_KEYS: dict[str, str] = {
             "scale_attn_weights",
             "scale_attn_by_inverse_layer_idx",
             "reorder_and_upcast_attn",
+            "clip_qkv",  # OLMo: a clamp on the QKV output
+            "attention_multiplier",  # Granite's scalar multipliers
+            "embedding_multiplier",
+            "residual_multiplier",
+            "logits_scaling",
+            "logit_scale",  # Cohere
         ),
         _SCALAR,
     ),

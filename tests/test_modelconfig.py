@@ -56,6 +56,31 @@ def test_published_configs_of_other_families():
     assert (v2.q_lora_rank, v2.kv_lora_rank, v2.moe_layers[0], len(v2.moe_layers)) == (0, 512, 1, 26)
 
 
+@pytest.mark.parametrize(
+    ("config", "total_b"),
+    [  # model cards: Qwen2.5-72B 72.7B, Phi-4 14.7B, OLMo-2-1124-13B 13.7B
+        ("qwen2.5-72b.json", 72.7),
+        ("phi-4.json", 14.7),
+        ("olmo-2-13b.json", 13.7),
+    ],
+)
+def test_dense_configs_of_2024_2025_read_at_their_published_size(config, total_b):
+    """Configs with position keys (Phi-3/4 LongRoPE's ``original_max_position_embeddings``) and Qwen2's QKV
+    bias read without a refusal, at the size their cards state."""
+    assert load_model(str(CONFIGS / config)).total_params / 1e9 == pytest.approx(total_b, rel=0.01)
+
+
+def test_glm45_reads_as_moe_with_partial_rope_and_its_mtp_module():
+    """GLM-4.5 (model card: 355B total, 32B active): partial RoPE (``partial_rotary_factor``) is position
+    encoding, DeepSeek-style experts with three dense layers, one MTP module counted apart. Its active 32B
+    leaves out the input embedding and the output head."""
+    glm = load_model(str(CONFIGS / "glm-4.5.json"))
+    assert (glm.num_experts, glm.experts_per_token, len(glm.moe_layers), glm.mtp_layers) == (160, 8, 89, 1)
+    assert (glm.total_params + glm.mtp_params) / 1e9 == pytest.approx(355, rel=0.01)
+    active = glm.active_params - 2 * glm.vocab_size * glm.hidden_size
+    assert active / 1e9 == pytest.approx(32, rel=0.02)
+
+
 def test_dense_layers_of_each_rule():
     ds = load_model("deepseek-v3")
     assert ds.moe_layers == tuple(range(3, 61))

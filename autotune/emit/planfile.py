@@ -85,6 +85,8 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
             qk_nope_head_dim=model.qk_nope_head_dim,
             v_head_dim=model.v_head_dim,
         )
+    if model.mtp_layers:  # DeepSeek-V3 / GLM-4.5 multi-token prediction modules (``costmodel.mtp``)
+        cfg["num_nextn_predict_layers"] = model.mtp_layers
     local = model.num_local_layers
     if model.chunked_attention:
         cfg.update(
