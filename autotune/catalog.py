@@ -106,6 +106,16 @@ def _is_gated(cfg: dict[str, Any], where: str) -> bool:
     return act in _GATED_ACTS
 
 
+_TIED_BY_DEFAULT = frozenset({"cohere", "cohere2"})
+"""Model types whose transformers config class ties the embeddings when config.json omits the key
+(``CohereConfig(tie_word_embeddings=True)``; Command R's 35B counts one vocabulary matrix)."""
+
+
+def _ties_by_default(cfg: dict[str, Any], gpt_like: bool) -> bool:
+    """``tie_word_embeddings`` when config.json omits it: the family's transformers default."""
+    return gpt_like or is_gemma(cfg) or str(cfg.get("model_type", "")) in _TIED_BY_DEFAULT
+
+
 def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
     """Build a ModelSpec from Hugging Face config keys (GPT-2's ``n_embd``/``n_layer``/``n_head`` too)."""
     check_keys(cfg, name)
@@ -147,7 +157,7 @@ def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
         ffn_hidden_size=ffn,
         vocab_size=_int_field(cfg, "vocab_size", name),
         max_seq_len=_int_field(cfg, "max_position_embeddings", name, default=4096),
-        tie_embeddings=_bool_field(cfg, "tie_word_embeddings", name, default=gpt_like or is_gemma(cfg)),
+        tie_embeddings=_bool_field(cfg, "tie_word_embeddings", name, default=_ties_by_default(cfg, gpt_like)),
         gated_mlp=gated,
         learned_positions=gpt_like,
         bias=gpt_like,

@@ -58,15 +58,21 @@ def test_published_configs_of_other_families():
 
 @pytest.mark.parametrize(
     ("config", "total_b"),
-    [  # model cards: Qwen2.5-72B 72.7B, Phi-4 14.7B, OLMo-2-1124-13B 13.7B
+    [  # model cards: Qwen2.5-72B 72.7B, Phi-4 14.7B, OLMo-2-1124-13B 13.7B, Qwen3-32B 32.8B,
+        # Mistral-Small-24B 23.6B, Gemma 3 1B 1.0B, Command R 35B (tied embeddings, the key omitted)
         ("qwen2.5-72b.json", 72.7),
         ("phi-4.json", 14.7),
         ("olmo-2-13b.json", 13.7),
+        ("qwen3-32b.json", 32.8),
+        ("mistral-small-24b.json", 23.6),
+        ("gemma-3-1b.json", 1.0),
+        ("command-r.json", 35.0),
     ],
 )
 def test_dense_configs_of_2024_2025_read_at_their_published_size(config, total_b):
-    """Configs with position keys (Phi-3/4 LongRoPE's ``original_max_position_embeddings``) and Qwen2's QKV
-    bias read without a refusal, at the size their cards state."""
+    """Configs with position keys (Phi-3/4 LongRoPE's ``original_max_position_embeddings``), Qwen2's QKV
+    bias, Gemma 3's local layers and Cohere's scalar logit scale read without a refusal, at the size their
+    cards state."""
     assert load_model(str(CONFIGS / config)).total_params / 1e9 == pytest.approx(total_b, rel=0.01)
 
 
