@@ -19,6 +19,7 @@ __all__ = [
     "MAX_MEMORY_HEADROOM",
     "headroom_budget_bytes",
     "headroom_reason",
+    "peak_headroom_reason",
     "headroom_excess_bytes",
     "room_left",
 ]
@@ -42,11 +43,16 @@ def headroom_excess_bytes(est: Estimate, headroom: float) -> float:
 
 def headroom_reason(est: Estimate, headroom: float) -> str | None:
     """Why a plan that fits the device is not recommended; None within the headroom."""
-    if headroom_excess_bytes(est, headroom) <= 0:
+    return peak_headroom_reason(est.memory_bytes_per_gpu, est.memory_capacity_bytes, headroom)
+
+
+def peak_headroom_reason(peak_bytes: float, capacity_bytes: float, headroom: float) -> str | None:
+    """``headroom_reason`` from a predicted peak and the device's capacity (before any step time)."""
+    if peak_bytes - (1.0 - headroom) * capacity_bytes <= 0:
         return None
     return (
-        f"above the memory headroom: needs {est.memory_bytes_per_gpu / _GIB:.1f} GiB per GPU, "
-        f"more than {1 - headroom:.0%} of {est.memory_capacity_bytes / _GIB:.1f} GiB "
+        f"above the memory headroom: needs {peak_bytes / _GIB:.1f} GiB per GPU, "
+        f"more than {1 - headroom:.0%} of {capacity_bytes / _GIB:.1f} GiB "
         f"(--memory-headroom {headroom:g})"
     )
 

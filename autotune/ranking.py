@@ -19,7 +19,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
-from autotune.rankworkers import judge, judged
+from autotune.rankworkers import Verdict, judge, judged, overcommit
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -77,19 +77,22 @@ def rank_plans(
     """Estimate every legal plan (stop at the first that fits with ``first_fit``); large spaces are judged
     across worker processes (``autotune.rankworkers``), with the same result. ``on_ladder`` hears of each
     judged ladder (``LadderJudged``)."""
-    tally, feasible, closest = Tally(), [], None
+    tally, feasible = Tally(), []
+    closest: tuple[float, Estimate | ParallelPlan] | None = None  # the least overcommitted miss
     ladders = enumerate_plans(choices, ctx, tally)
     verdicts = (judge(ladder, ctx, estimator) for ladder in ladders) if first_fit else None
     for steps in verdicts or judged(list(ladders), ctx, estimator):
         if on_ladder is not None:
-            on_ladder(sum(v.estimate is not None for v in steps), sum(v.reason is None for v in steps))
-        for est, reason, pruned in steps:
-            if reason is None and est is not None:
-                feasible.append(est)
+            judged_plans = sum(v.estimate is not None or v.plan is not None for v in steps)
+            on_ladder(judged_plans, sum(v.reason is None for v in steps))
+        for v in steps:
+            if v.reason is None and v.estimate is not None:
+                feasible.append(v.estimate)
                 continue
-            tally.count(rule_of(reason or ""), pruned)
-            if est is not None and (closest is None or _overcommit(est, ctx) < _overcommit(closest, ctx)):
-                closest = est
+            tally.count(rule_of(v.reason or ""), v.pruned)
+            miss = _miss(v, ctx)
+            if miss is not None and (closest is None or miss[0] < closest[0]):
+                closest = miss
         if first_fit and feasible:
             break
     feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
@@ -99,16 +102,28 @@ def rank_plans(
         feasible=feasible,
         num_legal=tally.num_legal,
         pruned=dict(sorted(tally.pruned.items(), key=lambda kv: (-kv[1], kv[0]))),  # ties: by name
-        closest=closest,
+        closest=_closest_estimate(closest, ctx, estimator),
     )
 
 
-def _overcommit(est: Estimate, ctx: PlanContext) -> float:
-    """How far over its tightest memory (GPU or host) a plan is: 1.0 just fits."""
-    return max(
-        est.memory_bytes_per_gpu / est.memory_capacity_bytes,
-        est.memory.host_bytes_per_node / ctx.cluster.host_memory_bytes_per_node,
-    )
+def _miss(v: Verdict, ctx: PlanContext) -> tuple[float, Estimate | ParallelPlan] | None:
+    """A plan that did not fit, keyed by how far it missed (``rankworkers.overcommit``); None for a plan
+    that refused to build."""
+    if v.estimate is not None:
+        return overcommit(v.estimate.memory, ctx.cluster), v.estimate
+    if v.plan is not None and v.overcommit is not None:
+        return v.overcommit, v.plan
+    return None
+
+
+def _closest_estimate(
+    closest: tuple[float, Estimate | ParallelPlan] | None, ctx: PlanContext, estimator: Estimator
+) -> Estimate | None:
+    """The closest miss as an estimate: a plan judged on its memory alone is estimated now, once."""
+    if closest is None:
+        return None
+    miss = closest[1]
+    return miss if isinstance(miss, Estimate) else estimator(ctx.model, ctx.cluster, miss)
 
 
 def plan_search(

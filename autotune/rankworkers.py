@@ -23,15 +23,17 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, NamedTuple
 
-from autotune.costmodel import Estimate, estimate
+from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
 from autotune.errors import ConfigError
-from autotune.headroom import headroom_reason
+from autotune.headroom import headroom_reason, peak_headroom_reason
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec
 
 if TYPE_CHECKING:
     from autotune.enumeration import Ladder
     from autotune.space import PlanContext
 
-__all__ = ["MIN_LADDERS", "Verdict", "judge", "judged", "workers"]
+__all__ = ["MIN_LADDERS", "Verdict", "judge", "judged", "overcommit", "workers"]
 
 MIN_LADDERS = 2000
 """Below this many ladders (a few seconds of estimates at most) starting workers is not worth it."""
@@ -49,6 +51,19 @@ class Verdict(NamedTuple):
     """Why it does not fit or build; None when it fits within the memory headroom."""
     pruned: int = 0
     """Micro-batches pruned with it: it and the larger ones of its ladder, which cannot fit either."""
+    plan: ParallelPlan | None = None
+    """A plan the catalog cost model found not to fit from its memory alone (``fit_check``): no estimate, no
+    step time spent on it; ``overcommit`` says by how much it missed."""
+    overcommit: float | None = None
+    """``overcommit`` of ``plan``'s memory (1.0: just fits), for the ranking's closest miss."""
+
+
+def overcommit(memory: MemoryBreakdown, cluster: ClusterSpec) -> float:
+    """How far over its tightest memory (GPU or host) a plan is: 1.0 just fits."""
+    return max(
+        memory.total_bytes / cluster.gpu.memory_bytes,
+        memory.host_bytes_per_node / cluster.host_memory_bytes_per_node,
+    )
 
 
 _WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate]] | None = None
@@ -56,7 +71,9 @@ _WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate]] | None = No
 
 
 def judge(ladder: Ladder, ctx: PlanContext, estimator: Callable[..., Estimate] = estimate) -> list[Verdict]:
-    """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit."""
+    """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit. With the catalog
+    cost model a plan's memory is judged first and its step time is priced only if it fits (most plans of
+    a large MoE space do not: two in three of DeepSeek-V3's on 256 H100)."""
     out: list[Verdict] = []
     n = len(ladder.micro_batches)
     for i, micro_batch in enumerate(ladder.micro_batches):
@@ -65,6 +82,15 @@ def judge(ladder: Ladder, ctx: PlanContext, estimator: Callable[..., Estimate] =
         except ConfigError as e:  # a plan.py rule space.py does not mirror yet: counted, never fatal
             out.append(Verdict(None, str(e), n - i))
             break
+        if estimator is estimate:
+            memory, reasons = checked = fit_check(ctx.model, ctx.cluster, plan)
+            room = peak_headroom_reason(memory.total_bytes, ctx.cluster.gpu.memory_bytes, ctx.memory_headroom)
+            miss = reasons[0] if reasons else room
+            if miss is not None:
+                out.append(Verdict(None, miss, n - i, plan, overcommit(memory, ctx.cluster)))
+                break
+            out.append(Verdict(estimate(ctx.model, ctx.cluster, plan, checked=checked)))
+            continue
         est = estimator(ctx.model, ctx.cluster, plan)
         above = headroom_reason(est, ctx.memory_headroom) if est.feasible else None
         if est.feasible and above is None:

@@ -49,6 +49,11 @@ CASES = [
         "argv": ["--model", "mixtral-8x7b", "--gpus", "16"],
     },
     {
+        "name": "deepseek-v3 on 256 H100",
+        "budget_s": None,
+        "argv": ["--model", "deepseek-v3", "--gpus", "256"],
+    },
+    {
         "name": "mixtral-8x7b on 16 H100, progress bars on a terminal",
         "budget_s": None,
         "argv": ["--model", "mixtral-8x7b", "--gpus", "16"],

@@ -54,6 +54,28 @@ def test_a_callers_estimator_is_never_sent_to_workers(monkeypatch):
     assert len(calls) >= len(ranking.feasible) > 0
 
 
+def test_plans_that_do_not_fit_are_judged_on_memory_alone_with_the_same_ranking(monkeypatch):
+    """The catalog model prices no step time for a plan its memory already rules out; a caller's estimator
+    (the full ``estimate`` of every plan) ranks the same plans, counts and closest miss. The closest is
+    estimated once at the end, with its step time."""
+    priced = []
+    real = rankworkers.estimate
+
+    def counting(model, cluster, plan, **kw):
+        priced.append(plan)
+        return real(model, cluster, plan, **kw)
+
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
+    monkeypatch.setattr(rankworkers, "estimate", counting)
+    fast = _search(estimator=counting)  # ``judge`` takes its memory-first path for the catalog estimate
+    fast_priced = len(priced)
+    full = _search(estimator=lambda m, c, p: real(m, c, p))
+    assert fast.pruned.get("out of memory", 0) > 0 and fast.closest is not None
+    assert _summary(fast) == _summary(full)
+    assert fast_priced == len(fast.feasible) + 1  # the plans that fit, and the closest miss once
+    assert fast.closest.time.step_time_s > 0
+
+
 @pytest.mark.parametrize("value, expected", [("3", 3), ("1", 1), ("0", None), ("x", None)])
 def test_workers_reads_the_environment(monkeypatch, value, expected):
     monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", value)

@@ -13,7 +13,7 @@ from autotune.costmodel.steptime import TimeBreakdown, step_time
 from autotune.plan import ParallelPlan, check_plan
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["Estimate", "estimate"]
+__all__ = ["Estimate", "estimate", "fit_check"]
 
 _GIB = 1024**3
 
@@ -107,11 +107,13 @@ class Estimate:
         }
 
 
-def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Estimate:
-    """Estimate memory and step time of ``plan``; never raises for an infeasible plan."""
+def fit_check(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
+) -> tuple[MemoryBreakdown, tuple[str, ...]]:
+    """``plan``'s memory and why it cannot run (illegal, out of GPU or host memory), without its step time:
+    what a search needs of a plan that turns out not to fit (``autotune.rankworkers``)."""
     reasons = list(check_plan(plan, model, cluster))
     memory = memory_breakdown(model, cluster, plan)
-    time = step_time(model, cluster, plan)
     capacity = cluster.gpu.memory_bytes
     if memory.needed_bytes > capacity:
         reasons.append(
@@ -125,13 +127,26 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> Esti
             f"out of host memory: offload needs {memory.host_bytes_per_node / _GIB:.0f} GiB per node "
             f"but a node has {host / _GIB:.0f} GiB"
         )
+    return memory, tuple(reasons)
+
+
+def estimate(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    plan: ParallelPlan,
+    *,
+    checked: tuple[MemoryBreakdown, tuple[str, ...]] | None = None,
+) -> Estimate:
+    """Estimate memory and step time of ``plan``; never raises for an infeasible plan. ``checked``: this
+    plan's ``fit_check``, when the caller has it already."""
+    memory, reasons = checked if checked is not None else fit_check(model, cluster, plan)
     return Estimate(
         plan=plan,
         feasible=not reasons,
-        reasons=tuple(reasons),
+        reasons=reasons,
         memory=memory,
-        memory_capacity_bytes=capacity,
-        time=time,
+        memory_capacity_bytes=cluster.gpu.memory_bytes,
+        time=step_time(model, cluster, plan),
         num_gpus=plan.world_size,
         peak_flops_per_gpu=cluster.gpu.peak_flops(str(plan.precision)) or 0.0,
     )
