@@ -86,6 +86,8 @@ def _model_args(
         args += [["--position-embedding-type", "rope"], ["--normalization", "RMSNorm"]]
     if not model.bias:
         args.append(["--disable-bias-linear"])
+        if model.attention_bias:  # Qwen2, GLM-4.5: bias on the QKV projection only
+            args.append(["--add-qkv-bias"])
     if not model.tie_embeddings:
         args.append(["--untie-embeddings-and-output-weights"])
     if model.attention_head_dim and not model.uses_mla:

@@ -203,7 +203,8 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
     if "megatron_args.txt" in written:
         notes.append(
             "- Megatron-LM: bash launch_torchrun.sh pretrain_gpt.py $(cat megatron_args.txt) plus "
-            f"your data, tokenizer (vocabulary {model.vocab_size}), optimizer and schedule flags."
+            f"your data, tokenizer (vocabulary {model.vocab_size}), RoPE settings (base, scaling, partial "
+            "rotary: config.json's, not priced), optimizer and schedule flags."
         )
         if model.mtp_layers:
             notes.append(

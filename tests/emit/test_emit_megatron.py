@@ -64,6 +64,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "group-query-attention",
         "swiglu",
         "disable-bias-linear",
+        "add-qkv-bias",
         "untie-embeddings-and-output-weights",
         "bf16",
         "fp16",
@@ -209,6 +210,21 @@ def test_gpt_models_keep_learned_positions_and_biases(emitted):
     a = _megatron_parser().parse_args(shlex.split(text))
     assert a.position_embedding_type == "learned_absolute" and a.normalization == "LayerNorm"
     assert not a.disable_bias_linear and not a.swiglu and not a.untie_embeddings_and_output_weights
+
+
+def test_qkv_bias_models_keep_their_qkv_bias():
+    """Qwen2 / GLM-4.5 put a bias on the QKV projection only: Megatron's ``--add-qkv-bias`` beside
+    ``--disable-bias-linear`` (megatron/training/arguments.py), not a model without it."""
+    from pathlib import Path
+
+    from autotune.catalog import load_model
+
+    config = Path(__file__).parents[1] / "data" / "hf_configs" / "qwen2.5-72b.json"
+    plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096, framework="megatron")
+    a = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, load_model(str(config)))))
+    assert a.disable_bias_linear and a.add_qkv_bias
+    plain = _megatron_parser().parse_args(shlex.split(megatron_args_text(plan, load_model("70b"))))
+    assert plain.disable_bias_linear and not plain.add_qkv_bias
 
 
 def test_fp8_runs_on_bf16():
