@@ -1,10 +1,11 @@
 """The ranking: every legal plan of a search space, estimated by the cost model, best first.
 
 ``plan_search`` enumerates the space (``space.py``) and estimates every legal plan, smallest micro-batch
-first; once a plan does not fit, the larger micro-batches of its ladder are counted with it (memory grows
-with the micro-batch) instead of estimated. A plan that does not fit is judged on its memory alone
-(``rankworkers.judge``); only the closest miss is estimated in full, for the "fits nowhere" answer. Bad input is a ``ConfigError`` that names the fix: no legal plan,
-a global batch no layout divides, or no plan that fits (with the smallest cluster that would).
+first; once a plan does not fit, the larger micro-batches of its ladder are counted with it (memory grows with
+the micro-batch) instead of estimated. A plan that does not fit is judged on its memory alone
+(``rankworkers.judge``); only the closest miss is estimated in full, for the "fits nowhere" answer. Bad input
+is a ``ConfigError`` that names the fix: no legal plan, a global batch no layout divides, or no plan that fits
+(with the smallest cluster that would).
 """
 
 from __future__ import annotations

@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         default="1b",
         help="with --gpu: the 1B-class model (memory_crosscheck_gpu.json) or Llama 3 8B's width at 8k "
         "tokens, 4 layers (memory_crosscheck_gpu_8b.json), or that model with torchao float8 linears "
-        "(memory_crosscheck_gpu_8b_fp8.json; needs torchao)",
+        "(memory_crosscheck_gpu_8b_fp8.json; needs torchao, the test extra)",
     )
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """The fp8 half of the GPU memory check (``benchmarks/memory_crosscheck.py --gpu --gpu-model 8b-fp8``):
 its cases are the plans the model prices, and its float8 swap is torchtitan's, so a GPU session can run it
-unchanged. The swap itself needs torchao (not a test dependency): checked on the CPU in emulation when
-torchao is installed."""
+unchanged. The swap itself runs torchao's float8 (the ``test`` extra installs it), checked on the CPU in
+emulation."""
 
 import dataclasses
 
