@@ -76,6 +76,19 @@ def test_dense_configs_of_2024_2025_read_at_their_published_size(config, total_b
     assert load_model(str(CONFIGS / config)).total_params / 1e9 == pytest.approx(total_b, rel=0.01)
 
 
+@pytest.mark.parametrize(
+    ("config", "total_b", "active_b"),
+    [  # Mistral AI (Mixtral 8x22B: 141B / 39B), OLMoE paper (OLMoE-1B-7B: 6.9B / 1.3B)
+        ("mixtral-8x22b.json", 141, 39),
+        ("olmoe-1b-7b.json", 6.9, 1.3),
+    ],
+)
+def test_moe_configs_read_at_their_published_total_and_active(config, total_b, active_b):
+    model = load_model(str(CONFIGS / config))
+    assert model.total_params / 1e9 == pytest.approx(total_b, rel=0.02)
+    assert model.active_params / 1e9 == pytest.approx(active_b, rel=0.02)
+
+
 def test_glm45_reads_as_moe_with_partial_rope_and_its_mtp_module():
     """GLM-4.5 (model card: 355B total, 32B active): partial RoPE (``partial_rotary_factor``) is position
     encoding, DeepSeek-style experts with three dense layers, one MTP module counted apart. Its active 32B
