@@ -73,7 +73,7 @@ _WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate]] | None = No
 def judge(ladder: Ladder, ctx: PlanContext, estimator: Callable[..., Estimate] = estimate) -> list[Verdict]:
     """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit. With the catalog
     cost model a plan's memory is judged first and its step time is priced only if it fits (most plans of
-    a large MoE space do not: two in three of DeepSeek-V3's on 256 H100)."""
+    a large MoE space do not: benchmarks/results/search_speed.md)."""
     out: list[Verdict] = []
     n = len(ladder.micro_batches)
     for i, micro_batch in enumerate(ladder.micro_batches):
