@@ -139,9 +139,7 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
     """The non-layout combinations, with knobs that do not matter here collapsed to their default."""
     tp_gt1 = tp > 1
     schedules = [
-        (s, v)
-        for s in choices["schedule"]
-        for v in (choices["virtual_stages"] if s is Schedule.INTERLEAVED else (1,))
+        (s, v) for s in choices["schedule"] for v in (choices["virtual_stages"] if s.looped else (1,))
     ]
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
     sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP

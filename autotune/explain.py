@@ -125,7 +125,8 @@ def _candidates(plan: ParallelPlan, world: int) -> Iterator[tuple[str, dict[str,
                 yield f"sharding {plan.sharding} -> {stages[j]}", {"sharding": stages[j]}
     if plan.pp > 1:
         for v in _halve_double(plan.virtual_stages):
-            schedule = Schedule.INTERLEAVED if v > 1 else Schedule.ONE_F_ONE_B
+            looped = plan.schedule if plan.schedule.looped else Schedule.INTERLEAVED
+            schedule = looped if v > 1 else Schedule.ONE_F_ONE_B
             yield (
                 f"virtual stages {plan.virtual_stages} -> {v} ({schedule})",
                 {"virtual_stages": v, "schedule": schedule},

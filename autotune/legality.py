@@ -28,13 +28,13 @@ from autotune.legalrules import (
     offload_unsharded,
     shard_ranks,
     tp_split_broken,
+    zero_bubble_broken,
 )
 from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
     MOE_DISPATCHERS,
     Framework,
-    Schedule,
     Sharding,
 )
 from autotune.specs import ClusterSpec, ModelSpec
@@ -121,11 +121,20 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
 
 def _pipeline_errors(plan: ParallelPlan) -> list[str]:
     errors: list[str] = []
-    if plan.schedule is Schedule.INTERLEAVED:
+    if plan.schedule.looped:
         if interleave_bad(plan.schedule, plan.pp, plan.virtual_stages):
-            errors.append("the interleaved schedule needs PP > 1 and virtual stages >= 2")
+            errors.append(f"the {plan.schedule} schedule needs PP > 1 and virtual stages >= 2")
     elif plan.virtual_stages != 1:
-        errors.append(f"virtual stages {plan.virtual_stages} need --schedule interleaved")
+        errors.append(f"virtual stages {plan.virtual_stages} need --schedule interleaved or interleaved-zb")
+    zero_bubble = zero_bubble_broken(plan.framework, plan.schedule, plan.compile)
+    if zero_bubble == "framework":
+        errors.append(
+            "interleaved-zb is torch.distributed.pipelining's ScheduleInterleavedZeroBubble: "
+            f"framework {plan.framework} runs its own schedules; use --framework fsdp or --schedule "
+            + ("interleaved" if plan.framework is Framework.MEGATRON else "1f1b")
+        )
+    if zero_bubble == "compile":
+        errors.append("torch's zero-bubble schedule refuses compiled stage modules; drop --compile")
     if plan.pp > 1 and plan.global_batch % (plan.dp * plan.micro_batch) == 0:
         m = plan.num_microbatches
         broken = microbatch_broken(plan.schedule, plan.pp, m)
@@ -136,6 +145,11 @@ def _pipeline_errors(plan: ParallelPlan) -> list[str]:
             )
         if "not-divisible" in broken:
             errors.append(f"interleaved needs micro-batches per step ({m}) divisible by PP ({plan.pp})")
+        if "rounds" in broken:
+            errors.append(
+                f"interleaved-zb runs {m // plan.pp} rounds of micro-batches (m // PP) and needs the "
+                f"micro-batches per step ({m}) divisible by them; use a multiple of PP ({plan.pp})"
+            )
     return errors
 
 

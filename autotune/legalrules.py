@@ -34,6 +34,7 @@ __all__ = [
     "megatron_fsdp_bad",
     "interleave_bad",
     "microbatch_broken",
+    "zero_bubble_broken",
     "deepspeed_broken",
     "expert_model_broken",
     "expert_fold_broken",
@@ -99,15 +100,34 @@ def megatron_fsdp_bad(fw: Framework, sharding: Sharding, pp: int, offload: bool)
 
 
 def interleave_bad(schedule: Schedule, pp: int, virtual_stages: int) -> bool:
-    return schedule is Schedule.INTERLEAVED and (pp == 1 or virtual_stages < 2)
+    return schedule.looped and (pp == 1 or virtual_stages < 2)
 
 
 def microbatch_broken(schedule: Schedule, pp: int, num_microbatches: int) -> list[str]:
-    """Pipeline schedules that need more micro-batches: ``too-few`` (< PP), ``not-divisible`` (by PP)."""
+    """Pipeline schedules that need more micro-batches: ``too-few`` (< PP), ``not-divisible`` (by PP),
+    ``rounds``: torch's ScheduleInterleavedZeroBubble runs ``m // pp`` rounds and needs ``m`` divisible by
+    them (torch/distributed/pipelining/schedules.py, its ``__init__``)."""
     if pp == 1:
         return []
-    broken = ["too-few"] if schedule is not Schedule.GPIPE and num_microbatches < pp else []
-    return broken + (["not-divisible"] if schedule is Schedule.INTERLEAVED and num_microbatches % pp else [])
+    m = num_microbatches
+    broken = ["too-few"] if schedule is not Schedule.GPIPE and m < pp else []
+    if schedule is Schedule.INTERLEAVED and m % pp:
+        broken.append("not-divisible")
+    if schedule.zero_bubble and m % max(1, m // pp):
+        broken.append("rounds")
+    return broken
+
+
+def zero_bubble_broken(fw: Framework, schedule: Schedule, compiled: bool) -> str | None:
+    """Where the zero-bubble schedule cannot run: outside torch.distributed.pipelining ("framework": Megatron
+    and DeepSpeed run their own schedules), or on compiled stage modules ("compile": torch's
+    ``_check_torch_compile_compatibility`` refuses any ``OptimizedModule`` in a stage, and torchtitan compiles
+    each block); None where it can."""
+    if not schedule.zero_bubble:
+        return None
+    if fw is not Framework.FSDP:
+        return "framework"
+    return "compile" if compiled else None
 
 
 def deepspeed_broken(

@@ -67,6 +67,18 @@ class Schedule(_StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"  # Narayanan et al. 2021 Sec. 2.2.2, needs virtual_stages >= 2
+    INTERLEAVED_ZB = "interleaved-zb"  # torch's ScheduleInterleavedZeroBubble (Qi et al. 2024 ZB1P)
+
+    @property
+    def looped(self) -> bool:
+        """``v >= 2`` model chunks per rank, chunk ``c`` on rank ``c % pp`` (both interleaved schedules)."""
+        return self in (Schedule.INTERLEAVED, Schedule.INTERLEAVED_ZB)
+
+    @property
+    def zero_bubble(self) -> bool:
+        """The backward split into input and weight gradients, the weight half deferred into the bubble
+        (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241)."""
+        return self is Schedule.INTERLEAVED_ZB
 
 
 class Precision(_StrEnum):

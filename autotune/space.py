@@ -321,7 +321,7 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
     v: dict[str, Any] = {
         k: _parse_value(k, params[k], "trial") if params[k] is not None else None for k in Variant._fields
     }
-    interleaved = pp > 1 and v["schedule"] is Schedule.INTERLEAVED
+    interleaved = pp > 1 and v["schedule"].looped
     variant = collapse(
         Variant(
             **{

@@ -31,6 +31,7 @@ from autotune.legalrules import (
     shard_ranks,
     store_dtype_broken,
     tp_split_broken,
+    zero_bubble_broken,
 )
 from autotune.planenums import (
     FRAMEWORK_SHARDING,
@@ -194,6 +195,8 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return _DEEPSPEED[broken[0]]
     if interleave_bad(v.schedule, pp, v.virtual_stages):
         return "the interleaved schedule needs virtual stages >= 2"
+    if zero_bubble := zero_bubble_broken(fw, v.schedule, v.compile):
+        return _ZERO_BUBBLE[zero_bubble]
     if pp > 1 and split_error(ctx.model.num_layers, pp, v.virtual_stages, str(fw), ctx.model.mtp_layers):
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
@@ -207,6 +210,10 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 
 
+_ZERO_BUBBLE = {
+    "framework": "the zero-bubble schedule is torch.distributed.pipelining's (framework fsdp)",
+    "compile": "torch's zero-bubble schedule refuses compiled stage modules",
+}
 _STORE_DTYPE = {
     "framework": "bf16 weights or moments, or a loss kernel, are framework fsdp's (the others: fp32 masters)",
     "fp16": "bf16 weights, moments or loss kernel do not go with fp16 compute",
@@ -297,6 +304,7 @@ def pipeline_rule(schedule: Schedule, pp: int, num_microbatches: int) -> str | N
 _PIPELINE = {
     "too-few": "1F1B needs micro-batches per step >= PP",
     "not-divisible": "interleaved needs micro-batches per step divisible by PP",
+    "rounds": "interleaved-zb needs micro-batches per step divisible by m // PP",
 }
 
 

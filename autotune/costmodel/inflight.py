@@ -20,7 +20,11 @@ def in_flight_microbatches(plan: ParallelPlan, *, rank: int) -> float:
     PP = 1: one (gradient accumulation frees each micro-batch in its backward). GPipe: all ``m``.
     1F1B: ``min(pp - rank, m)`` (Narayanan et al. 2021 Sec. 2.2.1: rank 0 holds ``pp``). Interleaved with
     ``v`` chunks: Megatron's warm-up of ``2(pp - rank - 1) + (v - 1) pp`` chunk forwards plus the one in
-    progress, in stage units (``/v``); rank 0 gives ``pp (1 + (pp - 1)/(pp v))`` (Korthikanti Sec. 4.2.3)."""
+    progress, in stage units (``/v``); rank 0 gives ``pp (1 + (pp - 1)/(pp v))`` (Korthikanti Sec. 4.2.3).
+    Interleaved zero bubble (torch's ScheduleInterleavedZeroBubble): its shorter warm-up and deferred
+    weight-gradient halves hold ``pp v`` chunks from forward to weight gradient on every rank, ``min(pp, m)``
+    stages, counted as whole activations (the attention core's are freed at the input-gradient half: an
+    upper bound); tests/test_zero_bubble.py counts both from torch's own action lists."""
     return in_flight_of(plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule, rank)
 
 
@@ -33,6 +37,8 @@ def in_flight_of(m: int, pp: int, v: int, schedule: Schedule, rank: int) -> floa
     if schedule is Schedule.INTERLEAVED:
         chunks = 2 * (pp - rank - 1) + (v - 1) * pp + 1
         return min(chunks / v, float(m))
+    if schedule.zero_bubble:  # from a chunk's forward to its weight-gradient half: pp v chunks, every rank
+        return float(min(pp, m))
     return float(min(pp - rank, m))
 
 

@@ -16,17 +16,27 @@ from autotune.stagesplit import split_layers
 __all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split", "rank_blocks", "sends_s"]
 
 
-def bubble_fraction(pp: int, num_microbatches: int, virtual_stages: int = 1) -> float:
+def bubble_fraction(
+    pp: int, num_microbatches: int, virtual_stages: int = 1, weight_grad_share: float | None = None
+) -> float:
     """Idle time of a pipeline flush relative to the ideal compute time of one step.
 
     GPipe and 1F1B (PipeDream-Flush) both idle ``(p-1)`` micro-batch slots while filling and draining:
     ``(p-1)/m`` (Narayanan et al. 2021 Sec. 2.2.1, Eq. 1). The interleaved schedule gives each rank ``v``
     model chunks, so a slot is ``1/v`` as long: ``(p-1)/(m v)`` (Sec. 2.2.2). 1F1B differs from GPipe in
     memory (at most ``p`` micro-batches in flight), not in bubble.
+
+    Zero bubble (``weight_grad_share`` given: ``W / (F + B + W)`` of a slot, ``W`` the weight-gradient half
+    of the backward, ``B`` the input-gradient half): the deferred ``W`` fill the drain, leaving
+    ``(p-1)(F + B - W)`` per chunk (Qi et al. 2024, arXiv:2401.10241, Sec. 3, ZB-H1), i.e. ``(p-1)/(m v)``
+    x ``(1 - 2 share)``; tests/test_zero_bubble.py replays torch's own action lists to the same figure.
     """
     if pp <= 1:
         return 0.0
-    return (pp - 1) / (num_microbatches * max(1, virtual_stages))
+    slots = (pp - 1) / (num_microbatches * max(1, virtual_stages))
+    if weight_grad_share is None:
+        return slots
+    return slots * max(0.0, 1.0 - 2.0 * weight_grad_share)
 
 
 def shared_core_bubble_fraction(bubble: float, ranks_per_node: int, cores_per_node: int | None) -> float:
@@ -101,6 +111,13 @@ def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float
     link = comm.group_link(cluster, plan.pp, plan.tp * plan.cp * plan.dp)
     nbytes = plan.micro_batch * plan.seq_len / plan.cp * model.hidden_size * act_bytes(cluster) / plan.tp
     torch_schedule = plan.framework is Framework.FSDP  # Megatron's and DeepSpeed's schedules are their own
-    action_s = cluster.gpu.host.pipeline_action_s(plan.schedule.value) if torch_schedule else None
-    send_s = comm.p2p_s(nbytes, link) if action_s is None else action_s + nbytes / link.bw_bytes_per_s
-    return plan.num_microbatches * 2 * plan.virtual_stages * send_s
+    host = cluster.gpu.host
+    action_s = host.pipeline_action_s(plan.schedule.value) if torch_schedule else None
+    if action_s is None and torch_schedule and plan.schedule.zero_bubble:  # profiled before this schedule:
+        action_s = host.pipeline_action_s("interleaved")  # the same runtime, each send and receive an action
+    chunks = plan.num_microbatches * plan.virtual_stages
+    if action_s is None:
+        return chunks * 2 * comm.p2p_s(nbytes, link)
+    # the zero-bubble schedule's weight-gradient half is a third action per chunk, with nothing to send
+    actions = 3 if plan.schedule.zero_bubble else 2
+    return chunks * (actions * action_s + 2 * nbytes / link.bw_bytes_per_s)

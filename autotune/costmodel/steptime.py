@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from autotune.costmodel import flops, fsdpcopy, moe, mtp, ncclsm, pipeline, tpcomm
-from autotune.costmodel.blocktime import block_times, recomputed_share
+from autotune.costmodel.blocktime import BlockTimes, block_times, recomputed_share
 from autotune.costmodel.dpcomm import collective_calls as dp_collective_calls
 from autotune.costmodel.dpcomm import dp_comm_s, zero3_gathers
 from autotune.costmodel.gradbuffer import megatron_grad_buffer_s
@@ -112,6 +112,25 @@ class TimeBreakdown:
         return d
 
 
+def _rerun_s(bt: BlockTimes, plan: ParallelPlan) -> float:
+    """Recompute a block runs twice under the zero-bubble schedule: torch's pipelining takes the input and
+    the weight gradients in two autograd passes (``stage_backward_input``, ``stage_backward_weight``), and a
+    non-reentrant checkpoint (torchtitan's AC) re-runs its forward in each (seen on CPU: three forward calls
+    per micro-batch with full AC, two with 1F1B; docs/pipeline_schedules.md)."""
+    return bt.recompute_s if plan.schedule.zero_bubble else 0.0
+
+
+def _weight_grad_share(bt: BlockTimes, plan: ParallelPlan) -> float | None:
+    """The zero-bubble schedule's deferred share of a block's compute (``pipeline.bubble_fraction``): its
+    weight-gradient GEMMs, as many FLOPs as the forward GEMMs (Qi et al. 2024 Sec. 2: ``W`` of a linear
+    layer equals ``F``), and their own recompute (``_rerun_s``); the attention core's backward and the first
+    recompute are on the input-gradient side. None for the other schedules."""
+    if not plan.schedule.zero_bubble:
+        return None
+    work = bt.fwd_s + bt.bwd_s + 2 * bt.recompute_s
+    return (bt.gemm_s + bt.recompute_s) / work if work > 0 else 0.0
+
+
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head on a
     pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
@@ -179,8 +198,9 @@ def step_time(
     edge_host = bt.edge_host_s if last_busier else 0.0
     m = plan.num_microbatches
     ov = dp_overlap_fraction(cluster)
-    mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s) + head_s
-    mb_s = blocks * block_s + head_s + edge_tp_s + edge_host
+    rerun_s = _rerun_s(bt, plan)
+    mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s + rerun_s) + head_s
+    mb_s = blocks * (block_s + rerun_s) + head_s + edge_tp_s + edge_host
     busiest = max(k_last, k_other)
     params = _rank_params(model, plan, busiest)
     dp = dp_comm_s(cluster, model, plan, params, busiest)
@@ -210,10 +230,11 @@ def step_time(
         flops.recompute_flops_per_token(model, plan.seq_len, plan.recompute.value)
         * tokens
         * (recomputed_share(model, plan) if plan.recompute is Recompute.FULL else 1.0)
+        * (2 if plan.schedule.zero_bubble else 1)  # ``_rerun_s``
     )
     return TimeBreakdown(
         compute_s=m * (blocks * (bt.fwd_s + bt.bwd_s) + head_s),
-        recompute_s=m * blocks * bt.recompute_s,
+        recompute_s=m * blocks * (bt.recompute_s + rerun_s),
         tp_comm_s=m * (blocks * bt.tp_s + edge_tp_s) + norm_s,
         cp_comm_s=m * blocks * bt.cp_s,
         pp_p2p_s=pipeline.sends_s(model, cluster, plan),
@@ -227,7 +248,7 @@ def step_time(
         pp_bubble_s=m
         * mb_s
         * pipeline.shared_core_bubble_fraction(
-            pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages),
+            pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages, _weight_grad_share(bt, plan)),
             cluster.gpus_per_node,
             cluster.cores_per_node,
         ),

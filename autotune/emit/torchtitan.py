@@ -77,7 +77,12 @@ routed expert width, routed experts, top-k, vocabulary)."""
 REGISTRIES = {"llama3": "llama3_args", "deepseek_v3": "deepseekv3_args", "qwen3": "qwen3_args"}
 """Where a flavor of each torchtitan model is registered (``torchtitan/models/<model>/__init__.py``)."""
 
-_SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B", Schedule.INTERLEAVED: "Interleaved1F1B"}
+_SCHEDULES = {
+    Schedule.GPIPE: "GPipe",
+    Schedule.ONE_F_ONE_B: "1F1B",
+    Schedule.INTERLEAVED: "Interleaved1F1B",
+    Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble",
+}
 _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
 
 

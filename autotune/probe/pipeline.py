@@ -14,10 +14,11 @@ The probe times exactly that: pipelines of two adjacent ranks of a node (all pai
 in a trial) run each schedule over stages that do almost no arithmetic (one 8-wide linear layer on one row per
 micro-batch) at 4, 8 and 16 micro-batches per step, in three sweeps with the schedules in turn. Per sweep the
 slope of step time over actions per rank (``2 m`` forward and backward actions, ``4 m`` with two virtual
-stages) is fitted by least squares -- the intercept holds the fill, the drain and the step's fixed costs;
-a rank reports its median sweep and the probe the median rank. A stage's own operators (some 10 per action,
-4 us each on this VM) are under a fifth of what is measured and are not
-subtracted: the trial model's operators are charged by ``costmodel.hostops`` anyway.
+stages, ``6 m`` for the zero-bubble schedule, whose backward is an input and a weight action) is fitted by
+least squares -- the intercept holds the fill, the drain and the step's fixed costs; a rank reports its
+median sweep and the probe the median rank. A stage's own operators (some 10 per action, 4 us each on this
+VM) are under a fifth of what is measured and are not subtracted: the trial model's operators are charged by
+``costmodel.hostops`` anyway.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from torch import nn
 
 __all__ = ["SCHEDULES", "MICROBATCHES", "pipeline_action_overhead"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb")
 """``plan.Schedule`` values, as the trials build them (``trials.parallelize.build_schedule``)."""
 MICROBATCHES = (4, 8, 16)
 _WIDTH = 8
@@ -54,12 +55,13 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def _schedule(name: str, microbatches: int, pair_rank: int, group: dist.ProcessGroup, device: torch.device):
     from torch.distributed import pipelining as pipe
 
-    if name == "interleaved":  # looped placement, 2 virtual stages (trials.parallelize.split_stages)
+    if name in ("interleaved", "interleaved-zb"):  # looped, 2 virtual stages (parallelize.split_stages)
         stages = [
             pipe.PipelineStage(_Stage().to(device), pair_rank + 2 * v, 4, device, group=group)
             for v in range(2)
         ]
-        return pipe.ScheduleInterleaved1F1B(stages, n_microbatches=microbatches, loss_fn=_loss)
+        cls = pipe.ScheduleInterleaved1F1B if name == "interleaved" else pipe.ScheduleInterleavedZeroBubble
+        return cls(stages, n_microbatches=microbatches, loss_fn=_loss)
     stage = pipe.PipelineStage(_Stage().to(device), pair_rank, 2, device, group=group)
     cls = pipe.ScheduleGPipe if name == "gpipe" else pipe.Schedule1F1B
     return cls(stage, n_microbatches=microbatches, loss_fn=_loss)
@@ -120,7 +122,9 @@ def pipeline_action_overhead(
                     continue
                 pair_rank = pairs[mine].index(rank)
                 schedule = _schedule(name, m, pair_rank, groups[mine], device)
-                actions = 2 * m * (2 if name == "interleaved" else 1)
+                # forward and backward per chunk; the zero-bubble backward is two actions (input, weight)
+                per_chunk = 3 if name == "interleaved-zb" else 2
+                actions = per_chunk * m * (1 if name in ("gpipe", "1f1b") else 2)
                 points.append((actions, _step_s(schedule, pair_rank, m, device, iters=iters)))
             if points:
                 slopes.setdefault(name, []).append(_slope(points))

@@ -316,5 +316,7 @@ def build_schedule(
     n = plan.num_microbatches
     if plan.schedule is Schedule.INTERLEAVED:
         return pipe.ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)
+    if plan.schedule is Schedule.INTERLEAVED_ZB:
+        return pipe.ScheduleInterleavedZeroBubble(stages, n_microbatches=n, loss_fn=loss_fn)
     cls = pipe.ScheduleGPipe if plan.schedule is Schedule.GPIPE else pipe.Schedule1F1B
     return cls(stages[0], n_microbatches=n, loss_fn=loss_fn)

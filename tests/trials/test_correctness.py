@@ -28,6 +28,12 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "tp2-sp": {"tp": 2, "sequence_parallel": True, "micro_batch": 2},
     "pp2-1f1b": {"pp": 2},
     "pp2-gpipe": {"pp": 2, "schedule": "gpipe", "micro_batch": 2},
+    "pp2-interleaved-zb+full-ac": {
+        "pp": 2,
+        "schedule": "interleaved-zb",
+        "virtual_stages": 2,
+        "recompute": "full",
+    },  # torch's zero bubble: input and weight gradients in two passes, the checkpoint re-run in each
     "fsdp-full": {"dp": 2, "sharding": "fsdp-full"},
     "fsdp-grad-op+full-ac": {"dp": 2, "sharding": "fsdp-grad-op", "recompute": "full"},
     "ds-zero1": {"dp": 2, "sharding": "zero1", "framework": "deepspeed"},
