@@ -232,7 +232,9 @@ def cpu_setup():
     ranking = plan_search(
         load_space("fsdp"), model, cluster, pins={"offload": False, "cp": 1}, global_batch=16, seq_len=128
     )
-    plans = random.Random(0).sample([e.plan for e in ranking.feasible], 30)
+    # the schedules the CPU landscape measured (benchmarks/landscape.py): no zero bubble among them
+    measured = [e.plan for e in ranking.feasible if not e.plan.schedule.zero_bubble]
+    plans = random.Random(0).sample(measured, 30)
     assert {p.tp > 1 for p in plans} == {True, False} and any(p.pp > 1 for p in plans)
     return model, cluster, plans
 
