@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from autotune.planenums import Schedule
+
 __all__ = ["SCHEDULES", "MICROBATCHES", "pipeline_action_overhead"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb")
@@ -55,13 +57,14 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def _schedule(name: str, microbatches: int, pair_rank: int, group: dist.ProcessGroup, device: torch.device):
     from torch.distributed import pipelining as pipe
 
-    if name in ("interleaved", "interleaved-zb"):  # looped, 2 virtual stages (parallelize.split_stages)
+    schedule = Schedule(name)
+    if schedule.looped:  # looped placement, 2 virtual stages (trials.parallelize.split_stages)
         stages = [
             pipe.PipelineStage(_Stage().to(device), pair_rank + 2 * v, 4, device, group=group)
             for v in range(2)
         ]
-        cls = pipe.ScheduleInterleaved1F1B if name == "interleaved" else pipe.ScheduleInterleavedZeroBubble
-        return cls(stages, n_microbatches=microbatches, loss_fn=_loss)
+        looped = pipe.ScheduleInterleavedZeroBubble if schedule.zero_bubble else pipe.ScheduleInterleaved1F1B
+        return looped(stages, n_microbatches=microbatches, loss_fn=_loss)
     stage = pipe.PipelineStage(_Stage().to(device), pair_rank, 2, device, group=group)
     cls = pipe.ScheduleGPipe if name == "gpipe" else pipe.Schedule1F1B
     return cls(stage, n_microbatches=microbatches, loss_fn=_loss)
@@ -123,8 +126,8 @@ def pipeline_action_overhead(
                 pair_rank = pairs[mine].index(rank)
                 schedule = _schedule(name, m, pair_rank, groups[mine], device)
                 # forward and backward per chunk; the zero-bubble backward is two actions (input, weight)
-                per_chunk = 3 if name == "interleaved-zb" else 2
-                actions = per_chunk * m * (1 if name in ("gpipe", "1f1b") else 2)
+                kind = Schedule(name)
+                actions = (3 if kind.zero_bubble else 2) * m * (2 if kind.looped else 1)
                 points.append((actions, _step_s(schedule, pair_rank, m, device, iters=iters)))
             if points:
                 slopes.setdefault(name, []).append(_slope(points))
