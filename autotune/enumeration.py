@@ -135,12 +135,15 @@ def _ladders(
             yield ladder
 
 
+def _stage_counts(schedule: Schedule, virtual_stages: tuple[int, ...]) -> tuple[int, ...]:
+    """Virtual-stage counts a schedule runs with: the space's for the looped ones, two for ZBV's V, else 1."""
+    return virtual_stages if schedule.looped else (2,) if schedule.v_shape else (1,)
+
+
 def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int) -> list[Variant]:
     """The non-layout combinations, with knobs that do not matter here collapsed to their default."""
     tp_gt1 = tp > 1
-    schedules = [
-        (s, v) for s in choices["schedule"] for v in (choices["virtual_stages"] if s.looped else (1,))
-    ]
+    schedules = [(s, v) for s in choices["schedule"] for v in _stage_counts(s, choices["virtual_stages"])]
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
     sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP
     out = []

@@ -121,15 +121,23 @@ def _sharding_errors(plan: ParallelPlan) -> list[str]:
 
 def _pipeline_errors(plan: ParallelPlan) -> list[str]:
     errors: list[str] = []
-    if plan.schedule.looped:
+    if plan.schedule.v_shape:
+        if interleave_bad(plan.schedule, plan.pp, plan.virtual_stages):
+            errors.append(
+                f"the {plan.schedule} schedule needs PP > 1 and exactly 2 virtual stages (two chunks per "
+                "rank in a V); use --virtual-stages 2"
+            )
+    elif plan.schedule.looped:
         if interleave_bad(plan.schedule, plan.pp, plan.virtual_stages):
             errors.append(f"the {plan.schedule} schedule needs PP > 1 and virtual stages >= 2")
     elif plan.virtual_stages != 1:
-        errors.append(f"virtual stages {plan.virtual_stages} need --schedule interleaved or interleaved-zb")
+        errors.append(
+            f"virtual stages {plan.virtual_stages} need --schedule interleaved, interleaved-zb or zbv"
+        )
     zero_bubble = zero_bubble_broken(plan.framework, plan.schedule, plan.compile)
     if zero_bubble == "framework":
         errors.append(
-            "interleaved-zb is torch.distributed.pipelining's ScheduleInterleavedZeroBubble: "
+            f"{plan.schedule} is torch.distributed.pipelining's {plan.schedule.torch_class}: "
             f"framework {plan.framework} runs its own schedules; use --framework fsdp or --schedule "
             + ("interleaved" if plan.framework is Framework.MEGATRON else "1f1b")
         )
@@ -145,6 +153,11 @@ def _pipeline_errors(plan: ParallelPlan) -> list[str]:
             )
         if "not-divisible" in broken:
             errors.append(f"interleaved needs micro-batches per step ({m}) divisible by PP ({plan.pp})")
+        if "fill" in broken:
+            errors.append(
+                f"zbv needs micro-batches per step >= 2 PP - 1 = {2 * plan.pp - 1} to fill its V: {m} "
+                "(torch pads the rest with idle slots; raise the global batch or lower the micro-batch)"
+            )
         if "rounds" in broken:
             errors.append(
                 f"interleaved-zb runs {m // plan.pp} rounds of micro-batches (m // PP) and needs the "

@@ -100,20 +100,28 @@ def megatron_fsdp_bad(fw: Framework, sharding: Sharding, pp: int, offload: bool)
 
 
 def interleave_bad(schedule: Schedule, pp: int, virtual_stages: int) -> bool:
+    """A looped schedule without PP or a second chunk; ZBV without exactly two chunks per rank (torch's
+    ``ScheduleZBVZeroBubble.__init__`` raises on any other count)."""
+    if schedule.v_shape:
+        return pp == 1 or virtual_stages != 2
     return schedule.looped and (pp == 1 or virtual_stages < 2)
 
 
 def microbatch_broken(schedule: Schedule, pp: int, num_microbatches: int) -> list[str]:
     """Pipeline schedules that need more micro-batches: ``too-few`` (< PP), ``not-divisible`` (by PP),
     ``rounds``: torch's ScheduleInterleavedZeroBubble runs ``m // pp`` rounds and needs ``m`` divisible by
-    them (torch/distributed/pipelining/schedules.py, its ``__init__``)."""
+    them (torch/distributed/pipelining/schedules.py, its ``__init__``); ``fill``: torch's ZBV plans
+    ``max(2 pp - 1, m)`` micro-batches and leaves the padding slots idle (its
+    ``_calculate_single_rank_operations``), a bubble the cost model's formula does not cover."""
     if pp == 1:
         return []
     m = num_microbatches
+    if schedule.v_shape:
+        return ["fill"] if m < 2 * pp - 1 else []
     broken = ["too-few"] if schedule is not Schedule.GPIPE and m < pp else []
     if schedule is Schedule.INTERLEAVED and m % pp:
         broken.append("not-divisible")
-    if schedule.zero_bubble and m % max(1, m // pp):
+    if schedule is Schedule.INTERLEAVED_ZB and m % max(1, m // pp):
         broken.append("rounds")
     return broken
 

@@ -68,6 +68,7 @@ class Schedule(_StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED = "interleaved"  # Narayanan et al. 2021 Sec. 2.2.2, needs virtual_stages >= 2
     INTERLEAVED_ZB = "interleaved-zb"  # torch's ScheduleInterleavedZeroBubble (Qi et al. 2024 ZB1P)
+    ZBV = "zbv"  # torch's ScheduleZBVZeroBubble (Qi et al. 2024 Sec. 6 ZB-V): two chunks per rank in a V
 
     @property
     def looped(self) -> bool:
@@ -78,7 +79,27 @@ class Schedule(_StrEnum):
     def zero_bubble(self) -> bool:
         """The backward split into input and weight gradients, the weight half deferred into the bubble
         (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", arXiv:2401.10241)."""
-        return self is Schedule.INTERLEAVED_ZB
+        return self in (Schedule.INTERLEAVED_ZB, Schedule.ZBV)
+
+    @property
+    def v_shape(self) -> bool:
+        """Two chunks per rank placed in a V: rank ``r`` holds stages ``r`` and ``2 pp - 1 - r``, so rank 0
+        holds the embedding and the head (torch's ``generate_stage_to_rank_mapping(style="v")``)."""
+        return self is Schedule.ZBV
+
+    @property
+    def torch_class(self) -> str:
+        """The ``torch.distributed.pipelining`` schedule class that runs it (the trials' and torchtitan's)."""
+        return _TORCH_SCHEDULES[self]
+
+
+_TORCH_SCHEDULES = {
+    Schedule.GPIPE: "ScheduleGPipe",
+    Schedule.ONE_F_ONE_B: "Schedule1F1B",
+    Schedule.INTERLEAVED: "ScheduleInterleaved1F1B",
+    Schedule.INTERLEAVED_ZB: "ScheduleInterleavedZeroBubble",
+    Schedule.ZBV: "ScheduleZBVZeroBubble",
+}
 
 
 class Precision(_StrEnum):

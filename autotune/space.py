@@ -321,13 +321,13 @@ def plan_from_params(params: Mapping[str, Any], ctx: PlanContext) -> tuple[Paral
     v: dict[str, Any] = {
         k: _parse_value(k, params[k], "trial") if params[k] is not None else None for k in Variant._fields
     }
-    interleaved = pp > 1 and v["schedule"].looped
+    interleaved, v_shape = pp > 1 and v["schedule"].looped, v["schedule"].v_shape
     variant = collapse(
         Variant(
             **{
                 **v,
                 "schedule": v["schedule"] if pp > 1 else Schedule.ONE_F_ONE_B,
-                "virtual_stages": v["virtual_stages"] if interleaved else 1,
+                "virtual_stages": v["virtual_stages"] if interleaved else 2 if pp > 1 and v_shape else 1,
                 "hsdp_shard_size": v["hsdp_shard_size"] if v["sharding"] is Sharding.HSDP else None,
                 "sequence_parallel": v["sequence_parallel"] and tp > 1,
             }

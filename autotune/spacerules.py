@@ -305,6 +305,7 @@ _PIPELINE = {
     "too-few": "1F1B needs micro-batches per step >= PP",
     "not-divisible": "interleaved needs micro-batches per step divisible by PP",
     "rounds": "interleaved-zb needs micro-batches per step divisible by m // PP",
+    "fill": "zbv needs micro-batches per step >= 2 PP - 1",
 }
 
 

@@ -1,10 +1,11 @@
 """How many transformer blocks each pipeline model chunk holds, as each framework cuts the model.
 
 A plan has ``pp x v`` model chunks (``v`` virtual stages); chunk ``c`` runs on pipeline rank ``c % pp``
-(looped placement). When ``pp x v`` divides the layer count every framework cuts equal chunks (the first
-also holds the embedding, the last the final norm, the output layer and the loss). When it does not, each
-framework has its own rule, and this module reproduces it so that the cost model prices, and the emitters
-write, the same split:
+(looped placement), or, under the ZBV schedule, on rank ``c`` for ``c < pp`` and ``2 pp - 1 - c`` after
+(the V placement: rank 0 holds the first and the last chunk). When ``pp x v`` divides the layer count
+every framework cuts equal chunks (the first also holds the embedding, the last the final norm, the output
+layer and the loss). When it does not, each framework has its own rule, and this module reproduces it so
+that the cost model prices, and the emitters write, the same split:
 
 - Megatron-LM (megatron/core/transformer/transformer_layer.py ``get_transformer_layer_offset``, checked in
   ``TransformerConfig.__post_init__``): ``--account-for-embedding-in-pipeline-split`` /
@@ -33,7 +34,7 @@ write, the same split:
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # plan.py imports this module for its legality check
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # plan.py imports this module for its legality check
 
 __all__ = [
     "StageSplit",
+    "head_rank",
     "split_layers",
     "split_layers_of",
     "split_error",
@@ -66,7 +68,7 @@ DEEPSPEED = "deepspeed-uniform"
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageSplit:
-    """Blocks per model chunk, in stage order (chunk ``c`` on pipeline rank ``c % pp``)."""
+    """Blocks per model chunk, in stage order (chunk ``c`` on pipeline rank ``c % pp``, or in a V)."""
 
     pp: int
     chunk_layers: tuple[int, ...]
@@ -74,10 +76,19 @@ class StageSplit:
     """Which framework rule made it (module constants); ``uniform`` when ``pp x v`` divides the layers."""
     mtp: int = 0
     """Multi-token prediction modules on the last chunk (Megatron's ``m`` in a layout)."""
+    v_shape: bool = False
+    """Two chunks per rank in a V (ZBV): rank ``r`` holds chunks ``r`` and ``2 pp - 1 - r``."""
 
     def rank_layers(self, rank: int) -> int:
         """Blocks pipeline rank ``rank`` holds over its ``v`` chunks."""
+        if self.v_shape:
+            return self.chunk_layers[rank] + self.chunk_layers[2 * self.pp - 1 - rank]
         return sum(self.chunk_layers[rank :: self.pp])
+
+    @property
+    def head_rank(self) -> int:
+        """The rank of the last chunk (final norm, output layer, loss): the last rank, or the first in a V."""
+        return 0 if self.v_shape else self.pp - 1
 
     def all_rank_layers(self) -> tuple[int, ...]:
         """``rank_layers`` of every rank, in rank order (remembered: a search asks for it per plan)."""
@@ -101,6 +112,11 @@ class StageSplit:
         return self.method == UNIFORM
 
 
+def head_rank(plan: ParallelPlan) -> int:
+    """The pipeline rank that holds the last chunk (``StageSplit.head_rank``) from the plan alone."""
+    return 0 if plan.schedule.v_shape else plan.pp - 1
+
+
 @functools.lru_cache(maxsize=1024)
 def _all_rank_layers(split: StageSplit) -> tuple[int, ...]:
     return tuple(split.rank_layers(r) for r in range(split.pp))
@@ -109,17 +125,20 @@ def _all_rank_layers(split: StageSplit) -> tuple[int, ...]:
 def split_layers(num_layers: int, plan: ParallelPlan, *, mtp: int = 0) -> StageSplit:
     """The split ``plan.framework`` makes (module docstring); ``ValueError`` when it cannot split. ``mtp``:
     the model's multi-token prediction modules, which Megatron places on the last chunk."""
-    return split_layers_of(num_layers, plan.pp, plan.virtual_stages, str(plan.framework), mtp)
+    return split_layers_of(
+        num_layers, plan.pp, plan.virtual_stages, str(plan.framework), mtp, v_shape=plan.schedule.v_shape
+    )
 
 
 def split_layers_of(
-    num_layers: int, pp: int, virtual_stages: int, framework: str, mtp: int = 0
+    num_layers: int, pp: int, virtual_stages: int, framework: str, mtp: int = 0, *, v_shape: bool = False
 ) -> StageSplit:
-    """``split_layers`` from the plan fields it reads."""
+    """``split_layers`` from the plan fields it reads; ``v_shape``: the chunks placed in a V (the cut is the
+    same: torchtitan cuts the stages before it places them)."""
     split = _split(num_layers, pp, virtual_stages, framework, mtp)
     if isinstance(split, str):
         raise ValueError(split)
-    return split
+    return replace(split, v_shape=True) if v_shape and pp > 1 else split
 
 
 def split_error(num_layers: int, pp: int, virtual_stages: int, framework: str, mtp: int = 0) -> str | None:

@@ -144,7 +144,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "sharding": "none",
             "recompute": "none",
             "schedule": None,
-            "virtual_stages": 1,
+            "virtual_stages": None,  # 1, or 2 with --schedule zbv (its V holds two chunks per rank)
             "precision": "bf16",
             "ep": 1,
             "etp": 1,
@@ -303,7 +303,8 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
     else:
         dp = args.dp
     global_batch = args.global_batch or default_global_batch(seq_len, dp * args.micro_batch)
-    schedule = args.schedule or ("interleaved" if args.virtual_stages > 1 else "1f1b")
+    schedule = args.schedule or ("interleaved" if (args.virtual_stages or 1) > 1 else "1f1b")
+    virtual_stages = args.virtual_stages or (2 if schedule == Schedule.ZBV.value else 1)
     framework = args.framework or implied_framework(args.sharding) or "fsdp"
     return ParallelPlan(
         tp=args.tp,
@@ -318,7 +319,7 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         recompute=args.recompute,
         sequence_parallel=args.sequence_parallel,
         schedule=cast(Schedule, schedule),  # ParallelPlan takes the enum's value (and names a bad one)
-        virtual_stages=args.virtual_stages,
+        virtual_stages=virtual_stages,
         offload=args.offload,
         precision=args.precision,
         framework=cast(Framework, framework),

@@ -71,7 +71,7 @@ from autotune.costmodel.states import (
 )
 from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
-from autotune.stagesplit import split_layers_of
+from autotune.stagesplit import head_rank, split_layers_of
 
 __all__ = [
     "MemoryBreakdown",
@@ -152,7 +152,7 @@ def _moments(
     kept: KeptBytes,
 ) -> list[_Moment]:
     """The candidate peaks of one stage (module docstring); bytes beyond the model states."""
-    first, last = rank == 0, rank == plan.pp - 1
+    first, last = rank == 0, rank == head_rank(plan)  # a V puts both ends on rank 0
     e, t, sp, rc = numerics.compute_bytes, plan.tp, plan.sequence_parallel, plan.recompute
     x = LayerShape.of(model, plan)
     per_stage = stage_activation_bytes(x, plan, layers=layers, e=e, k=k)
@@ -236,7 +236,7 @@ def stage_memory(
     """Peak memory of pipeline rank ``rank``: model states plus the largest of its loss, backward and
     optimizer-step moments (module docstring); its blocks as ``autotune/stagesplit.py`` splits them."""
     k = kernels if kernels is not None else kernels_for(plan)
-    first, last = rank == 0, rank == plan.pp - 1
+    first, last = rank == 0, rank == head_rank(plan)  # a V puts both ends on rank 0
     # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
     layers = _rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
     params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
@@ -322,14 +322,21 @@ def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
     """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
     (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
     return _split_rank_layers(
-        model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers
+        model.num_layers,
+        plan.pp,
+        plan.virtual_stages,
+        str(plan.framework),
+        model.mtp_layers,
+        plan.schedule.v_shape,
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _split_rank_layers(num_layers: int, pp: int, v: int, framework: str, mtp: int) -> tuple[float, ...]:
+def _split_rank_layers(
+    num_layers: int, pp: int, v: int, framework: str, mtp: int, v_shape: bool
+) -> tuple[float, ...]:
     try:
-        split = split_layers_of(num_layers, pp, v, framework, mtp)
+        split = split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
     except ValueError:
         return (num_layers / pp,) * pp
     return tuple(map(float, split.all_rank_layers()))

@@ -13,7 +13,7 @@ others are extra. Megatron instead allocates its receive tensors per transfer an
 
 Rank ``r`` of ``pp`` runs stages ``r, r + pp, ...`` (``v`` of them): stage 0 (no receive buffers) is on
 rank 0, the last stage (no gradient receive buffers; its output is the logits, priced by the loss terms)
-on rank ``pp - 1``.
+on rank ``pp - 1``; ZBV's V placement puts both on rank 0 (``stagesplit.head_rank``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 from autotune.costmodel.states import MIXED_BF16, Numerics
 from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ModelSpec
+from autotune.stagesplit import head_rank
 
 __all__ = [
     "keeps_stage_buffers",
@@ -46,7 +47,7 @@ def boundary_bytes(model: ModelSpec, plan: ParallelPlan, e: int) -> float:
 def _local_stages(plan: ParallelPlan, rank: int) -> tuple[int, int]:
     """Stages of ``rank`` that receive activations, and those that receive gradients (module docstring)."""
     v = plan.virtual_stages
-    return v - (rank == 0), v - (rank == plan.pp - 1)
+    return v - (rank == 0), v - (rank == head_rank(plan))
 
 
 def stage_buffer_bytes(model: ModelSpec, plan: ParallelPlan, *, rank: int, in_flight: float, e: int) -> float:

@@ -13,7 +13,14 @@ from autotune.plan import Framework, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_layers
 
-__all__ = ["bubble_fraction", "shared_core_bubble_fraction", "stage_split", "rank_blocks", "sends_s"]
+__all__ = [
+    "bubble_fraction",
+    "zbv_bubble_fraction",
+    "shared_core_bubble_fraction",
+    "stage_split",
+    "rank_blocks",
+    "sends_s",
+]
 
 
 def bubble_fraction(
@@ -37,6 +44,36 @@ def bubble_fraction(
     if weight_grad_share is None:
         return slots
     return slots * max(0.0, 1.0 - 2.0 * weight_grad_share)
+
+
+def zbv_bubble_fraction(
+    pp: int, num_microbatches: int, forward_share: float, weight_grad_share: float
+) -> float:
+    """Idle time of torch's ZBV schedule (``ScheduleZBVZeroBubble``, Qi et al. 2024 Sec. 6) relative to the
+    ideal compute of one step, its ``m >= 2p - 1`` micro-batches in two chunks per rank.
+
+    With ``F``, ``I``, ``W`` the shares of a chunk's forward, input-gradient and weight-gradient work, the
+    bubble is ``max`` of eight linear forms in ``(F, I, W)`` chunk slots, ``/(2m)``: the critical paths of
+    torch's fixed action order, found by replaying its per-rank lists symbolically for PP 2-16 and checked
+    against a numeric replay (tests/test_zero_bubble.py). ``(p-1) I`` usually binds; ``2(p-1)(I-W)`` when the
+    weight half is small. With ``F = I = W`` it is ``(p-1) F`` (the last rank's first forward waits for the
+    others'; no order avoids it), a third of interleaved 1F1B's over two chunks.
+    """
+    if pp <= 1:
+        return 0.0
+    f, w = forward_share, weight_grad_share
+    i, q = 1.0 - f - w, pp - 1
+    forms = (
+        (0, q, 0),
+        (1, 0, pp - 2),
+        (0, 1, pp - 2),
+        (2 * pp - 3, -(pp - 2), 0),
+        (0, 2 * q, -2 * q),
+        (2 * q, 0, -(2 * pp - 1)),
+        (2 * pp - 3, 1, -2 * q),
+        (2 * q, -q, -1),
+    )
+    return max(0.0, max(a * f + b * i + c * w for a, b, c in forms)) / (2 * num_microbatches)
 
 
 def shared_core_bubble_fraction(bubble: float, ranks_per_node: int, cores_per_node: int | None) -> float:
@@ -93,8 +130,8 @@ def rank_blocks(num_layers: int, plan: ParallelPlan, head_layers: float, *, mtp:
         split = split_layers(num_layers, plan, mtp=mtp)
     except ValueError:  # illegal plan: check_plan says why; price the balanced split
         return stage_split(num_layers, plan.pp, head_layers)
-    layers = split.all_rank_layers()
-    return layers[-1], max(layers[:-1])
+    layers, head = split.all_rank_layers(), split.head_rank  # the head on the last rank, or the first (V)
+    return layers[head], max(layers[:head] + layers[head + 1 :])
 
 
 def sends_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:

@@ -120,21 +120,26 @@ def _rerun_s(bt: BlockTimes, plan: ParallelPlan) -> float:
     return bt.recompute_s if plan.schedule.zero_bubble else 0.0
 
 
-def _weight_grad_share(bt: BlockTimes, plan: ParallelPlan) -> float | None:
-    """The zero-bubble schedule's deferred share of a block's compute (``pipeline.bubble_fraction``): its
-    weight-gradient GEMMs, as many FLOPs as the forward GEMMs (Qi et al. 2024 Sec. 2: ``W`` of a linear
-    layer equals ``F``), and their own recompute (``_rerun_s``); the attention core's backward and the first
-    recompute are on the input-gradient side. None for the other schedules."""
+def _bubble_fraction(bt: BlockTimes, plan: ParallelPlan) -> float:
+    """The schedule's bubble (``pipeline``). Zero-bubble schedules split a block's work into its forward,
+    its input gradient and its deferred weight gradient: the weight-gradient GEMMs, as many FLOPs as the
+    forward GEMMs (Qi et al. 2024 Sec. 2: ``W`` of a linear layer equals ``F``), and their own recompute
+    (``_rerun_s``); the attention core's backward and the first recompute are on the input-gradient side."""
+    m, v = plan.num_microbatches, plan.virtual_stages
     if not plan.schedule.zero_bubble:
-        return None
+        return pipeline.bubble_fraction(plan.pp, m, v)
     work = bt.fwd_s + bt.bwd_s + 2 * bt.recompute_s
-    return (bt.gemm_s + bt.recompute_s) / work if work > 0 else 0.0
+    forward, weight = (bt.fwd_s / work, (bt.gemm_s + bt.recompute_s) / work) if work > 0 else (1.0, 0.0)
+    if plan.schedule.v_shape:
+        return pipeline.zbv_bubble_fraction(plan.pp, m, forward, weight)
+    return pipeline.bubble_fraction(plan.pp, m, v, weight)
 
 
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head on a
     pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
-    ends = model.embedding_params if plan.pp == 1 else model.vocab_size * model.hidden_size
+    both = plan.pp == 1 or plan.schedule.v_shape  # a V holds the embedding and the head on rank 0
+    ends = model.embedding_params if both else model.vocab_size * model.hidden_size
     body = model.num_params - model.embedding_params if plan.pp == 1 else blocks * model.params_per_layer
     experts = (model.num_layers if plan.pp == 1 else blocks) * model.expert_params_per_layer
     return (body - experts) / plan.tp + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
@@ -184,8 +189,9 @@ def step_time(
         attention_kernel=attention_kernel,
     )
     block_s = bt.total_s
-    # the last pipeline rank runs the head (and with PP=1 the embedding too); the first runs the embedding
-    last_tp_s = bt.head_tp_s + (bt.embed_tp_s if plan.pp == 1 else 0.0)
+    # the last pipeline rank runs the head (and with PP=1 or a V the embedding too); the first the embedding
+    ends_together = plan.pp == 1 or plan.schedule.v_shape
+    last_tp_s = bt.head_tp_s + (bt.embed_tp_s if ends_together else 0.0)
     mtp_s = mtp.modules_s(model, cluster, plan, bt)  # multi-token prediction, on the last rank
     last_extra_s = bt.head_s + mtp_s + last_tp_s + bt.edge_host_s
     k_last, k_other = pipeline.rank_blocks(
@@ -194,7 +200,7 @@ def step_time(
     last_busier = k_last + last_extra_s / block_s >= k_other
     blocks = k_last if last_busier else k_other
     head_s = bt.head_s + mtp_s if last_busier else 0.0
-    edge_tp_s = last_tp_s if last_busier else bt.embed_tp_s
+    edge_tp_s = last_tp_s if last_busier else (0.0 if ends_together else bt.embed_tp_s)
     edge_host = bt.edge_host_s if last_busier else 0.0
     m = plan.num_microbatches
     ov = dp_overlap_fraction(cluster)
@@ -248,7 +254,7 @@ def step_time(
         pp_bubble_s=m
         * mb_s
         * pipeline.shared_core_bubble_fraction(
-            pipeline.bubble_fraction(plan.pp, m, plan.virtual_stages, _weight_grad_share(bt, plan)),
+            _bubble_fraction(bt, plan),
             cluster.gpus_per_node,
             cluster.cores_per_node,
         ),

@@ -82,6 +82,7 @@ _SCHEDULES = {
     Schedule.ONE_F_ONE_B: "1F1B",
     Schedule.INTERLEAVED: "Interleaved1F1B",
     Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble",
+    Schedule.ZBV: "ZBVZeroBubble",
 }
 _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
 

@@ -14,7 +14,8 @@ The probe times exactly that: pipelines of two adjacent ranks of a node (all pai
 in a trial) run each schedule over stages that do almost no arithmetic (one 8-wide linear layer on one row per
 micro-batch) at 4, 8 and 16 micro-batches per step, in three sweeps with the schedules in turn. Per sweep the
 slope of step time over actions per rank (``2 m`` forward and backward actions, ``4 m`` with two virtual
-stages, ``6 m`` for the zero-bubble schedule, whose backward is an input and a weight action) is fitted by
+stages, ``6 m`` for the zero-bubble schedules, interleaved and ZBV, whose backward is an input and a weight
+action) is fitted by
 least squares -- the intercept holds the fill, the drain and the step's fixed costs; a rank reports its
 median sweep and the probe the median rank. A stage's own operators (some 10 per action, 4 us each on this
 VM) are under a fifth of what is measured and are not subtracted: the trial model's operators are charged by
@@ -35,7 +36,7 @@ from autotune.planenums import Schedule
 
 __all__ = ["SCHEDULES", "MICROBATCHES", "pipeline_action_overhead"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "interleaved-zb", "zbv")
 """``plan.Schedule`` values, as the trials build them (``trials.parallelize.build_schedule``)."""
 MICROBATCHES = (4, 8, 16)
 _WIDTH = 8
@@ -58,25 +59,28 @@ def _schedule(name: str, microbatches: int, pair_rank: int, group: dist.ProcessG
     from torch.distributed import pipelining as pipe
 
     schedule = Schedule(name)
-    if schedule.looped:  # looped placement, 2 virtual stages (trials.parallelize.split_stages)
-        stages = [
-            pipe.PipelineStage(_Stage().to(device), pair_rank + 2 * v, 4, device, group=group)
-            for v in range(2)
-        ]
-        looped = pipe.ScheduleInterleavedZeroBubble if schedule.zero_bubble else pipe.ScheduleInterleaved1F1B
-        return looped(stages, n_microbatches=microbatches, loss_fn=_loss)
+    cls = getattr(pipe, schedule.torch_class)
+    if schedule.looped or schedule.v_shape:  # 2 chunks per rank, placed as trials.parallelize.split_stages
+        ids = (pair_rank, 3 - pair_rank) if schedule.v_shape else (pair_rank, pair_rank + 2)
+        stages = [pipe.PipelineStage(_Stage().to(device), i, 4, device, group=group) for i in ids]
+        return cls(stages, n_microbatches=microbatches, loss_fn=_loss)
     stage = pipe.PipelineStage(_Stage().to(device), pair_rank, 2, device, group=group)
-    cls = pipe.ScheduleGPipe if name == "gpipe" else pipe.Schedule1F1B
     return cls(stage, n_microbatches=microbatches, loss_fn=_loss)
 
 
-def _step_s(schedule: Any, pair_rank: int, microbatches: int, device: torch.device, *, iters: int) -> float:
+def _step_s(
+    schedule: Any, pair_rank: int, microbatches: int, device: torch.device, *, iters: int, v_shape: bool
+) -> float:
     x = torch.randn(microbatches, _WIDTH, device=device)
     y = torch.randn(microbatches, _WIDTH, device=device)
 
     def step() -> None:
-        if pair_rank == 0:
+        if pair_rank == 0 and v_shape:  # the first and the last stage
+            schedule.step(x, target=y, losses=[])
+        elif pair_rank == 0:
             schedule.step(x)
+        elif v_shape:
+            schedule.step()
         else:
             schedule.step(target=y, losses=[])
 
@@ -127,8 +131,9 @@ def pipeline_action_overhead(
                 schedule = _schedule(name, m, pair_rank, groups[mine], device)
                 # forward and backward per chunk; the zero-bubble backward is two actions (input, weight)
                 kind = Schedule(name)
-                actions = (3 if kind.zero_bubble else 2) * m * (2 if kind.looped else 1)
-                points.append((actions, _step_s(schedule, pair_rank, m, device, iters=iters)))
+                actions = (3 if kind.zero_bubble else 2) * m * (2 if kind.looped or kind.v_shape else 1)
+                seconds = _step_s(schedule, pair_rank, m, device, iters=iters, v_shape=kind.v_shape)
+                points.append((actions, seconds))
             if points:
                 slopes.setdefault(name, []).append(_slope(points))
     everyone: list[Any] = [None] * world

@@ -34,7 +34,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from autotune.errors import TrialError
-from autotune.plan import MoeDispatcher, ParallelPlan, Recompute, Schedule, Sharding
+from autotune.plan import MoeDispatcher, ParallelPlan, Recompute, Sharding
 from autotune.stagesplit import split_layers
 from autotune.trials.model import Transformer
 from autotune.trials.moe import GroupedExperts, MoE, apply_ep
@@ -275,7 +275,8 @@ def split_stages(model: Transformer, *, plan: ParallelPlan, pp_rank: int) -> lis
     """This rank's pipeline chunks as ``(stage_index, module)``, split by whole layers.
 
     With ``v`` virtual stages there are ``pp * v`` chunks; rank ``r`` holds stages ``r, r + pp, ...``
-    (looped placement, Narayanan et al. 2021 Sec. 2.2). The first stage keeps the embeddings, the last
+    (looped placement, Narayanan et al. 2021 Sec. 2.2), or ``r`` and ``2 pp - 1 - r`` under ZBV (the V
+    placement torch's ``ScheduleZBVZeroBubble`` expects). The first stage keeps the embeddings, the last
     the final norm and head.
     """
     if model.spec.tie_embeddings:
@@ -283,7 +284,10 @@ def split_stages(model: Transformer, *, plan: ParallelPlan, pp_rank: int) -> lis
     num_stages = plan.pp * plan.virtual_stages
     sizes = split_layers(model.spec.num_layers, plan).chunk_layers  # uneven as torchtitan cuts it
     starts = [sum(sizes[:i]) for i in range(num_stages)]
-    stage_ids = [pp_rank + v * plan.pp for v in range(plan.virtual_stages)]
+    if plan.schedule.v_shape:
+        stage_ids = [pp_rank, num_stages - 1 - pp_rank]
+    else:
+        stage_ids = [pp_rank + v * plan.pp for v in range(plan.virtual_stages)]
     chunks = []
     for i, stage in enumerate(stage_ids):
         chunk = model if i == len(stage_ids) - 1 else copy.deepcopy(model)
@@ -313,10 +317,6 @@ def build_schedule(
     group = mesh["pp"].get_group()
     num_stages = plan.pp * plan.virtual_stages
     stages = [pipe.PipelineStage(m, idx, num_stages, device, group=group) for idx, m in chunks]
-    n = plan.num_microbatches
-    if plan.schedule is Schedule.INTERLEAVED:
-        return pipe.ScheduleInterleaved1F1B(stages, n_microbatches=n, loss_fn=loss_fn)
-    if plan.schedule is Schedule.INTERLEAVED_ZB:
-        return pipe.ScheduleInterleavedZeroBubble(stages, n_microbatches=n, loss_fn=loss_fn)
-    cls = pipe.ScheduleGPipe if plan.schedule is Schedule.GPIPE else pipe.Schedule1F1B
-    return cls(stages[0], n_microbatches=n, loss_fn=loss_fn)
+    cls = getattr(pipe, plan.schedule.torch_class)
+    multi = plan.schedule.looped or plan.schedule.v_shape  # a list of this rank's stages
+    return cls(stages if multi else stages[0], n_microbatches=plan.num_microbatches, loss_fn=loss_fn)

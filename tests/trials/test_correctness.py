@@ -34,6 +34,7 @@ LAYOUTS: dict[str, dict[str, object]] = {
         "virtual_stages": 2,
         "recompute": "full",
     },  # torch's zero bubble: input and weight gradients in two passes, the checkpoint re-run in each
+    "pp2-zbv": {"pp": 2, "schedule": "zbv", "virtual_stages": 2},  # V: rank 0 has the embedding and the head
     "fsdp-full": {"dp": 2, "sharding": "fsdp-full"},
     "fsdp-grad-op+full-ac": {"dp": 2, "sharding": "fsdp-grad-op", "recompute": "full"},
     "ds-zero1": {"dp": 2, "sharding": "zero1", "framework": "deepspeed"},
