@@ -24,7 +24,8 @@ def in_flight_microbatches(plan: ParallelPlan, *, rank: int) -> float:
     Interleaved zero bubble (torch's ScheduleInterleavedZeroBubble): its shorter warm-up and deferred
     weight-gradient halves hold ``pp v`` chunks from forward to weight gradient on every rank, ``min(pp, m)``
     stages, counted as whole activations (the attention core's are freed at the input-gradient half: an
-    upper bound); tests/test_zero_bubble.py counts both from torch's own action lists."""
+    upper bound); ZBV (``ScheduleZBVZeroBubble``, ``m >= 2 pp - 1``) holds ``2 pp`` chunks, ``pp`` stages,
+    on every rank too; tests/test_zero_bubble.py counts all three from torch's own action lists."""
     return in_flight_of(plan.num_microbatches, plan.pp, plan.virtual_stages, plan.schedule, rank)
 
 
