@@ -136,8 +136,11 @@ def _ladders(
 
 
 def _stage_counts(schedule: Schedule, virtual_stages: tuple[int, ...]) -> tuple[int, ...]:
-    """Virtual-stage counts a schedule runs with: the space's for the looped ones, two for ZBV's V, else 1."""
-    return virtual_stages if schedule.looped else (2,) if schedule.v_shape else (1,)
+    """Virtual-stage counts a schedule runs with: the space's for the looped ones, 1 for the others, two for
+    ZBV's V (a space or pin without 2 keeps its counts, which the rule then prunes with the reason)."""
+    if schedule.v_shape:
+        return (2,) if 2 in virtual_stages else virtual_stages
+    return virtual_stages if schedule.looped else (1,)
 
 
 def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int) -> list[Variant]:

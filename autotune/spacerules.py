@@ -194,6 +194,8 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     ):
         return _DEEPSPEED[broken[0]]
     if interleave_bad(v.schedule, pp, v.virtual_stages):
+        if v.schedule.v_shape:
+            return "zbv needs exactly 2 virtual stages"
         return "the interleaved schedule needs virtual stages >= 2"
     if zero_bubble := zero_bubble_broken(fw, v.schedule, v.compile):
         return _ZERO_BUBBLE[zero_bubble]

@@ -43,7 +43,7 @@ _WIDE = {
     "sharding": tuple(s.value for s in Sharding),
     "hsdp_shard_size": (2, 4),
     "offload": (False, True),
-    "schedule": ("1f1b", "interleaved", "gpipe"),
+    "schedule": ("1f1b", "interleaved", "gpipe", "zbv"),
     "virtual_stages": (1, 2, 3),
     "recompute": ("full",),
     "sequence_parallel": (False, True),
@@ -74,7 +74,9 @@ def _normalised(combo):
     p = dict(zip(KNOBS, combo, strict=True))
     if p["pp"] == 1:
         p["schedule"] = Schedule.ONE_F_ONE_B
-    if p["schedule"] is not Schedule.INTERLEAVED:
+    if p["schedule"].v_shape:
+        p["virtual_stages"] = 2  # ZBV's V: two chunks per rank
+    elif not p["schedule"].looped:
         p["virtual_stages"] = 1
     if p["sharding"] is not Sharding.HSDP:
         p["hsdp_shard_size"] = None

@@ -20,6 +20,7 @@ from autotune.emit.torchtitan import to_torchtitan_config
 from autotune.errors import ConfigError
 from autotune.legality import plan_errors
 from autotune.plan import ParallelPlan, Schedule
+from autotune.space import PlanContext, SearchSpace, Tally, enumerate_plans, resolve_choices
 from autotune.stagesplit import split_layers
 
 CASES = [(2, 2, 4), (4, 2, 8), (4, 2, 16), (8, 2, 16), (4, 4, 8), (8, 4, 32)]
@@ -244,3 +245,16 @@ def test_zbv_memory_follows_the_v():
 def test_torchtitan_names_zbv():
     parallelism = to_torchtitan_config(_plan(schedule="zbv"), load_model("70b"))["parallelism"]
     assert parallelism["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+
+
+def test_a_space_without_two_virtual_stages_prunes_zbv_with_the_reason():
+    model, cluster = load_model("small"), make_cluster(num_gpus=8, gpu="a100-80gb")
+    knobs = {"pp": (2,), "framework": ("fsdp",), "schedule": ("zbv",)}
+    ctx = PlanContext(model=model, cluster=cluster, global_batch=16, seq_len=512)
+    for stages, legal in (((2, 4), True), ((4,), False)):
+        space = SearchSpace(knobs={**knobs, "virtual_stages": stages}, source="t")
+        tally = Tally()
+        ladders = enumerate_plans(resolve_choices(space, model, cluster), ctx, tally)
+        plans = [ladder.plan(m) for ladder in ladders for m in ladder.micro_batches]
+        assert bool(plans) is legal and all(p.virtual_stages == 2 for p in plans)
+        assert ("zbv needs exactly 2 virtual stages" in tally.pruned) is not legal
