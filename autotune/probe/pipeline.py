@@ -15,11 +15,10 @@ in a trial) run each schedule over stages that do almost no arithmetic (one 8-wi
 micro-batch) at 4, 8 and 16 micro-batches per step, in three sweeps with the schedules in turn. Per sweep the
 slope of step time over actions per rank (``2 m`` forward and backward actions, ``4 m`` with two virtual
 stages, ``6 m`` for the zero-bubble schedules, interleaved and ZBV, whose backward is an input and a weight
-action) is fitted by
-least squares -- the intercept holds the fill, the drain and the step's fixed costs; a rank reports its
-median sweep and the probe the median rank. A stage's own operators (some 10 per action, 4 us each on this
-VM) are under a fifth of what is measured and are not subtracted: the trial model's operators are charged by
-``costmodel.hostops`` anyway.
+action) is fitted by least squares -- the intercept holds the fill, the drain and the step's fixed costs; a
+rank reports its median sweep and the probe the median rank. A stage's own operators (some 10 per action,
+4 us each on this VM) are under a fifth of what is measured and are not subtracted: the trial model's
+operators are charged by ``costmodel.hostops`` anyway.
 """
 
 from __future__ import annotations
