@@ -36,7 +36,7 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
 from autotune.errors import ConfigError
 from autotune.hostprofile import HostProfile
@@ -118,12 +118,24 @@ def open_storage(
         warnings.filterwarnings("ignore", message=_ASK_WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        try:
-            return RDBStorage(url, **kwargs)
-        except (ImportError, ValueError) as e:  # unknown dialect or driver
-            raise ConfigError(f"--storage {redact_url(url)}: {e}") from None
-        except (SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError) as e:
-            raise storage_error(url, e) from None
+        for attempt in range(3):  # creators racing on a new schema retry (``_lost_schema_race``)
+            try:
+                return RDBStorage(url, **kwargs)
+            except (ImportError, ValueError) as e:  # unknown dialect or driver
+                raise ConfigError(f"--storage {redact_url(url)}: {e}") from None
+            except (SQLAlchemyError, optuna.exceptions.StorageInternalError, OSError) as e:
+                if not (create and _lost_schema_race(e)) or attempt == 2:
+                    raise storage_error(url, e) from None
+                time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _lost_schema_race(error: BaseException) -> bool:
+    """Another process created Optuna's schema at the same moment (a table "already exists", or its version
+    rows hit our unique key first); opening again finds them and goes on."""
+    causes = (error, error.__cause__)
+    lost_create = any(isinstance(e, OperationalError) and "already exists" in str(e) for e in causes)
+    return lost_create or any(isinstance(e, IntegrityError) for e in causes)
 
 
 def storage_error(url: str, error: BaseException) -> ConfigError:
