@@ -88,17 +88,23 @@ class Schedule(_StrEnum):
         return self is Schedule.ZBV
 
     @property
+    def torch_name(self) -> str:
+        """The name torch's ``get_schedule_class`` takes for it, which torchtitan's
+        ``pipeline_parallel_schedule`` is."""
+        return _TORCH_NAMES[self]
+
+    @property
     def torch_class(self) -> str:
         """The ``torch.distributed.pipelining`` schedule class that runs it (the trials' and torchtitan's)."""
-        return _TORCH_SCHEDULES[self]
+        return f"Schedule{self.torch_name}"
 
 
-_TORCH_SCHEDULES = {
-    Schedule.GPIPE: "ScheduleGPipe",
-    Schedule.ONE_F_ONE_B: "Schedule1F1B",
-    Schedule.INTERLEAVED: "ScheduleInterleaved1F1B",
-    Schedule.INTERLEAVED_ZB: "ScheduleInterleavedZeroBubble",
-    Schedule.ZBV: "ScheduleZBVZeroBubble",
+_TORCH_NAMES = {
+    Schedule.GPIPE: "GPipe",
+    Schedule.ONE_F_ONE_B: "1F1B",
+    Schedule.INTERLEAVED: "Interleaved1F1B",
+    Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble",
+    Schedule.ZBV: "ZBVZeroBubble",
 }
 
 

@@ -41,7 +41,6 @@ from autotune.plan import (
     ParallelPlan,
     Precision,
     Recompute,
-    Schedule,
     Sharding,
     StoreDtype,
     expert_errors,
@@ -77,13 +76,6 @@ routed expert width, routed experts, top-k, vocabulary)."""
 REGISTRIES = {"llama3": "llama3_args", "deepseek_v3": "deepseekv3_args", "qwen3": "qwen3_args"}
 """Where a flavor of each torchtitan model is registered (``torchtitan/models/<model>/__init__.py``)."""
 
-_SCHEDULES = {
-    Schedule.GPIPE: "GPipe",
-    Schedule.ONE_F_ONE_B: "1F1B",
-    Schedule.INTERLEAVED: "Interleaved1F1B",
-    Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble",
-    Schedule.ZBV: "ZBVZeroBubble",
-}
 _RESHARD = {Sharding.FSDP_GRAD_OP: "never", Sharding.NONE: "default"}
 
 
@@ -147,7 +139,7 @@ def _parallelism(plan: ParallelPlan, model: ModelSpec) -> dict[str, Any]:
     if plan.ep > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP:
         out["expert_parallel_comm_backend"] = "deepep"
     if plan.pp > 1:
-        out["pipeline_parallel_schedule"] = _SCHEDULES[plan.schedule]
+        out["pipeline_parallel_schedule"] = plan.schedule.torch_name
         split = split_layers(model.num_layers, plan)
         if split.uniform:
             out["pipeline_parallel_layers_per_stage"] = split.chunk_layers[0]
