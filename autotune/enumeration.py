@@ -167,14 +167,18 @@ def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp:
                 key = (fw, sp, prec, ep > 1)
                 if key not in speeds:  # collapse before multiplying: most combinations leave one value each
                     collapsed = (
-                        collapse(v._replace(**dict(zip(COLLAPSED_KNOBS, speed, strict=True))), tp, cp)
+                        collapse(Variant._make((*v[:_HEAD], *speed)), tp, cp)
                         for speed in product(*(choices[k] for k in COLLAPSED_KNOBS))
                     )
-                    speeds[key] = list(
-                        dict.fromkeys(tuple(getattr(c, k) for k in COLLAPSED_KNOBS) for c in collapsed)
-                    )
-                out += [v._replace(**dict(zip(COLLAPSED_KNOBS, speed, strict=True))) for speed in speeds[key]]
+                    speeds[key] = list(dict.fromkeys(c[_HEAD:] for c in collapsed))
+                head = v[:_HEAD]
+                out += [Variant._make((*head, *speed)) for speed in speeds[key]]
     return list(dict.fromkeys(out))
+
+
+_HEAD = len(Variant._fields) - len(COLLAPSED_KNOBS)
+"""The collapsed knobs are the last fields of ``Variant``: a variant is its head and a combination of them."""
+assert Variant._fields[_HEAD:] == COLLAPSED_KNOBS
 
 
 def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:

@@ -10,6 +10,7 @@ is a ``ConfigError`` that names the fix: no legal plan, a global batch no layout
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -21,7 +22,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
-from autotune.rankworkers import Verdict, judge, judged, overcommit
+from autotune.rankworkers import Verdict, judged, judged_in_blocks, overcommit
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -76,27 +77,30 @@ def rank_plans(
     first_fit: bool = False,
     on_ladder: LadderJudged | None = None,
 ) -> Ranking:
-    """Estimate every legal plan (stop at the first that fits with ``first_fit``); large spaces are judged
-    across worker processes (``autotune.rankworkers``), with the same result. ``on_ladder`` hears of each
-    judged ladder (``LadderJudged``)."""
+    """Estimate every legal plan (stop at the first that fits with ``first_fit``, whose tallies then cover
+    what was enumerated by then); large spaces are judged across worker processes (``autotune.rankworkers``),
+    with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``)."""
     tally, feasible = Tally(), []
     closest: tuple[float, Estimate | ParallelPlan] | None = None  # the least overcommitted miss
     ladders = enumerate_plans(choices, ctx, tally)
-    verdicts = (judge(ladder, ctx, estimator) for ladder in ladders) if first_fit else None
-    for steps in verdicts or judged(list(ladders), ctx, estimator):
-        if on_ladder is not None:
-            judged_plans = sum(v.estimate is not None or v.plan is not None for v in steps)
-            on_ladder(judged_plans, sum(v.reason is None for v in steps))
-        for v in steps:
-            if v.reason is None and v.estimate is not None:
-                feasible.append(v.estimate)
-                continue
-            tally.count(rule_of(v.reason or ""), v.pruned)
-            miss = _miss(v, ctx)
-            if miss is not None and (closest is None or miss[0] < closest[0]):
-                closest = miss
-        if first_fit and feasible:
-            break
+    verdicts = (
+        judged_in_blocks(ladders, ctx, estimator) if first_fit else judged(list(ladders), ctx, estimator)
+    )
+    with contextlib.closing(verdicts):  # stopping early stops the workers now
+        for steps in verdicts:
+            if on_ladder is not None:
+                judged_plans = sum(v.estimate is not None or v.plan is not None for v in steps)
+                on_ladder(judged_plans, sum(v.reason is None for v in steps))
+            for v in steps:
+                if v.reason is None and v.estimate is not None:
+                    feasible.append(v.estimate)
+                    continue
+                tally.count(rule_of(v.reason or ""), v.pruned)
+                miss = _miss(v, ctx)
+                if miss is not None and (closest is None or miss[0] < closest[0]):
+                    closest = miss
+            if first_fit and feasible:
+                break
     feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
     return Ranking(
         ctx=ctx,

@@ -18,9 +18,10 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple
 
 from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from autotune.enumeration import Ladder
     from autotune.space import PlanContext
 
-__all__ = ["MIN_LADDERS", "Verdict", "judge", "judged", "overcommit", "workers"]
+__all__ = ["MIN_LADDERS", "Verdict", "judge", "judged", "judged_in_blocks", "overcommit", "workers"]
 
 MIN_LADDERS = 2000
 """Below this many ladders (a few seconds of estimates at most) starting workers is not worth it."""
@@ -114,7 +115,7 @@ def workers() -> int:
 
 def judged(
     ladders: Sequence[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
-) -> Iterator[list[Verdict]]:
+) -> Generator[list[Verdict], None, None]:
     """Each ladder's verdicts, in the order of ``ladders`` (module docstring: where workers judge them)."""
     n = workers()
     parallel = (
@@ -144,6 +145,25 @@ def judged(
     finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _WORK = None
+
+
+def judged_in_blocks(
+    ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
+) -> Generator[list[Verdict], None, None]:
+    """``judged`` for a caller that may stop early (a search for the first plan that fits): the ladders are
+    drawn from ``ladders`` as it yields them, in blocks that grow ``BLOCK_GROWTH`` times from
+    ``FIRST_BLOCK``, each judged by ``judged``. An early fit costs the first block, judged here; a space where
+    nothing fits is judged by the workers, block by block, in the same order."""
+    it, size = iter(ladders), FIRST_BLOCK
+    while block := list(islice(it, size)):
+        yield from judged(block, ctx, estimator)
+        size *= BLOCK_GROWTH
+
+
+FIRST_BLOCK = MIN_LADDERS // 4
+"""Ladders of ``judged_in_blocks``' first block: under ``MIN_LADDERS``, so judged without starting workers."""
+BLOCK_GROWTH = 4
+"""How much larger each next block is: few pools for a space judged to the end."""
 
 
 def _quiet() -> None:

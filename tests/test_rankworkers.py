@@ -8,7 +8,7 @@ from autotune import rankworkers
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
 from autotune.ranking import plan_search
-from autotune.space import load_space
+from autotune.space import PlanContext, enumerate_plans, load_space, resolve_choices
 
 
 def _search(**kwargs):
@@ -126,3 +126,41 @@ def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
     assert seen == [True]  # the catalog estimator itself: the workers run
     assert _summary(two) == _summary(one)
     assert sum(e for e, _ in counts) == len(calls) and sum(f for _, f in counts) == len(two.feasible) > 0
+
+
+def _ladders():
+    """The ladders of ``_search``'s space, lazily, with their context."""
+    model, cluster = load_model("7b"), make_cluster(num_gpus=8, gpu="h100-sxm")
+    choices = resolve_choices(load_space(), model, cluster, {"pp": 1})
+    ctx = PlanContext(model=model, cluster=cluster, global_batch=64, seq_len=4096)
+    return enumerate_plans(choices, ctx), ctx
+
+
+def test_blocks_judge_every_ladder_in_order_as_judged_does(monkeypatch):
+    """Small blocks with workers on (each block but the first over ``MIN_LADDERS``) give ``judged``'s
+    verdicts, ladder for ladder."""
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
+    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 8)
+    monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 5)
+    ladders, ctx = _ladders()
+    ladders = list(ladders)
+    assert len(ladders) > 5 + 20  # the first block, then at least one judged by the workers
+    blocks = list(rankworkers.judged_in_blocks(iter(ladders), ctx))
+    assert blocks == list(rankworkers.judged(ladders, ctx))
+
+
+def test_stopping_after_the_first_block_draws_no_more_ladders(monkeypatch):
+    """A search for the first plan that fits pays for the ladders it drew, not for the whole space."""
+    monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 3)
+    ladders, ctx = _ladders()
+    drawn = []
+
+    def counted():
+        for ladder in ladders:
+            drawn.append(ladder)
+            yield ladder
+
+    verdicts = rankworkers.judged_in_blocks(counted(), ctx)
+    first = next(verdicts)
+    verdicts.close()
+    assert first == rankworkers.judge(drawn[0], ctx) and len(drawn) == 3
