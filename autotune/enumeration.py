@@ -20,9 +20,11 @@ from autotune.spacerules import (
     BATCH_RULE,
     COLLAPSED_KNOBS,
     KNOBS,
+    SHARDING_RULE,
     Variant,
     collapse,
     layout_rule,
+    offered,
     pipeline_rule,
     plain,
     variant_rule,
@@ -77,23 +79,26 @@ def enumerate_plans(
 ) -> Iterator[Ladder]:
     """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``."""
     tally = tally if tally is not None else Tally()
-    variants: dict[tuple[int, bool, int], list[Variant]] = {}
+    variants: dict[tuple[int, bool, int], tuple[list[Variant], int]] = {}  # offered ones, all
     num_mbs = len(choices["micro_batch"])
     for tp, pp, cp in product(choices["tp"], choices["pp"], choices["cp"]):
         if ctx.dp is not None and tp * pp * cp * ctx.dp != ctx.cluster.num_gpus:
             continue  # --dp pins the layout: other layouts are outside the space, not pruned
         key = (tp, pp > 1, cp)
         if key not in variants:
-            variants[key] = _variants(choices, *key)
+            every = _variants(choices, *key)
+            variants[key] = ([v for v in every if offered(v)], len(every))
+        kept, total = variants[key]
         reason = layout_rule(ctx, tp, pp, cp)
         if reason:
-            tally.count(reason, len(variants[key]) * num_mbs)
+            tally.count(reason, total * num_mbs)
             continue
         dp = ctx.cluster.num_gpus // (tp * pp * cp)
         mbs = tuple(m for m in choices["micro_batch"] if ctx.global_batch % (dp * m) == 0)
-        tally.count(BATCH_RULE, len(variants[key]) * (num_mbs - len(mbs)))
-        if mbs:
-            yield from _ladders(ctx, variants[key], (tp, pp, cp, dp), mbs, tally)
+        tally.count(BATCH_RULE, total * (num_mbs - len(mbs)))
+        if mbs:  # a sharding the framework lacks fails ``variant_rule`` first, whatever the layout
+            tally.count(SHARDING_RULE, (total - len(kept)) * len(mbs))
+            yield from _ladders(ctx, kept, (tp, pp, cp, dp), mbs, tally)
 
 
 def _ladders(

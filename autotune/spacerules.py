@@ -59,6 +59,8 @@ __all__ = [
     "COLLAPSED_KNOBS",
     "layout_rule",
     "variant_rule",
+    "offered",
+    "SHARDING_RULE",
     "pipeline_rule",
     "plain",
 ]
@@ -168,10 +170,19 @@ _TP_SPLIT = {
 }
 
 
+SHARDING_RULE = "the framework does not offer this sharding"
+"""``variant_rule``'s first rule, which needs no layout (``enumeration`` counts it per layout at once)."""
+
+
+def offered(v: Variant) -> bool:
+    """Whether the variant's framework offers its sharding (``variant_rule``'s first rule)."""
+    return v.sharding in FRAMEWORK_SHARDING[v.framework]
+
+
 def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
     sharding, fw = v.sharding, v.framework
-    if sharding not in FRAMEWORK_SHARDING[fw]:
-        return "the framework does not offer this sharding"
+    if not offered(v):
+        return SHARDING_RULE
     if nothing_to_shard(sharding, shard_ranks(dp, cp)):
         return "sharding needs DP > 1"
     if sharding is Sharding.HSDP and hsdp_group_bad(v.hsdp_shard_size, dp):
