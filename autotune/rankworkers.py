@@ -152,8 +152,9 @@ def judged_in_blocks(
 ) -> Generator[list[Verdict], None, None]:
     """``judged`` for a caller that may stop early (a search for the first plan that fits): the ladders are
     drawn from ``ladders`` as it yields them, in blocks that grow ``BLOCK_GROWTH`` times from
-    ``FIRST_BLOCK``, each judged by ``judged``. An early fit costs the first block, judged here; a space where
-    nothing fits is judged by the workers, block by block, in the same order."""
+    ``FIRST_BLOCK``, each judged by ``judged``. An early fit costs the first block's enumeration and the
+    ladders up to it, judged here; a space where nothing fits is judged by the workers, block by block, in
+    the same order."""
     it, size = iter(ladders), FIRST_BLOCK
     while block := list(islice(it, size)):
         yield from judged(block, ctx, estimator)
