@@ -1,5 +1,6 @@
-"""Suite-wide policy: a hard time limit on every distributed test, and under CI (``AUTOTUNE_CI_STRICT=1``,
-set by ``.ci/run``) a skipped test is a failure.
+"""Suite-wide policy: a hard time limit on every distributed test; under pytest-xdist, a test marked ``alone``
+runs with no other beside it; and under CI (``AUTOTUNE_CI_STRICT=1``, set by ``.ci/run``) a skipped test is a
+failure.
 
 A test marked ``@pytest.mark.dist(timeout=S)`` fails with ``TimeoutError`` after ``S x HANG_FACTOR`` seconds
 (SIGALRM; pytest-timeout is not installed); one marked ``@pytest.mark.dist`` without a timeout gets
@@ -13,6 +14,7 @@ The tiers (``-m "not slow and not dist"`` is the inner loop) are in docs/testing
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 
@@ -26,8 +28,35 @@ DIST_TIMEOUT_S = 300
 """``S`` of a ``dist`` test that names none."""
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject.toml): a worker per core this process may use (a CI container's share, not the
+    host's count, which is what xdist's own ``auto`` reads); one core gets one worker."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @pytest.fixture(autouse=True)
-def _hard_timeout(request):
+def _neighbours(request, tmp_path_factory):
+    """Under pytest-xdist, an ``alone`` test waits until the other workers' tests end and keeps new ones
+    from starting while it runs; the others run side by side. Two ``flock`` files shared by the run's
+    workers: every test passes the ``gate``; an ``alone`` test holds it while it takes the ``room``
+    exclusively, the others take the room shared and let the gate go (so a waiting ``alone`` test is not
+    starved). A crashed worker's locks go with its process."""
+    if not hasattr(request.config, "workerinput"):  # not an xdist worker: nothing runs beside this test
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent  # the run's directory, above each worker's own
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(shared / "alone.gate", "a") as gate, open(shared / "alone.room", "a") as room:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the files releases the locks
+
+
+@pytest.fixture(autouse=True)
+def _hard_timeout(request, _neighbours):  # the limit starts once the test may run (``_neighbours``)
     marker = request.node.get_closest_marker("dist")
     seconds = int(marker.kwargs.get("timeout", DIST_TIMEOUT_S) * HANG_FACTOR) if marker else 0
     if not seconds:

@@ -63,6 +63,7 @@ def test_alpha_beta_fit_recovers_a_synthetic_ring():
     assert got_alpha == pytest.approx(3 * alpha, rel=1e-6) and got_bw == pytest.approx(bw / 2, rel=1e-6)
 
 
+@pytest.mark.alone  # bounds on measured host overheads
 @pytest.mark.dist(timeout=120)
 def test_cpu_probe_on_two_gloo_ranks_writes_a_profile_that_estimate_takes(tmp_path, capsys):
     rc = main(

@@ -37,6 +37,7 @@ def _retune(tmp_path, study, *argv, env=None):
     return autotune("retune", "--study", study, "--out", "runs", *argv, cwd=tmp_path, env=env, timeout=300)
 
 
+@pytest.mark.alone  # "stable" is judged on measured tokens/s
 @pytest.mark.dist(timeout=500)
 def test_torchrun_study_stable_then_an_injected_slowdown_is_a_regression(tmp_path):
     done = autotune(
