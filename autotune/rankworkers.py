@@ -25,6 +25,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, NamedTuple
 
 from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
+from autotune.costmodel.memory import states_floor_bytes
 from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason
 from autotune.plan import ParallelPlan
@@ -67,22 +68,38 @@ def overcommit(memory: MemoryBreakdown, cluster: ClusterSpec) -> float:
     )
 
 
-_WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate]] | None = None
+_WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate], bool] | None = None
 """What forked workers judge (set in the parent before the fork)."""
 
 
-def judge(ladder: Ladder, ctx: PlanContext, estimator: Callable[..., Estimate] = estimate) -> list[Verdict]:
+def judge(
+    ladder: Ladder,
+    ctx: PlanContext,
+    estimator: Callable[..., Estimate] = estimate,
+    *,
+    fits_only: bool = False,
+) -> list[Verdict]:
     """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit. With the catalog
     cost model a plan's memory is judged first and its step time is priced only if it fits (most plans of
-    a large MoE space do not: benchmarks/results/search_speed.md)."""
+    a large MoE space do not: benchmarks/results/search_speed.md). ``fits_only`` (a caller that asks only
+    whether a plan fits, with no tally or closest miss to show) first compares the plan's model states
+    (``states_floor_bytes``) with the headroom, and a plan they alone overfill is a miss without the rest of
+    its memory; its verdict then has no ``overcommit``."""
     out: list[Verdict] = []
     n = len(ladder.micro_batches)
+    limit = (1.0 - ctx.memory_headroom) * ctx.cluster.gpu.memory_bytes
     for i, micro_batch in enumerate(ladder.micro_batches):
         try:
             plan = ladder.plan(micro_batch)
         except ConfigError as e:  # a plan.py rule space.py does not mirror yet: counted, never fatal
             out.append(Verdict(None, str(e), n - i))
             break
+        if estimator is estimate and fits_only:
+            floor = states_floor_bytes(ctx.model, ctx.cluster, plan)
+            if floor > limit:  # the total holds the floor: above the headroom, if not out of memory
+                reason = f"above the memory headroom: model states alone need {floor / 2**30:.1f} GiB per GPU"
+                out.append(Verdict(None, reason, n - i, plan))
+                break
         if estimator is estimate:
             memory, reasons = checked = fit_check(ctx.model, ctx.cluster, plan)
             room = peak_headroom_reason(memory.total_bytes, ctx.cluster.gpu.memory_bytes, ctx.memory_headroom)
@@ -114,9 +131,14 @@ def workers() -> int:
 
 
 def judged(
-    ladders: Sequence[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
+    ladders: Sequence[Ladder],
+    ctx: PlanContext,
+    estimator: Callable[..., Estimate] = estimate,
+    *,
+    fits_only: bool = False,
 ) -> Generator[list[Verdict], None, None]:
-    """Each ladder's verdicts, in the order of ``ladders`` (module docstring: where workers judge them)."""
+    """Each ladder's verdicts (``judge``), in the order of ``ladders`` (module docstring: where workers
+    judge them)."""
     n = workers()
     parallel = (
         estimator is estimate
@@ -128,10 +150,10 @@ def judged(
     )
     if not parallel:
         for ladder in ladders:
-            yield judge(ladder, ctx, estimator)
+            yield judge(ladder, ctx, estimator, fits_only=fits_only)
         return
     global _WORK
-    _WORK = (ladders, ctx, estimator)
+    _WORK = (ladders, ctx, estimator, fits_only)
     chunk = max(1, len(ladders) // (n * _CHUNKS_PER_WORKER))
     done = 0
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
@@ -141,7 +163,7 @@ def judged(
             done += 1
     except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
         for ladder in ladders[done:]:
-            yield judge(ladder, ctx, estimator)
+            yield judge(ladder, ctx, estimator, fits_only=fits_only)
     finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _WORK = None
@@ -150,14 +172,14 @@ def judged(
 def judged_in_blocks(
     ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
 ) -> Generator[list[Verdict], None, None]:
-    """``judged`` for a caller that may stop early (a search for the first plan that fits): the ladders are
+    """``judged`` (``fits_only``) for a caller that stops at the first plan that fits: the ladders are
     drawn from ``ladders`` as it yields them, in blocks that grow ``BLOCK_GROWTH`` times from
     ``FIRST_BLOCK``, each judged by ``judged``. An early fit costs the first block's enumeration and the
     ladders up to it, judged here; a space where nothing fits is judged by the workers, block by block, in
     the same order."""
     it, size = iter(ladders), FIRST_BLOCK
     while block := list(islice(it, size)):
-        yield from judged(block, ctx, estimator)
+        yield from judged(block, ctx, estimator, fits_only=True)
         size *= BLOCK_GROWTH
 
 
@@ -180,5 +202,5 @@ def _quiet() -> None:
 
 def _judge_index(i: int) -> list[Verdict]:
     assert _WORK is not None
-    ladders, ctx, estimator = _WORK
-    return judge(ladders[i], ctx, estimator)
+    ladders, ctx, estimator, fits_only = _WORK
+    return judge(ladders[i], ctx, estimator, fits_only=fits_only)

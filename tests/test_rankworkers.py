@@ -146,7 +146,7 @@ def test_blocks_judge_every_ladder_in_order_as_judged_does(monkeypatch):
     ladders = list(ladders)
     assert len(ladders) > 5 + 20  # the first block, then at least one judged by the workers
     blocks = list(rankworkers.judged_in_blocks(iter(ladders), ctx))
-    assert blocks == list(rankworkers.judged(ladders, ctx))
+    assert blocks == list(rankworkers.judged(ladders, ctx, fits_only=True))
 
 
 def test_stopping_after_the_first_block_draws_no_more_ladders(monkeypatch):
@@ -163,4 +163,22 @@ def test_stopping_after_the_first_block_draws_no_more_ladders(monkeypatch):
     verdicts = rankworkers.judged_in_blocks(counted(), ctx)
     first = next(verdicts)
     verdicts.close()
-    assert first == rankworkers.judge(drawn[0], ctx) and len(drawn) == 3
+    assert first == rankworkers.judge(drawn[0], ctx, fits_only=True) and len(drawn) == 3
+
+
+def test_fits_only_finds_the_plans_that_fit_and_stops_each_ladder_where_a_full_judge_does():
+    """``fits_only`` calls a plan a miss from its model states alone when they overfill the headroom: the
+    same plans fit, each ladder stops at the same micro-batch, and many misses skip the rest of their
+    memory (70B on 16 A100-40GB, where most layouts cannot hold their states)."""
+    model, cluster = load_model("70b"), make_cluster(num_gpus=16, gpu="a100-40gb")
+    choices = resolve_choices(load_space(), model, cluster, {})
+    ctx = PlanContext(model=model, cluster=cluster, global_batch=64, seq_len=4096)
+    floored = fitting = 0
+    for ladder in enumerate_plans(choices, ctx):
+        full, quick = rankworkers.judge(ladder, ctx), rankworkers.judge(ladder, ctx, fits_only=True)
+        fits = [v.estimate for v in quick if v.reason is None]
+        assert fits == [v.estimate for v in full if v.reason is None]
+        assert [(v.reason is None, v.pruned) for v in quick] == [(v.reason is None, v.pruned) for v in full]
+        floored += any("model states alone" in (v.reason or "") for v in quick)
+        fitting += sum(v.reason is None for v in quick)
+    assert floored > 100 and fitting > 0

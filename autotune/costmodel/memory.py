@@ -76,6 +76,7 @@ from autotune.stagesplit import head_rank, split_layers_of
 __all__ = [
     "MemoryBreakdown",
     "memory_breakdown",
+    "states_floor_bytes",
     "stage_memory",
     "pipeline_p2p_bytes",
 ]
@@ -316,6 +317,24 @@ def memory_breakdown(
     worst = max(stages, key=lambda m: m.total_bytes)
     host = max(m.host_bytes_per_node for m in stages)
     return replace(worst, host_bytes_per_node=host)
+
+
+def states_floor_bytes(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, numerics: Numerics = MIXED_BF16
+) -> float:
+    """A lower bound on ``memory_breakdown(...).total_bytes`` at a fraction of its cost: the model states of
+    the most loaded checked stage plus the reserve, which every stage's total holds with non-negative terms
+    on top. A plan whose floor is past the device cannot fit, whatever its activations: enough to answer
+    "does any plan fit here?" (``rankworkers.judge``'s ``fits_only``)."""
+    layers_of, last_rank = _rank_layers(model, plan), head_rank(plan)
+    worst = 0.0
+    for rank in _ranks_to_check(model, plan):
+        last = rank == last_rank
+        layers = layers_of[rank] + (model.mtp_layers if last else 0)  # as ``stage_memory`` counts them
+        params = stage_params_per_gpu(model, plan, first=rank == 0, last=last, layers=layers)
+        states = _states(model, plan, params, numerics, layers=layers)
+        worst = max(worst, states.weights_bytes + states.gradients_bytes + states.optimizer_bytes)
+    return worst + reserve_bytes(cluster, plan)
 
 
 def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
