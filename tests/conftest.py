@@ -14,11 +14,11 @@ The tiers (``-m "not slow and not dist"`` is the inner loop) are in docs/testing
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 
 import pytest
+from neighbours import room
 
 HANG_FACTOR = float(os.environ.get("AUTOTUNE_HANG_FACTOR", "4"))
 """A test's ``dist(timeout=S)`` is what it takes on an idle machine; the limit is S x this, because the limit
@@ -35,24 +35,21 @@ def pytest_xdist_auto_num_workers(config):
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def pytest_collection_modifyitems(config, items):
+    """``alone`` tests first: at the start the other workers are between short tests, so neither side waits
+    long for the other (a worker idles while an ``alone`` test runs or waits for the room)."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _neighbours(request, tmp_path_factory):
-    """Under pytest-xdist, an ``alone`` test waits until the other workers' tests end and keeps new ones
-    from starting while it runs; the others run side by side. Two ``flock`` files shared by the run's
-    workers: every test passes the ``gate``; an ``alone`` test holds it while it takes the ``room``
-    exclusively, the others take the room shared and let the gate go (so a waiting ``alone`` test is not
-    starved). A crashed worker's locks go with its process."""
+    """Under pytest-xdist, an ``alone`` test runs with no other test beside it (``neighbours.room``)."""
     if not hasattr(request.config, "workerinput"):  # not an xdist worker: nothing runs beside this test
         yield
         return
     shared = tmp_path_factory.getbasetemp().parent  # the run's directory, above each worker's own
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(shared / "alone.gate", "a") as gate, open(shared / "alone.room", "a") as room:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        if not alone:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        yield  # closing the files releases the locks
+    with room(shared, alone=request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(autouse=True)
