@@ -78,7 +78,8 @@ def rank_plans(
     on_ladder: LadderJudged | None = None,
 ) -> Ranking:
     """Estimate every legal plan (stop at the first that fits with ``first_fit``, whose tallies then cover
-    what was enumerated by then); large spaces are judged across worker processes (``autotune.rankworkers``),
+    what was enumerated by then, judged only as far as fit or miss: ``rankworkers.judge``'s ``fits_only``);
+    large spaces are judged across worker processes (``autotune.rankworkers``),
     with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``)."""
     tally, feasible = Tally(), []
     closest: tuple[float, Estimate | ParallelPlan] | None = None  # the least overcommitted miss
