@@ -87,7 +87,6 @@ def judge(
     its memory; its verdict then has no ``overcommit``."""
     out: list[Verdict] = []
     n = len(ladder.micro_batches)
-    limit = (1.0 - ctx.memory_headroom) * ctx.cluster.gpu.memory_bytes
     for i, micro_batch in enumerate(ladder.micro_batches):
         try:
             plan = ladder.plan(micro_batch)
@@ -96,9 +95,9 @@ def judge(
             break
         if estimator is estimate and fits_only:
             floor = states_floor_bytes(ctx.model, ctx.cluster, plan)
-            if floor > limit:  # the total holds the floor: above the headroom, if not out of memory
-                reason = f"above the memory headroom: model states alone need {floor / 2**30:.1f} GiB per GPU"
-                out.append(Verdict(None, reason, n - i, plan))
+            above = peak_headroom_reason(floor, ctx.cluster.gpu.memory_bytes, ctx.memory_headroom)
+            if above is not None:  # the total holds the floor: above the headroom, if not out of memory
+                out.append(Verdict(None, f"{above} (model states alone)", n - i, plan))
                 break
         if estimator is estimate:
             memory, reasons = checked = fit_check(ctx.model, ctx.cluster, plan)
