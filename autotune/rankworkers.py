@@ -14,6 +14,7 @@ that.
 from __future__ import annotations
 
 import gc
+import math
 import multiprocessing
 import os
 import signal
@@ -26,8 +27,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
 from autotune.costmodel.memory import states_floor_bytes
+from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
 from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason
+from autotune.legality import check_plan
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
 
@@ -78,13 +81,16 @@ def judge(
     estimator: Callable[..., Estimate] = estimate,
     *,
     fits_only: bool = False,
+    closest: float = math.inf,
 ) -> list[Verdict]:
     """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit. With the catalog
     cost model a plan's memory is judged first and its step time is priced only if it fits (most plans of
-    a large MoE space do not: benchmarks/results/search_speed.md). ``fits_only`` (a caller that asks only
-    whether a plan fits, with no tally or closest miss to show) first compares the plan's model states
-    (``states_floor_bytes``) with the headroom, and a plan they alone overfill is a miss without the rest of
-    its memory; its verdict then has no ``overcommit``."""
+    a large MoE space do not: benchmarks/results/search_speed.md), and before its memory its model states
+    (``states_floor_bytes``, a lower bound of the total, computed once for both). A plan they alone overfill
+    is a miss without the rest of its memory, and its verdict has no ``overcommit``: with ``fits_only`` (a
+    caller that asks only whether a plan fits, with no tally or closest miss to show) past the headroom;
+    otherwise when it is surely out of memory (``_surely_out_of_memory``) and misses by more than
+    ``closest``, the least ``overcommit`` of a miss the caller has seen, so it cannot be the closest."""
     out: list[Verdict] = []
     n = len(ladder.micro_batches)
     for i, micro_batch in enumerate(ladder.micro_batches):
@@ -93,13 +99,16 @@ def judge(
         except ConfigError as e:  # a plan.py rule space.py does not mirror yet: counted, never fatal
             out.append(Verdict(None, str(e), n - i))
             break
-        if estimator is estimate and fits_only:
-            floor = states_floor_bytes(ctx.model, ctx.cluster, plan)
-            above = peak_headroom_reason(floor, ctx.cluster.gpu.memory_bytes, ctx.memory_headroom)
+        if estimator is estimate:
+            floor, capacity = states_floor_bytes(ctx.model, ctx.cluster, plan), ctx.cluster.gpu.memory_bytes
+            above = peak_headroom_reason(floor, capacity, ctx.memory_headroom) if fits_only else None
             if above is not None:  # the total holds the floor: above the headroom, if not out of memory
                 out.append(Verdict(None, f"{above} (model states alone)", n - i, plan))
                 break
-        if estimator is estimate:
+            if not fits_only and floor > closest * capacity and _surely_out_of_memory(floor, plan, ctx):
+                oom = f"out of memory: model states alone need {floor / 2**30:.1f} GiB"
+                out.append(Verdict(None, oom, n - i, plan))
+                break
             memory, reasons = checked = fit_check(ctx.model, ctx.cluster, plan)
             room = peak_headroom_reason(memory.total_bytes, ctx.cluster.gpu.memory_bytes, ctx.memory_headroom)
             miss = reasons[0] if reasons else room
@@ -116,6 +125,17 @@ def judge(
         out.append(Verdict(est, above or est.reasons[0], n - i))  # larger ones cannot fit
         break
     return out
+
+
+def _surely_out_of_memory(floor: float, plan: ParallelPlan, ctx: PlanContext) -> bool:
+    """Whether ``fit_check``'s first reason for ``plan`` is "out of memory", from its model-states floor:
+    no rule of ``check_plan`` fails, and the floor is past the device even after the allocator's slack.
+    ``needed_bytes`` of the worst stage is its total less ``FRAGMENTATION_FRACTION`` of its transient
+    bytes, so at least ``total / (1 + FRAGMENTATION_FRACTION)``; the worst stage's total holds the floor."""
+    capacity = ctx.cluster.gpu.memory_bytes
+    if floor <= capacity * (1.0 + FRAGMENTATION_FRACTION):
+        return False
+    return not check_plan(plan, ctx.model, ctx.cluster)
 
 
 def workers() -> int:
@@ -148,11 +168,10 @@ def judged(
         and not multiprocessing.current_process().daemon
     )
     if not parallel:
-        for ladder in ladders:
-            yield judge(ladder, ctx, estimator, fits_only=fits_only)
+        yield from _judged_here(ladders, ctx, estimator, fits_only)
         return
-    global _WORK
-    _WORK = (ladders, ctx, estimator, fits_only)
+    global _WORK, _CLOSEST
+    _WORK, _CLOSEST = (ladders, ctx, estimator, fits_only), math.inf  # each worker's own, from the fork
     chunk = max(1, len(ladders) // (n * _CHUNKS_PER_WORKER))
     done = 0
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
@@ -161,8 +180,7 @@ def judged(
             yield verdicts
             done += 1
     except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
-        for ladder in ladders[done:]:
-            yield judge(ladder, ctx, estimator, fits_only=fits_only)
+        yield from _judged_here(ladders[done:], ctx, estimator, fits_only)
     finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _WORK = None
@@ -199,7 +217,29 @@ def _quiet() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def _judged_here(
+    ladders: Sequence[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate], fits_only: bool
+) -> Generator[list[Verdict], None, None]:
+    closest = math.inf
+    for ladder in ladders:
+        verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=closest)
+        closest = _closer(closest, verdicts)
+        yield verdicts
+
+
+def _closer(closest: float, verdicts: list[Verdict]) -> float:
+    """The least ``overcommit`` of a miss seen, after ``verdicts`` (what ``judge``'s ``closest`` takes)."""
+    return min([closest, *(v.overcommit for v in verdicts if v.overcommit is not None)])
+
+
+_CLOSEST = math.inf
+"""In a worker: the least ``overcommit`` of a miss it has judged (``judge``'s ``closest``)."""
+
+
 def _judge_index(i: int) -> list[Verdict]:
+    global _CLOSEST
     assert _WORK is not None
     ladders, ctx, estimator, fits_only = _WORK
-    return judge(ladders[i], ctx, estimator, fits_only=fits_only)
+    verdicts = judge(ladders[i], ctx, estimator, fits_only=fits_only, closest=_CLOSEST)
+    _CLOSEST = _closer(_CLOSEST, verdicts)
+    return verdicts

@@ -7,7 +7,7 @@ import pytest
 from autotune import rankworkers
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
-from autotune.ranking import plan_search
+from autotune.ranking import plan_search, rule_of
 from autotune.space import PlanContext, enumerate_plans, load_space, resolve_choices
 
 
@@ -182,3 +182,31 @@ def test_fits_only_finds_the_plans_that_fit_and_stops_each_ladder_where_a_full_j
         floored += any("model states alone" in (v.reason or "") for v in quick)
         fitting += sum(v.reason is None for v in quick)
     assert floored > 100 and fitting > 0
+
+
+@pytest.mark.parametrize("gpus, pins", [(16, {}), (4, {"offload": False})])
+def test_a_miss_its_model_states_decide_skips_the_rest_of_its_memory_with_the_same_ranking(
+    monkeypatch, gpus, pins
+):
+    """Once a miss is seen, a plan whose model states alone are surely out of memory (past the device even
+    after the allocator's slack, no other rule broken) and further over than that miss is counted out of
+    memory without the rest of its memory: the same plans fit, each ladder stops at the same micro-batch
+    with the same rule, and the least overcommitted miss is the same, as when every miss is priced in full
+    (70B on 16 A100-40GB, where most layouts cannot hold their states; on 4 without offload none fits,
+    and the closest miss is one of those whose states alone overfill the device)."""
+    model, cluster = load_model("70b"), make_cluster(num_gpus=gpus, gpu="a100-40gb")
+    choices = resolve_choices(load_space(), model, cluster, pins)
+    ctx = PlanContext(model=model, cluster=cluster, global_batch=64, seq_len=4096)
+    ladders = list(enumerate_plans(choices, ctx))
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
+    quick = list(rankworkers.judged(ladders, ctx))
+    full = [rankworkers.judge(ladder, ctx) for ladder in ladders]  # no miss seen: every miss priced
+
+    def seen(verdicts):
+        return [(v.estimate, rule_of(v.reason or ""), v.pruned, v.plan) for v in verdicts]
+
+    assert [seen(q) for q in quick] == [seen(f) for f in full]
+    skipped = [v for q in quick for v in q if v.plan is not None and v.overcommit is None]
+    closest = min(v.overcommit for f in full for v in f if v.overcommit is not None)
+    assert min(v.overcommit for q in quick for v in q if v.overcommit is not None) == closest
+    assert len(skipped) > 100 and all("model states alone" in (v.reason or "") for v in skipped)

@@ -238,10 +238,7 @@ def stage_memory(
     optimizer-step moments (module docstring); its blocks as ``autotune/stagesplit.py`` splits them."""
     k = kernels if kernels is not None else kernels_for(plan)
     first, last = rank == 0, rank == head_rank(plan)  # a V puts both ends on rank 0
-    # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
-    layers = _rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
-    params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
-    states = _states(model, plan, params, numerics, layers=layers)
+    layers, params, states = _stage_states(model, plan, numerics, rank=rank)
     kept = deferred_reduce_bytes(
         model,
         plan,
@@ -326,15 +323,35 @@ def states_floor_bytes(
     the most loaded checked stage plus the reserve, which every stage's total holds with non-negative terms
     on top. A plan whose floor is past the device cannot fit, whatever its activations: enough to answer
     "does any plan fit here?" (``rankworkers.judge``'s ``fits_only``)."""
-    layers_of, last_rank = _rank_layers(model, plan), head_rank(plan)
     worst = 0.0
     for rank in _ranks_to_check(model, plan):
-        last = rank == last_rank
-        layers = layers_of[rank] + (model.mtp_layers if last else 0)  # as ``stage_memory`` counts them
-        params = stage_params_per_gpu(model, plan, first=rank == 0, last=last, layers=layers)
-        states = _states(model, plan, params, numerics, layers=layers)
+        states = _stage_states(model, plan, numerics, rank=rank)[2]
         worst = max(worst, states.weights_bytes + states.gradients_bytes + states.optimizer_bytes)
     return worst + reserve_bytes(cluster, plan)
+
+
+def _stage_states(
+    model: ModelSpec, plan: ParallelPlan, numerics: Numerics, *, rank: int
+) -> tuple[float, float, ModelStates]:
+    """Blocks, parameters per GPU and model states of pipeline rank ``rank``. The last plan's are kept: a
+    search asks for them twice, for ``states_floor_bytes`` and then for the plan's full memory."""
+    global _LAST_STATES
+    last_model, last_plan, last_numerics, kept = _LAST_STATES
+    if not (last_model is model and last_plan is plan and last_numerics is numerics):
+        kept = {}
+        _LAST_STATES = (model, plan, numerics, kept)  # one tuple, replaced whole: safe across threads
+    if rank not in kept:
+        first, last = rank == 0, rank == head_rank(plan)
+        # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
+        layers = _rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
+        params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
+        kept[rank] = (layers, params, _states(model, plan, params, numerics, layers=layers))
+    return kept[rank]
+
+
+_StageStates = dict[int, tuple[float, float, ModelStates]]
+_LAST_STATES: tuple[object, object, object, _StageStates] = (None, None, None, {})
+"""(model, plan, numerics, rank -> ``_stage_states``): the last plan's."""
 
 
 def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
