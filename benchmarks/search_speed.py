@@ -5,10 +5,14 @@ model on every legal plan, the Optuna study in a new SQLite file, the emitted la
 times; wall and CPU time of each run are recorded. Budgets (issue "Search end to end"): llama3-405b on
 16,384 GPUs <= 10 s, 70b on 16 GPUs <= 3 s, on 2 cores.
 
-    python benchmarks/search_speed.py [--repeat 5]   # writes benchmarks/results/search_speed.{json,md}
+    python benchmarks/search_speed.py [--repeat 5] [--baseline REV]
+    # writes benchmarks/results/search_speed.{json,md}
 
 Other processes on the machine inflate wall time; the load average is recorded next to the numbers and
-the verdict uses the fastest run (the one least disturbed), as ``timeit`` does.
+the verdict uses the fastest run (the one least disturbed), as ``timeit`` does. ``--baseline REV`` also
+runs every case from that revision (a temporary git worktree), alternating with this checkout so both see
+the same load, records its medians beside these and fails unless both give the same answer (plans,
+counts, the recommended plan).
 """
 
 from __future__ import annotations
@@ -49,9 +53,9 @@ CASES = [
         "argv": ["--model", "mixtral-8x7b", "--gpus", "16"],
     },
     {
-        "name": "deepseek-v3 on 256 H100",
+        "name": "deepseek-v3 on 512 H100",
         "budget_s": None,
-        "argv": ["--model", "deepseek-v3", "--gpus", "256"],
+        "argv": ["--model", "deepseek-v3", "--gpus", "512"],
     },
     {
         "name": "mixtral-8x7b on 16 H100, progress bars on a terminal",
@@ -68,9 +72,10 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_once(
-    argv: list[str], env: dict[str, str] | None = None, terminal: bool = False
+    argv: list[str], env: dict[str, str] | None = None, terminal: bool = False, tree: Path = _ROOT
 ) -> tuple[float, float, dict]:
-    """One end-to-end run: (wall s, CPU s of the child, its --json output); ``terminal``: stderr on a pty."""
+    """One end-to-end run of ``tree``'s sources: (wall s, CPU s of the child, its --json output);
+    ``terminal``: stderr on a pty."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             sys.executable,
@@ -86,7 +91,9 @@ def run_once(
         ]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        returncode, stdout, stderr = _run(cmd, {**os.environ, **(env or {})}, terminal)
+        returncode, stdout, stderr = _run(
+            cmd, {**os.environ, **(env or {}), "PYTHONPATH": str(tree)}, terminal, tree
+        )
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if returncode:
@@ -95,11 +102,11 @@ def run_once(
     return wall, cpu, json.loads(stdout)
 
 
-def _run(cmd: list[str], env: dict[str, str], terminal: bool) -> tuple[int, str, str]:
+def _run(cmd: list[str], env: dict[str, str], terminal: bool, cwd: Path) -> tuple[int, str, str]:
     """(return code, stdout, stderr); with ``terminal`` stderr is a pseudo-terminal, drained by a thread so
     that the bars never block the child."""
     if not terminal:
-        proc = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, check=False, env=env)
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=env)
         return proc.returncode, proc.stdout, proc.stderr
     import pty
     import threading
@@ -119,7 +126,7 @@ def _run(cmd: list[str], env: dict[str, str], terminal: bool) -> tuple[int, str,
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    child = subprocess.Popen(cmd, cwd=_ROOT, stdout=subprocess.PIPE, stderr=follower, env=env)
+    child = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=follower, env=env)
     os.close(follower)
     out, _ = child.communicate()
     reader.join(timeout=5)
@@ -127,11 +134,22 @@ def _run(cmd: list[str], env: dict[str, str], terminal: bool) -> tuple[int, str,
     return child.returncode, out.decode(), b"".join(drained).decode(errors="replace")
 
 
-def measure(case: dict, repeat: int) -> dict:
-    runs = [run_once(case["argv"], case.get("env"), case.get("terminal", False)) for _ in range(repeat)]
+_ANSWER = ("num_legal_plans", "num_feasible_plans", "pruned_by_reason", "plan", "tokens_per_s")
+"""What a baseline run must answer as this checkout does."""
+
+
+def measure(case: dict, repeat: int, baseline: Path | None = None) -> dict:
+    runs, base_runs = [], []
+    for _ in range(repeat):  # alternating, so both trees see the same load
+        runs.append(run_once(case["argv"], case.get("env"), case.get("terminal", False)))
+        if baseline is not None:
+            base_runs.append(run_once(case["argv"], case.get("env"), case.get("terminal", False), baseline))
     walls, cpus, out = [r[0] for r in runs], [r[1] for r in runs], runs[-1][2]
+    for _, _, other in base_runs:
+        if any(other[k] != out[k] for k in _ANSWER):
+            raise SystemExit(f"{case['name']}: the baseline answers differently")
     budget = case["budget_s"]
-    return {
+    row = {
         "case": case["name"],
         "command": " ".join(f"{k}={v}" for k, v in case.get("env", {}).items())
         + ("" if not case.get("env") else " ")
@@ -153,6 +171,10 @@ def measure(case: dict, repeat: int) -> dict:
         "best_tokens_per_s": out["tokens_per_s"],
         "best_mfu": out["mfu"],
     }
+    if base_runs:
+        row["baseline_wall_s_median"] = statistics.median(r[0] for r in base_runs)
+        row["baseline_cpu_s_median"] = statistics.median(r[1] for r in base_runs)
+    return row
 
 
 def _markdown(result: dict) -> str:
@@ -162,18 +184,29 @@ def _markdown(result: dict) -> str:
         f"Machine: {result['machine']['cpus']} CPUs, {result['machine']['platform']}, Python "
         f"{result['machine']['python']}; {result['machine'].get('plan_workers', 1)} planning worker(s) "
         f"(autotune/rankworkers.py); load average {result['load_before']} before, "
-        f"{result['load_after']} after; commit {result['commit']}.",
+        f"{result['load_after']} after; commit {result['commit']}; {result['repeat']} runs per case.",
+    ]
+    base = result.get("baseline")
+    if base:
+        lines += [
+            "",
+            f"Baseline {base}, run alternately with this checkout from a git worktree (the same answers: "
+            "plans, counts, recommended plan); its medians in the last two columns.",
+        ]
+    head = "| case | budget | fastest | median wall | median CPU | legal plans | fit | pruned |"
+    lines += [
         "",
-        "| case | budget | fastest | median wall | median CPU | legal plans | fit | pruned |",
-        "|---|---|---|---|---|---|---|---|",
+        head + (" baseline wall | baseline CPU |" if base else ""),
+        "|---" * (10 if base else 8) + "|",
     ]
     for r in result["cases"]:
         budget = f"{r['budget_s']:.0f} s" if r["budget_s"] else "-"
         verdict = "" if r["within_budget"] is None else (" ok" if r["within_budget"] else " OVER")
+        then = f" {r['baseline_wall_s_median']:.2f} s | {r['baseline_cpu_s_median']:.2f} s |" if base else ""
         lines.append(
             f"| {r['case']} | {budget} | {r['wall_s_min']:.2f} s{verdict} | "
             f"{r['wall_s_median']:.2f} s | {r['cpu_s_median']:.2f} s | {r['legal_plans']:,} | "
-            f"{r['feasible_plans']:,} | {r['pruned_combinations']:,} |"
+            f"{r['feasible_plans']:,} | {r['pruned_combinations']:,} |{then}"
         )
     for r in result["cases"]:
         lines += ["", f"## {r['case']}", "", f"`{r['command']}`", "", "Pruned by reason:", ""]
@@ -185,12 +218,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=_ROOT / "benchmarks" / "results")
+    parser.add_argument("--baseline", help="git revision to run alternately with this checkout")
     args = parser.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=_ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
+
+    def git(*a: str) -> str:
+        done = subprocess.run(["git", *a], cwd=_ROOT, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") + (" (modified)" if git("status", "--porcelain") else "")
     load_before = [round(x, 2) for x in os.getloadavg()]
-    cases = [measure(case, args.repeat) for case in CASES]
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline" if args.baseline else None
+        if base is not None:
+            git("worktree", "add", "--detach", str(base), args.baseline)
+        try:
+            cases = [measure(case, args.repeat, base) for case in CASES]
+        finally:
+            if base is not None:
+                git("worktree", "remove", "--force", str(base))
     machine = {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
@@ -200,6 +245,7 @@ def main() -> int:
     load_after = [round(x, 2) for x in os.getloadavg()]
     result = {
         "commit": commit,
+        "baseline": git("rev-parse", "--short", args.baseline) if args.baseline else None,
         "load_before": load_before,
         "load_after": load_after,
         "machine": machine,
