@@ -307,8 +307,9 @@ def memory_breakdown(
     """Memory of the worst GPU: the largest of the first, the last and (uneven splits) the most loaded
     middle pipeline stage (module docstring). ``host_bytes_per_node`` is the larger stage's offloaded
     bytes per GPU x GPUs per node."""
+    k = kernels if kernels is not None else kernels_for(plan)  # one plan: the same kernels on every stage
     stages = [
-        stage_memory(model, cluster, plan, rank=r, numerics=numerics, kernels=kernels)
+        stage_memory(model, cluster, plan, rank=r, numerics=numerics, kernels=k)
         for r in _ranks_to_check(model, plan)
     ]
     worst = max(stages, key=lambda m: m.total_bytes)
