@@ -33,7 +33,17 @@ from autotune.spacerules import (
 if TYPE_CHECKING:
     from autotune.space import PlanContext
 
-__all__ = ["Ladder", "Tally", "enumerate_plans", "layout_dps"]
+__all__ = [
+    "Ladder",
+    "Layout",
+    "Tally",
+    "Variants",
+    "enumerate_plans",
+    "layout_candidates",
+    "layout_dps",
+    "layout_ladders",
+    "layouts",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,13 @@ class Tally:
         if n:
             self.pruned[reason] += n
 
+    def merge(self, other: Tally) -> None:
+        """Add what another enumeration (of other layouts) saw."""
+        self.pruned.update(other.pruned)
+        for knob, values in other.legal_values.items():
+            self.legal_values[knob] |= values
+        self.num_legal += other.num_legal
+
     def record(self, ladder: Ladder) -> None:
         self.num_legal += len(ladder.micro_batches)
         for knob in KNOBS:
@@ -79,26 +96,74 @@ def enumerate_plans(
 ) -> Iterator[Ladder]:
     """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``."""
     tally = tally if tally is not None else Tally()
-    variants: dict[tuple[int, bool, int], tuple[list[Variant], int]] = {}  # offered ones, all
-    num_mbs = len(choices["micro_batch"])
-    for tp, pp, cp in product(choices["tp"], choices["pp"], choices["cp"]):
-        if ctx.dp is not None and tp * pp * cp * ctx.dp != ctx.cluster.num_gpus:
-            continue  # --dp pins the layout: other layouts are outside the space, not pruned
+    variants = Variants(choices)
+    for layout in layouts(choices, ctx):
+        yield from layout_ladders(variants, ctx, layout, tally)
+
+
+Layout = tuple[int, int, int]
+"""(TP, PP, CP); DP follows from the GPU count."""
+
+
+def layouts(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> list[Layout]:
+    """The layouts ``enumerate_plans`` visits, in its order (``--dp`` pins the layout: other layouts are
+    outside the space, not pruned)."""
+    return [
+        (tp, pp, cp)
+        for tp, pp, cp in product(choices["tp"], choices["pp"], choices["cp"])
+        if ctx.dp is None or tp * pp * cp * ctx.dp == ctx.cluster.num_gpus
+    ]
+
+
+class Variants:
+    """The non-layout combinations of ``choices`` per (TP, PP > 1, CP), made once: the offered ones and how
+    many there were."""
+
+    def __init__(self, choices: Mapping[str, tuple[Any, ...]]) -> None:
+        self.choices = choices
+        self._made: dict[tuple[int, bool, int], tuple[list[Variant], int]] = {}
+
+    def of(self, tp: int, pp: int, cp: int) -> tuple[list[Variant], int]:
         key = (tp, pp > 1, cp)
-        if key not in variants:
-            every = _variants(choices, *key)
-            variants[key] = ([v for v in every if offered(v)], len(every))
-        kept, total = variants[key]
-        reason = layout_rule(ctx, tp, pp, cp)
-        if reason:
-            tally.count(reason, total * num_mbs)
-            continue
-        dp = ctx.cluster.num_gpus // (tp * pp * cp)
-        mbs = tuple(m for m in choices["micro_batch"] if ctx.global_batch % (dp * m) == 0)
+        if key not in self._made:
+            every = _variants(self.choices, *key)
+            self._made[key] = ([v for v in every if offered(v)], len(every))
+        return self._made[key]
+
+
+def layout_ladders(
+    variants: Variants, ctx: PlanContext, layout: Layout, tally: Tally, part: tuple[int, int] | None = None
+) -> Iterator[Ladder]:
+    """The ladders of one layout, in ``enumerate_plans``' order; what it prunes counted in ``tally``.
+    ``part``: only the ladders of the offered variants ``start:stop`` (``layout_candidates``), the
+    layout's own counts with the part that starts at 0: the parts of a layout make the whole."""
+    (tp, pp, cp), choices = layout, variants.choices
+    kept, total = variants.of(tp, pp, cp)
+    start, stop = part if part is not None else (0, len(kept))
+    num_mbs = len(choices["micro_batch"])
+    reason = layout_rule(ctx, tp, pp, cp)
+    if reason:
+        tally.count(reason, total * num_mbs if start == 0 else 0)
+        return
+    dp = ctx.cluster.num_gpus // (tp * pp * cp)
+    mbs = tuple(m for m in choices["micro_batch"] if ctx.global_batch % (dp * m) == 0)
+    if start == 0:
         tally.count(BATCH_RULE, total * (num_mbs - len(mbs)))
-        if mbs:  # a sharding the framework lacks fails ``variant_rule`` first, whatever the layout
-            tally.count(SHARDING_RULE, (total - len(kept)) * len(mbs))
-            yield from _ladders(ctx, kept, (tp, pp, cp, dp), mbs, tally)
+    if mbs:  # a sharding the framework lacks fails ``variant_rule`` first, whatever the layout
+        tally.count(SHARDING_RULE, (total - len(kept)) * len(mbs) if start == 0 else 0)
+        yield from _ladders(ctx, kept[start:stop], (tp, pp, cp, dp), mbs, tally)
+
+
+def layout_candidates(variants: Variants, ctx: PlanContext, layout: Layout) -> int:
+    """Ladders ``layout_ladders`` may yield at most (its offered variants, when the layout and the global
+    batch allow any): a size known before the variant rules run."""
+    tp, pp, cp = layout
+    if layout_rule(ctx, tp, pp, cp):
+        return 0
+    dp = ctx.cluster.num_gpus // (tp * pp * cp)
+    if not any(ctx.global_batch % (dp * m) == 0 for m in variants.choices["micro_batch"]):
+        return 0
+    return len(variants.of(tp, pp, cp)[0])
 
 
 def _ladders(

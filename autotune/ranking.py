@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from autotune.costmodel import Estimate, estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
-from autotune.rankworkers import Verdict, judged, judged_in_blocks, overcommit
+from autotune.rankworkers import Verdict, judged_in_blocks, judged_space, overcommit
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -66,7 +67,12 @@ class Ranking:
 
 def rule_of(reason: str) -> str:
     """A reason without its numbers: 'out of memory: needs 91.2 GiB ...' -> 'out of memory'."""
-    return re.sub(r"\s*\b\d[\d.,]*\b", "", reason.split(":", 1)[0]).strip()
+    return _rule(reason.split(":", 1)[0])
+
+
+@functools.lru_cache(maxsize=256)
+def _rule(head: str) -> str:  # a ranking asks for every miss; their heads are few
+    return re.sub(r"\s*\b\d[\d.,]*\b", "", head).strip()
 
 
 def rank_plans(
@@ -83,9 +89,10 @@ def rank_plans(
     with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``)."""
     tally, feasible = Tally(), []
     closest: tuple[float, Estimate | ParallelPlan] | None = None  # the least overcommitted miss
-    ladders = enumerate_plans(choices, ctx, tally)
     verdicts = (
-        judged_in_blocks(ladders, ctx, estimator) if first_fit else judged(list(ladders), ctx, estimator)
+        judged_in_blocks(enumerate_plans(choices, ctx, tally), ctx, estimator)
+        if first_fit
+        else judged_space(choices, ctx, tally, estimator)
     )
     with contextlib.closing(verdicts):  # stopping early stops the workers now
         for steps in verdicts:

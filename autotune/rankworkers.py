@@ -5,7 +5,9 @@ Ladders are independent of each other, and the cost model is all of a search's p
 405B on 16,384 GPUs is ~45,000 estimates, an MoE model on 16 GPUs ~80,000 (benchmarks/search_speed.py).
 With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, the ladders are judged by
 ``workers()`` forked processes (they inherit the model, cluster and ladders; only verdicts travel back) and
-the verdicts are merged in enumeration order, so the ranking is the one a single process makes. Elsewhere
+the verdicts are merged in enumeration order, so the ranking is the one a single process makes. A ranking
+of a whole space (``judged_space``) hands each worker parts of layouts to enumerate as well as judge, so
+the enumeration runs in parallel too and no ladder travels. Elsewhere
 (a caller's own estimator, which may keep state; one CPU; not Linux, whose ``fork`` the workers need; inside
 a daemonic process) the ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces
 that.
@@ -19,15 +21,16 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
 from autotune.costmodel.memory import states_floor_bytes
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
+from autotune.enumeration import Ladder, Layout, Tally, Variants, layout_candidates, layout_ladders, layouts
 from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason
 from autotune.legality import check_plan
@@ -35,10 +38,18 @@ from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
 
 if TYPE_CHECKING:
-    from autotune.enumeration import Ladder
     from autotune.space import PlanContext
 
-__all__ = ["MIN_LADDERS", "Verdict", "judge", "judged", "judged_in_blocks", "overcommit", "workers"]
+__all__ = [
+    "MIN_LADDERS",
+    "Verdict",
+    "judge",
+    "judged",
+    "judged_in_blocks",
+    "judged_space",
+    "overcommit",
+    "workers",
+]
 
 MIN_LADDERS = 2000
 """Below this many ladders (a few seconds of estimates at most) starting workers is not worth it."""
@@ -159,15 +170,7 @@ def judged(
     """Each ladder's verdicts (``judge``), in the order of ``ladders`` (module docstring: where workers
     judge them)."""
     n = workers()
-    parallel = (
-        estimator is estimate
-        and len(ladders) >= MIN_LADDERS
-        and n > 1
-        and sys.platform.startswith("linux")  # fork is not safe with macOS system libraries
-        and "fork" in multiprocessing.get_all_start_methods()
-        and not multiprocessing.current_process().daemon
-    )
-    if not parallel:
+    if not _forks(estimator, n) or len(ladders) < MIN_LADDERS:
         yield from _judged_here(ladders, ctx, estimator, fits_only)
         return
     global _WORK, _CLOSEST
@@ -184,6 +187,61 @@ def judged(
     finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _WORK = None
+
+
+def judged_space(
+    choices: Mapping[str, tuple[Any, ...]],
+    ctx: PlanContext,
+    tally: Tally,
+    estimator: Callable[..., Estimate] = estimate,
+) -> Generator[list[Verdict], None, None]:
+    """``judged`` of every ladder of ``choices`` (``enumerate_plans``, which counts what it prunes in
+    ``tally``), in its order. Where ``judged`` would start workers, each enumerates as well as judges its
+    share, a part of a layout (``layout_ladders``), so the enumeration runs in parallel too and no ladder
+    travels; their tallies are merged here, in order."""
+    variants, order = Variants(choices), layouts(choices, ctx)
+    sizes = [layout_candidates(variants, ctx, layout) for layout in order]  # the variants made before forking
+    n = workers()
+    if not _forks(estimator, n) or sum(sizes) < MIN_LADDERS:
+        ladders = (ladder for layout in order for ladder in layout_ladders(variants, ctx, layout, tally))
+        yield from _judged_here(ladders, ctx, estimator, False)
+        return
+    step = max(1, sum(sizes) // (n * _CHUNKS_PER_WORKER))
+    parts = [
+        (layout, (a, a + step))
+        for layout, size in zip(order, sizes, strict=True)
+        for a in range(0, max(size, 1), step)
+    ]
+    global _SPACE, _CLOSEST
+    _SPACE, _CLOSEST = (variants, ctx, estimator), math.inf  # each worker's own, from the fork
+    done = 0
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
+    try:
+        for part_tally, verdicts in pool.map(_judge_part, parts):
+            tally.merge(part_tally)
+            done += 1
+            yield from verdicts
+    except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
+        rest = (
+            ladder
+            for layout, part in parts[done:]
+            for ladder in layout_ladders(variants, ctx, layout, tally, part)
+        )
+        yield from _judged_here(rest, ctx, estimator, False)
+    finally:  # also when the caller stops early or a stop signal comes: queued parts are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
+        _SPACE = None
+
+
+def _forks(estimator: Callable[..., Estimate], n: int) -> bool:
+    """Whether ladders may be judged by ``n`` forked workers: the catalog cost model, several CPUs, Linux."""
+    return (
+        estimator is estimate
+        and n > 1
+        and sys.platform.startswith("linux")  # fork is not safe with macOS system libraries
+        and "fork" in multiprocessing.get_all_start_methods()
+        and not multiprocessing.current_process().daemon
+    )
 
 
 def judged_in_blocks(
@@ -218,7 +276,7 @@ def _quiet() -> None:
 
 
 def _judged_here(
-    ladders: Sequence[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate], fits_only: bool
+    ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate], fits_only: bool
 ) -> Generator[list[Verdict], None, None]:
     closest = math.inf
     for ladder in ladders:
@@ -243,3 +301,18 @@ def _judge_index(i: int) -> list[Verdict]:
     verdicts = judge(ladders[i], ctx, estimator, fits_only=fits_only, closest=_CLOSEST)
     _CLOSEST = _closer(_CLOSEST, verdicts)
     return verdicts
+
+
+_SPACE: tuple[Variants, PlanContext, Callable[..., Estimate]] | None = None
+"""What forked workers enumerate and judge (``judged_space``; set in the parent before the fork)."""
+
+
+def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, list[list[Verdict]]]:
+    global _CLOSEST
+    assert _SPACE is not None
+    variants, ctx, estimator = _SPACE
+    tally, out = Tally(), []
+    for ladder in layout_ladders(variants, ctx, part[0], tally, part[1]):
+        out.append(judge(ladder, ctx, estimator, closest=_CLOSEST))
+        _CLOSEST = _closer(_CLOSEST, out[-1])
+    return tally, out

@@ -45,13 +45,13 @@ def test_off_a_terminal_search_prints_no_bars_and_json_stays_one_object(tmp_path
 def test_on_a_terminal_search_draws_ranking_and_trial_bars_with_the_best(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("autotune.cli.search.wants_progress", lambda quiet=False: not quiet)
     given = []  # the estimator the ranking judges with: the catalog's, which forks workers on large spaces
-    real_judged = rankworkers.judged
+    real_judged = rankworkers.judged_space
 
-    def spy(ladders, ctx, est):
+    def spy(choices, ctx, tally, est):
         given.append(est)
-        return real_judged(ladders, ctx, est)
+        return real_judged(choices, ctx, tally, est)
 
-    monkeypatch.setattr("autotune.ranking.judged", spy)
+    monkeypatch.setattr("autotune.ranking.judged_space", spy)
     assert main([*_ARGV, "--out", str(tmp_path), "--json"]) == 0
     assert given and all(e is estimate for e in given)
     out, err = capsys.readouterr()

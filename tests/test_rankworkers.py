@@ -85,12 +85,25 @@ def test_workers_reads_the_environment(monkeypatch, value, expected):
 def test_a_worker_that_dies_costs_time_not_the_ranking(monkeypatch):
     """A killed worker (out of host memory, a signal) breaks the pool: the rest is judged here, no hang."""
     one = _ranking(monkeypatch, workers=1, min_ladders=1)
-    monkeypatch.setattr(rankworkers, "_judge_index", _dies_on_the_fourth)
+    monkeypatch.setattr(rankworkers, "_judge_part", _dies_on_its_second_part)
     broken = _ranking(monkeypatch, workers=2, min_ladders=1)
     assert _summary(broken) == _summary(one)
 
 
-_JUDGE_INDEX = rankworkers._judge_index
+def test_a_worker_that_dies_costs_judged_time_not_verdicts(monkeypatch):
+    """The same for ``judged``'s workers (the "fits nowhere" hint's blocks): every verdict, in order."""
+    ladders, ctx = _ladders()
+    ladders = list(ladders)
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
+    one = list(rankworkers.judged(ladders, ctx, fits_only=True))
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
+    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 1)
+    monkeypatch.setattr(rankworkers, "_judge_index", _dies_on_the_fourth)
+    assert list(rankworkers.judged(ladders, ctx, fits_only=True)) == one
+
+
+_JUDGE_INDEX, _JUDGE_PART = rankworkers._judge_index, rankworkers._judge_part
+_PARTS_JUDGED = [0]
 
 
 def _dies_on_the_fourth(i):
@@ -100,16 +113,24 @@ def _dies_on_the_fourth(i):
     return _JUDGE_INDEX(i)
 
 
+def _dies_on_its_second_part(part):
+    """A worker's task: the worker dies when it is handed its second part."""
+    _PARTS_JUDGED[0] += 1
+    if _PARTS_JUDGED[0] == 2:
+        os._exit(1)
+    return _JUDGE_PART(part)
+
+
 def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
     """The search's progress bar hears of each judged ladder (``on_ladder``) instead of wrapping the
     estimator, so a terminal user's ranking still forks: the catalog cost model reaches the workers, the
     ranking is the one a single process makes and the callback counts every estimate and every fit."""
     seen = []
-    real_judged = rankworkers.judged
+    real_judged = rankworkers.judged_space
 
-    def spy(ladders, ctx, estimator=estimate):
+    def spy(choices, ctx, tally, estimator=estimate):
         seen.append(estimator is estimate)
-        return real_judged(ladders, ctx, estimator)
+        return real_judged(choices, ctx, tally, estimator)
 
     one = _ranking(monkeypatch, workers=1, min_ladders=1)
     calls = []
@@ -120,7 +141,7 @@ def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
 
     _search(estimator=recording)
     monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
-    monkeypatch.setattr("autotune.ranking.judged", spy)
+    monkeypatch.setattr("autotune.ranking.judged_space", spy)
     counts = []
     two = _search(on_ladder=lambda estimated, fit: counts.append((estimated, fit)))
     assert seen == [True]  # the catalog estimator itself: the workers run
