@@ -35,10 +35,11 @@ def _cpu() -> tuple[float, float]:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     own, kids = _cpu()
-    start = time.monotonic()
+    at, start = time.time(), time.monotonic()
     yield
     own2, kids2 = _cpu()
     row = {"id": item.nodeid, "wall": time.monotonic() - start, "self": own2 - own, "children": kids2 - kids}
+    row |= {"start": at, "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # a timeline on xdist workers
     with open(os.environ.get("SUITE_CPU_OUT", "suite_cpu.jsonl"), "a") as f:
         f.write(json.dumps(row) + "\n")
 
