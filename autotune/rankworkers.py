@@ -278,6 +278,7 @@ def _quiet() -> None:
 def _judged_here(
     ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate], fits_only: bool
 ) -> Generator[list[Verdict], None, None]:
+    """``judge`` of each ladder in this process, telling it the closest miss so far."""
     closest = math.inf
     for ladder in ladders:
         verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=closest)
