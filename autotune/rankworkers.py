@@ -35,7 +35,7 @@ from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason
 from autotune.legality import check_plan
 from autotune.plan import ParallelPlan
-from autotune.specs import ClusterSpec
+from autotune.specs import GIB, ClusterSpec
 
 if TYPE_CHECKING:
     from autotune.space import PlanContext
@@ -117,11 +117,11 @@ def judge(
                 out.append(Verdict(None, f"{above} (model states alone)", n - i, plan))
                 break
             if not fits_only and floor > closest * capacity and _surely_out_of_memory(floor, plan, ctx):
-                oom = f"out of memory: model states alone need {floor / 2**30:.1f} GiB"
+                oom = f"out of memory: model states alone need {floor / GIB:.1f} GiB"
                 out.append(Verdict(None, oom, n - i, plan))
                 break
             memory, reasons = checked = fit_check(ctx.model, ctx.cluster, plan)
-            room = peak_headroom_reason(memory.total_bytes, ctx.cluster.gpu.memory_bytes, ctx.memory_headroom)
+            room = peak_headroom_reason(memory.total_bytes, capacity, ctx.memory_headroom)
             miss = reasons[0] if reasons else room
             if miss is not None:
                 out.append(Verdict(None, miss, n - i, plan, overcommit(memory, ctx.cluster)))
@@ -199,10 +199,10 @@ def judged_space(
     ``tally``), in its order. Where ``judged`` would start workers, each enumerates as well as judges its
     share, a part of a layout (``layout_ladders``), so the enumeration runs in parallel too and no ladder
     travels; their tallies are merged here, in order."""
-    variants, order = Variants(choices), layouts(choices, ctx)
-    sizes = [layout_candidates(variants, ctx, layout) for layout in order]  # the variants made before forking
-    n = workers()
-    if not _forks(estimator, n) or sum(sizes) < MIN_LADDERS:
+    variants, order, n = Variants(choices), layouts(choices, ctx), workers()
+    forks = _forks(estimator, n)
+    sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
+    if not forks or sum(sizes) < MIN_LADDERS:
         ladders = (ladder for layout in order for ladder in layout_ladders(variants, ctx, layout, tally))
         yield from _judged_here(ladders, ctx, estimator, False)
         return
