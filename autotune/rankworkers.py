@@ -28,8 +28,8 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
-from autotune.costmodel.memory import states_floor_bytes
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
+from autotune.costmodel.stagestates import states_floor_bytes
 from autotune.enumeration import Ladder, Layout, Tally, Variants, layout_candidates, layout_ladders, layouts
 from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason

@@ -34,8 +34,7 @@ measures.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 from autotune.costmodel import actoffload
@@ -51,9 +50,8 @@ from autotune.costmodel.activations import (
 from autotune.costmodel.cpbuffers import cp_attention_bytes
 from autotune.costmodel.deferredreduce import KeptBytes, deferred_reduce_bytes
 from autotune.costmodel.dpbuffers import comm_bucket_bytes, end_backward_bytes, gathered_bytes
-from autotune.costmodel.inflight import in_flight_microbatches, in_flight_of, microbatches_at_loss
+from autotune.costmodel.inflight import in_flight_microbatches, microbatches_at_loss
 from autotune.costmodel.lossmemory import loss_stored_bytes, loss_transient_bytes
-from autotune.costmodel.moe import expert_params_per_gpu
 from autotune.costmodel.pipebuffers import (
     keeps_stage_buffers,
     pipeline_p2p_bytes,
@@ -62,16 +60,11 @@ from autotune.costmodel.pipebuffers import (
 )
 from autotune.costmodel.recompute_modules import freed_bytes_per_layer
 from autotune.costmodel.reserve import fragmentation_bytes, reserve_bytes
-from autotune.costmodel.states import (
-    MIXED_BF16,
-    ModelStates,
-    Numerics,
-    model_state_bytes,
-    stage_params_per_gpu,
-)
+from autotune.costmodel.stagestates import ranks_to_check, stage_states, states_floor_bytes
+from autotune.costmodel.states import MIXED_BF16, Numerics
 from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
-from autotune.stagesplit import head_rank, split_layers_of
+from autotune.stagesplit import head_rank
 
 __all__ = [
     "MemoryBreakdown",
@@ -238,7 +231,7 @@ def stage_memory(
     optimizer-step moments (module docstring); its blocks as ``autotune/stagesplit.py`` splits them."""
     k = kernels if kernels is not None else kernels_for(plan)
     first, last = rank == 0, rank == head_rank(plan)  # a V puts both ends on rank 0
-    layers, params, states = _stage_states(model, plan, numerics, rank=rank)
+    layers, params, states = stage_states(model, plan, numerics, rank=rank)
     kept = deferred_reduce_bytes(
         model,
         plan,
@@ -282,20 +275,6 @@ def stage_memory(
     )
 
 
-def _states(
-    model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics, *, layers: float
-) -> ModelStates:
-    """Model states of a stage of ``layers`` blocks: routed experts sharded over the expert-data-parallel
-    group (``costmodel.moe``), the rest over DP x CP."""
-    experts = expert_params_per_gpu(model, plan, layers)
-    dense = model_state_bytes(params - experts, plan, numerics)
-    if not experts:
-        return dense
-    ex = model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_dp)
-    names = [f.name for f in fields(ModelStates)]
-    return ModelStates(**{n: getattr(dense, n) + getattr(ex, n) for n in names})
-
-
 def memory_breakdown(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -310,87 +289,8 @@ def memory_breakdown(
     k = kernels if kernels is not None else kernels_for(plan)  # one plan: the same kernels on every stage
     stages = [
         stage_memory(model, cluster, plan, rank=r, numerics=numerics, kernels=k)
-        for r in _ranks_to_check(model, plan)
+        for r in ranks_to_check(model, plan)
     ]
     worst = max(stages, key=lambda m: m.total_bytes)
     host = max(m.host_bytes_per_node for m in stages)
     return replace(worst, host_bytes_per_node=host)
-
-
-def states_floor_bytes(
-    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, numerics: Numerics = MIXED_BF16
-) -> float:
-    """A lower bound on ``memory_breakdown(...).total_bytes`` at a fraction of its cost: the model states of
-    the most loaded checked stage plus the reserve, which every stage's total holds with non-negative terms
-    on top. A plan whose floor is past the device cannot fit, whatever its activations: enough to answer
-    "does any plan fit here?" (``rankworkers.judge``'s ``fits_only``)."""
-    worst = 0.0
-    for rank in _ranks_to_check(model, plan):
-        states = _stage_states(model, plan, numerics, rank=rank)[2]
-        worst = max(worst, states.weights_bytes + states.gradients_bytes + states.optimizer_bytes)
-    return worst + reserve_bytes(cluster, plan)
-
-
-def _stage_states(
-    model: ModelSpec, plan: ParallelPlan, numerics: Numerics, *, rank: int
-) -> tuple[float, float, ModelStates]:
-    """Blocks, parameters per GPU and model states of pipeline rank ``rank``. The last plan's are kept: a
-    search asks for them twice, for ``states_floor_bytes`` and then for the plan's full memory."""
-    global _LAST_STATES
-    last_model, last_plan, last_numerics, kept = _LAST_STATES
-    if not (last_model is model and last_plan is plan and last_numerics is numerics):
-        kept = {}
-        _LAST_STATES = (model, plan, numerics, kept)  # one tuple, replaced whole: safe across threads
-    if rank not in kept:
-        first, last = rank == 0, rank == head_rank(plan)
-        # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
-        layers = _rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
-        params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
-        kept[rank] = (layers, params, _states(model, plan, params, numerics, layers=layers))
-    return kept[rank]
-
-
-_StageStates = dict[int, tuple[float, float, ModelStates]]
-_LAST_STATES: tuple[object, object, object, _StageStates] = (None, None, None, {})
-"""(model, plan, numerics, rank -> ``_stage_states``): the last plan's."""
-
-
-def _rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
-    """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
-    (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
-    return _split_rank_layers(
-        model.num_layers,
-        plan.pp,
-        plan.virtual_stages,
-        str(plan.framework),
-        model.mtp_layers,
-        plan.schedule.v_shape,
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _split_rank_layers(
-    num_layers: int, pp: int, v: int, framework: str, mtp: int, v_shape: bool
-) -> tuple[float, ...]:
-    try:
-        split = split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
-    except ValueError:
-        return (num_layers / pp,) * pp
-    return tuple(map(float, split.all_rank_layers()))
-
-
-def _ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
-    """The first and last rank, and with unequal middle ranks the one with the most blocks and the one
-    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches)."""
-    return _ranks_of(_rank_layers(model, plan), plan.num_microbatches, plan.virtual_stages, plan.schedule)
-
-
-@functools.lru_cache(maxsize=4096)
-def _ranks_of(layers: tuple[float, ...], m: int, v: int, schedule: Schedule) -> tuple[int, ...]:
-    pp = len(layers)
-    ranks = {0, pp - 1}
-    middle = range(1, pp - 1)
-    if middle and len(set(layers)) > 1:
-        ranks.add(max(middle, key=lambda r: (layers[r], -r)))
-        ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_of(m, pp, v, schedule, r), -r)))
-    return tuple(sorted(ranks))

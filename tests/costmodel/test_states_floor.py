@@ -6,7 +6,7 @@ import pytest
 
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import memory_breakdown
-from autotune.costmodel.memory import states_floor_bytes
+from autotune.costmodel.stagestates import states_floor_bytes
 from autotune.space import PlanContext, enumerate_plans, load_space, resolve_choices
 
 # Knobs the model states do not depend on, pinned in the MoE spaces to keep their enumeration to seconds.

@@ -1,0 +1,154 @@
+"""Model states of each pipeline stage, which stages the memory model checks, and their floor.
+
+A stage's blocks come from the framework's split (``autotune/stagesplit.py``); its weights, gradients and
+optimizer states from ``states.py`` (which cites ZeRO and each framework), routed experts sharded over the
+expert-data-parallel group (``costmodel.moe``). ``memory.py`` adds activations and buffers on top.
+
+A search asks for the same states many times: plans that differ only in knobs the states do not read
+(recompute, sequence parallelism, the overlap and kernel switches, the MoE dispatcher ...) share them, and
+a large MoE space has ~20 plans per distinct states (DeepSeek-V3 on 512 H100: 2.7M plans, 116k states). So
+``stage_states`` keeps them by the plan fields they can depend on: every field but ``_NOT_READ``, which
+``tests/costmodel/test_stage_states.py`` walks on plans of the bundled spaces.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import fields
+
+from autotune.costmodel.inflight import in_flight_of
+from autotune.costmodel.moe import expert_params_per_gpu
+from autotune.costmodel.reserve import reserve_bytes
+from autotune.costmodel.states import (
+    MIXED_BF16,
+    ModelStates,
+    Numerics,
+    model_state_bytes,
+    stage_params_per_gpu,
+)
+from autotune.plan import ParallelPlan, Schedule
+from autotune.specs import ClusterSpec, ModelSpec
+from autotune.stagesplit import head_rank, split_layers_of
+
+__all__ = ["NOT_READ", "rank_layers", "ranks_to_check", "stage_states", "states_floor_bytes"]
+
+NOT_READ = frozenset(
+    {
+        "micro_batch",  # read as ``num_microbatches`` only (DeepSpeed's host gradient buffer), which is keyed
+        "recompute",
+        "recompute_layers",
+        "recompute_modules",
+        "sequence_parallel",
+        "fp8_recipe",
+        "compile",
+        "async_tp",
+        "tp_comm_overlap",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "cp_comm",
+        "moe_dispatcher",
+        "moe_capacity_factor",
+        "moe_a2a_overlap",
+        "moe_load_imbalance",
+        "offload_activation_layers",
+        "offload_modules",
+        "loss_kernel",
+    }
+)
+"""Plan fields no model state reads: plans equal in every other field (and in ``num_microbatches``) have the
+same states on every rank."""
+_key_of = operator.attrgetter(*(f.name for f in fields(ParallelPlan) if f.name not in NOT_READ))
+_MAX_KEPT = 1 << 17
+"""States kept per (model, numerics) before the cache starts over: ~40 MB, a few seconds of a search."""
+
+StageStates = tuple[float, float, ModelStates]
+_KEPT: tuple[object, object, dict[tuple[object, ...], StageStates]] = (None, None, {})
+"""(model, numerics, (rank, plan key) -> ``stage_states``)."""
+
+
+def stage_states(model: ModelSpec, plan: ParallelPlan, numerics: Numerics, *, rank: int) -> StageStates:
+    """Blocks, parameters per GPU and model states of pipeline rank ``rank`` (kept: module docstring)."""
+    global _KEPT
+    kept_model, kept_numerics, kept = _KEPT
+    if not (kept_model is model and kept_numerics is numerics) or len(kept) >= _MAX_KEPT:
+        kept = {}
+        _KEPT = (model, numerics, kept)  # one tuple, replaced whole: safe across threads
+    key = (rank, plan.num_microbatches, _key_of(plan))
+    found = kept.get(key)
+    if found is None:
+        first, last = rank == 0, rank == head_rank(plan)
+        # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
+        layers = rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
+        params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
+        found = kept[key] = (layers, params, _states(model, plan, params, numerics, layers=layers))
+    return found
+
+
+def _states(
+    model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics, *, layers: float
+) -> ModelStates:
+    """Model states of a stage of ``layers`` blocks: routed experts sharded over the expert-data-parallel
+    group (``costmodel.moe``), the rest over DP x CP."""
+    experts = expert_params_per_gpu(model, plan, layers)
+    dense = model_state_bytes(params - experts, plan, numerics)
+    if not experts:
+        return dense
+    ex = model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_dp)
+    names = [f.name for f in fields(ModelStates)]
+    return ModelStates(**{n: getattr(dense, n) + getattr(ex, n) for n in names})
+
+
+def states_floor_bytes(
+    model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, *, numerics: Numerics = MIXED_BF16
+) -> float:
+    """A lower bound on ``memory_breakdown(...).total_bytes`` at a fraction of its cost: the model states of
+    the most loaded checked stage plus the reserve, which every stage's total holds with non-negative terms
+    on top. A plan whose floor is past the device cannot fit, whatever its activations: enough to answer
+    "does any plan fit here?" (``rankworkers.judge``'s ``fits_only``)."""
+    worst = 0.0
+    for rank in ranks_to_check(model, plan):
+        states = stage_states(model, plan, numerics, rank=rank)[2]
+        worst = max(worst, states.weights_bytes + states.gradients_bytes + states.optimizer_bytes)
+    return worst + reserve_bytes(cluster, plan)
+
+
+def rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
+    """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
+    (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
+    return _split_rank_layers(
+        model.num_layers,
+        plan.pp,
+        plan.virtual_stages,
+        str(plan.framework),
+        model.mtp_layers,
+        plan.schedule.v_shape,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_rank_layers(
+    num_layers: int, pp: int, v: int, framework: str, mtp: int, v_shape: bool
+) -> tuple[float, ...]:
+    try:
+        split = split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
+    except ValueError:
+        return (num_layers / pp,) * pp
+    return tuple(map(float, split.all_rank_layers()))
+
+
+def ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
+    """The first and last rank, and with unequal middle ranks the one with the most blocks and the one
+    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches)."""
+    return _ranks_of(rank_layers(model, plan), plan.num_microbatches, plan.virtual_stages, plan.schedule)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ranks_of(layers: tuple[float, ...], m: int, v: int, schedule: Schedule) -> tuple[int, ...]:
+    pp = len(layers)
+    ranks = {0, pp - 1}
+    middle = range(1, pp - 1)
+    if middle and len(set(layers)) > 1:
+        ranks.add(max(middle, key=lambda r: (layers[r], -r)))
+        ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_of(m, pp, v, schedule, r), -r)))
+    return tuple(sorted(ranks))
