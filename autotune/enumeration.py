@@ -92,11 +92,15 @@ class Tally:
 
 
 def enumerate_plans(
-    choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext, tally: Tally | None = None
+    choices: Mapping[str, tuple[Any, ...]],
+    ctx: PlanContext,
+    tally: Tally | None = None,
+    variants: Variants | None = None,
 ) -> Iterator[Ladder]:
-    """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``."""
+    """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``.
+    ``variants``: made before from choices that differ at most in layout degrees (``Variants.serves``)."""
     tally = tally if tally is not None else Tally()
-    variants = Variants(choices)
+    variants = variants if variants is not None else Variants(choices)
     for layout in layouts(choices, ctx):
         yield from layout_ladders(variants, ctx, layout, tally)
 
@@ -129,6 +133,15 @@ class Variants:
             every = _variants(self.choices, *key)
             self._made[key] = ([v for v in every if offered(v)], len(every))
         return self._made[key]
+
+    def serves(self, choices: Mapping[str, tuple[Any, ...]]) -> bool:
+        """Whether these are the variants of ``choices`` too: they differ at most in the layout degrees (a
+        cluster's GPU count bounds TP), which pick among the variants rather than change them."""
+        return _beyond_layout(choices) == _beyond_layout(self.choices)
+
+
+def _beyond_layout(choices: Mapping[str, tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
+    return {k: v for k, v in choices.items() if k not in ("tp", "pp", "cp")}
 
 
 def layout_ladders(

@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.batch import default_global_batch
 from autotune.costmodel import Estimate, estimate
+from autotune.enumeration import Variants
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
@@ -82,17 +83,19 @@ def rank_plans(
     *,
     first_fit: bool = False,
     on_ladder: LadderJudged | None = None,
+    variants: Variants | None = None,
 ) -> Ranking:
     """Estimate every legal plan (stop at the first that fits with ``first_fit``, whose tallies then cover
     what was enumerated by then, judged only as far as fit or miss: ``rankworkers.judge``'s ``fits_only``);
     large spaces are judged across worker processes (``autotune.rankworkers``),
-    with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``)."""
+    with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``); ``variants``: made
+    before from choices it ``serves`` (a caller that ranks a space on several clusters)."""
     tally, feasible = Tally(), []
     closest: tuple[float, Estimate | ParallelPlan] | None = None  # the least overcommitted miss
     verdicts = (
-        judged_in_blocks(enumerate_plans(choices, ctx, tally), ctx, estimator)
+        judged_in_blocks(enumerate_plans(choices, ctx, tally, variants), ctx, estimator)
         if first_fit
-        else judged_space(choices, ctx, tally, estimator)
+        else judged_space(choices, ctx, tally, estimator, variants)
     )
     with contextlib.closing(verdicts):  # stopping early stops the workers now
         for steps in verdicts:
@@ -173,7 +176,8 @@ def plan_search(
         space = _only_frameworks(space, model, cluster, pins, frameworks)
     choices, ctx = _context(space, model, cluster, pins, global_batch, seq_len)
     ctx = dataclasses.replace(ctx, memory_headroom=memory_headroom, **routing, **stored_fields(stored or {}))
-    ranking = rank_plans(choices, ctx, estimator, on_ladder=on_ladder)
+    variants = Variants(choices)  # ~1M combinations for an MoE space: made once for the hint's rankings too
+    ranking = rank_plans(choices, ctx, estimator, on_ladder=on_ladder, variants=variants)
     if ranking.feasible:
         return ranking
     if ranking.num_legal == 0 and BATCH_RULE in ranking.pruned and layout_dps(choices, ctx):
@@ -181,7 +185,7 @@ def plan_search(
     if ranking.num_legal == 0:
         top = "; ".join(f"{n:,} {r}" for r, n in list(ranking.pruned.items())[:3])
         raise ConfigError(f"no legal plan for {model.name} on {cluster.name} in {space.source}: {top}")
-    raise ConfigError(_fits_nowhere(ranking, space, pins, global_batch, estimator, cluster_at))
+    raise ConfigError(_fits_nowhere(ranking, space, pins, global_batch, estimator, cluster_at, variants))
 
 
 def _only_frameworks(
@@ -244,6 +248,7 @@ def _fits_nowhere(
     global_batch: int | None,
     estimator: Estimator,
     cluster_at: ClusterAt | None,
+    variants: Variants,
 ) -> str:
     ctx, closest = ranking.ctx, ranking.closest
     cluster = ctx.cluster
@@ -267,6 +272,7 @@ def _fits_nowhere(
         except ConfigError:
             continue
         bigger = dataclasses.replace(bigger, **ctx.routing(), **ctx.stored())
-        if rank_plans(choices, bigger, estimator, first_fit=True).feasible:
+        same = variants if variants.serves(choices) else None
+        if rank_plans(choices, bigger, estimator, first_fit=True, variants=same).feasible:
             return f"{head}; the cost model finds plans that fit on {n} GPUs: --gpus {n}"
     return f"{head}, even on {n} GPUs"

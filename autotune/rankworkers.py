@@ -194,12 +194,14 @@ def judged_space(
     ctx: PlanContext,
     tally: Tally,
     estimator: Callable[..., Estimate] = estimate,
+    variants: Variants | None = None,
 ) -> Generator[list[Verdict], None, None]:
     """``judged`` of every ladder of ``choices`` (``enumerate_plans``, which counts what it prunes in
     ``tally``), in its order. Where ``judged`` would start workers, each enumerates as well as judges its
     share, a part of a layout (``layout_ladders``), so the enumeration runs in parallel too and no ladder
-    travels; their tallies are merged here, in order."""
-    variants, order, n = Variants(choices), layouts(choices, ctx), workers()
+    travels; their tallies are merged here, in order. ``variants``: made before (``Variants.serves``)."""
+    variants = variants if variants is not None else Variants(choices)
+    order, n = layouts(choices, ctx), workers()
     forks = _forks(estimator, n)
     sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
     if not forks or sum(sizes) < MIN_LADDERS:

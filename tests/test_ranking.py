@@ -56,3 +56,28 @@ def test_a_backend_limits_the_frameworks():
     assert ranking.choices["framework"] == ["deepspeed"]
     with pytest.raises(ConfigError, match="cannot be measured here"):
         fake_ranking(pins={"framework": "megatron"}, frameworks={Framework.DEEPSPEED})
+
+
+def test_the_fits_nowhere_hint_makes_the_combinations_once(monkeypatch):
+    """The hint ranks 2x, 4x ... the GPU count with the same knob choices: their non-layout combinations
+    (``enumeration.Variants``, ~1M for an MoE space) are made once for the ranking and every count."""
+    from autotune import enumeration
+    from autotune.catalog import load_model
+    from autotune.ranking import plan_search
+
+    made: list[tuple[int, bool, int]] = []
+    real = enumeration._variants
+    monkeypatch.setattr(enumeration, "_variants", lambda c, *key: made.append(key) or real(c, *key))
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
+    cluster_at = lambda n: make_cluster(num_gpus=n, gpu="a100-40gb")  # noqa: E731
+    with pytest.raises(ConfigError, match=r"fits nowhere on 2 a100-40gb.*fit on (\d+) GPUs: --gpus \1"):
+        plan_search(
+            load_space(),
+            load_model("70b"),
+            cluster_at(2),
+            pins={"precision": "bf16"},
+            global_batch=None,
+            seq_len=4096,
+            cluster_at=cluster_at,
+        )
+    assert made and len(made) == len(set(made))  # each (TP, PP > 1, CP) once, over every count ranked

@@ -128,9 +128,9 @@ def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
     seen = []
     real_judged = rankworkers.judged_space
 
-    def spy(choices, ctx, tally, estimator=estimate):
+    def spy(choices, ctx, tally, estimator=estimate, variants=None):
         seen.append(estimator is estimate)
-        return real_judged(choices, ctx, tally, estimator)
+        return real_judged(choices, ctx, tally, estimator, variants)
 
     one = _ranking(monkeypatch, workers=1, min_ladders=1)
     calls = []
