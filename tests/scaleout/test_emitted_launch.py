@@ -89,7 +89,8 @@ def test_torchrun_script_runs_the_example(tmp_path):
 @pytest.mark.slow
 @pytest.mark.dist(timeout=600)
 def test_deepspeed_script_runs_the_example(tmp_path):
-    """ZeRO-1 from ``ds_config.json`` (``AUTOTUNE_DS_CONFIG``); the first run builds DeepSpeed's CPU ops."""
+    """ZeRO-1 from ``ds_config.json`` (``AUTOTUNE_DS_CONFIG``); the first run on a machine builds DeepSpeed's
+    CPU communication op (``.ci/run`` builds it before the tests)."""
     pytest.importorskip("deepspeed")
     plan, best, script = _best_copy(tmp_path, sharding="zero1", framework="deepspeed")
     log = _run(["bash", str(best / "launch_deepspeed.sh"), "train.py"], script.parent, _env(), 560)
