@@ -3,10 +3,11 @@
 A pytest plugin records, per test, its wall time and the CPU time of the pytest process and of the child
 processes it waited for (``resource.getrusage``: a torchrun agent counts its ranks); Slurm's jobs and
 PostgreSQL run outside the test's process tree and are not counted. Run the suite in one process with it,
-under ``.ci/run``'s services for the whole suite, then summarise (the tests' own inner pytest runs record
-too, under ids outside ``tests/``, and are left out):
+under ``.ci/run``'s services for the whole suite (``-n 0``: one process; without it, on the xdist workers
+as CI runs, each row carries its start and worker, a timeline), then summarise (the tests' own inner pytest
+runs record too, under ids outside ``tests/``, and are left out):
 
-    PYTHONPATH=$PWD SUITE_CPU_OUT=/tmp/suite_cpu.jsonl PYTEST_ADDOPTS="-n 0 -p benchmarks.suite_cpu" ./.ci/run
+    PYTHONPATH=$PWD SUITE_CPU_OUT=/tmp/suite_cpu.jsonl PYTEST_ADDOPTS="-p benchmarks.suite_cpu" ./.ci/run
     python benchmarks/suite_cpu.py /tmp/suite_cpu.jsonl   # writes benchmarks/results/suite_cpu.{jsonl,md}
 """
 
@@ -44,6 +45,16 @@ def pytest_runtest_protocol(item, nextitem):
         f.write(json.dumps(row) + "\n")
 
 
+def _where(rows: list[dict], wall: float) -> str:
+    """How the tests ran: in one process (the sum of their walls), or side by side on xdist workers (the
+    span from the first test's start to the last one's end)."""
+    workers = {r.get("worker", "") for r in rows}
+    if len(workers) < 2:
+        return f"in one process: {wall / 60:.1f} min of test wall time"
+    span = max(r["start"] + r["wall"] for r in rows) - min(r["start"] for r in rows)
+    return f"on {len(workers)} xdist workers: {span / 60:.1f} min from the first start to the last end"
+
+
 def summary(rows: list[dict], top: int = 25) -> str:
     wall = sum(r["wall"] for r in rows)
     cpu = sum(r["self"] + r["children"] for r in rows)
@@ -54,7 +65,7 @@ def summary(rows: list[dict], top: int = 25) -> str:
     lines = [
         "# Where the test suite's CPU goes",
         "",
-        f"{len(rows)} tests in one process: {wall / 60:.1f} min of test wall time, {cpu:,.0f} CPU-s "
+        f"{len(rows)} tests {_where(rows, wall)}, {cpu:,.0f} CPU-s "
         f"(the tests and the processes they waited for), {cpu / 2 / 60:.1f} min on 2 cores if both were busy "
         "all the time. `python benchmarks/suite_cpu.py` (its docstring has the command that records them).",
         "",
