@@ -30,7 +30,16 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
 from autotune.costmodel.stagestates import states_floor_bytes
-from autotune.enumeration import Ladder, Layout, Tally, Variants, layout_candidates, layout_ladders, layouts
+from autotune.enumeration import (
+    Ladder,
+    Layout,
+    Tally,
+    Variants,
+    enumerate_plans,
+    layout_candidates,
+    layout_ladders,
+    layouts,
+)
 from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason
 from autotune.legality import check_plan
@@ -205,8 +214,7 @@ def judged_space(
     forks = _forks(estimator, n)
     sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
     if not forks or sum(sizes) < MIN_LADDERS:
-        ladders = (ladder for layout in order for ladder in layout_ladders(variants, ctx, layout, tally))
-        yield from _judged_here(ladders, ctx, estimator, False)
+        yield from _judged_here(enumerate_plans(choices, ctx, tally, variants), ctx, estimator, False)
         return
     step = max(1, sum(sizes) // (n * _CHUNKS_PER_WORKER))
     parts = [
