@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
-import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +22,7 @@ from autotune.enumeration import Variants
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
-from autotune.rankworkers import Verdict, judged_in_blocks, judged_space, overcommit
+from autotune.rankworkers import judged_space, kept_in_blocks
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -36,6 +34,7 @@ from autotune.space import (
     stored_fields,
 )
 from autotune.specs import ClusterSpec, ModelSpec
+from autotune.verdicts import Miss, rule_of
 
 __all__ = ["ClusterAt", "Estimator", "LadderJudged", "Ranking", "plan_search", "rank_plans", "rule_of"]
 
@@ -66,16 +65,6 @@ class Ranking:
     """The infeasible legal plan that overcommits memory (GPU or host) the least."""
 
 
-def rule_of(reason: str) -> str:
-    """A reason without its numbers: 'out of memory: needs 91.2 GiB ...' -> 'out of memory'."""
-    return _rule(reason.split(":", 1)[0])
-
-
-@functools.lru_cache(maxsize=256)
-def _rule(head: str) -> str:  # a ranking asks for every miss; their heads are few
-    return re.sub(r"\s*\b\d[\d.,]*\b", "", head).strip()
-
-
 def rank_plans(
     choices: Mapping[str, tuple[Any, ...]],
     ctx: PlanContext,
@@ -91,25 +80,20 @@ def rank_plans(
     with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``); ``variants``: made
     before from choices it ``serves`` (a caller that ranks a space on several clusters)."""
     tally, feasible = Tally(), []
-    closest: tuple[float, Estimate | ParallelPlan] | None = None  # the least overcommitted miss
-    verdicts = (
-        judged_in_blocks(enumerate_plans(choices, ctx, tally, variants), ctx, estimator)
+    closest: Miss | None = None  # the least overcommitted miss
+    judged = (
+        kept_in_blocks(enumerate_plans(choices, ctx, tally, variants), ctx, tally, estimator)
         if first_fit
         else judged_space(choices, ctx, tally, estimator, variants)
     )
-    with contextlib.closing(verdicts):  # stopping early stops the workers now
-        for steps in verdicts:
+    with contextlib.closing(judged):  # stopping early stops the workers now
+        for part in judged:
             if on_ladder is not None:
-                judged_plans = sum(v.estimate is not None or v.plan is not None for v in steps)
-                on_ladder(judged_plans, sum(v.reason is None for v in steps))
-            for v in steps:
-                if v.reason is None and v.estimate is not None:
-                    feasible.append(v.estimate)
-                    continue
-                tally.count(rule_of(v.reason or ""), v.pruned)
-                miss = _miss(v, ctx)
-                if miss is not None and (closest is None or miss[0] < closest[0]):
-                    closest = miss
+                for estimated, fit in part.ladders:
+                    on_ladder(estimated, fit)
+            feasible += part.feasible
+            if part.closest is not None and (closest is None or part.closest[0] < closest[0]):
+                closest = part.closest
             if first_fit and feasible:
                 break
     feasible.sort(key=lambda e: e.tokens_per_s, reverse=True)
@@ -123,19 +107,7 @@ def rank_plans(
     )
 
 
-def _miss(v: Verdict, ctx: PlanContext) -> tuple[float, Estimate | ParallelPlan] | None:
-    """A plan that did not fit, keyed by how far it missed (``rankworkers.overcommit``); None for a plan
-    that refused to build."""
-    if v.estimate is not None:
-        return overcommit(v.estimate.memory, ctx.cluster), v.estimate
-    if v.plan is not None and v.overcommit is not None:
-        return v.overcommit, v.plan
-    return None
-
-
-def _closest_estimate(
-    closest: tuple[float, Estimate | ParallelPlan] | None, ctx: PlanContext, estimator: Estimator
-) -> Estimate | None:
+def _closest_estimate(closest: Miss | None, ctx: PlanContext, estimator: Estimator) -> Estimate | None:
     """The closest miss as an estimate: a plan judged on its memory alone is estimated now, once."""
     if closest is None:
         return None

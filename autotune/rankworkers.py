@@ -7,7 +7,8 @@ With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, the
 ``workers()`` forked processes (they inherit the model, cluster and ladders; only verdicts travel back) and
 the verdicts are merged in enumeration order, so the ranking is the one a single process makes. A ranking
 of a whole space (``judged_space``) hands each worker parts of layouts to enumerate as well as judge, so
-the enumeration runs in parallel too and no ladder travels. Elsewhere
+the enumeration runs in parallel too and no ladder travels: each part comes back as the ranking keeps it
+(``Kept``: the plans that fit, counts, the part's closest miss), not as its verdicts. Elsewhere
 (a caller's own estimator, which may keep state; one CPU; not Linux, whose ``fork`` the workers need; inside
 a daemonic process) the ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces
 that.
@@ -15,6 +16,7 @@ that.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import multiprocessing
@@ -25,9 +27,9 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from autotune.costmodel import Estimate, MemoryBreakdown, estimate, fit_check
+from autotune.costmodel import Estimate, estimate, fit_check
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
 from autotune.costmodel.stagestates import states_floor_bytes
 from autotune.enumeration import (
@@ -44,19 +46,19 @@ from autotune.errors import ConfigError
 from autotune.headroom import headroom_reason, peak_headroom_reason
 from autotune.legality import check_plan
 from autotune.plan import ParallelPlan
-from autotune.specs import GIB, ClusterSpec
+from autotune.specs import GIB
+from autotune.verdicts import Kept, Verdict, kept, overcommit
 
 if TYPE_CHECKING:
     from autotune.space import PlanContext
 
 __all__ = [
     "MIN_LADDERS",
-    "Verdict",
     "judge",
     "judged",
     "judged_in_blocks",
     "judged_space",
-    "overcommit",
+    "kept_in_blocks",
     "workers",
 ]
 
@@ -65,30 +67,6 @@ MIN_LADDERS = 2000
 _CHUNKS_PER_WORKER = 16
 """Ladders are handed out in about this many chunks per worker: big enough to amortise the messages, small
 enough that a worker that drew the expensive ladders does not leave the others idle."""
-
-
-class Verdict(NamedTuple):
-    """One plan of a ladder, judged."""
-
-    estimate: Estimate | None
-    """None: the plan refused to build (a ``plan.py`` rule the space does not mirror yet)."""
-    reason: str | None = None
-    """Why it does not fit or build; None when it fits within the memory headroom."""
-    pruned: int = 0
-    """Micro-batches pruned with it: it and the larger ones of its ladder, which cannot fit either."""
-    plan: ParallelPlan | None = None
-    """A plan the catalog cost model found not to fit from its memory alone (``fit_check``): no estimate, no
-    step time spent on it; ``overcommit`` says by how much it missed."""
-    overcommit: float | None = None
-    """``overcommit`` of ``plan``'s memory (1.0: just fits), for the ranking's closest miss."""
-
-
-def overcommit(memory: MemoryBreakdown, cluster: ClusterSpec) -> float:
-    """How far over its tightest memory (GPU or host) a plan is: 1.0 just fits."""
-    return max(
-        memory.total_bytes / cluster.gpu.memory_bytes,
-        memory.host_bytes_per_node / cluster.host_memory_bytes_per_node,
-    )
 
 
 _WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate], bool] | None = None
@@ -204,17 +182,20 @@ def judged_space(
     tally: Tally,
     estimator: Callable[..., Estimate] = estimate,
     variants: Variants | None = None,
-) -> Generator[list[Verdict], None, None]:
+) -> Generator[Kept, None, None]:
     """``judged`` of every ladder of ``choices`` (``enumerate_plans``, which counts what it prunes in
-    ``tally``), in its order. Where ``judged`` would start workers, each enumerates as well as judges its
-    share, a part of a layout (``layout_ladders``), so the enumeration runs in parallel too and no ladder
-    travels; their tallies are merged here, in order. ``variants``: made before (``Variants.serves``)."""
+    ``tally``), in its order, as the ranking keeps them (``kept``, which counts the misses in ``tally``):
+    one ``Kept`` per ladder, or per part where ``judged`` would start workers. Each worker enumerates as
+    well as judges its share, a part of a layout (``layout_ladders``), so the enumeration runs in parallel
+    too and no ladder travels; their tallies are merged here, in order. ``variants``: made before
+    (``Variants.serves``)."""
     variants = variants if variants is not None else Variants(choices)
     order, n = layouts(choices, ctx), workers()
     forks = _forks(estimator, n)
     sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
     if not forks or sum(sizes) < MIN_LADDERS:
-        yield from _judged_here(enumerate_plans(choices, ctx, tally, variants), ctx, estimator, False)
+        for verdicts in _judged_here(enumerate_plans(choices, ctx, tally, variants), ctx, estimator, False):
+            yield kept([verdicts], ctx, tally)
         return
     step = max(1, sum(sizes) // (n * _CHUNKS_PER_WORKER))
     parts = [
@@ -227,17 +208,18 @@ def judged_space(
     done = 0
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
     try:
-        for part_tally, verdicts in pool.map(_judge_part, parts):
+        for part_tally, part_kept in pool.map(_judge_part, parts):
             tally.merge(part_tally)
             done += 1
-            yield from verdicts
+            yield part_kept
     except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
         rest = (
             ladder
             for layout, part in parts[done:]
             for ladder in layout_ladders(variants, ctx, layout, tally, part)
         )
-        yield from _judged_here(rest, ctx, estimator, False)
+        for verdicts in _judged_here(rest, ctx, estimator, False):
+            yield kept([verdicts], ctx, tally)
     finally:  # also when the caller stops early or a stop signal comes: queued parts are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _SPACE = None
@@ -266,6 +248,15 @@ def judged_in_blocks(
     while block := list(islice(it, size)):
         yield from judged(block, ctx, estimator, fits_only=True)
         size *= BLOCK_GROWTH
+
+
+def kept_in_blocks(
+    ladders: Iterable[Ladder], ctx: PlanContext, tally: Tally, estimator: Callable[..., Estimate] = estimate
+) -> Generator[Kept, None, None]:
+    """``judged_in_blocks``, one ``Kept`` per ladder (the misses counted in ``tally``)."""
+    with contextlib.closing(judged_in_blocks(ladders, ctx, estimator)) as verdicts:
+        for steps in verdicts:
+            yield kept([steps], ctx, tally)
 
 
 FIRST_BLOCK = MIN_LADDERS // 4
@@ -318,12 +309,19 @@ _SPACE: tuple[Variants, PlanContext, Callable[..., Estimate]] | None = None
 """What forked workers enumerate and judge (``judged_space``; set in the parent before the fork)."""
 
 
-def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, list[list[Verdict]]]:
-    global _CLOSEST
+def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, Kept]:
     assert _SPACE is not None
     variants, ctx, estimator = _SPACE
-    tally, out = Tally(), []
-    for ladder in layout_ladders(variants, ctx, part[0], tally, part[1]):
-        out.append(judge(ladder, ctx, estimator, closest=_CLOSEST))
-        _CLOSEST = _closer(_CLOSEST, out[-1])
-    return tally, out
+    tally = Tally()
+    return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1])), ctx, tally)
+
+
+def _judged_part(ladders: Iterable[Ladder]) -> Generator[list[Verdict], None, None]:
+    """``judge`` of a worker's ladders, telling it the closest miss the worker has seen."""
+    global _CLOSEST
+    assert _SPACE is not None
+    _, ctx, estimator = _SPACE
+    for ladder in ladders:
+        verdicts = judge(ladder, ctx, estimator, closest=_CLOSEST)
+        _CLOSEST = _closer(_CLOSEST, verdicts)
+        yield verdicts

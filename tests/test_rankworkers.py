@@ -7,8 +7,10 @@ import pytest
 from autotune import rankworkers
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
+from autotune.enumeration import Tally
 from autotune.ranking import plan_search, rule_of
 from autotune.space import PlanContext, enumerate_plans, load_space, resolve_choices
+from autotune.verdicts import kept
 
 
 def _search(**kwargs):
@@ -231,3 +233,38 @@ def test_a_miss_its_model_states_decide_skips_the_rest_of_its_memory_with_the_sa
     closest = min(v.overcommit for f in full for v in f if v.overcommit is not None)
     assert min(v.overcommit for q in quick for v in q if v.overcommit is not None) == closest
     assert len(skipped) > 100 and all("model states alone" in (v.reason or "") for v in skipped)
+
+
+def test_parts_kept_and_merged_in_order_keep_what_all_ladders_kept_at_once():
+    """Workers send back each part as the ranking keeps it (``verdicts.kept``) and the ranking merges the
+    parts in order, the closest miss by strict ``<``: the plans that fit, the counts and the closest miss
+    (the first of equals) are those of keeping every ladder at once. Misses are made to tie so that the
+    first-of-equals rule is exercised across parts."""
+    ladders, ctx = _ladders()
+    verdicts = [rankworkers.judge(ladder, ctx) for ladder in ladders]
+    tied = [[v._replace(overcommit=1.5) if v.overcommit is not None else v for v in vs] for vs in verdicts]
+    whole_tally = Tally()
+    whole = kept(tied, ctx, whole_tally)
+    assert whole.closest is not None and sum(v.overcommit is not None for vs in tied for v in vs) > 2
+    tally, feasible, ladders_seen, closest = Tally(), [], [], None
+    for a in range(0, len(tied), 7):
+        part_tally = Tally()
+        part = kept(tied[a : a + 7], ctx, part_tally)
+        tally.merge(part_tally)
+        feasible += part.feasible
+        ladders_seen += part.ladders
+        if part.closest is not None and (closest is None or part.closest[0] < closest[0]):
+            closest = part.closest
+    assert feasible == whole.feasible and ladders_seen == whole.ladders
+    assert tally.pruned == whole_tally.pruned and whole_tally.pruned["out of memory"] > 0
+    assert closest is not None and closest[1] is whole.closest[1]  # the same plan: the first of the equals
+
+
+def test_a_workers_part_holds_only_the_plans_that_fit_and_its_closest_miss(monkeypatch):
+    """What travels back from a worker: no miss's plan or reason but the part's closest (``Kept``)."""
+    ladders, ctx = _ladders()
+    verdicts = [rankworkers.judge(ladder, ctx) for ladder in ladders]
+    part = kept(verdicts, ctx, Tally())
+    assert set(part._fields) == {"feasible", "ladders", "closest"}
+    assert len(part.feasible) == sum(v.reason is None for vs in verdicts for v in vs)
+    assert all(e.feasible for e in part.feasible)
