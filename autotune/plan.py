@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 from autotune.legality import check_plan, expert_errors, plan_errors
+from autotune.pickled import by_values
 from autotune.planenums import (
     FP8_RECIPES,
     FRAMEWORK_SHARDING,
@@ -68,6 +69,7 @@ __all__ = [
 ]
 
 
+@by_values
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelPlan:
     """How one training step is laid out over ``tp * pp * dp * cp`` GPUs."""

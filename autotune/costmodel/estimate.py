@@ -10,6 +10,7 @@ from typing import Any
 
 from autotune.costmodel.memory import MemoryBreakdown, memory_breakdown
 from autotune.costmodel.steptime import TimeBreakdown, step_time
+from autotune.pickled import by_values
 from autotune.plan import ParallelPlan, check_plan
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -32,6 +33,7 @@ _TIME_LABELS = {
 }
 
 
+@by_values
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
     """The cost model's verdict on one plan."""

@@ -62,6 +62,7 @@ from autotune.costmodel.recompute_modules import freed_bytes_per_layer
 from autotune.costmodel.reserve import fragmentation_bytes, reserve_bytes
 from autotune.costmodel.stagestates import ranks_to_check, stage_states, states_floor_bytes
 from autotune.costmodel.states import MIXED_BF16, Numerics
+from autotune.pickled import by_values
 from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import head_rank
@@ -75,6 +76,7 @@ __all__ = [
 ]
 
 
+@by_values
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MemoryBreakdown:
     """Bytes on the most-loaded GPU, by what they hold."""

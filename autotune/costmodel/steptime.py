@@ -36,6 +36,7 @@ from autotune.costmodel.offload import (
 )
 from autotune.costmodel.overlap import dp_overlap_fraction, exposed_s
 from autotune.costmodel.states import vocab_split
+from autotune.pickled import by_values
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -53,6 +54,7 @@ __all__ = [
 ]
 
 
+@by_values
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TimeBreakdown:
     """Seconds per optimizer step on the critical path, by cause. ``step_time_s`` is their sum."""
