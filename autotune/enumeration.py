@@ -24,7 +24,7 @@ from autotune.spacerules import (
     Variant,
     collapse,
     layout_rule,
-    offered,
+    offers,
     pipeline_rule,
     plain,
     variant_rule,
@@ -130,8 +130,7 @@ class Variants:
     def of(self, tp: int, pp: int, cp: int) -> tuple[list[Variant], int]:
         key = (tp, pp > 1, cp)
         if key not in self._made:
-            every = _variants(self.choices, *key)
-            self._made[key] = ([v for v in every if offered(v)], len(every))
+            self._made[key] = _variants(self.choices, *key)
         return self._made[key]
 
     def serves(self, choices: Mapping[str, tuple[Any, ...]]) -> bool:
@@ -226,37 +225,38 @@ def _stage_counts(schedule: Schedule, virtual_stages: tuple[int, ...]) -> tuple[
     return virtual_stages if schedule.looped else (1,)
 
 
-def _variants(choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int) -> list[Variant]:
-    """The non-layout combinations, with knobs that do not matter here collapsed to their default."""
-    tp_gt1 = tp > 1
-    schedules = [(s, v) for s in choices["schedule"] for v in _stage_counts(s, choices["virtual_stages"])]
+def _variants(
+    choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int
+) -> tuple[list[Variant], int]:
+    """The non-layout combinations, with knobs that do not matter here collapsed to their default: those
+    whose framework offers their sharding (``offered``), and how many there are in all. The others are
+    counted, not made (two thirds of an MoE space's ~230k per key)."""
+    one = {k: tuple(dict.fromkeys(vs)) for k, vs in choices.items()}  # each combination once
+    schedules = [(s, v) for s in one["schedule"] for v in _stage_counts(s, one["virtual_stages"])]
     schedules = list(dict.fromkeys(schedules)) if pp_gt1 else [(Schedule.ONE_F_ONE_B, 1)]
-    sps = choices["sequence_parallel"] if tp_gt1 else (False,)  # a pin of True collapses too: SP needs TP
-    out = []
+    sps = one["sequence_parallel"] if tp > 1 else (False,)  # a pin of True collapses too: SP needs TP
+    out: list[Variant] = []
+    total = 0
     speeds: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}  # (fw, sp, prec, EP > 1) -> knobs that matter
-    for fw, sharding in product(choices["framework"], choices["sharding"]):
-        for hsdp in choices["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,):
+    for fw, sharding in product(one["framework"], one["sharding"]):
+        made = offers(fw, sharding)
+        for hsdp in one["hsdp_shard_size"] if sharding is Sharding.HSDP else (None,):
             rest = product(
-                choices["offload"],
-                schedules,
-                choices["recompute"],
-                sps,
-                choices["precision"],
-                choices["ep"],
-                choices["etp"],
+                one["offload"], schedules, one["recompute"], sps, one["precision"], one["ep"], one["etp"]
             )
             for offload, (sched, vs), rc, sp, prec, ep, etp in rest:
-                v = Variant(fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp)
+                head = (fw, sharding, hsdp, offload, sched, vs, rc, sp, prec, ep, etp)
                 key = (fw, sp, prec, ep > 1)
                 if key not in speeds:  # collapse before multiplying: most combinations leave one value each
                     collapsed = (
-                        collapse(Variant._make((*v[:_HEAD], *speed)), tp, cp)
-                        for speed in product(*(choices[k] for k in COLLAPSED_KNOBS))
+                        collapse(Variant._make((*head, *speed)), tp, cp)
+                        for speed in product(*(one[k] for k in COLLAPSED_KNOBS))
                     )
                     speeds[key] = list(dict.fromkeys(c[_HEAD:] for c in collapsed))
-                head = v[:_HEAD]
-                out += [Variant._make((*head, *speed)) for speed in speeds[key]]
-    return list(dict.fromkeys(out))
+                total += len(speeds[key])
+                if made:
+                    out += [Variant._make((*head, *speed)) for speed in speeds[key]]
+    return out, total
 
 
 _HEAD = len(Variant._fields) - len(COLLAPSED_KNOBS)

@@ -60,6 +60,7 @@ __all__ = [
     "layout_rule",
     "variant_rule",
     "offered",
+    "offers",
     "SHARDING_RULE",
     "pipeline_rule",
     "plain",
@@ -176,7 +177,12 @@ SHARDING_RULE = "the framework does not offer this sharding"
 
 def offered(v: Variant) -> bool:
     """Whether the variant's framework offers its sharding (``variant_rule``'s first rule)."""
-    return v.sharding in FRAMEWORK_SHARDING[v.framework]
+    return offers(v.framework, v.sharding)
+
+
+def offers(framework: Framework, sharding: Sharding) -> bool:
+    """Whether ``framework`` offers ``sharding`` (``FRAMEWORK_SHARDING``)."""
+    return sharding in FRAMEWORK_SHARDING[framework]
 
 
 def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
