@@ -82,7 +82,7 @@ def rank_plans(
     tally, feasible = Tally(), []
     closest: Miss | None = None  # the least overcommitted miss
     judged = (
-        kept_in_blocks(enumerate_plans(choices, ctx, tally, variants), ctx, tally, estimator)
+        kept_in_blocks(enumerate_plans(choices, ctx, tally, variants), ctx, estimator)
         if first_fit
         else judged_space(choices, ctx, tally, estimator, variants)
     )
@@ -92,6 +92,7 @@ def rank_plans(
                 for estimated, fit in part.ladders:
                     on_ladder(estimated, fit)
             feasible += part.feasible
+            tally.pruned.update(part.pruned)
             if part.closest is not None and (closest is None or part.closest[0] < closest[0]):
                 closest = part.closest
             if first_fit and feasible:

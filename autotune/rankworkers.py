@@ -16,7 +16,6 @@ that.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import math
 import multiprocessing
@@ -27,7 +26,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from autotune.costmodel import Estimate, estimate, fit_check
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
@@ -61,6 +60,8 @@ __all__ = [
     "kept_in_blocks",
     "workers",
 ]
+
+R = TypeVar("R")
 
 MIN_LADDERS = 2000
 """Below this many ladders (a few seconds of estimates at most) starting workers is not worth it."""
@@ -156,9 +157,22 @@ def judged(
 ) -> Generator[list[Verdict], None, None]:
     """Each ladder's verdicts (``judge``), in the order of ``ladders`` (module docstring: where workers
     judge them)."""
+    return _judged(ladders, ctx, estimator, fits_only, _judge_index, _as_is)
+
+
+def _judged(
+    ladders: Sequence[Ladder],
+    ctx: PlanContext,
+    estimator: Callable[..., Estimate],
+    fits_only: bool,
+    task: Callable[[int], R],
+    here: Callable[[list[Verdict]], R],
+) -> Generator[R, None, None]:
+    """``judged``, each ladder's verdicts as ``task`` (a worker's, by index) or ``here`` (this process's)
+    gives them back."""
     n = workers()
     if not _forks(estimator, n) or len(ladders) < MIN_LADDERS:
-        yield from _judged_here(ladders, ctx, estimator, fits_only)
+        yield from map(here, _judged_here(ladders, ctx, estimator, fits_only))
         return
     global _WORK, _CLOSEST
     _WORK, _CLOSEST = (ladders, ctx, estimator, fits_only), math.inf  # each worker's own, from the fork
@@ -166,14 +180,18 @@ def judged(
     done = 0
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
     try:
-        for verdicts in pool.map(_judge_index, range(len(ladders)), chunksize=chunk):
-            yield verdicts
+        for result in pool.map(task, range(len(ladders)), chunksize=chunk):
+            yield result
             done += 1
     except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
-        yield from _judged_here(ladders[done:], ctx, estimator, fits_only)
+        yield from map(here, _judged_here(ladders[done:], ctx, estimator, fits_only))
     finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _WORK = None
+
+
+def _as_is(verdicts: list[Verdict]) -> list[Verdict]:
+    return verdicts
 
 
 def judged_space(
@@ -195,7 +213,7 @@ def judged_space(
     sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
     if not forks or sum(sizes) < MIN_LADDERS:
         for verdicts in _judged_here(enumerate_plans(choices, ctx, tally, variants), ctx, estimator, False):
-            yield kept([verdicts], ctx, tally)
+            yield kept([verdicts], ctx)
         return
     step = max(1, sum(sizes) // (n * _CHUNKS_PER_WORKER))
     parts = [
@@ -219,7 +237,7 @@ def judged_space(
             for ladder in layout_ladders(variants, ctx, layout, tally, part)
         )
         for verdicts in _judged_here(rest, ctx, estimator, False):
-            yield kept([verdicts], ctx, tally)
+            yield kept([verdicts], ctx)
     finally:  # also when the caller stops early or a stop signal comes: queued parts are dropped
         pool.shutdown(wait=True, cancel_futures=True)
         _SPACE = None
@@ -244,19 +262,28 @@ def judged_in_blocks(
     ``FIRST_BLOCK``, each judged by ``judged``. An early fit costs the first block's enumeration and the
     ladders up to it, judged here; a space where nothing fits is judged by the workers, block by block, in
     the same order."""
-    it, size = iter(ladders), FIRST_BLOCK
-    while block := list(islice(it, size)):
-        yield from judged(block, ctx, estimator, fits_only=True)
-        size *= BLOCK_GROWTH
+    return _in_blocks(ladders, lambda block: judged(block, ctx, estimator, fits_only=True))
 
 
 def kept_in_blocks(
-    ladders: Iterable[Ladder], ctx: PlanContext, tally: Tally, estimator: Callable[..., Estimate] = estimate
+    ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
 ) -> Generator[Kept, None, None]:
-    """``judged_in_blocks``, one ``Kept`` per ladder (the misses counted in ``tally``)."""
-    with contextlib.closing(judged_in_blocks(ladders, ctx, estimator)) as verdicts:
-        for steps in verdicts:
-            yield kept([steps], ctx, tally)
+    """``judged_in_blocks``, one ``Kept`` per ladder: workers send back that, not the verdicts (every plan
+    of a space where nothing fits, when the "fits nowhere" hint asks a larger cluster)."""
+
+    def block_kept(block: list[Ladder]) -> Generator[Kept, None, None]:
+        return _judged(block, ctx, estimator, True, _keep_index, lambda verdicts: kept([verdicts], ctx))
+
+    return _in_blocks(ladders, block_kept)
+
+
+def _in_blocks(
+    ladders: Iterable[Ladder], judge_block: Callable[[list[Ladder]], Generator[R, None, None]]
+) -> Generator[R, None, None]:
+    it, size = iter(ladders), FIRST_BLOCK
+    while block := list(islice(it, size)):
+        yield from judge_block(block)
+        size *= BLOCK_GROWTH
 
 
 FIRST_BLOCK = MIN_LADDERS // 4
@@ -305,6 +332,11 @@ def _judge_index(i: int) -> list[Verdict]:
     return verdicts
 
 
+def _keep_index(i: int) -> Kept:
+    assert _WORK is not None
+    return kept([_judge_index(i)], _WORK[1])
+
+
 _SPACE: tuple[Variants, PlanContext, Callable[..., Estimate]] | None = None
 """What forked workers enumerate and judge (``judged_space``; set in the parent before the fork)."""
 
@@ -313,7 +345,7 @@ def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, Kept]:
     assert _SPACE is not None
     variants, ctx, estimator = _SPACE
     tally = Tally()
-    return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1])), ctx, tally)
+    return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1])), ctx)
 
 
 def _judged_part(ladders: Iterable[Ladder]) -> Generator[list[Verdict], None, None]:

@@ -17,7 +17,6 @@ from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec
 
 if TYPE_CHECKING:
-    from autotune.enumeration import Tally
     from autotune.space import PlanContext
 
 __all__ = ["Kept", "Miss", "Verdict", "kept", "overcommit", "rule_of"]
@@ -54,14 +53,17 @@ class Kept(NamedTuple):
     """Per ladder: plans the cost model judged, and how many of them fit (``ranking.LadderJudged``)."""
     closest: Miss | None
     """The first of the least overcommitted misses, in ladder order."""
+    pruned: dict[str, int]
+    """The misses by rule (``rule_of``), each with the micro-batches pruned with it (``Tally.pruned``)."""
 
 
-def kept(verdicts: Iterable[list[Verdict]], ctx: PlanContext, tally: Tally) -> Kept:
-    """``verdicts`` (per ladder, in order) as a ranking keeps them: the misses counted in ``tally`` by rule
-    (``rule_of``) with the micro-batches pruned with them, the plans that fit and the closest miss kept."""
+def kept(verdicts: Iterable[list[Verdict]], ctx: PlanContext) -> Kept:
+    """``verdicts`` (per ladder, in order) as a ranking keeps them: the plans that fit, the misses counted by
+    rule with the micro-batches pruned with them, and the closest miss."""
     feasible: list[Estimate] = []
     ladders: list[tuple[int, int]] = []
     closest: Miss | None = None
+    pruned: dict[str, int] = {}
     for steps in verdicts:
         judged = sum(v.estimate is not None or v.plan is not None for v in steps)
         ladders.append((judged, sum(v.reason is None for v in steps)))
@@ -69,11 +71,13 @@ def kept(verdicts: Iterable[list[Verdict]], ctx: PlanContext, tally: Tally) -> K
             if v.reason is None and v.estimate is not None:
                 feasible.append(v.estimate)
                 continue
-            tally.count(rule_of(v.reason or ""), v.pruned)
+            if v.pruned:
+                rule = rule_of(v.reason or "")
+                pruned[rule] = pruned.get(rule, 0) + v.pruned
             miss = _miss(v, ctx)
             if miss is not None and (closest is None or miss[0] < closest[0]):
                 closest = miss
-    return Kept(feasible, ladders, closest)
+    return Kept(feasible, ladders, closest, pruned)
 
 
 def _miss(v: Verdict, ctx: PlanContext) -> Miss | None:

@@ -1,13 +1,13 @@
 """Ladders judged by forked workers give the ranking one process gives: same plans, order, counts."""
 
 import os
+from collections import Counter
 
 import pytest
 
 from autotune import rankworkers
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
-from autotune.enumeration import Tally
 from autotune.ranking import plan_search, rule_of
 from autotune.space import PlanContext, enumerate_plans, load_space, resolve_choices
 from autotune.verdicts import kept
@@ -172,6 +172,21 @@ def test_blocks_judge_every_ladder_in_order_as_judged_does(monkeypatch):
     assert blocks == list(rankworkers.judged(ladders, ctx, fits_only=True))
 
 
+def test_blocks_kept_by_workers_are_what_this_process_keeps(monkeypatch):
+    """The "fits nowhere" hint's blocks: workers send back each ladder as the ranking keeps it
+    (``kept_in_blocks``), the same as keeping ``judged``'s verdicts here."""
+    ladders, ctx = _ladders()
+    ladders = list(ladders)
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
+    here = [kept([verdicts], ctx) for verdicts in rankworkers.judged(ladders, ctx, fits_only=True)]
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
+    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 8)
+    monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 5)
+    assert len(ladders) > 5 + 20  # the first block, then at least one judged by the workers
+    assert list(rankworkers.kept_in_blocks(iter(ladders), ctx)) == here
+    assert sum(sum(p.pruned.values()) for p in here) > 0 and any(p.feasible for p in here)
+
+
 def test_stopping_after_the_first_block_draws_no_more_ladders(monkeypatch):
     """A search for the first plan that fits pays for the ladders it drew, not for the whole space."""
     monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 3)
@@ -243,20 +258,18 @@ def test_parts_kept_and_merged_in_order_keep_what_all_ladders_kept_at_once():
     ladders, ctx = _ladders()
     verdicts = [rankworkers.judge(ladder, ctx) for ladder in ladders]
     tied = [[v._replace(overcommit=1.5) if v.overcommit is not None else v for v in vs] for vs in verdicts]
-    whole_tally = Tally()
-    whole = kept(tied, ctx, whole_tally)
+    whole = kept(tied, ctx)
     assert whole.closest is not None and sum(v.overcommit is not None for vs in tied for v in vs) > 2
-    tally, feasible, ladders_seen, closest = Tally(), [], [], None
+    pruned, feasible, ladders_seen, closest = Counter(), [], [], None
     for a in range(0, len(tied), 7):
-        part_tally = Tally()
-        part = kept(tied[a : a + 7], ctx, part_tally)
-        tally.merge(part_tally)
+        part = kept(tied[a : a + 7], ctx)
+        pruned.update(part.pruned)
         feasible += part.feasible
         ladders_seen += part.ladders
         if part.closest is not None and (closest is None or part.closest[0] < closest[0]):
             closest = part.closest
     assert feasible == whole.feasible and ladders_seen == whole.ladders
-    assert tally.pruned == whole_tally.pruned and whole_tally.pruned["out of memory"] > 0
+    assert pruned == whole.pruned and whole.pruned["out of memory"] > 0 and 0 not in whole.pruned.values()
     assert closest is not None and closest[1] is whole.closest[1]  # the same plan: the first of the equals
 
 
@@ -264,7 +277,7 @@ def test_a_workers_part_holds_only_the_plans_that_fit_and_its_closest_miss(monke
     """What travels back from a worker: no miss's plan or reason but the part's closest (``Kept``)."""
     ladders, ctx = _ladders()
     verdicts = [rankworkers.judge(ladder, ctx) for ladder in ladders]
-    part = kept(verdicts, ctx, Tally())
-    assert set(part._fields) == {"feasible", "ladders", "closest"}
+    part = kept(verdicts, ctx)
+    assert set(part._fields) == {"feasible", "ladders", "closest", "pruned"}
     assert len(part.feasible) == sum(v.reason is None for vs in verdicts for v in vs)
     assert all(e.feasible for e in part.feasible)
