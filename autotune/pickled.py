@@ -1,9 +1,10 @@
 """Pickling a frozen, slotted dataclass by its field values, for the types forked workers send back.
 
 ``dataclasses`` pickles such a class with ``_dataclass_getstate``/``_dataclass_setstate``, which walk
-``dataclasses.fields(self)`` for every object: a third of the time a ranking worker spends sending an estimate
-and the parent receiving it (a 7B space's estimates: 31 -> 21 us each). ``by_values`` names the fields once,
-per class. The state is the same tuple of values, in field order.
+``dataclasses.fields(self)`` for every object: over a third of the time a ranking worker spends sending an
+estimate and the parent receiving it (5,004 estimates of a 7B space, pickled and unpickled: 31 -> 19 us
+each). ``by_values`` names the fields once, per class. The state is the same tuple of values, in field
+order.
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ A ladder's plans are estimated smallest micro-batch first until one does not fit
 Ladders are independent of each other, and the cost model is all of a search's planning time: Llama 3.1
 405B on 16,384 GPUs is ~45,000 estimates, an MoE model on 16 GPUs ~80,000 (benchmarks/search_speed.py).
 With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, the ladders are judged by
-``workers()`` forked processes (they inherit the model, cluster and ladders; only verdicts travel back) and
-the verdicts are merged in enumeration order, so the ranking is the one a single process makes. A ranking
-of a whole space (``judged_space``) hands each worker parts of layouts to enumerate as well as judge, so
-the enumeration runs in parallel too and no ladder travels: each part comes back as the ranking keeps it
-(``Kept``: the plans that fit, counts, the part's closest miss), not as its verdicts. Elsewhere
+``workers()`` forked processes (they inherit the model, cluster and ladders; only results travel back)
+and the results are merged in enumeration order, so the ranking is the one a single process makes. A
+ranking of a whole space (``judged_space``) hands each worker parts of layouts to enumerate as well as
+judge, so the enumeration runs in parallel too and no ladder travels. A ranking's workers send back what it
+keeps (``verdicts.Kept``: the plans that fit, the misses counted by rule, the closest miss), not every
+plan's verdict. Elsewhere
 (a caller's own estimator, which may keep state; one CPU; not Linux, whose ``fork`` the workers need; inside
 a daemonic process) the ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces
 that.
