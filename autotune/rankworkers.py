@@ -203,11 +203,11 @@ def judged_space(
     variants: Variants | None = None,
 ) -> Generator[Kept, None, None]:
     """``judged`` of every ladder of ``choices`` (``enumerate_plans``, which counts what it prunes in
-    ``tally``), in its order, as the ranking keeps them (``kept``, which counts the misses in ``tally``):
-    one ``Kept`` per ladder, or per part where ``judged`` would start workers. Each worker enumerates as
-    well as judges its share, a part of a layout (``layout_ladders``), so the enumeration runs in parallel
-    too and no ladder travels; their tallies are merged here, in order. ``variants``: made before
-    (``Variants.serves``)."""
+    ``tally``), in its order, as the ranking keeps them (``kept``; the misses are counted in each
+    ``Kept.pruned``): one ``Kept`` per ladder, or per part where ``judged`` would start workers. Each
+    worker enumerates as well as judges its share, a part of a layout (``layout_ladders``), so the
+    enumeration runs in parallel too and no ladder travels; their tallies are merged here, in order.
+    ``variants``: made before (``Variants.serves``)."""
     variants = variants if variants is not None else Variants(choices)
     order, n = layouts(choices, ctx), workers()
     forks = _forks(estimator, n)
