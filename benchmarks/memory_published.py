@@ -32,9 +32,9 @@ import yaml
 
 from autotune.catalog import gpu_names, load_model, make_cluster
 from autotune.costmodel.estimate import estimate
-from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
-from autotune.plan import ParallelPlan, Sharding
-from autotune.specs import ModelSpec
+from autotune.costmodel.reserve import reserve_bytes
+from autotune.plan import ParallelPlan
+from autotune.specs import ClusterSpec, ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import modern_runs, moe_recipes, moe_runs  # noqa: E402
@@ -130,10 +130,9 @@ ROWS: list[Row] = [
 ]
 
 
-def _outside_allocator_bytes(plan: ParallelPlan) -> float:
-    """CUDA context + NCCL: in the prediction's reserve, not in the allocator's reserved figure."""
-    axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp)) + (plan.sharding is Sharding.HSDP)
-    return CUDA_CONTEXT_BYTES + ((NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0)
+def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """CUDA context + NCCL (``reserve_bytes``): in the prediction, not in the allocator's reserved figure."""
+    return reserve_bytes(cluster, plan)
 
 
 def predict(row: Row) -> dict[str, Any]:
@@ -142,7 +141,7 @@ def predict(row: Row) -> dict[str, Any]:
     cluster = make_cluster(gpu=row.gpu, num_gpus=plan.world_size)
     est = estimate(model, cluster, plan)
     total = est.memory_bytes_per_gpu
-    comparable = total - _outside_allocator_bytes(plan) if row.published_gib is not None else total
+    comparable = total - _outside_allocator_bytes(cluster, plan) if row.published_gib is not None else total
     out_of_memory = any(r.startswith("out of memory") for r in est.reasons)
     error = comparable / (row.published_gib * _GIB) - 1 if row.published_gib else None
     return {

@@ -185,7 +185,7 @@ def test_the_search_weighs_megatrons_dispatchers_and_token_drop_keeps_the_all_to
     from autotune.ranking import plan_search
     from autotune.space import load_space
 
-    model, cluster = load_model("qwen3-235b-a22b"), make_cluster(num_gpus=64)
+    model, cluster = load_model("qwen3-235b-a22b"), make_cluster(num_gpus=128)
     pins = {"tp": 2, "pp": 4, "cp": 2, "ep": 16, "recompute": "full"}
 
     def ranked(routing):

@@ -15,6 +15,7 @@ __all__ = [
     "CUDA_CONTEXT_BYTES",
     "NCCL_CONTEXT_BYTES",
     "NCCL_BYTES_PER_COMMUNICATOR",
+    "nccl_bytes",
     "FRAGMENTATION_FRACTION",
     "CPU_RESERVE_BYTES",
 ]
@@ -26,13 +27,14 @@ CUDA_CONTEXT_BYTES = 685 * _MIB
 bf16 GEMM. Measured 718,077,952 B on an H200 with torch 2.11 + CUDA 13.0
 (benchmarks/results/memory_crosscheck_gpu.json, ``context_bytes``)."""
 NCCL_CONTEXT_BYTES = 558 * _MIB
-"""NCCL's first communicator (its device code, proxy and buffers): measured 585,105,408 B for a 1-rank
-communicator after one all-reduce on the same H200 (``nccl_world1_bytes``). Counted once when any
-parallel axis is > 1."""
-NCCL_BYTES_PER_COMMUNICATOR = 256 * _MIB
-"""Peer buffers of each communicator (one per parallel axis of degree > 1): NCCL_BUFFSIZE 4 MiB x up to
-32 channels x send/recv (NCCL environment-variable docs, NCCL_BUFFSIZE / NCCL_MAX_NCHANNELS). Not measured
-here (one GPU); an estimate."""
+"""One NCCL communicator (its device code, proxy and buffers): measured 585,105,408 B for a 1-rank
+communicator after one all-reduce on the same H200 (``nccl_world1_bytes``). Public measurements agree:
+544 MB for a 2-rank and 688 MB for a 4-rank group on A100s over NVLink, each group after one all-reduce
+(NVIDIA/nccl#964); 512 MiB of "NET shared P2P buffer" in a 1-rank communicator of NCCL 2.28 on B300s
+(NVIDIA/nccl#2363), the bulk of the figure measured here. Every communicator a step uses costs this
+(``nccl_bytes``)."""
+NCCL_BYTES_PER_COMMUNICATOR = NCCL_CONTEXT_BYTES
+"""What each communicator after the first costs: the measured one (``NCCL_CONTEXT_BYTES``)."""
 FRAGMENTATION_FRACTION = 0.15
 """Caching-allocator slack (reserved - allocated at the peak) as a share of the bytes that come and go in
 a step (activations, logits, gather buffers, step temporaries): 13-15% when activations dominate,
@@ -45,13 +47,22 @@ blocks to the system, so there is no caching-allocator fragmentation to speak of
 
 
 def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """CUDA context + NCCL (its first communicator, then one per parallel axis of degree > 1; HSDP has
-    two); a small constant on CPU trials."""
+    """CUDA context + NCCL (``nccl_bytes``); a small constant on CPU trials."""
     if cluster.gpu.key == "cpu":
         return float(CPU_RESERVE_BYTES)
-    axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp)) + (plan.sharding is Sharding.HSDP)
-    nccl = (NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0
-    return CUDA_CONTEXT_BYTES + nccl
+    return CUDA_CONTEXT_BYTES + nccl_bytes(plan)
+
+
+def nccl_bytes(plan: ParallelPlan) -> float:
+    """NCCL's device memory on one GPU: a communicator per group that moves data, each as measured
+    (``NCCL_CONTEXT_BYTES``): the world, each parallel axis of degree > 1, HSDP's second group, and with
+    expert parallelism the experts' all-to-all group and their data-parallel group (``dpcomm``'s
+    ``_expert_group``). None when every axis is 1. Not priced: the send/receive buffers NCCL adds for
+    each peer inside the NVLink domain of an all-to-all or a ring (docs/memory_headroom.md, item 4)."""
+    expert_dp = plan.shard_degree * plan.cp * plan.tp // (plan.ep * plan.etp) if plan.ep > 1 else 1
+    axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, expert_dp))
+    axes += plan.sharding is Sharding.HSDP
+    return (NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0
 
 
 def fragmentation_bytes(cluster: ClusterSpec, transient_bytes: float) -> float:

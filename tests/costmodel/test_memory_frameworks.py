@@ -17,7 +17,7 @@ from autotune.costmodel.activations import (
 )
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.lossmemory import loss_transient_bytes
-from autotune.costmodel.reserve import CUDA_CONTEXT_BYTES, NCCL_BYTES_PER_COMMUNICATOR, NCCL_CONTEXT_BYTES
+from autotune.costmodel.reserve import reserve_bytes
 from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param
 from autotune.plan import ParallelPlan, Recompute
 
@@ -71,9 +71,9 @@ def test_torchtitan_llama3_8b_sac_op_peak_within_ten_percent(gpus, published_gib
     """torchtitan docs/performance.md Tables 1 and 3 (FSDP, local batch 2 x 8192, selective op AC, H100
     96 GB): the allocator's max reserved; the prediction less CUDA context and NCCL."""
     plan = ParallelPlan(**{**_8B, "dp": gpus, "global_batch": 2 * gpus}, recompute=Recompute.SELECTIVE)
-    est = estimate(load_model("llama3-8b"), make_cluster(gpu="h100-96gb", num_gpus=gpus), plan)
-    outside = CUDA_CONTEXT_BYTES + NCCL_CONTEXT_BYTES + NCCL_BYTES_PER_COMMUNICATOR  # not in "reserved"
-    reserved = est.memory_bytes_per_gpu - outside
+    cluster = make_cluster(gpu="h100-96gb", num_gpus=gpus)
+    est = estimate(load_model("llama3-8b"), cluster, plan)
+    reserved = est.memory_bytes_per_gpu - reserve_bytes(cluster, plan)  # CUDA and NCCL: not in "reserved"
     assert est.feasible
     assert reserved / GIB == pytest.approx(published_gib, rel=0.10)
 
