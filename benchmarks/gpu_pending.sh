@@ -4,7 +4,8 @@
 # time leaves the others' results):
 #   1. FlexAttention at MLA's head widths (torchtitan's DeepSeek-V3 kernel): gpu_kernels.py --only=flex_mla
 #   2. Llama 3 8B width, 4 layers: FSDP2 memory in bf16 and with torchao float8 linears (tensorwise,
-#      rowwise), in the same run so fp8 is read against bf16 on one device: memory_crosscheck.py --gpu
+#      rowwise), in the same run so fp8 is read against bf16 on one device: memory_crosscheck.py --gpu;
+#      its JSON also holds what each further NCCL group costs (``nccl_next_group_bytes``, reserve.py)
 # torchao is a test dependency, not a runtime one: put its wheel under .whl/ first and carry it to the device
 #   pip download torchao==0.18.0 --no-deps -d .whl        (the run tool: carry [".whl"])
 # Usage: OUT=DIR benchmarks/gpu_pending.sh   (results under $OUT, default runs/gpu_pending)

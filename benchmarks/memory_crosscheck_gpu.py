@@ -213,6 +213,20 @@ def _states_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> float:
     return float(sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in tensors))
 
 
+def nccl_group_bytes(groups: int = 2) -> list[int]:
+    """Device memory each further 1-rank group adds at its first all-reduce, as torch makes groups (split
+    from the world's communicator when it was bound to a device): what ``reserve.nccl_bytes`` takes every
+    communicator to cost (``NCCL_BYTES_PER_COMMUNICATOR``, from the world's)."""
+    out = []
+    for _ in range(groups):
+        free, reserved = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+        dist.all_reduce(torch.ones(1 << 20, device="cuda"), group=dist.new_group([0]))
+        torch.cuda.synchronize()
+        grown = torch.cuda.memory_reserved() - reserved  # the tensor's block, if the allocator grew
+        out.append(free - torch.cuda.mem_get_info()[0] - grown)
+    return out
+
+
 def run_gpu(model: str = "1b") -> dict[str, object]:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -230,6 +244,7 @@ def run_gpu(model: str = "1b") -> dict[str, object]:
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
     nccl = total - free - torch.cuda.memory_reserved() - context
+    groups = nccl_group_bytes()
     facts = gpu_kernel_facts("cuda")
     kernels = Kernels(fused_norm=bool(facts["rms_norm_fused"]))
     mesh = init_device_mesh("cuda", (1,))
@@ -252,6 +267,7 @@ def run_gpu(model: str = "1b") -> dict[str, object]:
         "torch": torch.__version__,
         "context_bytes": context,
         "nccl_world1_bytes": nccl,
+        "nccl_next_group_bytes": groups,
         "kernel_facts": facts,
         "rows": rows,
     }
