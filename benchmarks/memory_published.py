@@ -34,7 +34,7 @@ from autotune.catalog import gpu_names, load_model, make_cluster
 from autotune.costmodel.estimate import estimate
 from autotune.costmodel.reserve import reserve_bytes
 from autotune.plan import ParallelPlan
-from autotune.specs import ClusterSpec, ModelSpec
+from autotune.specs import ModelSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 from benchmarks import modern_runs, moe_recipes, moe_runs  # noqa: E402
@@ -130,18 +130,14 @@ ROWS: list[Row] = [
 ]
 
 
-def _outside_allocator_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """CUDA context + NCCL (``reserve_bytes``): in the prediction, not in the allocator's reserved figure."""
-    return reserve_bytes(cluster, plan)
-
-
 def predict(row: Row) -> dict[str, Any]:
     model = row.spec or load_model(row.model)
     plan = ParallelPlan(**row.plan)
     cluster = make_cluster(gpu=row.gpu, num_gpus=plan.world_size)
     est = estimate(model, cluster, plan)
     total = est.memory_bytes_per_gpu
-    comparable = total - _outside_allocator_bytes(cluster, plan) if row.published_gib is not None else total
+    outside = reserve_bytes(cluster, plan)  # CUDA context + NCCL: not in the allocator's reserved figure
+    comparable = total - outside if row.published_gib is not None else total
     out_of_memory = any(r.startswith("out of memory") for r in est.reasons)
     error = comparable / (row.published_gib * _GIB) - 1 if row.published_gib else None
     return {
