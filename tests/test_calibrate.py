@@ -82,17 +82,30 @@ def test_with_2_percent_noise_the_factors_come_back_close_and_the_fit_beats_the_
     assert result.after.kendall_tau > result.before.kendall_tau
 
 
+NO_OVERHEAD = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
+NOISE_SEEDS = range(1, 9)
+"""Eight draws of 2 % noise on data with neither overheads nor a latency scale. The AIC (a penalty of 2 per
+parameter) adds a factor the data does not need about one time in six, so the latency scale's false
+positives are asserted as a count over the draws, not for one draw (one draw's verdict moved with the
+plans the memory model lets into ``setup``)."""
+AIC_FALSE_POSITIVES = 3
+"""At most this many of the eight draws may fit the latency scale the data does not have (~1.3 expected)."""
+
+
 @pytest.mark.slow
 def test_overheads_stay_out_when_the_data_does_not_need_them(setup):
     model, cluster, plans = setup
-    no_overhead = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
-    result = fit(model, cluster, _observe(model, cluster, plans, no_overhead, noise=0.02))
-    assert result.fitted == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
-    assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0
+    latency = 0
+    for seed in NOISE_SEEDS:
+        result = fit(model, cluster, _observe(model, cluster, plans, NO_OVERHEAD, noise=0.02, seed=seed))
+        assert result.fitted[:3] == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
+        assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0, seed
+        latency += "latency_scale" in result.fitted
+    assert latency <= AIC_FALSE_POSITIVES
 
 
 @pytest.mark.slow
-def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
+def test_the_overheads_switch_forces_the_overheads_or_keeps_them_out(setup):
     """``overheads=False`` (the online refit) keeps them out even when the data has them; the AIC still
     decides the latency scale; ``overheads=True`` fits them even when the data has none."""
     model, cluster, plans = setup
@@ -100,10 +113,9 @@ def test_the_overheads_switch_forces_the_overheads_and_only_them(setup):
     out = fit(model, cluster, _observe(model, cluster, plans, lat, noise=0.01), overheads=False)
     assert "step_overhead_s" not in out.fitted and "latency_scale" in out.fitted
     assert out.factors.step_overhead_s == out.factors.microbatch_overhead_s == 0.0
-    no_overhead = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
-    forced = fit(model, cluster, _observe(model, cluster, plans, no_overhead, noise=0.02), overheads=True)
+    forced = fit(model, cluster, _observe(model, cluster, plans, NO_OVERHEAD, noise=0.02), overheads=True)
+    assert forced.fitted[:3] == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
     assert forced.fitted[-2:] == ("step_overhead_s", "microbatch_overhead_s")
-    assert "latency_scale" not in forced.fitted
 
 
 @pytest.mark.slow
