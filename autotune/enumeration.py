@@ -229,7 +229,7 @@ def _variants(
     choices: Mapping[str, tuple[Any, ...]], tp: int, pp_gt1: bool, cp: int
 ) -> tuple[list[Variant], int]:
     """The non-layout combinations, with knobs that do not matter here collapsed to their default: those
-    whose framework offers their sharding (``offered``), and how many there are in all. The others are
+    whose framework offers their sharding (``offers``), and how many there are in all. The others are
     counted, not made (two thirds of an MoE space's ~230k per key)."""
     one = {k: tuple(dict.fromkeys(vs)) for k, vs in choices.items()}  # each combination once
     schedules = [(s, v) for s in one["schedule"] for v in _stage_counts(s, one["virtual_stages"])]

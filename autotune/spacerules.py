@@ -59,7 +59,6 @@ __all__ = [
     "COLLAPSED_KNOBS",
     "layout_rule",
     "variant_rule",
-    "offered",
     "offers",
     "SHARDING_RULE",
     "pipeline_rule",
@@ -175,19 +174,14 @@ SHARDING_RULE = "the framework does not offer this sharding"
 """``variant_rule``'s first rule, which needs no layout (``enumeration`` counts it per layout at once)."""
 
 
-def offered(v: Variant) -> bool:
-    """Whether the variant's framework offers its sharding (``variant_rule``'s first rule)."""
-    return offers(v.framework, v.sharding)
-
-
 def offers(framework: Framework, sharding: Sharding) -> bool:
-    """Whether ``framework`` offers ``sharding`` (``FRAMEWORK_SHARDING``)."""
+    """Whether ``framework`` offers ``sharding`` (``FRAMEWORK_SHARDING``; ``variant_rule``'s first rule)."""
     return sharding in FRAMEWORK_SHARDING[framework]
 
 
 def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
     sharding, fw = v.sharding, v.framework
-    if not offered(v):
+    if not offers(fw, sharding):
         return SHARDING_RULE
     if nothing_to_shard(sharding, shard_ranks(dp, cp)):
         return "sharding needs DP > 1"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -53,7 +54,7 @@ class Kept(NamedTuple):
     """Per ladder: plans the cost model judged, and how many of them fit (``ranking.LadderJudged``)."""
     closest: Miss | None
     """The first of the least overcommitted misses, in ladder order."""
-    pruned: dict[str, int]
+    pruned: Counter[str]
     """The misses by rule (``rule_of``), each with the micro-batches pruned with it (``Tally.pruned``)."""
 
 
@@ -63,7 +64,7 @@ def kept(verdicts: Iterable[list[Verdict]], ctx: PlanContext) -> Kept:
     feasible: list[Estimate] = []
     ladders: list[tuple[int, int]] = []
     closest: Miss | None = None
-    pruned: dict[str, int] = {}
+    pruned: Counter[str] = Counter()
     for steps in verdicts:
         judged = sum(v.estimate is not None or v.plan is not None for v in steps)
         ladders.append((judged, sum(v.reason is None for v in steps)))
@@ -72,8 +73,7 @@ def kept(verdicts: Iterable[list[Verdict]], ctx: PlanContext) -> Kept:
                 feasible.append(v.estimate)
                 continue
             if v.pruned:
-                rule = rule_of(v.reason or "")
-                pruned[rule] = pruned.get(rule, 0) + v.pruned
+                pruned[rule_of(v.reason or "")] += v.pruned
             miss = _miss(v, ctx)
             if miss is not None and (closest is None or miss[0] < closest[0]):
                 closest = miss

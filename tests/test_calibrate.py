@@ -84,10 +84,9 @@ def test_with_2_percent_noise_the_factors_come_back_close_and_the_fit_beats_the_
 
 NO_OVERHEAD = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
 NOISE_SEEDS = range(1, 9)
-"""Eight draws of 2 % noise on data with neither overheads nor a latency scale. The AIC (a penalty of 2 per
-parameter) adds a factor the data does not need about one time in six, so the latency scale's false
-positives are asserted as a count over the draws, not for one draw (one draw's verdict moved with the
-plans the memory model lets into ``setup``)."""
+"""Eight draws of 2 % noise on data with no overheads or latency scale. The AIC (a penalty of 2 per parameter)
+adds a factor the data does not need about one time in six: its false positives are a count over draws,
+not one draw's verdict (which moved with the plans the memory model lets into ``setup``)."""
 AIC_FALSE_POSITIVES = 3
 """At most this many of the eight draws may fit the latency scale the data does not have (~1.3 expected)."""
 
