@@ -22,7 +22,7 @@ from autotune.enumeration import Variants
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
-from autotune.rankworkers import judged_space, kept_in_blocks
+from autotune.rankworkers import judged_space
 from autotune.space import (
     BATCH_RULE,
     PlanContext,
@@ -74,18 +74,15 @@ def rank_plans(
     on_ladder: LadderJudged | None = None,
     variants: Variants | None = None,
 ) -> Ranking:
-    """Estimate every legal plan (stop at the first that fits with ``first_fit``, whose tallies then cover
-    what was enumerated by then, judged only as far as fit or miss: ``rankworkers.judge``'s ``fits_only``);
-    large spaces are judged across worker processes (``autotune.rankworkers``),
-    with the same result. ``on_ladder`` hears of each judged ladder (``LadderJudged``); ``variants``: made
-    before from choices it ``serves`` (a caller that ranks a space on several clusters)."""
+    """Estimate every legal plan (stop at the first ladder or worker's part with a plan that fits with
+    ``first_fit``, whose tallies then cover what was judged by then, only as far as fit or miss:
+    ``rankworkers.judge``'s ``fits_only``); large spaces are enumerated and judged across worker processes
+    (``autotune.rankworkers``), with the same result. ``on_ladder`` hears of each judged ladder
+    (``LadderJudged``); ``variants``: made before from choices it ``serves`` (a caller that ranks a space
+    on several clusters)."""
     tally, feasible = Tally(), []
     closest: Miss | None = None  # the least overcommitted miss
-    judged = (
-        kept_in_blocks(enumerate_plans(choices, ctx, tally, variants), ctx, estimator)
-        if first_fit
-        else judged_space(choices, ctx, tally, estimator, variants)
-    )
+    judged = judged_space(choices, ctx, tally, estimator, variants, fits_only=first_fit)
     with contextlib.closing(judged):  # stopping early stops the workers now
         for part in judged:
             if on_ladder is not None:

@@ -3,16 +3,15 @@
 A ladder's plans are estimated smallest micro-batch first until one does not fit (``ranking.rank_plans``).
 Ladders are independent of each other, and the cost model is all of a search's planning time: Llama 3.1
 405B on 16,384 GPUs is ~45,000 estimates, an MoE model on 16 GPUs ~80,000 (benchmarks/search_speed.py).
-With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, the ladders are judged by
-``workers()`` forked processes (they inherit the model, cluster and ladders; only results travel back)
-and the results are merged in enumeration order, so the ranking is the one a single process makes. A
-ranking of a whole space (``judged_space``) hands each worker parts of layouts to enumerate as well as
-judge, so the enumeration runs in parallel too and no ladder travels. A ranking's workers send back what it
-keeps (``verdicts.Kept``: the plans that fit, the misses counted by rule, the closest miss), not every
-plan's verdict. Elsewhere
-(a caller's own estimator, which may keep state; one CPU; not Linux, whose ``fork`` the workers need; inside
-a daemonic process) the ladders are judged here, one after the other. ``AUTOTUNE_PLAN_WORKERS=1`` forces
-that.
+With the catalog cost model and a space of at least ``MIN_LADDERS`` ladders, ``workers()`` forked
+processes (they inherit the model, cluster and the space's variants) each enumerate and judge parts of
+layouts (``layout_ladders``), so the enumeration runs in parallel too and no ladder travels; they send back
+what the ranking keeps (``verdicts.Kept``: the plans that fit, the misses counted by rule, the closest
+miss), not every plan's verdict, and the parts are merged in enumeration order, so the ranking is the one a
+single process makes. A ranking that stops at its first fit (the "fits nowhere" hint) stops the workers
+there. Elsewhere (a caller's own estimator, which may keep state; one CPU; not Linux, whose ``fork`` the
+workers need; inside a daemonic process) the ladders are judged here, one after the other.
+``AUTOTUNE_PLAN_WORKERS=1`` forces that.
 """
 
 from __future__ import annotations
@@ -23,11 +22,10 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import islice
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from autotune.costmodel import Estimate, estimate, fit_check
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
@@ -55,24 +53,17 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_LADDERS",
     "judge",
-    "judged",
-    "judged_in_blocks",
+    "judged_here",
     "judged_space",
-    "kept_in_blocks",
     "workers",
 ]
-
-R = TypeVar("R")
 
 MIN_LADDERS = 2000
 """Below this many ladders (a few seconds of estimates at most) starting workers is not worth it."""
 _CHUNKS_PER_WORKER = 16
-"""Ladders are handed out in about this many chunks per worker: big enough to amortise the messages, small
-enough that a worker that drew the expensive ladders does not leave the others idle."""
-
-
-_WORK: tuple[Sequence[Ladder], PlanContext, Callable[..., Estimate], bool] | None = None
-"""What forked workers judge (set in the parent before the fork)."""
+"""A space is handed out in about this many parts per worker: big enough to amortise the messages, small
+enough that a worker that drew the expensive ladders does not leave the others idle, and that a ranking
+which stops at its first fit judges little past it."""
 
 
 def judge(
@@ -149,71 +140,28 @@ def workers() -> int:
         return os.cpu_count() or 1
 
 
-def judged(
-    ladders: Sequence[Ladder],
-    ctx: PlanContext,
-    estimator: Callable[..., Estimate] = estimate,
-    *,
-    fits_only: bool = False,
-) -> Generator[list[Verdict], None, None]:
-    """Each ladder's verdicts (``judge``), in the order of ``ladders`` (module docstring: where workers
-    judge them)."""
-    return _judged(ladders, ctx, estimator, fits_only, _judge_index, _as_is)
-
-
-def _judged(
-    ladders: Sequence[Ladder],
-    ctx: PlanContext,
-    estimator: Callable[..., Estimate],
-    fits_only: bool,
-    task: Callable[[int], R],
-    here: Callable[[list[Verdict]], R],
-) -> Generator[R, None, None]:
-    """``judged``, each ladder's verdicts as ``task`` (a worker's, by index) or ``here`` (this process's)
-    gives them back."""
-    n = workers()
-    if not _forks(estimator, n) or len(ladders) < MIN_LADDERS:
-        yield from map(here, _judged_here(ladders, ctx, estimator, fits_only))
-        return
-    global _WORK, _CLOSEST
-    _WORK, _CLOSEST = (ladders, ctx, estimator, fits_only), math.inf  # each worker's own, from the fork
-    chunk = max(1, len(ladders) // (n * _CHUNKS_PER_WORKER))
-    done = 0
-    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
-    try:
-        for result in pool.map(task, range(len(ladders)), chunksize=chunk):
-            yield result
-            done += 1
-    except BrokenProcessPool:  # a worker died (killed, out of memory): judge the rest here
-        yield from map(here, _judged_here(ladders[done:], ctx, estimator, fits_only))
-    finally:  # also when the caller stops early or a stop signal comes: queued chunks are dropped
-        pool.shutdown(wait=True, cancel_futures=True)
-        _WORK = None
-
-
-def _as_is(verdicts: list[Verdict]) -> list[Verdict]:
-    return verdicts
-
-
 def judged_space(
     choices: Mapping[str, tuple[Any, ...]],
     ctx: PlanContext,
     tally: Tally,
     estimator: Callable[..., Estimate] = estimate,
     variants: Variants | None = None,
+    *,
+    fits_only: bool = False,
 ) -> Generator[Kept, None, None]:
-    """``judged`` of every ladder of ``choices`` (``enumerate_plans``, which counts what it prunes in
+    """``judge`` of every ladder of ``choices`` (``enumerate_plans``, which counts what it prunes in
     ``tally``), in its order, as the ranking keeps them (``kept``; the misses are counted in each
-    ``Kept.pruned``): one ``Kept`` per ladder, or per part where ``judged`` would start workers. Each
-    worker enumerates as well as judges its share, a part of a layout (``layout_ladders``), so the
-    enumeration runs in parallel too and no ladder travels; their tallies are merged here, in order.
+    ``Kept.pruned``): one ``Kept`` per ladder judged here, or per part a worker enumerated and judged; the
+    workers' tallies are merged here, in order, as their parts arrive. ``fits_only``: ``judge``'s, for a
+    caller that stops at the first plan that fits (closing the generator drops the parts not yet judged).
     ``variants``: made before (``Variants.serves``)."""
     variants = variants if variants is not None else Variants(choices)
     order, n = layouts(choices, ctx), workers()
     forks = _forks(estimator, n)
     sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
     if not forks or sum(sizes) < MIN_LADDERS:
-        for verdicts in _judged_here(enumerate_plans(choices, ctx, tally, variants), ctx, estimator, False):
+        ladders = enumerate_plans(choices, ctx, tally, variants)
+        for verdicts in judged_here(ladders, ctx, estimator, fits_only):
             yield kept([verdicts], ctx)
         return
     step = max(1, sum(sizes) // (n * _CHUNKS_PER_WORKER))
@@ -223,7 +171,7 @@ def judged_space(
         for a in range(0, max(size, 1), step)
     ]
     global _SPACE, _CLOSEST
-    _SPACE, _CLOSEST = (variants, ctx, estimator), math.inf  # each worker's own, from the fork
+    _SPACE, _CLOSEST = (variants, ctx, estimator, fits_only), math.inf  # each worker's own, from the fork
     done = 0
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
     try:
@@ -237,7 +185,7 @@ def judged_space(
             for layout, part in parts[done:]
             for ladder in layout_ladders(variants, ctx, layout, tally, part)
         )
-        for verdicts in _judged_here(rest, ctx, estimator, False):
+        for verdicts in judged_here(rest, ctx, estimator, fits_only):
             yield kept([verdicts], ctx)
     finally:  # also when the caller stops early or a stop signal comes: queued parts are dropped
         pool.shutdown(wait=True, cancel_futures=True)
@@ -255,44 +203,6 @@ def _forks(estimator: Callable[..., Estimate], n: int) -> bool:
     )
 
 
-def judged_in_blocks(
-    ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
-) -> Generator[list[Verdict], None, None]:
-    """``judged`` (``fits_only``) for a caller that stops at the first plan that fits: the ladders are
-    drawn from ``ladders`` as it yields them, in blocks that grow ``BLOCK_GROWTH`` times from
-    ``FIRST_BLOCK``, each judged by ``judged``. An early fit costs the first block's enumeration and the
-    ladders up to it, judged here; a space where nothing fits is judged by the workers, block by block, in
-    the same order."""
-    return _in_blocks(ladders, lambda block: judged(block, ctx, estimator, fits_only=True))
-
-
-def kept_in_blocks(
-    ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate] = estimate
-) -> Generator[Kept, None, None]:
-    """``judged_in_blocks``, one ``Kept`` per ladder: workers send back that, not the verdicts (every plan
-    of a space where nothing fits, when the "fits nowhere" hint asks a larger cluster)."""
-
-    def block_kept(block: list[Ladder]) -> Generator[Kept, None, None]:
-        return _judged(block, ctx, estimator, True, _keep_index, lambda verdicts: kept([verdicts], ctx))
-
-    return _in_blocks(ladders, block_kept)
-
-
-def _in_blocks(
-    ladders: Iterable[Ladder], judge_block: Callable[[list[Ladder]], Generator[R, None, None]]
-) -> Generator[R, None, None]:
-    it, size = iter(ladders), FIRST_BLOCK
-    while block := list(islice(it, size)):
-        yield from judge_block(block)
-        size *= BLOCK_GROWTH
-
-
-FIRST_BLOCK = MIN_LADDERS // 4
-"""Ladders of ``judged_in_blocks``' first block: under ``MIN_LADDERS``, so judged without starting workers."""
-BLOCK_GROWTH = 4
-"""How much larger each next block is: few pools for a space judged to the end."""
-
-
 def _quiet() -> None:
     """A worker leaves stop signals to the parent (which stops the pool) and dies at once on SIGTERM: the
     parent's handlers (``autotune.interrupt``) are not inherited. What it inherited is frozen out of its
@@ -304,7 +214,7 @@ def _quiet() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _judged_here(
+def judged_here(
     ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate], fits_only: bool
 ) -> Generator[list[Verdict], None, None]:
     """``judge`` of each ladder in this process, telling it the closest miss so far."""
@@ -324,27 +234,13 @@ _CLOSEST = math.inf
 """In a worker: the least ``overcommit`` of a miss it has judged (``judge``'s ``closest``)."""
 
 
-def _judge_index(i: int) -> list[Verdict]:
-    global _CLOSEST
-    assert _WORK is not None
-    ladders, ctx, estimator, fits_only = _WORK
-    verdicts = judge(ladders[i], ctx, estimator, fits_only=fits_only, closest=_CLOSEST)
-    _CLOSEST = _closer(_CLOSEST, verdicts)
-    return verdicts
-
-
-def _keep_index(i: int) -> Kept:
-    assert _WORK is not None
-    return kept([_judge_index(i)], _WORK[1])
-
-
-_SPACE: tuple[Variants, PlanContext, Callable[..., Estimate]] | None = None
+_SPACE: tuple[Variants, PlanContext, Callable[..., Estimate], bool] | None = None
 """What forked workers enumerate and judge (``judged_space``; set in the parent before the fork)."""
 
 
 def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, Kept]:
     assert _SPACE is not None
-    variants, ctx, estimator = _SPACE
+    variants, ctx = _SPACE[0], _SPACE[1]
     tally = Tally()
     return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1])), ctx)
 
@@ -353,8 +249,8 @@ def _judged_part(ladders: Iterable[Ladder]) -> Generator[list[Verdict], None, No
     """``judge`` of a worker's ladders, telling it the closest miss the worker has seen."""
     global _CLOSEST
     assert _SPACE is not None
-    _, ctx, estimator = _SPACE
+    _, ctx, estimator, fits_only = _SPACE
     for ladder in ladders:
-        verdicts = judge(ladder, ctx, estimator, closest=_CLOSEST)
+        verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=_CLOSEST)
         _CLOSEST = _closer(_CLOSEST, verdicts)
         yield verdicts

@@ -8,7 +8,7 @@ import pytest
 from autotune import rankworkers
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
-from autotune.ranking import plan_search, rule_of
+from autotune.ranking import plan_search, rank_plans, rule_of
 from autotune.space import PlanContext, enumerate_plans, load_space, resolve_choices
 from autotune.verdicts import kept
 
@@ -92,31 +92,20 @@ def test_a_worker_that_dies_costs_time_not_the_ranking(monkeypatch):
     assert _summary(broken) == _summary(one)
 
 
-def test_a_worker_that_dies_costs_judged_time_not_verdicts(monkeypatch):
-    """The same for ``judged``'s workers (the "fits nowhere" hint's blocks): every verdict, in order."""
-    ladders, ctx = _ladders()
-    ladders = list(ladders)
-    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
-    one = list(rankworkers.judged(ladders, ctx, fits_only=True))
-    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
-    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 1)
-    monkeypatch.setattr(rankworkers, "_judge_index", _dies_on_the_fourth)
-    assert list(rankworkers.judged(ladders, ctx, fits_only=True)) == one
+def test_a_worker_that_dies_costs_the_first_fit_search_time_not_its_tally(monkeypatch):
+    """The same for a ranking that stops at its first fit (the "fits nowhere" hint), where nothing fits."""
+    one = _first_fit(monkeypatch, workers=1)
+    monkeypatch.setattr(rankworkers, "_judge_part", _dies_on_its_second_part)
+    assert _summary(_first_fit(monkeypatch, workers=2)) == _summary(one)
 
 
-_JUDGE_INDEX, _JUDGE_PART = rankworkers._judge_index, rankworkers._judge_part
+_JUDGE_PART = rankworkers._judge_part
 _PARTS_JUDGED = [0]
 
 
-def _dies_on_the_fourth(i):
-    """A worker's task (module level: the pool sends it by name)."""
-    if i == 3:
-        os._exit(1)
-    return _JUDGE_INDEX(i)
-
-
 def _dies_on_its_second_part(part):
-    """A worker's task: the worker dies when it is handed its second part."""
+    """A worker's task (module level: the pool sends it by name): the worker dies when it is handed its
+    second part."""
     _PARTS_JUDGED[0] += 1
     if _PARTS_JUDGED[0] == 2:
         os._exit(1)
@@ -130,9 +119,9 @@ def test_a_progress_callback_counts_the_workers_estimates(monkeypatch):
     seen = []
     real_judged = rankworkers.judged_space
 
-    def spy(choices, ctx, tally, estimator=estimate, variants=None):
+    def spy(choices, ctx, tally, estimator=estimate, variants=None, **kw):
         seen.append(estimator is estimate)
-        return real_judged(choices, ctx, tally, estimator, variants)
+        return real_judged(choices, ctx, tally, estimator, variants, **kw)
 
     one = _ranking(monkeypatch, workers=1, min_ladders=1)
     calls = []
@@ -159,49 +148,36 @@ def _ladders():
     return enumerate_plans(choices, ctx), ctx
 
 
-def test_blocks_judge_every_ladder_in_order_as_judged_does(monkeypatch):
-    """Small blocks with workers on (each block but the first over ``MIN_LADDERS``) give ``judged``'s
-    verdicts, ladder for ladder."""
-    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
-    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 8)
-    monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 5)
-    ladders, ctx = _ladders()
-    ladders = list(ladders)
-    assert len(ladders) > 5 + 20  # the first block, then at least one judged by the workers
-    blocks = list(rankworkers.judged_in_blocks(iter(ladders), ctx))
-    assert blocks == list(rankworkers.judged(ladders, ctx, fits_only=True))
+def _first_fit(monkeypatch, workers: int, model: str = "70b", gpus: int = 4, gpu: str = "a100-40gb"):
+    """A ranking that stops at its first fit, as the "fits nowhere" hint asks a larger cluster; by default
+    70B without pipelining on 4 A100-40GB, where none of its ~500 ladders fits."""
+    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", str(workers))
+    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 1)
+    model_spec, cluster = load_model(model), make_cluster(num_gpus=gpus, gpu=gpu)
+    choices = resolve_choices(load_space(), model_spec, cluster, {"pp": 1})
+    ctx = PlanContext(model=model_spec, cluster=cluster, global_batch=64, seq_len=4096)
+    return rank_plans(choices, ctx, first_fit=True)
 
 
-def test_blocks_kept_by_workers_are_what_this_process_keeps(monkeypatch):
-    """The "fits nowhere" hint's blocks: workers send back each ladder as the ranking keeps it
-    (``kept_in_blocks``), the same as keeping ``judged``'s verdicts here."""
-    ladders, ctx = _ladders()
-    ladders = list(ladders)
+def test_a_first_fit_search_where_nothing_fits_is_judged_by_the_workers_as_one_process_judges_it(monkeypatch):
+    """Each worker enumerates and judges its parts (``fits_only``) to the end of the space: the same
+    tallies, legal count and closest miss as one process."""
+    one = _first_fit(monkeypatch, workers=1)
+    assert not one.feasible and one.num_legal > 1000 and one.closest is not None
+    assert _summary(_first_fit(monkeypatch, workers=2)) == _summary(one)
+
+
+def test_a_first_fit_search_stops_with_the_first_part_that_holds_a_fit(monkeypatch):
+    """Where plans fit (7B on 8 H100), the workers' ranking stops with the first part that holds one: it
+    holds the first fit of one process (which stops at its first ladder), every plan it keeps fits in the
+    whole ranking too, and the parts after it are not judged."""
+    kw = {"model": "7b", "gpus": 8, "gpu": "h100-sxm"}
+    one, two = _first_fit(monkeypatch, workers=1, **kw), _first_fit(monkeypatch, workers=2, **kw)
     monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
-    here = [kept([verdicts], ctx) for verdicts in rankworkers.judged(ladders, ctx, fits_only=True)]
-    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "2")
-    monkeypatch.setattr(rankworkers, "MIN_LADDERS", 8)
-    monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 5)
-    assert len(ladders) > 5 + 20  # the first block, then at least one judged by the workers
-    assert list(rankworkers.kept_in_blocks(iter(ladders), ctx)) == here
-    assert sum(sum(p.pruned.values()) for p in here) > 0 and any(p.feasible for p in here)
-
-
-def test_stopping_after_the_first_block_draws_no_more_ladders(monkeypatch):
-    """A search for the first plan that fits pays for the ladders it drew, not for the whole space."""
-    monkeypatch.setattr(rankworkers, "FIRST_BLOCK", 3)
-    ladders, ctx = _ladders()
-    drawn = []
-
-    def counted():
-        for ladder in ladders:
-            drawn.append(ladder)
-            yield ladder
-
-    verdicts = rankworkers.judged_in_blocks(counted(), ctx)
-    first = next(verdicts)
-    verdicts.close()
-    assert first == rankworkers.judge(drawn[0], ctx, fits_only=True) and len(drawn) == 3
+    whole = _search()
+    plans = lambda ranking: {e.plan for e in ranking.feasible}  # noqa: E731
+    assert plans(one) and plans(one) <= plans(two) <= plans(whole)
+    assert one.num_legal <= two.num_legal < whole.num_legal
 
 
 def test_fits_only_finds_the_plans_that_fit_and_stops_each_ladder_where_a_full_judge_does():
@@ -236,8 +212,7 @@ def test_a_miss_its_model_states_decide_skips_the_rest_of_its_memory_with_the_sa
     choices = resolve_choices(load_space(), model, cluster, pins)
     ctx = PlanContext(model=model, cluster=cluster, global_batch=64, seq_len=4096)
     ladders = list(enumerate_plans(choices, ctx))
-    monkeypatch.setenv("AUTOTUNE_PLAN_WORKERS", "1")
-    quick = list(rankworkers.judged(ladders, ctx))
+    quick = list(rankworkers.judged_here(ladders, ctx, estimate, False))
     full = [rankworkers.judge(ladder, ctx) for ladder in ladders]  # no miss seen: every miss priced
 
     def seen(verdicts):
