@@ -47,9 +47,9 @@ def test_on_a_terminal_search_draws_ranking_and_trial_bars_with_the_best(tmp_pat
     given = []  # the estimator the ranking judges with: the catalog's, which forks workers on large spaces
     real_judged = rankworkers.judged_space
 
-    def spy(choices, ctx, tally, est, variants=None):
+    def spy(choices, ctx, tally, est, variants=None, **kw):
         given.append(est)
-        return real_judged(choices, ctx, tally, est, variants)
+        return real_judged(choices, ctx, tally, est, variants, **kw)
 
     monkeypatch.setattr("autotune.ranking.judged_space", spy)
     assert main([*_ARGV, "--out", str(tmp_path), "--json"]) == 0
