@@ -240,7 +240,7 @@ _SPACE: tuple[Variants, PlanContext, Callable[..., Estimate], bool] | None = Non
 
 def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, Kept]:
     assert _SPACE is not None
-    variants, ctx = _SPACE[0], _SPACE[1]
+    variants, ctx, _, _ = _SPACE
     tally = Tally()
     return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1])), ctx)
 
