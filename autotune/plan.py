@@ -247,6 +247,13 @@ class ParallelPlan:
         return self.hsdp_shard_size if self.sharding is Sharding.HSDP and self.hsdp_shard_size else self.dp
 
     @property
+    def expert_shard_degree(self) -> int:
+        """Ranks a routed expert's states are sharded and reduced over: the stage's sharded ranks re-tiled as
+        ``etp x ep x group``, ``shard x cp x tp / (ep x etp)`` (Megatron's ``expert_dp``; torchtitan's
+        ``efsdp``)."""
+        return max(1, self.shard_degree * self.cp * self.tp // (self.ep * self.etp))
+
+    @property
     def zero_stage(self) -> int:
         """0-3 in ZeRO terms: what is sharded (optimizer=1, +grads=2, +params=3)."""
         return zero_stage(self.sharding)

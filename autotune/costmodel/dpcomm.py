@@ -274,11 +274,10 @@ def expert_dp_split(model: ModelSpec, plan: ParallelPlan, params: float, blocks:
 
 
 def _expert_group(cluster: ClusterSpec, plan: ParallelPlan) -> tuple[int, comm.GroupLink]:
-    """Size and link of the routed experts' data-parallel group: the stage's sharded ranks re-tiled as
-    ``etp x ep x group``, ``shard x cp x tp / (ep x etp)`` ranks (Megatron's ``expert_dp``; torchtitan's
-    ``efsdp``) at stride ``ep x etp`` (Megatron's expert rank order is etp, ep, dp, pp:
+    """Size and link of the routed experts' data-parallel group: ``ParallelPlan.expert_shard_degree`` ranks
+    at stride ``ep x etp`` (Megatron's expert rank order is etp, ep, dp, pp:
     megatron/core/parallel_state.py ``expert_decoder_rank_generator``; torchtitan's mesh order above)."""
-    size = max(1, plan.shard_degree * plan.cp * plan.tp // (plan.ep * plan.etp))
+    size = plan.expert_shard_degree
     return size, comm.group_link(cluster, size, plan.ep * plan.etp)
 
 

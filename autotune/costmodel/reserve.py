@@ -56,10 +56,11 @@ def reserve_bytes(cluster: ClusterSpec, plan: ParallelPlan) -> float:
 def nccl_bytes(plan: ParallelPlan) -> float:
     """NCCL's device memory on one GPU: a communicator per group that moves data, each as measured
     (``NCCL_CONTEXT_BYTES``): the world, each parallel axis of degree > 1, HSDP's second group, and with
-    expert parallelism the experts' all-to-all group and their data-parallel group (``dpcomm``'s
-    ``_expert_group``). None when every axis is 1. Not priced: the send/receive buffers NCCL adds for
-    each peer inside the NVLink domain of an all-to-all or a ring (docs/memory_headroom.md, item 4)."""
-    expert_dp = plan.shard_degree * plan.cp * plan.tp // (plan.ep * plan.etp) if plan.ep > 1 else 1
+    expert parallelism the experts' all-to-all group and their data-parallel group
+    (``ParallelPlan.expert_shard_degree``, the group ``dpcomm`` reduces them over). None when every axis is
+    1. Not priced: the send/receive buffers NCCL adds for each peer inside the NVLink domain of an
+    all-to-all or a ring (docs/memory_headroom.md, item 4)."""
+    expert_dp = plan.expert_shard_degree if plan.ep > 1 else 1
     axes = sum(d > 1 for d in (plan.tp, plan.pp, plan.dp, plan.cp, plan.ep, expert_dp))
     axes += plan.sharding is Sharding.HSDP
     return (NCCL_CONTEXT_BYTES + axes * NCCL_BYTES_PER_COMMUNICATOR) if axes else 0.0
