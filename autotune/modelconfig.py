@@ -149,6 +149,7 @@ NEUTRAL_KEYS: dict[str, str] = {
             "n_group",
             "topk_group",
             "router_jitter_noise",
+            "input_jitter_noise",  # PhiMoE: noise on the experts' input in training, elementwise
         ),
         _ROUTING,
     ),
@@ -174,6 +175,7 @@ NEUTRAL_KEYS: dict[str, str] = {
         ),
         _SCALAR,
     ),
+    "lm_head_bias": "a bias on the output head: vocab_size parameters (< 0.001 % of a model), no GEMM",
     "use_qk_norm": "per-head RMSNorm on Q and K: 2 x head_dim parameters and elementwise work",
     "quantization_config": "the checkpoint's storage format; training runs at the plan's --precision",
 }

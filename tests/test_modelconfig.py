@@ -78,9 +78,11 @@ def test_dense_configs_of_2024_2025_read_at_their_published_size(config, total_b
 
 @pytest.mark.parametrize(
     ("config", "total_b", "active_b"),
-    [  # Mistral AI (Mixtral 8x22B: 141B / 39B), OLMoE paper (OLMoE-1B-7B: 6.9B / 1.3B)
+    [  # Mistral AI (Mixtral 8x22B: 141B / 39B), OLMoE paper (OLMoE-1B-7B: 6.9B / 1.3B), Phi-3.5-MoE model
+        # card (42B / 6.6B; its training noise and output bias are priced as neutral)
         ("mixtral-8x22b.json", 141, 39),
         ("olmoe-1b-7b.json", 6.9, 1.3),
+        ("phi-3.5-moe.json", 42, 6.6),
     ],
 )
 def test_moe_configs_read_at_their_published_total_and_active(config, total_b, active_b):
