@@ -9,8 +9,10 @@ is not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``), DeepS
 ``moe_layer_freq``: MoE when ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``; MLA ranks),
 Llama 4 text (``interleave_moe_layer_step``: MoE layers ``step-1, 2 step-1, ...``; one shared expert of
 ``intermediate_size``, dense layers of ``intermediate_size_mlp``; chunked attention on the RoPE layers),
-gpt-oss (experts with biases, ``layer_types``), Gemma 2 (GeGLU, 4 norms per block, sliding window on even
-layers).
+gpt-oss (experts with biases, ``layer_types``), ERNIE 4.5 (``moe_num_experts``, ``moe_k``,
+``moe_num_shared_experts`` of ``moe_intermediate_size`` each; MoE when ``moe_layer_start_index <= i <=
+moe_layer_end_index`` and ``(i + 1) % moe_layer_interval == 0``, transformers ``Ernie4_5_MoeDecoderLayer``),
+Gemma 2 (GeGLU, 4 norms per block, sliding window on even layers).
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ PRICED_KEYS = frozenset(
         "sliding_window_pattern",
         "source",
         "num_nextn_predict_layers",  # ModelSpec.mtp_layers
+        "moe_num_experts",  # ERNIE 4.5's names (transformers Ernie4_5_MoeConfig)
+        "moe_k",
+        "moe_num_shared_experts",
+        "moe_layer_start_index",
+        "moe_layer_end_index",
+        "moe_layer_interval",
+        "use_bias",
         # refused unless they leave the cost unchanged (``_REFUSED``):
         "mlp_bias",
         "text_config",
@@ -150,6 +159,8 @@ NEUTRAL_KEYS: dict[str, str] = {
             "topk_group",
             "router_jitter_noise",
             "input_jitter_noise",  # PhiMoE: noise on the experts' input in training, elementwise
+            "moe_gate",  # ERNIE 4.5: "topk"
+            "moe_use_aux_free",  # ERNIE 4.5: a per-expert score bias instead of an auxiliary loss
         ),
         _ROUTING,
     ),
@@ -172,12 +183,14 @@ NEUTRAL_KEYS: dict[str, str] = {
             "residual_multiplier",
             "logits_scaling",
             "logit_scale",  # Cohere
+            "moe_norm_min",  # ERNIE 4.5: the floor of the top-k weights' normaliser
         ),
         _SCALAR,
     ),
     "lm_head_bias": "a bias on the output head: vocab_size parameters (< 0.001 % of a model), no GEMM",
     "use_qk_norm": "per-head RMSNorm on Q and K: 2 x head_dim parameters and elementwise work",
     "quantization_config": "the checkpoint's storage format; training runs at the plan's --precision",
+    "moe_capacity": "the reference router's token capacity; autotune's is the plan's --moe-capacity-factor",
 }
 """Keys that do not change a training step's compute or memory as autotune prices it, each with why."""
 
@@ -210,8 +223,9 @@ def check_keys(cfg: dict[str, Any], where: str) -> None:
                 f"{where}: key '{key}' = {cfg[key]!r}: dropout masks are not priced "
                 "(activations.DROPOUT is off); set it to 0"
             )
-    if cfg.get("mlp_bias"):
-        raise ConfigError(f"{where}: key 'mlp_bias' = true is not priced; set it to false")
+    for key in ("mlp_bias", "use_bias"):  # ERNIE's use_bias: a bias on every projection
+        if cfg.get(key):
+            raise ConfigError(f"{where}: key '{key}' = true is not priced; set it to false")
 
 
 def _int(cfg: dict[str, Any], key: str, where: str, default: int = 0) -> int:
@@ -241,6 +255,14 @@ def _moe_layers(cfg: dict[str, Any], where: str, num_layers: int) -> tuple[int, 
     if "interleave_moe_layer_step" in cfg:
         step = max(1, _int(cfg, "interleave_moe_layer_step", where, 1))
         return tuple(range(step - 1, num_layers, step))
+    if "moe_layer_start_index" in cfg or "moe_layer_interval" in cfg:  # ERNIE 4.5, end -1: the last layer
+        start, step = (
+            _int(cfg, "moe_layer_start_index", where),
+            max(1, _int(cfg, "moe_layer_interval", where, 1)),
+        )
+        end = cfg.get("moe_layer_end_index", -1)
+        end = num_layers - 1 if end in (-1, None) else _int(cfg, "moe_layer_end_index", where)
+        return tuple(i for i in range(num_layers) if start <= i <= end and (i + 1) % step == 0)
     if "n_routed_experts" in cfg:
         first, freq = _int(cfg, "first_k_dense_replace", where), max(1, _int(cfg, "moe_layer_freq", where, 1))
         return tuple(i for i in range(num_layers) if i >= first and i % freq == 0)
@@ -254,10 +276,15 @@ def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         _int(cfg, "num_local_experts", where)
         or _int(cfg, "num_experts", where)
         or _int(cfg, "n_routed_experts", where)
+        or _int(cfg, "moe_num_experts", where)
     )
     if not num:
         return {}
-    top_k = _int(cfg, "num_experts_per_tok", where) or _int(cfg, "experts_per_token", where)
+    top_k = (
+        _int(cfg, "num_experts_per_tok", where)
+        or _int(cfg, "experts_per_token", where)
+        or _int(cfg, "moe_k", where)
+    )
     if not 0 < top_k <= num:
         raise ConfigError(f"{where}: key 'num_experts_per_tok' must be in 1..{num} (the routed experts)")
     expert_ffn = _int(cfg, "moe_intermediate_size", where) or _int(cfg, "intermediate_size", where)
@@ -265,7 +292,7 @@ def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         raise ConfigError(f"{where}: missing key 'moe_intermediate_size' (the width of one expert)")
     shared = (
         _int(cfg, "shared_expert_intermediate_size", where)
-        or _int(cfg, "n_shared_experts", where) * expert_ffn
+        or (_int(cfg, "n_shared_experts", where) or _int(cfg, "moe_num_shared_experts", where)) * expert_ffn
     )
     if str(cfg.get("model_type")) == "llama4_text":  # one shared expert as wide as a routed one
         shared = expert_ffn

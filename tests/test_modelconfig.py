@@ -102,6 +102,17 @@ def test_glm45_reads_as_moe_with_partial_rope_and_its_mtp_module():
     assert active / 1e9 == pytest.approx(32, rel=0.02)
 
 
+def test_ernie45_reads_its_own_expert_keys():
+    """ERNIE-4.5-21B-A3B (model card: "21B total, 3B activated", rounded down like Qwen3-30B-A3B's 30.5B):
+    its expert keys are ERNIE's own names (``moe_num_experts``, ``moe_k``, ``moe_num_shared_experts``), layer
+    0 is dense (``moe_layer_start_index`` 1) and the embeddings are tied."""
+    ernie = load_model(str(CONFIGS / "ernie-4.5-21b-a3b.json"))
+    assert (ernie.num_experts, ernie.experts_per_token, ernie.shared_ffn_hidden_size) == (64, 6, 2 * 1536)
+    assert ernie.moe_layers == tuple(range(1, 28))
+    assert 21 <= ernie.total_params / 1e9 < 22
+    assert 3 <= (ernie.active_params - ernie.vocab_size * ernie.hidden_size) / 1e9 < 3.2
+
+
 def test_dense_layers_of_each_rule():
     ds = load_model("deepseek-v3")
     assert ds.moe_layers == tuple(range(3, 61))
@@ -140,6 +151,7 @@ def test_every_published_key_is_priced_or_known_neutral(name, cfg):
     [
         ({"attention_dropout": 0.1}, "attention_dropout"),
         ({"mlp_bias": True}, "mlp_bias"),
+        ({"use_bias": True}, "use_bias"),
         ({"vision_config": {}}, "vision_config"),
         ({"sinkhorn_iterations": 3}, "sinkhorn_iterations"),
         ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
