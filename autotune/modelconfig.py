@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.modelrefusals import refuse_unpriced_architecture
 
 __all__ = ["PRICED_KEYS", "NEUTRAL_KEYS", "check_keys", "arch_fields", "is_gemma"]
 
@@ -205,6 +206,7 @@ def is_gemma(cfg: dict[str, Any]) -> bool:
 
 def check_keys(cfg: dict[str, Any], where: str) -> None:
     """Refuse a key autotune does not know, or a value of a known key it cannot price (one line each)."""
+    refuse_unpriced_architecture(cfg, where)
     for key in cfg:
         if key not in PRICED_KEYS and key not in NEUTRAL_KEYS:
             raise ConfigError(

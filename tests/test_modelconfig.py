@@ -164,6 +164,32 @@ def test_unpriceable_keys_are_refused_in_one_line(change, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [  # marker keys of Qwen3-Next's and Nemotron 3 Nano's config.json; Qwen3.5 lists its layers by type
+        ({"full_attention_interval": 4, "linear_num_value_heads": 32}, "Gated DeltaNet"),
+        ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "Gated DeltaNet"),
+        ({"hybrid_override_pattern": "MEMEM*E", "ssm_state_size": 128, "chunk_size": 128}, "Mamba-2"),
+        ({"index_topk": 2048, "index_n_heads": 64}, "DeepSeek Sparse Attention"),
+        ({"layer_types": ["full_attention", "conv"]}, "layers of type conv"),
+    ],
+)
+def test_other_token_mixers_are_named_in_the_refusal(change, names):
+    """A config of an architecture autotune does not price says which one, in one line, before any
+    "unknown key" (deleting keys one by one would plan a softmax-attention model that is not the user's)."""
+    with pytest.raises(ConfigError, match=names) as err:
+        model_from_dict({**PRESETS["qwen3-30b-a3b"], **change}, name="q")
+    assert "\n" not in str(err.value)
+
+
+def test_attention_layer_types_still_read():
+    """``layer_types`` of softmax-attention layers (gpt-oss, Gemma 3; newer Llama 4 configs write
+    ``chunked_attention``) is not a refusal."""
+    types = ["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"] * 12
+    scout = json.loads((CONFIGS / "llama4-scout-text.json").read_text())
+    assert model_from_dict({**scout, "layer_types": types}, name="s").num_local_layers == 36
+
+
 def test_multi_token_prediction_is_read_and_counted_apart_from_the_main_model():
     """DeepSeek-V3's config.json: ``num_nextn_predict_layers: 1``, one MTP module of an MoE block, two norms,
     a final norm and ``eh_proj`` (2h x h); the main model keeps its published 671B."""

@@ -1,0 +1,71 @@
+"""Architectures autotune does not price, recognised by the config keys that define them, so a user reads
+what is missing instead of being told to delete keys one by one (which would plan the wrong model).
+
+Token mixers other than softmax attention change a layer's parameters, FLOPs, saved activations and
+kernels: Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5 / 3.6: transformers ``Qwen3NextConfig``
+``linear_*`` and ``full_attention_interval``, or ``layer_types`` entries ``linear_attention``), Mamba-2
+state-space layers (Nemotron-H and Nemotron 3: ``NemotronHConfig`` ``hybrid_override_pattern``,
+``ssm_state_size``, ``mamba_*``; Jamba: ``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's
+delta attention (``linear_attn_config``) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["ATTENTION_LAYER_TYPES", "refuse_unpriced_architecture"]
+
+_GDN = "Gated DeltaNet linear-attention layers (Qwen3-Next, Qwen3.5 / 3.6)"
+_MAMBA = "Mamba-2 state-space layers (Nemotron-H, Nemotron 3, Jamba, Falcon-H1)"
+_MARKERS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "full_attention_interval",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        ),
+        _GDN,
+    ),
+    **dict.fromkeys(
+        (
+            "hybrid_override_pattern",
+            "ssm_state_size",
+            "mamba_num_heads",
+            "mamba_head_dim",
+            "mamba_d_state",
+            "mamba_d_ssm",
+            "attn_layer_period",
+        ),
+        _MAMBA,
+    ),
+    "linear_attn_config": "Kimi Delta Attention layers (Kimi Linear)",
+    "index_topk": "DeepSeek Sparse Attention's indexer (DeepSeek-V3.2)",
+}
+"""A key that only these architectures' configs carry -> what it defines."""
+
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
+"""``layer_types`` entries autotune prices (gpt-oss, Gemma 3, Llama 4); others name another token mixer."""
+
+
+def refuse_unpriced_architecture(cfg: dict[str, Any], where: str) -> None:
+    """One line naming the architecture a config defines and autotune does not price, if it does."""
+    for key, what in _MARKERS.items():
+        if key in cfg:
+            raise ConfigError(
+                f"{where}: key '{key}' defines {what}, which autotune does not price "
+                "(it plans softmax-attention models, dense or MoE)"
+            )
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
+        if other:
+            what = _GDN if "linear_attention" in other else f"layers of type {', '.join(other)}"
+            raise ConfigError(
+                f"{where}: key 'layer_types' lists {what}, which autotune does not price "
+                "(it plans softmax-attention models, dense or MoE)"
+            )
