@@ -1,5 +1,6 @@
 """Hugging Face ``config.json`` keys beyond the dense core: Mixture-of-Experts, MLA, explicit head widths,
-local attention, and the rule that every key is priced, known not to change the cost, or refused.
+local attention, and the rule that every key is priced, known not to change the cost, or refused
+(the key tables: ``autotune.modelkeys``).
 
 Key names and their meaning are those of transformers' ``configuration_*.py`` and the published config.json
 files: Mixtral (``num_local_experts``), Qwen2-MoE / Qwen3-MoE (``num_experts``, ``moe_intermediate_size``,
@@ -20,180 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.modelkeys import NEUTRAL_KEYS, PRICED_KEYS
 from autotune.modelrefusals import refuse_unpriced_architecture
 
-__all__ = ["PRICED_KEYS", "NEUTRAL_KEYS", "check_keys", "arch_fields", "is_gemma"]
+__all__ = ["check_keys", "arch_fields", "is_gemma"]
 
-PRICED_KEYS = frozenset(
-    {
-        "model_type",
-        "hidden_size",
-        "n_embd",
-        "num_hidden_layers",
-        "n_layer",
-        "num_attention_heads",
-        "n_head",
-        "num_key_value_heads",
-        "intermediate_size",
-        "n_inner",
-        "vocab_size",
-        "max_position_embeddings",
-        "n_positions",
-        "n_ctx",
-        "tie_word_embeddings",
-        "hidden_act",
-        "activation_function",
-        "hidden_activation",
-        "head_dim",
-        "attention_bias",
-        "num_local_experts",
-        "num_experts",
-        "n_routed_experts",
-        "num_experts_per_tok",
-        "experts_per_token",
-        "moe_intermediate_size",
-        "shared_expert_intermediate_size",
-        "n_shared_experts",
-        "first_k_dense_replace",
-        "moe_layer_freq",
-        "decoder_sparse_step",
-        "mlp_only_layers",
-        "moe_layers",
-        "interleave_moe_layer_step",
-        "intermediate_size_mlp",
-        "q_lora_rank",
-        "kv_lora_rank",
-        "qk_rope_head_dim",
-        "qk_nope_head_dim",
-        "v_head_dim",
-        "sliding_window",
-        "use_sliding_window",
-        "max_window_layers",
-        "layer_types",
-        "attention_chunk_size",
-        "no_rope_layers",
-        "sliding_window_pattern",
-        "source",
-        "num_nextn_predict_layers",  # ModelSpec.mtp_layers
-        "moe_num_experts",  # ERNIE 4.5's names (transformers Ernie4_5_MoeConfig)
-        "moe_k",
-        "moe_num_shared_experts",
-        "moe_layer_start_index",
-        "moe_layer_end_index",
-        "moe_layer_interval",
-        "use_bias",
-        # refused unless they leave the cost unchanged (``_REFUSED``):
-        "mlp_bias",
-        "text_config",
-        "vision_config",
-        "attention_dropout",
-        "hidden_dropout",
-        "dropout",
-        "resid_pdrop",
-        "embd_pdrop",
-        "attn_pdrop",
-    }
-)
-"""Keys that set the shape ``ModelSpec`` prices (or are refused when their value would need more)."""
-
-_POSITION = "position encoding variant: elementwise on Q/K, no parameters or GEMMs"
-_META = "metadata, token ids or inference settings: no effect on a training step"
-_ROUTING = "which experts a token picks, not how many (top-k is priced); balance is costmodel.moe's"
-_INIT = "numerics or initialisation only"
-_SCALAR = "a scalar or clamp inside a fused kernel: no GEMM, no saved tensor"
-NEUTRAL_KEYS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "rope_theta",
-            "rope_scaling",
-            "rope_parameters",
-            "rope_interleave",
-            "rope_local_base_freq",
-            "no_rope_layer_interval",
-            "initial_context_length",
-            "original_max_position_embeddings",  # Phi-3 / Phi-4 LongRoPE
-            "partial_rotary_factor",  # Phi, StableLM, GLM-4: RoPE on part of each head
-            "rotary_pct",  # GPT-NeoX's name for it
-            "rotary_emb_base",  # GPT-NeoX's rope_theta
-        ),
-        _POSITION,
-    ),
-    **dict.fromkeys(
-        ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range", "initializer_factor"),
-        _INIT,
-    ),
-    **dict.fromkeys(
-        (
-            "bos_token_id",
-            "eos_token_id",
-            "pad_token_id",
-            "torch_dtype",
-            "dtype",
-            "architectures",
-            "transformers_version",
-            "use_cache",
-            "auto_map",
-            "cache_implementation",
-            "_name_or_path",
-            "ep_size",
-            "pretraining_tp",
-            "summary_type",
-            "summary_use_proj",
-            "summary_activation",
-            "summary_proj_to_labels",
-            "summary_first_dropout",
-            "task_specific_params",
-        ),
-        _META,
-    ),
-    **dict.fromkeys(
-        (
-            "router_aux_loss_coef",
-            "output_router_logits",
-            "aux_loss_alpha",
-            "seq_aux",
-            "norm_topk_prob",
-            "routed_scaling_factor",
-            "scoring_func",
-            "topk_method",
-            "n_group",
-            "topk_group",
-            "router_jitter_noise",
-            "input_jitter_noise",  # PhiMoE: noise on the experts' input in training, elementwise
-            "moe_gate",  # ERNIE 4.5: "topk"
-            "moe_use_aux_free",  # ERNIE 4.5: a per-expert score bias instead of an auxiliary loss
-        ),
-        _ROUTING,
-    ),
-    **dict.fromkeys(
-        (
-            "attn_logit_softcapping",
-            "final_logit_softcapping",
-            "query_pre_attn_scalar",
-            "swiglu_limit",
-            "swiglu_alpha",
-            "attn_temperature_tuning",
-            "floor_scale",
-            "attn_scale",
-            "scale_attn_weights",
-            "scale_attn_by_inverse_layer_idx",
-            "reorder_and_upcast_attn",
-            "clip_qkv",  # OLMo: a clamp on the QKV output
-            "attention_multiplier",  # Granite's scalar multipliers
-            "embedding_multiplier",
-            "residual_multiplier",
-            "logits_scaling",
-            "logit_scale",  # Cohere
-            "moe_norm_min",  # ERNIE 4.5: the floor of the top-k weights' normaliser
-        ),
-        _SCALAR,
-    ),
-    "lm_head_bias": "a bias on the output head: vocab_size parameters (< 0.001 % of a model), no GEMM",
-    "use_qk_norm": "per-head RMSNorm on Q and K: 2 x head_dim parameters and elementwise work",
-    "quantization_config": "the checkpoint's storage format; training runs at the plan's --precision",
-    "moe_capacity": "the reference router's token capacity; autotune's is the plan's --moe-capacity-factor",
-}
-"""Keys that do not change a training step's compute or memory as autotune prices it, each with why."""
 
 _DROPOUT = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop")
 
@@ -225,6 +57,10 @@ def check_keys(cfg: dict[str, Any], where: str) -> None:
                 f"{where}: key '{key}' = {cfg[key]!r}: dropout masks are not priced "
                 "(activations.DROPOUT is off); set it to 0"
             )
+    if cfg.get("use_mtp") and cfg.get("mtp_transformer_layers", 1) != 1:
+        raise ConfigError(
+            f"{where}: key 'mtp_transformer_layers' must be 1 (one block per MTP module is priced)"
+        )
     for key in ("mlp_bias", "use_bias"):  # ERNIE's use_bias: a bias on every projection
         if cfg.get(key):
             raise ConfigError(f"{where}: key '{key}' = true is not priced; set it to false")
@@ -295,6 +131,7 @@ def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
     shared = (
         _int(cfg, "shared_expert_intermediate_size", where)
         or (_int(cfg, "n_shared_experts", where) or _int(cfg, "moe_num_shared_experts", where)) * expert_ffn
+        or _int(cfg, "shared_intermediate_size", where)
     )
     if str(cfg.get("model_type")) == "llama4_text":  # one shared expert as wide as a routed one
         shared = expert_ffn
@@ -372,6 +209,9 @@ def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         fields["attention_bias"] = cfg.get("attention_bias", True) is not False
     if str(cfg.get("model_type", "")) in ("gemma2", "gemma3_text"):
         fields["num_layer_norms"] = 4
-    if _int(cfg, "num_nextn_predict_layers", where):
-        fields["mtp_layers"] = _int(cfg, "num_nextn_predict_layers", where)
+    mtp = _int(cfg, "num_nextn_predict_layers", where) or (
+        _int(cfg, "num_mtp_modules", where) if cfg.get("use_mtp") else 0
+    )
+    if mtp:
+        fields["mtp_layers"] = mtp
     return fields

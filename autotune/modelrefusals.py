@@ -6,7 +6,8 @@ kernels: Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5 / 3.6: transformer
 ``linear_*`` and ``full_attention_interval``, or ``layer_types`` entries ``linear_attention``), Mamba-2
 state-space layers (Nemotron-H and Nemotron 3: ``NemotronHConfig`` ``hybrid_override_pattern``,
 ``ssm_state_size``, ``mamba_*``; Jamba: ``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's
-delta attention (``linear_attn_config``) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
+delta attention (``linear_attn_config``), MiniMax's lightning attention (``attn_type_list`` /
+``decoder_attention_types`` entries 0) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def refuse_unpriced_architecture(cfg: dict[str, Any], where: str) -> None:
             raise ConfigError(
                 f"{where}: key '{key}' defines {what}, which autotune does not price "
                 "(it plans softmax-attention models, dense or MoE)"
+            )
+    for key in ("attn_type_list", "decoder_attention_types"):  # MiniMax: 1 softmax, 0 lightning attention
+        if isinstance(cfg.get(key), list) and 0 in cfg[key]:
+            raise ConfigError(
+                f"{where}: key '{key}' lists lightning (linear) attention layers (MiniMax-Text-01, "
+                "MiniMax-M1), which autotune does not price (it plans softmax-attention models, dense or MoE)"
             )
     types = cfg.get("layer_types")
     if isinstance(types, list):

@@ -9,7 +9,7 @@ import yaml
 
 from autotune.catalog import load_model, model_from_dict
 from autotune.errors import ConfigError
-from autotune.modelconfig import NEUTRAL_KEYS, PRICED_KEYS
+from autotune.modelkeys import NEUTRAL_KEYS, PRICED_KEYS
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 PRESETS = yaml.safe_load((Path(__file__).parents[1] / "autotune" / "data" / "models.yaml").read_text())
@@ -111,6 +111,21 @@ def test_ernie45_reads_its_own_expert_keys():
     assert ernie.moe_layers == tuple(range(1, 28))
     assert 21 <= ernie.total_params / 1e9 < 22
     assert 3 <= (ernie.active_params - ernie.vocab_size * ernie.hidden_size) / 1e9 < 3.2
+
+
+def test_minimax_m2_reads_its_experts_and_mtp_modules():
+    """MiniMax-M2 (model card: 230B total, 10B active): 256 experts of ``intermediate_size`` on every layer,
+    top-8, no shared expert, softmax attention on every layer (``attn_type_list`` all 1), three MTP modules
+    (``use_mtp``, ``num_mtp_modules``) counted apart; its 10B leaves out both vocabulary matrices."""
+    m2 = load_model(str(CONFIGS / "minimax-m2.json"))
+    assert (m2.num_experts, m2.experts_per_token, len(m2.moe_layers), m2.mtp_layers) == (256, 8, 62, 3)
+    assert m2.total_params / 1e9 == pytest.approx(230, rel=0.01)
+    active = m2.active_params - 2 * m2.vocab_size * m2.hidden_size
+    assert active / 1e9 == pytest.approx(10, rel=0.03)
+    lightning = json.loads((CONFIGS / "minimax-m2.json").read_text())
+    lightning["attn_type_list"] = [0] * 7 + [1]  # MiniMax-M1's pattern
+    with pytest.raises(ConfigError, match="lightning"):
+        model_from_dict(lightning, name="m1")
 
 
 def test_dense_layers_of_each_rule():
