@@ -153,6 +153,11 @@ def format_estimate(est: Estimate) -> str:
         f" ({est.memory_bytes_per_gpu / est.memory_capacity_bytes:.0%});"
         f" allocated {gib(est.memory.needed_bytes)}"
     )
+    if est.feasible and est.memory_bytes_per_gpu > est.memory_capacity_bytes:
+        lines.append(
+            "  the allocated peak fits: torch's caching allocator frees its cached blocks and retries before "
+            "it runs out of memory"
+        )
     mem = est.memory.as_dict()
     for key, label in _MEMORY_ROWS:
         lines.append(f"  {label:<32} {mem[key] / _GIB:>9.2f} GiB")

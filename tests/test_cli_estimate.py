@@ -79,6 +79,20 @@ def test_human_output_shows_both_breakdowns(capsys):
         assert needle in text
 
 
+def test_a_reserved_peak_above_the_device_that_fits_allocated_says_why(capsys):
+    """Llama 3 8B at 256k under DeepSpeed-Ulysses CP 8: the reserved peak (with the allocator's slack) is
+    above the 80 GB, the allocated one below it, so the plan is feasible and the output says why; a plan
+    whose reserved peak fits has no such line."""
+    argv = ["estimate", "--model", "llama3-8b", "--gpus", "8", "--framework", "deepspeed", "--cp", "8"]
+    argv += ["--cp-comm", "a2a", "--sharding", "zero3", "--micro-batch", "1", "--global-batch", "8"]
+    assert main([*argv, "--seq-len", "262144", "--recompute", "full"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict   feasible" in text and "(105%)" in text
+    assert "the allocated peak fits: torch's caching allocator frees its cached blocks" in text
+    assert main([*argv, "--seq-len", "65536", "--recompute", "full"]) == 0
+    assert "the allocated peak fits" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
