@@ -22,6 +22,7 @@ from autotune.legalrules import (
     fp8_recipe_missing,
     hsdp_group_bad,
     interleave_bad,
+    linear_attention_broken,
     megatron_fsdp_bad,
     microbatch_broken,
     nothing_to_shard,
@@ -355,6 +356,8 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             "recompute-modules mla_up_proj needs a model with multi-latent attention "
             "(Megatron's transformer_config.py refuses it otherwise)"
         )
+    linear = linear_attention_broken(model, plan.tp, plan.cp, str(plan.recompute), plan.recompute_modules)
+    errors += [linear] if linear else []
     return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
 
 
@@ -367,7 +370,8 @@ def _mtp_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
     if plan.framework is not Framework.MEGATRON:
         return [
             f"{model.name} has {model.mtp_layers} multi-token prediction module(s) "
-            "(num_nextn_predict_layers), priced for Megatron (--mtp-num-layers): use --framework megatron, "
+            "(num_nextn_predict_layers / mtp_num_hidden_layers / num_mtp_modules), priced for Megatron "
+            "(--mtp-num-layers): use --framework megatron, "
             "or set it to 0 to plan the main model"
         ]
     if model.mtp_layers > 1 and plan.moe_a2a_overlap:

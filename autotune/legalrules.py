@@ -41,6 +41,7 @@ __all__ = [
     "capacity_broken",
     "store_dtype_broken",
     "ep_overlap_broken",
+    "linear_attention_broken",
 ]
 
 
@@ -259,3 +260,20 @@ def store_dtype_broken(fw: Framework, precision: Precision, custom: bool) -> str
     if fw is not Framework.FSDP:
         return "framework"
     return "fp16" if precision is Precision.FP16 else None
+
+
+def linear_attention_broken(
+    model: ModelSpec, tp: int, cp: int, recompute: str, modules: tuple[str, ...]
+) -> str:
+    """What a plan of a model with Gated DeltaNet layers asks that is not priced (empty when nothing): TP
+    must divide its key heads (Megatron-Core and transformers split them with the value heads); context
+    parallelism, selective recompute and recompute modules of those layers are not priced."""
+    if not model.num_linear_layers:
+        return ""
+    if model.linear_key_heads % tp:
+        return f"TP {tp} does not divide the Gated DeltaNet key heads {model.linear_key_heads}"
+    if cp > 1:
+        return "context parallelism of Gated DeltaNet layers is not priced; use --cp 1"
+    if recompute == "selective" or modules:
+        return "selective recompute of Gated DeltaNet layers is not priced; use --recompute none or full"
+    return ""

@@ -195,12 +195,50 @@ def _local_layers(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str,
     return {"attention_window": window, "num_local_layers": local} if local else {}
 
 
+def _linear_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
+    """Gated DeltaNet layers (transformers ``Qwen3NextConfig``: layer ``i`` is softmax attention when
+    ``(i + 1) % full_attention_interval == 0``, else linear; Qwen3.5 lists ``layer_types``) and their heads;
+    Qwen3-Next's softmax layers always gate their output, Qwen3.5's when ``attn_output_gate``."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        linear = sum(t == "linear_attention" for t in types)
+    elif "full_attention_interval" in cfg:
+        every = max(1, _int(cfg, "full_attention_interval", where, 1))
+        linear = num_layers - num_layers // every
+    else:
+        linear = 0
+    gate = bool(cfg.get("attn_output_gate", str(cfg.get("model_type", "")).startswith("qwen3_next")))
+    if not linear:
+        return {"attention_output_gate": True} if gate else {}
+    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+    fields = [_int(cfg, k, where) for k in (*keys, "linear_conv_kernel_dim")]
+    for key, value in zip(keys, fields, strict=False):
+        if not value:
+            raise ConfigError(f"{where}: Gated DeltaNet layers need key '{key}' > 0")
+    if fields[1] % fields[0]:
+        raise ConfigError(
+            f"{where}: 'linear_num_value_heads' {fields[1]} is not a multiple of "
+            f"'linear_num_key_heads' {fields[0]}"
+        )
+    return dict(
+        zip(
+            ("linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+            fields[:4],
+            strict=True,
+        ),
+        num_linear_layers=linear,
+        linear_conv_kernel=fields[4] or 4,
+        attention_output_gate=gate,
+    )
+
+
 def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
     """``ModelSpec`` keyword arguments beyond the dense core, read from ``cfg`` (keys already checked)."""
     fields: dict[str, Any] = {
         **_moe_fields(cfg, where, num_layers),
         **_mla_fields(cfg, where),
         **_local_layers(cfg, where, num_layers),
+        **_linear_fields(cfg, where, num_layers),
     }
     head_dim = _int(cfg, "head_dim", where)
     if head_dim and head_dim * _int(cfg, "num_attention_heads", where) != cfg["hidden_size"]:
@@ -209,8 +247,10 @@ def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         fields["attention_bias"] = cfg.get("attention_bias", True) is not False
     if str(cfg.get("model_type", "")) in ("gemma2", "gemma3_text"):
         fields["num_layer_norms"] = 4
-    mtp = _int(cfg, "num_nextn_predict_layers", where) or (
-        _int(cfg, "num_mtp_modules", where) if cfg.get("use_mtp") else 0
+    mtp = (
+        _int(cfg, "num_nextn_predict_layers", where)
+        or _int(cfg, "mtp_num_hidden_layers", where)
+        or (_int(cfg, "num_mtp_modules", where) if cfg.get("use_mtp") else 0)
     )
     if mtp:
         fields["mtp_layers"] = mtp

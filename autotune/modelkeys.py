@@ -65,6 +65,14 @@ PRICED_KEYS = frozenset(
         "moe_layer_end_index",
         "moe_layer_interval",
         "use_bias",
+        "full_attention_interval",  # Qwen3-Next: every N-th layer softmax, the others Gated DeltaNet
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+        "attn_output_gate",  # Qwen3.5: output-gated softmax attention (always on in Qwen3-Next)
+        "mtp_num_hidden_layers",  # Qwen3.5 / Qwen3-Next's MTP modules (ModelSpec.mtp_layers)
         "shared_intermediate_size",  # MiniMax-M2's names (MiniMaxM2Config): shared experts' width
         "attn_type_list",  # 1 = softmax attention on that layer (0, lightning attention, is refused)
         "use_mtp",

@@ -1,13 +1,12 @@
 """Architectures autotune does not price, recognised by the config keys that define them, so a user reads
 what is missing instead of being told to delete keys one by one (which would plan the wrong model).
 
-Token mixers other than softmax attention change a layer's parameters, FLOPs, saved activations and
-kernels: Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5 / 3.6: transformers ``Qwen3NextConfig``
-``linear_*`` and ``full_attention_interval``, or ``layer_types`` entries ``linear_attention``), Mamba-2
-state-space layers (Nemotron-H and Nemotron 3: ``NemotronHConfig`` ``hybrid_override_pattern``,
-``ssm_state_size``, ``mamba_*``; Jamba: ``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's
-delta attention (``linear_attn_config``), MiniMax's lightning attention (``attn_type_list`` /
-``decoder_attention_types`` entries 0) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
+Token mixers other than softmax attention and Gated DeltaNet (which ``modelshape`` prices) change a layer's
+parameters, FLOPs, saved activations and kernels: Mamba-2 state-space layers (Nemotron-H and Nemotron 3:
+``NemotronHConfig`` ``hybrid_override_pattern``, ``ssm_state_size``, ``mamba_*``; Jamba:
+``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's delta attention (``linear_attn_config``),
+MiniMax's lightning attention (``attn_type_list`` / ``decoder_attention_types`` entries 0) and
+DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
 """
 
 from __future__ import annotations
@@ -18,20 +17,9 @@ from autotune.errors import ConfigError
 
 __all__ = ["ATTENTION_LAYER_TYPES", "refuse_unpriced_architecture"]
 
-_GDN = "Gated DeltaNet linear-attention layers (Qwen3-Next, Qwen3.5 / 3.6)"
+_PLANS = "(it plans softmax-attention and Gated DeltaNet models, dense or MoE)"
 _MAMBA = "Mamba-2 state-space layers (Nemotron-H, Nemotron 3, Jamba, Falcon-H1)"
 _MARKERS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "full_attention_interval",
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_conv_kernel_dim",
-        ),
-        _GDN,
-    ),
     **dict.fromkeys(
         (
             "hybrid_override_pattern",
@@ -49,30 +37,29 @@ _MARKERS: dict[str, str] = {
 }
 """A key that only these architectures' configs carry -> what it defines."""
 
-ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention", "chunked_attention"})
-"""``layer_types`` entries autotune prices (gpt-oss, Gemma 3, Llama 4); others name another token mixer."""
+ATTENTION_LAYER_TYPES = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "linear_attention"}
+)
+"""``layer_types`` entries autotune prices (gpt-oss, Gemma 3, Llama 4; Qwen3.5's Gated DeltaNet layers);
+others name another token mixer."""
 
 
 def refuse_unpriced_architecture(cfg: dict[str, Any], where: str) -> None:
     """One line naming the architecture a config defines and autotune does not price, if it does."""
     for key, what in _MARKERS.items():
         if key in cfg:
-            raise ConfigError(
-                f"{where}: key '{key}' defines {what}, which autotune does not price "
-                "(it plans softmax-attention models, dense or MoE)"
-            )
+            raise ConfigError(f"{where}: key '{key}' defines {what}, which autotune does not price {_PLANS}")
     for key in ("attn_type_list", "decoder_attention_types"):  # MiniMax: 1 softmax, 0 lightning attention
         if isinstance(cfg.get(key), list) and 0 in cfg[key]:
             raise ConfigError(
                 f"{where}: key '{key}' lists lightning (linear) attention layers (MiniMax-Text-01, "
-                "MiniMax-M1), which autotune does not price (it plans softmax-attention models, dense or MoE)"
+                f"MiniMax-M1), which autotune does not price {_PLANS}"
             )
     types = cfg.get("layer_types")
     if isinstance(types, list):
         other = sorted({str(t) for t in types} - ATTENTION_LAYER_TYPES)
         if other:
-            what = _GDN if "linear_attention" in other else f"layers of type {', '.join(other)}"
             raise ConfigError(
-                f"{where}: key 'layer_types' lists {what}, which autotune does not price "
-                "(it plans softmax-attention models, dense or MoE)"
+                f"{where}: key 'layer_types' lists layers of type {', '.join(other)}, which autotune does "
+                f"not price {_PLANS}"
             )

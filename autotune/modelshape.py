@@ -13,6 +13,11 @@ Counts follow the modules as Hugging Face and Megatron-Core build them:
   ``h x E`` (+ E biases for gpt-oss), ``E`` routed experts of ``num_mlp_matrices x h x f_e`` (gpt-oss adds
   biases ``(m-1) f_e + h`` each), and shared experts of total width ``f_s`` that every token visits.
 - Each token runs its top-k routed experts and the shared ones: the active GEMM weights of a block.
+- Gated DeltaNet (transformers ``modeling_qwen3_next.py`` ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz``
+  ``h x (2 K + 2 V)`` (``K = n_k d_k``, ``V = n_v d_v``), ``in_proj_ba`` ``h x 2 n_v``, a depthwise causal
+  ``conv1d`` of ``2K + V`` channels without bias, ``dt_bias`` and ``A_log`` (``n_v`` each), a gated RMSNorm of
+  ``d_v``, ``out_proj`` ``V x h``. Output-gated softmax attention (``Qwen3NextAttention``) widens ``q_proj``
+  to ``2 H d`` (queries and the gate).
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ __all__ = [
     "attention_span_fraction",
     "qk_v_head_dims",
     "trial_model_gap",
+    "linear_widths",
+    "linear_activation_width",
+    "GDN_CHUNK",
+    "linear_weight_params",
+    "mixer_weight_params",
 ]
 
 
@@ -57,18 +67,81 @@ def attention_weight_params(model: ModelSpec) -> int:
         kv = h * (r_kv + model.qk_rope_head_dim) + r_kv * heads * (model.qk_nope_head_dim + v)
         return q + kv + heads * v * h
     q = heads * model.head_dim
-    return 2 * h * q + 2 * h * model.kv_hidden_size
+    gate = h * q if model.attention_output_gate else 0
+    return 2 * h * q + 2 * h * model.kv_hidden_size + gate
 
 
-def attention_activation_width(model: ModelSpec) -> int:
-    """Elements per token that the attention block saves for backward beyond its input: Q, K, V and the
-    output projection's input (``2h + 2kv`` for MHA/GQA, Korthikanti et al. 2022 Sec. 4.1); MLA also saves
-    its two normed latents (the inputs of ``q_b_proj`` and ``kv_b_proj``)."""
+def linear_widths(model: ModelSpec) -> tuple[int, int]:
+    """Gated DeltaNet's ``K = n_k d_k`` (queries and keys each) and ``V = n_v d_v`` (values, the gate ``z``
+    and the output) per token."""
+    return (
+        model.linear_key_heads * model.linear_key_head_dim,
+        model.linear_value_heads * model.linear_value_head_dim,
+    )
+
+
+def linear_weight_params(model: ModelSpec) -> int:
+    """Weight-matrix entries of one Gated DeltaNet layer's projections (module docstring); 0 without them."""
+    if not model.num_linear_layers:
+        return 0
+    k, v, h = *linear_widths(model), model.hidden_size
+    return h * (2 * k + 2 * v) + h * 2 * model.linear_value_heads + v * h
+
+
+def mixer_weight_params(model: ModelSpec) -> float:
+    """Token-mixer weight entries of a block, the mean over blocks: softmax attention and Gated DeltaNet by
+    their share of the layers."""
+    linear = model.num_linear_layers / model.num_layers
+    return (1.0 - linear) * attention_weight_params(model) + linear * linear_weight_params(model)
+
+
+def _linear_part_params(model: ModelSpec) -> int:
+    """A Gated DeltaNet block's mixer, its convolution and small vectors, and the block's norms."""
+    k, v = linear_widths(model)
+    conv = (2 * k + v) * model.linear_conv_kernel
+    return (
+        linear_weight_params(model)
+        + conv
+        + 2 * model.linear_value_heads
+        + model.linear_value_head_dim
+        + (_norm_params(model))
+    )
+
+
+GDN_CHUNK = 64
+"""Tokens per chunk of the chunked gated delta rule (FLA ``chunk_gated_delta_rule``, ``BT = 64``; Yang et
+al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", Sec. 3.3)."""
+
+
+def _softmax_activation_width(model: ModelSpec) -> int:
     heads = model.num_heads
     if model.uses_mla:
         qk, v = qk_v_head_dims(model)
         return model.q_lora_rank + model.kv_lora_rank + heads * (2 * qk + 2 * v)
-    return 2 * heads * model.head_dim + 2 * model.kv_hidden_size
+    gate = 2 * heads * model.head_dim if model.attention_output_gate else 0
+    return 2 * heads * model.head_dim + 2 * model.kv_hidden_size + gate
+
+
+def linear_activation_width(model: ModelSpec) -> int:
+    """Elements per token a Gated DeltaNet layer saves beyond its input (``Qwen3NextGatedDeltaNet.forward``
+    and FLA's ``ChunkGatedDeltaRuleFunction``): the convolution's input ``2K + V`` and its SiLU output (the
+    kernel's ``q, k, v``), ``z`` and the kernel output ``o`` (the gated norm's inputs), the norm output
+    (``out_proj``'s input), ``b, a`` and the kernel's fp32 decay ``g`` (two elements per value head each),
+    and its within-chunk matrix ``A`` (``GDN_CHUNK`` per value head)."""
+    k, v = linear_widths(model)
+    return 2 * (2 * k + v) + 3 * v + (4 + GDN_CHUNK) * model.linear_value_heads
+
+
+def attention_activation_width(model: ModelSpec) -> float:
+    """Elements per token that the token mixer saves for backward beyond its input, the mean over blocks:
+    Q, K, V and the output projection's input (``2h + 2kv`` for MHA/GQA, Korthikanti et al. 2022 Sec. 4.1);
+    MLA also saves its two normed latents (the inputs of ``q_b_proj`` and ``kv_b_proj``); an output gate its
+    pre-activation and the ungated output (``attn_output * sigmoid(gate)``); Gated DeltaNet layers
+    ``linear_activation_width``."""
+    softmax = _softmax_activation_width(model)
+    if not model.num_linear_layers:
+        return softmax
+    return model.softmax_share * softmax + (1.0 - model.softmax_share) * linear_activation_width(model)
 
 
 def _norm_params(model: ModelSpec) -> int:
@@ -116,8 +189,10 @@ def block_params_sum(model: ModelSpec) -> int:
     """Parameters of all transformer blocks (embeddings and the final norm excluded)."""
     num_moe = len(model.moe_layers)
     num_dense = model.num_layers - num_moe
+    linear = model.num_linear_layers
     return (
-        model.num_layers * _attention_part_params(model)
+        (model.num_layers - linear) * _attention_part_params(model)
+        + (linear * _linear_part_params(model) if linear else 0)
         + num_dense * (dense_mlp_params(model) + _gpt_biases(model))
         + num_moe * moe_mlp_params(model)
     )
@@ -146,7 +221,7 @@ def gemm_params_per_layer(model: ModelSpec) -> float:
         + m * h * model.shared_ffn_hidden_size
         + h * model.num_experts
     )
-    return attention_weight_params(model) + (dense + moe) / model.num_layers
+    return mixer_weight_params(model) + (dense + moe) / model.num_layers
 
 
 def active_ffn_per_layer(model: ModelSpec) -> float:
@@ -176,11 +251,13 @@ def trial_model_gap(model: ModelSpec) -> str | None:
     gaps = [
         (model.expert_bias, "expert biases"),
         (model.uses_mla, "multi-head latent attention"),
-        (bool(model.attention_head_dim), "an explicit head_dim"),
+        (bool(model.attention_head_dim), "explicit head widths (head_dim)"),
         (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
         (model.attention_bias, "attention biases"),
         (model.num_layer_norms != 2, "Gemma-2's four norms"),
         (bool(model.mtp_layers), "multi-token prediction modules"),
+        (bool(model.num_linear_layers), "Gated DeltaNet layers"),
+        (model.attention_output_gate, "output-gated attention"),
     ]
     missing = [what for present, what in gaps if present]
     return ", ".join(missing) or None

@@ -73,6 +73,12 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             attention_window=model.attention_window,
             chunked_attention=model.chunked_attention,
         )
+    if model.num_linear_layers:
+        info.update(
+            gated_deltanet_layers=model.num_linear_layers,
+            linear_heads=[model.linear_key_heads, model.linear_value_heads],
+            linear_head_dims=[model.linear_key_head_dim, model.linear_value_head_dim],
+        )
     if model.is_moe:
         info.update(
             num_experts=model.num_experts,

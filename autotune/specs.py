@@ -19,7 +19,8 @@ GIB = 1024**3
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer: dense (Llama, GPT, Gemma, Mistral) or Mixture-of-Experts (Mixtral,
-    Qwen3-MoE, DeepSeek-V3, Llama 4, gpt-oss), with GQA or multi-head latent attention (MLA). The fields
+    Qwen3-MoE, DeepSeek-V3, Llama 4, gpt-oss), with GQA or multi-head latent attention (MLA), some layers
+    Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5). The fields
     after ``bias`` default to a dense GQA model, so a dense spec reads as before; the per-part parameter
     arithmetic is ``autotune.modelshape``'s."""
 
@@ -77,6 +78,21 @@ class ModelSpec:
     """MLA: per-head query/key width without RoPE."""
     v_head_dim: int = 0
     """MLA: per-head value width."""
+    num_linear_layers: int = 0
+    """Layers whose token mixer is Gated DeltaNet linear attention (Yang et al., ICLR 2025; Qwen3-Next,
+    Qwen3.5 / 3.6), the others softmax attention; ``modelshape`` prices each kind per layer and takes the mean
+    over blocks, as for ``num_local_layers``."""
+    linear_key_heads: int = 0
+    """Gated DeltaNet: key (and query) heads, ``linear_num_key_heads``."""
+    linear_value_heads: int = 0
+    """Gated DeltaNet: value heads, ``linear_num_value_heads`` (queries and keys are repeated to them)."""
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    """Gated DeltaNet: width of the depthwise causal convolution over Q, K and V."""
+    attention_output_gate: bool = False
+    """The softmax-attention layers gate their output with a sigmoid of a second query-wide projection
+    (Qwen3-Next ``q_proj`` is ``2 x heads x head_dim`` wide; Megatron ``--attention-output-gate``)."""
     mtp_layers: int = 0
     """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; Hugging Face ``num_nextn_predict_layers``,
     Megatron ``--mtp-num-layers``): each one more block of the last layer's type on the last pipeline stage,
@@ -107,6 +123,11 @@ class ModelSpec:
     @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    @property
+    def softmax_share(self) -> float:
+        """Share of the blocks whose token mixer is softmax attention (1 without Gated DeltaNet layers)."""
+        return 1.0 - self.num_linear_layers / self.num_layers
 
     @cached_property
     def params_per_layer(self) -> float:

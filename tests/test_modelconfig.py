@@ -1,6 +1,7 @@
 """Models as published: MoE / MLA / GeGLU / head_dim / sliding windows read from config.json, parameter counts
 against the published totals, and every config key priced, known not to matter, or refused."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -181,9 +182,7 @@ def test_unpriceable_keys_are_refused_in_one_line(change, message):
 
 @pytest.mark.parametrize(
     ("change", "names"),
-    [  # marker keys of Qwen3-Next's and Nemotron 3 Nano's config.json; Qwen3.5 lists its layers by type
-        ({"full_attention_interval": 4, "linear_num_value_heads": 32}, "Gated DeltaNet"),
-        ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "Gated DeltaNet"),
+    [  # marker keys of Nemotron 3 Nano's and DeepSeek-V3.2's config.json
         ({"hybrid_override_pattern": "MEMEM*E", "ssm_state_size": 128, "chunk_size": 128}, "Mamba-2"),
         ({"index_topk": 2048, "index_n_heads": 64}, "DeepSeek Sparse Attention"),
         ({"layer_types": ["full_attention", "conv"]}, "layers of type conv"),
@@ -195,6 +194,38 @@ def test_other_token_mixers_are_named_in_the_refusal(change, names):
     with pytest.raises(ConfigError, match=names) as err:
         model_from_dict({**PRESETS["qwen3-30b-a3b"], **change}, name="q")
     assert "\n" not in str(err.value)
+
+
+def test_qwen3_next_reads_its_gated_deltanet_layers():
+    """Qwen3-Next-80B-A3B (model card: 80B total, 3B activated): Gated DeltaNet on 3 of every 4 layers
+    (``full_attention_interval`` 4), 16 key / 32 value heads of 128, output-gated softmax attention on the
+    others, 512 experts top-10 plus a shared one; its 3B leaves out both vocabulary matrices."""
+    q = load_model(str(CONFIGS / "qwen3-next-80b-a3b.json"))
+    assert (q.num_linear_layers, q.linear_key_heads, q.linear_value_heads, q.attention_output_gate) == (
+        36,
+        16,
+        32,
+        True,
+    )
+    assert q.total_params / 1e9 == pytest.approx(80, rel=0.01)
+    assert 3.0 <= (q.active_params - 2 * q.vocab_size * q.hidden_size) / 1e9 < 3.5
+
+
+def test_qwen35_lists_its_layers_by_type_and_counts_its_mtp_module():
+    """Qwen3.5's text config: ``layer_types`` instead of an interval, ``attn_output_gate`` and
+    ``mtp_num_hidden_layers``; the same shape read either way prices alike."""
+    nxt = json.loads((CONFIGS / "qwen3-next-80b-a3b.json").read_text())
+    interval = nxt.pop("full_attention_interval")
+    types = ["linear_attention"] * (interval - 1) + ["full_attention"]
+    q35 = {**nxt, "model_type": "qwen3_5_moe_text", "layer_types": types * 12, "attn_output_gate": True}
+    a, b = (
+        model_from_dict({**nxt, "full_attention_interval": interval}, name="n"),
+        model_from_dict(q35, name="n"),
+    )
+    assert dataclasses.asdict(a) == dataclasses.asdict(b)
+    assert model_from_dict({**q35, "mtp_num_hidden_layers": 1}, name="n").mtp_layers == 1
+    with pytest.raises(ConfigError, match="linear_num_key_heads"):
+        model_from_dict({**q35, "linear_num_key_heads": 0}, name="n")
 
 
 def test_attention_layer_types_still_read():

@@ -28,6 +28,7 @@ __all__ = [
     "op_sac_recompute_s",
     "eager_loss_extra_bytes_per_vocab",
     "ring_noncausal_speedup",
+    "linear_attention_s",
 ]
 
 FLASH_BWD_SLOWDOWN = {"h100-sxm": 1.6, "h100-pcie": 1.6, "h200": 1.6, "cpu": 1.2}
@@ -68,7 +69,7 @@ def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: Pa
     if plan.framework is not Framework.FSDP or cluster.gpu.host.op_overhead_s > 0:
         return 0.0
     h, kv, f, tp = model.hidden_size, model.kv_hidden_size, model.ffn_hidden_size, plan.tp
-    rope = EAGER_ROPE_BYTES * (h + kv) / tp
+    rope = EAGER_ROPE_BYTES * (h + kv) / tp * model.softmax_share  # Gated DeltaNet layers have no RoPE
     if plan.compile:
         return rope
     norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
@@ -224,7 +225,10 @@ def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) ->
     h, tp = model.hidden_size, plan.tp
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
-    q_width = model.num_heads * qk_v_head_dims(model)[1]
+    q_width = (
+        model.num_heads * qk_v_head_dims(model)[1] * model.softmax_share
+    )  # the output projections' input
+    q_width += modelshape.linear_widths(model)[1] * (1.0 - model.softmax_share)
     dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_ffn_per_layer(model)
     inputs = col_rows * 2 * h + tokens * (q_width + dense_ffn) / tp
     routed = sum(g.m * g.k * g.count for g in shapes[-2:]) if model.is_moe else 0.0
@@ -289,11 +293,25 @@ def attention_s(
     work = tokens * flops.attention_flops_per_token(model, plan.seq_len, causal_fraction=causal) / plan.tp
     kernel = kernel or default_attention_kernel(cluster)
     rates = kernels.attention_rates(gpu, kernel, plan.seq_len / plan.cp, head_dims=qk_v_head_dims(model))
-    if rates is not None and flash:
-        fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp, gpu, plan.seq_len / plan.cp)
-        return work / (rates[0] * fwd_x), 2 * work / (rates[1] * bwd_x)
     half = gpu.bf16_flops or gpu.fp16_flops or gpu.fp32_flops or 1.0
     peak = half if str(plan.precision) == "fp8" else (gpu.peak_flops(str(plan.precision)) or half)
-    fwd = work / (peak * gpu.gemm_efficiency * kernels.clock_factor(gpu))
+    tensor_rate = peak * gpu.gemm_efficiency * kernels.clock_factor(gpu)
+    lin = linear_attention_s(model, cluster, tokens / plan.tp, tensor_rate)
+    if rates is not None and flash:
+        fwd_x, bwd_x = ring_noncausal_speedup(kernel, plan.cp, gpu, plan.seq_len / plan.cp)
+        return work / (rates[0] * fwd_x) + lin, 2 * work / (rates[1] * bwd_x) + 2 * lin
+    fwd = work / tensor_rate
     slowdown = FLASH_BWD_SLOWDOWN.get(gpu.key, FLASH_BWD_SLOWDOWN_DEFAULT) if flash else 1.0
-    return fwd, 2 * slowdown * fwd
+    return fwd + lin, 2 * slowdown * fwd + 2 * lin
+
+
+def linear_attention_s(model: ModelSpec, cluster: ClusterSpec, tokens: float, tensor_rate: float) -> float:
+    """Forward seconds of the mean block's chunked gated delta rule for ``tokens`` tokens of this rank (heads
+    split over TP): the slower of its FLOPs (``flops.linear_attention_flops_per_token``) at the GPU's GEMM
+    rate and its bytes (``flops.linear_attention_bytes_per_token``) at HBM speed; the backward is priced at
+    twice it. **Not measured**: FLA's Triton kernels were not timed on a GPU here; at Qwen3-Next's shapes the
+    bytes bind (about 1 ns per token and value head on an H100)."""
+    work = tokens * flops.linear_attention_flops_per_token(model)
+    if not work:
+        return 0.0
+    return max(work / tensor_rate, tokens * flops.linear_attention_bytes_per_token(model) / hbm_rate(cluster))

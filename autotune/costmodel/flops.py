@@ -38,6 +38,8 @@ __all__ = [
     "score_bytes_per_token",
     "LOGITS_BYTES_PER_VOCAB",
     "layer_gemm_shapes",
+    "linear_attention_flops_per_token",
+    "linear_attention_bytes_per_token",
 ]
 
 CAUSAL_ATTENTION_FRACTION = 0.5
@@ -75,7 +77,35 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal_fraction
     each visits (sliding-window and chunked layers: ``modelshape.attention_span_fraction``)."""
     qk, v = modelshape.qk_v_head_dims(model)
     span = modelshape.attention_span_fraction(model, seq_len, causal_fraction)
-    return 2.0 * seq_len * model.num_heads * (qk + v) * span
+    return 2.0 * seq_len * model.num_heads * (qk + v) * span * model.softmax_share
+
+
+def linear_attention_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of the chunked gated delta rule per token, the mean over blocks (0 without Gated
+    DeltaNet layers). Per chunk of ``C`` tokens and value head (Yang et al. 2024, "Parallelizing Linear
+    Transformers with the Delta Rule over Sequence Length", Sec. 3.3, with the gates of Gated DeltaNet, Yang
+    et al. ICLR 2025 Sec. 3): ``K K^T``, ``Q K^T`` and ``W = T K`` (``2 C^2 d_k`` each), ``U = T V`` and the
+    intra-chunk product with ``U - W S`` (``2 C^2 d_v`` each), the triangular solve for ``T``
+    (``2 C^3 / 3``), and ``W S``, ``Q S`` and the state update ``K^T (U - W S)`` (``2 C d_k d_v`` each);
+    queries and keys are repeated to the value heads (``repeat_interleave``), so per token
+    ``n_v (6 C d_k + 4 C d_v + 2 C^2 / 3 + 6 d_k d_v)``, ``C = modelshape.GDN_CHUNK``."""
+    if not model.num_linear_layers:
+        return 0.0
+    c, dk, dv = modelshape.GDN_CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
+    per_head = 6 * c * dk + 4 * c * dv + 2 * c * c / 3 + 6 * dk * dv
+    return model.linear_value_heads * per_head * (1.0 - model.softmax_share)
+
+
+def linear_attention_bytes_per_token(model: ModelSpec) -> float:
+    """Forward HBM bytes per token of the chunked gated delta rule's kernels, the mean over blocks: per value
+    head they read ``q, k, v`` and write ``o`` (16-bit), write and read back ``w`` and ``u`` (``d_k + d_v``,
+    FLA ``recompute_w_u_fwd``) and the 16-bit chunk states ``h`` (``d_k d_v`` per chunk, written by
+    ``chunk_gated_delta_rule_fwd_h``, read by ``chunk_fwd_o``)."""
+    if not model.num_linear_layers:
+        return 0.0
+    c, dk, dv = modelshape.GDN_CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
+    per_head = 2.0 * (2 * dk + 2 * dv) + 4.0 * (dk + dv) + 4.0 * dk * dv / c
+    return model.linear_value_heads * per_head * (1.0 - model.softmax_share)
 
 
 def lm_head_flops_per_token(model: ModelSpec) -> float:
@@ -89,7 +119,11 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     multi-token prediction module adds a block (the mean block), its ``eh_proj`` (``2 x 2h x h``) and a head
     pass, as Megatron counts them (``megatron/training/training.py`` ``num_floating_point_operations``:
     ``mtp_num_layers`` more layers, "MTP eh proj", logits x ``(mtp_num_layers + 1)``)."""
-    per_layer = layer_gemm_flops_per_token(model) + attention_flops_per_token(model, seq_len)
+    per_layer = (
+        layer_gemm_flops_per_token(model)
+        + attention_flops_per_token(model, seq_len)
+        + linear_attention_flops_per_token(model)
+    )
     mtp = model.mtp_layers * (per_layer + 4.0 * model.hidden_size**2 + lm_head_flops_per_token(model))
     return 3.0 * (model.num_layers * per_layer + lm_head_flops_per_token(model) + mtp)
 
@@ -101,8 +135,10 @@ def recompute_flops_per_token(
     ``full`` repeats every block's forward (not the LM head); ``selective`` only the attention core
     (``QK^T``, softmax, ``PV``); ``none`` nothing."""
     if recompute == "full":
-        per_layer = layer_gemm_flops_per_token(model) + attention_flops_per_token(
-            model, seq_len, causal_fraction=causal_fraction
+        per_layer = (
+            layer_gemm_flops_per_token(model)
+            + attention_flops_per_token(model, seq_len, causal_fraction=causal_fraction)
+            + linear_attention_flops_per_token(model)
         )
     elif recompute == "selective":
         per_layer = attention_flops_per_token(model, seq_len, causal_fraction=causal_fraction)
@@ -128,13 +164,25 @@ def elementwise_bytes_per_token(model: ModelSpec, *, tp: int = 1, sequence_paral
     """Forward HBM bytes per token of one block's memory-bound kernels on one TP rank, attention scores
     excluded (``score_bytes_per_token``): norms and residual adds on ``h`` (split over TP only with sequence
     parallelism: Korthikanti Sec. 4.2.2), and the MLP activation on the ``ffn/tp`` slice (GELU: read + write;
-    SwiGLU: read two, write one)."""
+    SwiGLU: read two, write one), and Gated DeltaNet's convolution and gated norm.
+    """
     h_passes = NORM_RESIDUAL_PASSES / (tp if sequence_parallel else 1)
     act_passes = 3 if model.gated_mlp else 2
     ffn = modelshape.active_ffn_per_layer(model)
     # MoE: permute and unpermute read and write the top-k token copies (Megatron moe_utils.py permute)
     permute = 4 * modelshape.routed_width_per_layer(model) / tp
-    return 2.0 * (h_passes * model.hidden_size + act_passes * ffn / tp + permute)
+    linear = _linear_elementwise_width(model) / tp
+    return 2.0 * (h_passes * model.hidden_size + act_passes * ffn / tp + permute + linear)
+
+
+def _linear_elementwise_width(model: ModelSpec) -> float:
+    """Gated DeltaNet's memory-bound kernels per token, the mean over blocks: the causal convolution with
+    its SiLU reads and writes ``2K + V`` (``causal_conv1d_fn``), the gated RMSNorm reads ``o`` and ``z`` and
+    writes ``V`` (the L2 norms of ``q`` and ``k`` run inside the delta-rule kernel)."""
+    if not model.num_linear_layers:
+        return 0.0
+    k, v = modelshape.linear_widths(model)
+    return (2 * (2 * k + v) + 3 * v) * (1.0 - model.softmax_share)
 
 
 def score_bytes_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1) -> float:

@@ -10,6 +10,9 @@ layer's two backward GEMMs have the same intensity). ``m`` is rows (tokens), ``n
   Sec. 2.1.2; Megatron-Core ``multi_latent_attention.py``): the down projections ``linear_q_down_proj`` /
   ``linear_kv_down_proj`` are duplicated on every TP rank, the up projections column-parallel, ``O``
   row-parallel.
+- Gated DeltaNet (``modelshape``): ``in_proj_qkvz`` / ``in_proj_ba`` column-parallel, ``out_proj``
+  row-parallel (Megatron-Core splits its heads over TP as attention's), by their share of the layers;
+  output-gated softmax attention widens ``Q`` by the gate.
 - Dense MLP: ``gate/up`` column-parallel (fused in Megatron/TE ``linear_fc1``), ``down`` row-parallel.
 - MoE MLP (Megatron-Core ``moe_layer.py``, ``experts.py`` ``GroupedMLP``/``TEGroupedMLP``; torchtitan
   ``moe.py`` grouped experts): the router ``h x E`` on the rank's sequence shard, shared experts split over
@@ -26,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from autotune import modelshape
 from autotune.costmodel import moe
 from autotune.modelshape import qk_v_head_dims
 from autotune.plan import Framework, ParallelPlan
@@ -59,12 +63,37 @@ def _attention(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Ge
         kv_up = heads * (model.qk_nope_head_dim + v) / tp
         return q + [Gemm(tokens, r_kv + rope, h), Gemm(tokens, kv_up, r_kv), Gemm(tokens, h, heads * v / tp)]
     q_width, kv = heads * model.head_dim, model.kv_hidden_size
+    q_proj = 2 * q_width if model.attention_output_gate else q_width  # queries and the output gate
     front = (
-        [Gemm(tokens, (q_width + 2 * kv) / tp, h)]
+        [Gemm(tokens, (q_proj + 2 * kv) / tp, h)]
         if fused
-        else [Gemm(tokens, q_width / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)]
+        else [Gemm(tokens, q_proj / tp, h), Gemm(tokens, kv / tp, h), Gemm(tokens, kv / tp, h)]
     )
     return front + [Gemm(tokens, h, q_width / tp)]
+
+
+def _linear_attention(model: ModelSpec, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:
+    """A Gated DeltaNet layer's projections (``modelshape`` docstring), heads split over TP: ``in_proj_qkvz``
+    and ``in_proj_ba`` (one GEMM where the framework fuses its input projections), ``out_proj``."""
+    k, v = modelshape.linear_widths(model)
+    h, ba = model.hidden_size, 2 * model.linear_value_heads
+    front = (
+        [Gemm(tokens, (2 * k + 2 * v + ba) / tp, h, share)]
+        if fused
+        else [Gemm(tokens, (2 * k + 2 * v) / tp, h, share), Gemm(tokens, ba / tp, h, share)]
+    )
+    return front + [Gemm(tokens, h, v / tp, share)]
+
+
+def _mixers(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Gemm]:
+    """The token mixers' GEMMs of the mean block: softmax attention and Gated DeltaNet by their shares."""
+    softmax = _attention(model, tp, tokens, fused)
+    if not model.num_linear_layers:
+        return softmax
+    share = model.softmax_share
+    return [g._replace(count=share) for g in softmax] + _linear_attention(
+        model, tp, tokens, fused, 1.0 - share
+    )
 
 
 def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:
@@ -94,7 +123,7 @@ def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: b
     docstring); their FLOPs sum to ``flops.layer_gemm_flops_per_token x tokens / tp`` up to the duplicated
     MLA down projections and the expert tile rounding."""
     h, tp, up = model.hidden_size, plan.tp, model.num_mlp_matrices - 1
-    gemms = _attention(model, tp, tokens, fused)
+    gemms = _mixers(model, tp, tokens, fused)
     num_moe = len(model.moe_layers) if model.is_moe else 0
     moe_share = num_moe / model.num_layers
     gemms += _mlp(h, model.ffn_hidden_size, up, tp, tokens, fused, 1.0 - moe_share)

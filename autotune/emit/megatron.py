@@ -12,7 +12,8 @@ MoE models get Megatron-Core's MoE flags (``--num-experts``, ``--moe-router-topk
 shared experts, ``--moe-layer-freq`` as a Python list expression for dense first layers, grouped GEMM and the
 dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's DeepEP / HybridEP backend) and
 EP/ETP degrees; MLA models ``--multi-latent-attention`` with
-their ranks (``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE part). Not emitted:
+their ranks (``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE part); Gated DeltaNet
+models ``--experimental-attention-variant gated_delta_net`` with their heads (``_gdn_args``). Not emitted:
 sliding-window / chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
 Beyond the layout, ``_overlap_args`` / ``priced_args`` / ``megatron_env`` emit what the cost model assumes and
 Megatron does not do by default: the DP/TP overlaps of the plan, no dropout, and (TP or CP > 1)
@@ -94,7 +95,33 @@ def _model_args(
         args.append(["--kv-channels", str(model.attention_head_dim)])
     if model.mtp_layers:  # multi-token prediction (costmodel/mtp.py); its loss weight is the user's
         args.append(["--mtp-num-layers", str(model.mtp_layers)])
-    return args + _mla_args(model) + _moe_args(model, dispatcher)
+    if model.attention_output_gate:
+        args.append(["--attention-output-gate"])
+    return args + _gdn_args(model) + _mla_args(model) + _moe_args(model, dispatcher)
+
+
+def _gdn_args(model: ModelSpec) -> list[list[str]]:
+    """Gated DeltaNet layers (megatron-core ``TransformerConfig.experimental_attention_variant``
+    ``gated_delta_net``): ``--linear-attention-freq N`` puts softmax attention on every N-th layer, as
+    Qwen3-Next's ``full_attention_interval`` (``get_linear_attention_pattern``)."""
+    linear, layers = model.num_linear_layers, model.num_layers
+    if not linear:
+        return []
+    every = layers // (layers - linear) if linear < layers else 0
+    if not every or layers - layers // every != linear:
+        raise ConfigError(
+            f"{model.name}: its {linear} Gated DeltaNet layers of {layers} do not leave softmax attention on "
+            "every N-th layer; write Megatron's --linear-attention-freq as the per-layer list by hand"
+        )
+    return [
+        ["--experimental-attention-variant", "gated_delta_net"],
+        ["--linear-attention-freq", str(every)],
+        ["--linear-conv-kernel-dim", str(model.linear_conv_kernel)],
+        ["--linear-key-head-dim", str(model.linear_key_head_dim)],
+        ["--linear-value-head-dim", str(model.linear_value_head_dim)],
+        ["--linear-num-key-heads", str(model.linear_key_heads)],
+        ["--linear-num-value-heads", str(model.linear_value_heads)],
+    ]
 
 
 def _mla_args(model: ModelSpec) -> list[list[str]]:

@@ -87,6 +87,18 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
         )
     if model.mtp_layers:  # DeepSeek-V3 / GLM-4.5 multi-token prediction modules (``costmodel.mtp``)
         cfg["num_nextn_predict_layers"] = model.mtp_layers
+    if model.attention_output_gate:
+        cfg["attn_output_gate"] = True
+    linear = model.num_linear_layers
+    if linear:  # Qwen3.5's way: the layers by type (``modelconfig._linear_fields``)
+        cfg.update(
+            linear_num_key_heads=model.linear_key_heads,
+            linear_num_value_heads=model.linear_value_heads,
+            linear_key_head_dim=model.linear_key_head_dim,
+            linear_value_head_dim=model.linear_value_head_dim,
+            linear_conv_kernel_dim=model.linear_conv_kernel,
+            layer_types=["linear_attention"] * linear + ["full_attention"] * (model.num_layers - linear),
+        )
     local = model.num_local_layers
     if model.chunked_attention:
         cfg.update(
@@ -95,10 +107,12 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
             no_rope_layers=[1] * local + [0] * (model.num_layers - local),
         )
     elif local and model.attention_window:
-        full = model.num_layers - local
+        full = model.num_layers - local - linear
         cfg.update(
             sliding_window=model.attention_window,
-            layer_types=["sliding_attention"] * local + ["full_attention"] * full,
+            layer_types=["linear_attention"] * linear
+            + ["sliding_attention"] * local
+            + ["full_attention"] * full,
         )
     return cfg
 

@@ -53,6 +53,7 @@ __all__ = [
     "to_torchtitan_config",
     "dumps_toml",
     "torchtitan_flavor",
+    "torchtitan_model_unsupported",
     "torchtitan_model",
 ]
 
@@ -109,6 +110,13 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     if plan.loss_kernel is not LossKernel.FP32 and not compiled:
         reasons.append("torchtitan's cross-entropy upcasts the logits to fp32 (components/loss.py)")
     return reasons
+
+
+def torchtitan_model_unsupported(model: ModelSpec) -> list[str]:
+    """Why torchtitan 0.2.2 has no model for ``model``'s architecture; [] when it has."""
+    if model.num_linear_layers:
+        return ["torchtitan 0.2.2 has no Gated DeltaNet model (its models: llama3, qwen3, deepseek_v3, ...)"]
+    return []
 
 
 def _dp_degrees(plan: ParallelPlan) -> tuple[int, int]:

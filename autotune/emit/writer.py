@@ -27,7 +27,12 @@ from autotune.emit.megatron import megatron_args_text, megatron_unsupported
 from autotune.emit.planfile import plan_document
 from autotune.emit.summary import render_summary
 from autotune.emit.torchrun import torchrun_args_text, trainer_unsupported
-from autotune.emit.torchtitan import dumps_toml, to_torchtitan_config, torchtitan_unsupported
+from autotune.emit.torchtitan import (
+    dumps_toml,
+    to_torchtitan_config,
+    torchtitan_model_unsupported,
+    torchtitan_unsupported,
+)
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
 from autotune.specs import ClusterSpec, ModelSpec
@@ -52,6 +57,8 @@ class _Artefact:
     what: str
     render: Callable[[_Context], str]
     unsupported: Callable[[ParallelPlan], list[str]] = lambda plan: []
+    model_unsupported: Callable[[ModelSpec], list[str]] = lambda model: []
+    """Why the framework cannot build the model itself (the plan aside); [] when it can."""
     executable: bool = False
 
 
@@ -131,6 +138,7 @@ _ARTEFACTS = (
             header=f"torchtitan keys for: {launchers.plan_line(c.plan)}",
         ),
         unsupported=torchtitan_unsupported,
+        model_unsupported=torchtitan_model_unsupported,
     ),
     _Artefact(
         name="megatron_args.txt",
@@ -186,7 +194,7 @@ def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[
     contents: dict[str, tuple[str, bool]] = {}
     skipped: list[tuple[str, list[str]]] = []
     for art in _ARTEFACTS:
-        reasons = art.unsupported(ctx.plan)
+        reasons = art.unsupported(ctx.plan) + art.model_unsupported(ctx.model)
         if reasons:
             skipped.append((art.name, reasons))
         else:

@@ -51,6 +51,11 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "qk-pos-emb-head-dim",
         "v-head-dim",
         "mtp-num-layers",
+        "linear-conv-kernel-dim",
+        "linear-key-head-dim",
+        "linear-value-head-dim",
+        "linear-num-key-heads",
+        "linear-num-value-heads",
     ):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--pipeline-model-parallel-layout")
@@ -77,6 +82,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "overlap-moe-expert-parallel-comm",
         "delay-wgrad-compute",
         "fine-grained-activation-offloading",
+        "attention-output-gate",
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--recompute-modules", nargs="*", type=str)
@@ -96,6 +102,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe-expert-capacity-factor", type=float)
     p.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
     p.add_argument("--moe-layer-freq", type=_moe_freq_type, default=1)
+    p.add_argument("--experimental-attention-variant", choices=["gated_delta_net", "dsa"])
+    p.add_argument("--linear-attention-freq", type=_moe_freq_type)
     return p
 
 
@@ -191,6 +199,23 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
         flex = str(plan.moe_dispatcher) not in ("alltoall", "allgather")
         assert (a.moe_token_dispatcher_type, a.moe_flex_dispatcher_backend) == (
             ("flex", str(plan.moe_dispatcher)) if flex else (str(plan.moe_dispatcher), None)
+        )
+    assert a.attention_output_gate == model.attention_output_gate
+    if model.num_linear_layers:  # Megatron's get_linear_attention_pattern: softmax on every N-th layer
+        assert a.experimental_attention_variant == "gated_delta_net"
+        linear = [(i + 1) % a.linear_attention_freq != 0 for i in range(model.num_layers)]
+        assert sum(linear) == model.num_linear_layers
+        heads = (
+            a.linear_num_key_heads,
+            a.linear_num_value_heads,
+            a.linear_key_head_dim,
+            a.linear_value_head_dim,
+        )
+        assert heads == (
+            model.linear_key_heads,
+            model.linear_value_heads,
+            model.linear_key_head_dim,
+            model.linear_value_head_dim,
         )
     if model.is_moe:
         freq = a.moe_layer_freq
