@@ -356,7 +356,10 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             "recompute-modules mla_up_proj needs a model with multi-latent attention "
             "(Megatron's transformer_config.py refuses it otherwise)"
         )
-    linear = linear_attention_broken(model, plan.tp, plan.cp, str(plan.recompute), plan.recompute_modules)
+    autotp = plan.framework is Framework.DEEPSPEED and plan.tp > 1
+    linear = linear_attention_broken(
+        model, plan.tp, plan.cp, str(plan.recompute), plan.recompute_modules, autotp
+    )
     errors += [linear] if linear else []
     return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
 

@@ -263,15 +263,18 @@ def store_dtype_broken(fw: Framework, precision: Precision, custom: bool) -> str
 
 
 def linear_attention_broken(
-    model: ModelSpec, tp: int, cp: int, recompute: str, modules: tuple[str, ...]
+    model: ModelSpec, tp: int, cp: int, recompute: str, modules: tuple[str, ...], autotp: bool = False
 ) -> str:
     """What a plan of a model with Gated DeltaNet layers asks that is not priced (empty when nothing): TP
-    must divide its key heads (Megatron-Core and transformers split them with the value heads); context
-    parallelism, selective recompute and recompute modules of those layers are not priced."""
+    must divide its key heads (Megatron-Core and transformers split them with the value heads), and
+    DeepSpeed's AutoTP, which splits each linear by its columns, does not know the fused ``in_proj_qkvz``
+    groups; context parallelism, selective recompute and recompute modules of those layers are not priced."""
     if not model.num_linear_layers:
         return ""
     if model.linear_key_heads % tp:
         return f"TP {tp} does not divide the Gated DeltaNet key heads {model.linear_key_heads}"
+    if autotp:
+        return "DeepSpeed AutoTP of Gated DeltaNet layers is not priced; use --tp 1 or --framework megatron"
     if cp > 1:
         return "context parallelism of Gated DeltaNet layers is not priced; use --cp 1"
     if recompute == "selective" or modules:
