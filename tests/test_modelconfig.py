@@ -201,6 +201,10 @@ def test_qwen3_next_reads_its_gated_deltanet_layers():
     (``full_attention_interval`` 4), 16 key / 32 value heads of 128, output-gated softmax attention on the
     others, 512 experts top-10 plus a shared one; its 3B leaves out both vocabulary matrices."""
     q = load_model(str(CONFIGS / "qwen3-next-80b-a3b.json"))
+    assert dataclasses.asdict(load_model("qwen3-next-80b-a3b")) == {
+        **dataclasses.asdict(q),
+        "name": "qwen3-next-80b-a3b",
+    }  # the preset is the config
     assert (q.num_linear_layers, q.linear_key_heads, q.linear_value_heads, q.attention_output_gate) == (
         36,
         16,
