@@ -99,13 +99,8 @@ def _linear_part_params(model: ModelSpec) -> int:
     """A Gated DeltaNet block's mixer, its convolution and small vectors, and the block's norms."""
     k, v = linear_widths(model)
     conv = (2 * k + v) * model.linear_conv_kernel
-    return (
-        linear_weight_params(model)
-        + conv
-        + 2 * model.linear_value_heads
-        + model.linear_value_head_dim
-        + (_norm_params(model))
-    )
+    vectors = 2 * model.linear_value_heads + model.linear_value_head_dim  # dt_bias, A_log; the norm's weight
+    return linear_weight_params(model) + conv + vectors + _norm_params(model)
 
 
 GDN_CHUNK = 64
