@@ -210,26 +210,23 @@ def _linear_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str
     gate = bool(cfg.get("attn_output_gate", str(cfg.get("model_type", "")).startswith("qwen3_next")))
     if not linear:
         return {"attention_output_gate": True} if gate else {}
-    keys = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
-    fields = [_int(cfg, k, where) for k in (*keys, "linear_conv_kernel_dim")]
-    for key, value in zip(keys, fields, strict=False):
-        if not value:
+    heads: dict[str, int] = {}
+    for field, key in (
+        ("linear_key_heads", "linear_num_key_heads"),
+        ("linear_value_heads", "linear_num_value_heads"),
+        ("linear_key_head_dim", "linear_key_head_dim"),
+        ("linear_value_head_dim", "linear_value_head_dim"),
+    ):
+        heads[field] = _int(cfg, key, where)
+        if not heads[field]:
             raise ConfigError(f"{where}: Gated DeltaNet layers need key '{key}' > 0")
-    if fields[1] % fields[0]:
+    if heads["linear_value_heads"] % heads["linear_key_heads"]:
         raise ConfigError(
-            f"{where}: 'linear_num_value_heads' {fields[1]} is not a multiple of "
-            f"'linear_num_key_heads' {fields[0]}"
+            f"{where}: 'linear_num_value_heads' {heads['linear_value_heads']} is not a multiple of "
+            f"'linear_num_key_heads' {heads['linear_key_heads']}"
         )
-    return dict(
-        zip(
-            ("linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
-            fields[:4],
-            strict=True,
-        ),
-        num_linear_layers=linear,
-        linear_conv_kernel=fields[4] or 4,
-        attention_output_gate=gate,
-    )
+    conv = _int(cfg, "linear_conv_kernel_dim", where) or 4
+    return {**heads, "num_linear_layers": linear, "linear_conv_kernel": conv, "attention_output_gate": gate}
 
 
 def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:

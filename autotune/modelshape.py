@@ -91,8 +91,9 @@ def linear_weight_params(model: ModelSpec) -> int:
 def mixer_weight_params(model: ModelSpec) -> float:
     """Token-mixer weight entries of a block, the mean over blocks: softmax attention and Gated DeltaNet by
     their share of the layers."""
-    linear = model.num_linear_layers / model.num_layers
-    return (1.0 - linear) * attention_weight_params(model) + linear * linear_weight_params(model)
+    return model.softmax_share * attention_weight_params(model) + model.linear_share * linear_weight_params(
+        model
+    )
 
 
 def _linear_part_params(model: ModelSpec) -> int:
@@ -136,7 +137,7 @@ def attention_activation_width(model: ModelSpec) -> float:
     softmax = _softmax_activation_width(model)
     if not model.num_linear_layers:
         return softmax
-    return model.softmax_share * softmax + (1.0 - model.softmax_share) * linear_activation_width(model)
+    return model.softmax_share * softmax + model.linear_share * linear_activation_width(model)
 
 
 def _norm_params(model: ModelSpec) -> int:

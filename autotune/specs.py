@@ -125,9 +125,14 @@ class ModelSpec:
         return self.kv_lora_rank > 0
 
     @property
+    def linear_share(self) -> float:
+        """Share of the blocks whose token mixer is Gated DeltaNet (0 without such layers)."""
+        return self.num_linear_layers / self.num_layers
+
+    @property
     def softmax_share(self) -> float:
         """Share of the blocks whose token mixer is softmax attention (1 without Gated DeltaNet layers)."""
-        return 1.0 - self.num_linear_layers / self.num_layers
+        return 1.0 - self.linear_share
 
     @cached_property
     def params_per_layer(self) -> float:

@@ -225,9 +225,9 @@ def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) ->
     h, tp = model.hidden_size, plan.tp
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
-    share = model.softmax_share  # the output projections' input: attention's heads, Gated DeltaNet's V
-    q_width = model.num_heads * qk_v_head_dims(model)[1] * share
-    q_width += modelshape.linear_widths(model)[1] * (1.0 - share)
+    # the output projections' input: attention's heads, Gated DeltaNet's V
+    q_width = model.num_heads * qk_v_head_dims(model)[1] * model.softmax_share
+    q_width += modelshape.linear_widths(model)[1] * model.linear_share
     dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_ffn_per_layer(model)
     inputs = col_rows * 2 * h + tokens * (q_width + dense_ffn) / tp
     routed = sum(g.m * g.k * g.count for g in shapes[-2:]) if model.is_moe else 0.0

@@ -93,7 +93,7 @@ def linear_attention_flops_per_token(model: ModelSpec) -> float:
         return 0.0
     c, dk, dv = modelshape.GDN_CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
     per_head = 6 * c * dk + 4 * c * dv + 2 * c * c / 3 + 6 * dk * dv
-    return model.linear_value_heads * per_head * (1.0 - model.softmax_share)
+    return model.linear_value_heads * per_head * model.linear_share
 
 
 def linear_attention_bytes_per_token(model: ModelSpec) -> float:
@@ -105,7 +105,7 @@ def linear_attention_bytes_per_token(model: ModelSpec) -> float:
         return 0.0
     c, dk, dv = modelshape.GDN_CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
     per_head = 2.0 * (2 * dk + 2 * dv) + 4.0 * (dk + dv) + 4.0 * dk * dv / c
-    return model.linear_value_heads * per_head * (1.0 - model.softmax_share)
+    return model.linear_value_heads * per_head * model.linear_share
 
 
 def lm_head_flops_per_token(model: ModelSpec) -> float:
@@ -182,7 +182,7 @@ def _linear_elementwise_width(model: ModelSpec) -> float:
     if not model.num_linear_layers:
         return 0.0
     k, v = modelshape.linear_widths(model)
-    return (2 * (2 * k + v) + 3 * v) * (1.0 - model.softmax_share)
+    return (2 * (2 * k + v) + 3 * v) * model.linear_share
 
 
 def score_bytes_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1) -> float:

@@ -90,10 +90,8 @@ def _mixers(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Gemm]
     softmax = _attention(model, tp, tokens, fused)
     if not model.num_linear_layers:
         return softmax
-    share = model.softmax_share
-    return [g._replace(count=share) for g in softmax] + _linear_attention(
-        model, tp, tokens, fused, 1.0 - share
-    )
+    linear = _linear_attention(model, tp, tokens, fused, model.linear_share)
+    return [g._replace(count=model.softmax_share) for g in softmax] + linear
 
 
 def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:
