@@ -114,6 +114,10 @@ class LocalSlurm:
             "ReturnToService=2",
             "KillWait=2",
             "InactiveLimit=0",
+            # finished jobs are never purged: `sbatch --wait` then polls every 2 s instead of backing off to
+            # 2 + 8 + 32 s (src/sbatch/sbatch.c `_job_wait` multiplies its sleep while it is under
+            # MinJobAge / 2), and `scontrol show job` can always report a finished job
+            "MinJobAge=0",
             *(
                 f"NodeName={n} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={cpus} State=UNKNOWN"
                 for n in NODES
