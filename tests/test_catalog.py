@@ -13,7 +13,9 @@ from autotune.catalog import (
     model_names,
 )
 from autotune.clusterfile import load_cluster
+from autotune.costmodel import estimate
 from autotune.errors import ConfigError
+from autotune.plan import Framework, ParallelPlan, Sharding
 
 
 @pytest.mark.parametrize(
@@ -187,3 +189,29 @@ def test_the_h800_is_an_h100_with_its_nvlink_cut():
     differ = {f.name for f in dataclasses.fields(h100) if getattr(h100, f.name) != getattr(h800, f.name)}
     assert differ == {"key", "name", "intra_node_link", "sources"}
     assert make_cluster(num_gpus=16, gpu="h800").intra_link.bw_bytes_per_s == 200e9
+
+
+@pytest.mark.parametrize(("nvl", "sxm"), [("h100-nvl", "h100-sxm"), ("h200-nvl", "h200")])
+def test_an_nvl_card_is_its_sxm_twin_at_its_own_datasheet_peaks_over_pcie(nvl, sxm):
+    """The PCIe NVL cards share their SXM twin's die: the same measured curves, as fractions of their own
+    (lower-clocked) datasheet peaks, and PCIe between cards; so the same plan runs slower on them."""
+    a, b = load_gpu(nvl), load_gpu(sxm)
+    assert a.bf16_flops == pytest.approx(0.845 * b.bf16_flops, rel=1e-3)
+    assert a.fp8_flops == pytest.approx(2 * a.bf16_flops, rel=1e-3)  # 3,341 and 1,671 TF sparse
+    assert (a.gemm_shape_curve, a.attention_curves, a.gemm_efficiency) == (
+        b.gemm_shape_curve,
+        b.attention_curves,
+        b.gemm_efficiency,
+    )
+    assert a.intra_node_link == "pcie5" and a.sources != b.sources
+    model = load_model("llama3-8b")
+    plan = ParallelPlan(
+        dp=8,
+        micro_batch=1,
+        global_batch=16,
+        seq_len=4096,
+        framework=Framework.MEGATRON,
+        sharding=Sharding.ZERO1,
+    )
+    slow, fast = (estimate(model, make_cluster(gpu=g, num_gpus=8), plan) for g in (nvl, sxm))
+    assert slow.feasible and slow.tokens_per_s < fast.tokens_per_s

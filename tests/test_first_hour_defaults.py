@@ -169,11 +169,11 @@ def test_11_emit_of_a_plan_that_cannot_fit_warns(capsys, tmp_path):
     [
         (
             ["--model", "tiny", "--gpus", "1", "--gpu", "h100"],
-            "did you mean h100-96gb or h100-pcie or h100-sxm?",
+            "did you mean h100-96gb or h100-nvl or h100-pcie or h100-sxm?",
         ),
         (
             ["--model", "tiny", "--gpus", "1", "--gpu", "H100"],
-            "did you mean h100-96gb or h100-pcie or h100-sxm?",
+            "did you mean h100-96gb or h100-nvl or h100-pcie or h100-sxm?",
         ),
         (["--model", "meta-llama/Llama-3-8B", "--gpus", "8"], "Hugging Face repo id"),
     ],
