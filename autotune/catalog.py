@@ -36,7 +36,8 @@ __all__ = [
 _MIB = 1024**2
 _GIB = 1024**3
 _REQUIRED_MODEL_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-_GELU_ACTS = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "quick_gelu"}
+_GELU_ACTS = {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "quick_gelu", "relu2"}
+"""Two-matrix MLPs (``relu2``: NemotronH's squared ReLU)."""
 _GATED_ACTS = {"silu", "swiglu", "swish", "geglu"}
 
 
@@ -93,7 +94,7 @@ def _bool_field(cfg: dict[str, Any], key: str, where: str, default: bool) -> boo
 
 
 def _is_gated(cfg: dict[str, Any], where: str) -> bool:
-    act = cfg.get("hidden_act", cfg.get("activation_function"))
+    act = cfg.get("hidden_act", cfg.get("activation_function", cfg.get("mlp_hidden_act")))
     model_type = str(cfg.get("model_type", ""))
     if is_gemma(cfg):
         return True

@@ -23,6 +23,7 @@ from autotune.legalrules import (
     hsdp_group_bad,
     interleave_bad,
     linear_attention_broken,
+    mamba_broken,
     megatron_fsdp_bad,
     microbatch_broken,
     nothing_to_shard,
@@ -361,6 +362,10 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         model, plan.tp, plan.cp, str(plan.recompute), plan.recompute_modules, autotp
     )
     errors += [linear] if linear else []
+    mamba = mamba_broken(
+        model, plan.tp, plan.cp, plan.pp, plan.framework, str(plan.recompute), plan.virtual_stages
+    )
+    errors += [mamba] if mamba else []
     return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
 
 

@@ -13,7 +13,10 @@ Llama 4 text (``interleave_moe_layer_step``: MoE layers ``step-1, 2 step-1, ...`
 gpt-oss (experts with biases, ``layer_types``), ERNIE 4.5 (``moe_num_experts``, ``moe_k``,
 ``moe_num_shared_experts`` of ``moe_intermediate_size`` each; MoE when ``moe_layer_start_index <= i <=
 moe_layer_end_index`` and ``(i + 1) % moe_layer_interval == 0``, transformers ``Ernie4_5_MoeDecoderLayer``),
-Gemma 2 (GeGLU, 4 norms per block, sliding window on even layers).
+Gemma 2 (GeGLU, 4 norms per block, sliding window on even layers), NemotronH (Nemotron-H, Nemotron 3:
+``hybrid_override_pattern`` or ``layers_block_type``, one sub-layer per layer; ``mamba_num_heads``,
+``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``;
+``moe_shared_expert_intermediate_size``; ``mlp_hidden_act`` relu2).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.modelkeys import NEUTRAL_KEYS, PRICED_KEYS
 from autotune.modelrefusals import refuse_unpriced_architecture
+from autotune.modelshape import MAMBA_CHUNK
 
 __all__ = ["check_keys", "arch_fields", "is_gemma"]
 
@@ -61,9 +65,49 @@ def check_keys(cfg: dict[str, Any], where: str) -> None:
         raise ConfigError(
             f"{where}: key 'mtp_transformer_layers' must be 1 (one block per MTP module is priced)"
         )
-    for key in ("mlp_bias", "use_bias"):  # ERNIE's use_bias: a bias on every projection
+    for key in ("mlp_bias", "use_bias", "mamba_proj_bias"):  # ERNIE's use_bias: a bias on every projection
         if cfg.get(key):
             raise ConfigError(f"{where}: key '{key}' = true is not priced; set it to false")
+    _check_hybrid_keys(cfg, where)
+
+
+_PATTERN_KINDS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+"""``layers_block_type`` entries -> ``hybrid_override_pattern`` characters (transformers NemotronH)."""
+
+
+def _check_hybrid_keys(cfg: dict[str, Any], where: str) -> None:
+    """NemotronH values the Mamba-2 pricing does not cover (``modelshape``'s Megatron layer)."""
+    if cfg.get("use_conv_bias") is False:
+        raise ConfigError(
+            f"{where}: key 'use_conv_bias' = false is not priced (Megatron's conv1d has a bias)"
+        )
+    if cfg.get("chunk_size", MAMBA_CHUNK) != MAMBA_CHUNK and _pattern(cfg, where):
+        raise ConfigError(f"{where}: key 'chunk_size' must be {MAMBA_CHUNK}, the SSD chunk autotune prices")
+    if _pattern(cfg, where) and (cfg.get("num_nextn_predict_layers") or cfg.get("mtp_layers_block_type")):
+        raise ConfigError(
+            f"{where}: multi-token prediction of a hybrid Mamba-2 model is not priced (Megatron-Core 0.16's "
+            "MambaModel has none); remove 'num_nextn_predict_layers' / 'mtp_layers_block_type'"
+        )
+
+
+def _pattern(cfg: dict[str, Any], where: str) -> str:
+    """The hybrid layer pattern of a NemotronH config ("" for other models), checked."""
+    pattern = cfg.get("hybrid_override_pattern")
+    kinds = cfg.get("layers_block_type")
+    if pattern is None and isinstance(kinds, list):
+        if any(k not in _PATTERN_KINDS for k in kinds):
+            raise ConfigError(
+                f"{where}: key 'layers_block_type' entries must be one of {sorted(_PATTERN_KINDS)}"
+            )
+        pattern = "".join(_PATTERN_KINDS[k] for k in kinds)
+    if pattern is None:
+        return ""
+    if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E"):
+        raise ConfigError(
+            f"{where}: key 'hybrid_override_pattern' must be a string of M (Mamba-2), * (attention), "
+            "- (MLP) and E (MoE)"
+        )
+    return pattern
 
 
 def _int(cfg: dict[str, Any], key: str, where: str, default: int = 0) -> int:
@@ -87,6 +131,9 @@ def _index_list(cfg: dict[str, Any], key: str, where: str, num_layers: int) -> l
 
 def _moe_layers(cfg: dict[str, Any], where: str, num_layers: int) -> tuple[int, ...]:
     """Which layers are MoE, by each family's rule (module docstring)."""
+    pattern = _pattern(cfg, where)
+    if pattern:
+        return tuple(i for i, c in enumerate(pattern) if c == "E")
     explicit = _index_list(cfg, "moe_layers", where, num_layers)
     if explicit is not None:
         return tuple(sorted(set(explicit)))
@@ -130,12 +177,15 @@ def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         raise ConfigError(f"{where}: missing key 'moe_intermediate_size' (the width of one expert)")
     shared = (
         _int(cfg, "shared_expert_intermediate_size", where)
+        or _int(cfg, "moe_shared_expert_intermediate_size", where)
         or (_int(cfg, "n_shared_experts", where) or _int(cfg, "moe_num_shared_experts", where)) * expert_ffn
         or _int(cfg, "shared_intermediate_size", where)
     )
     if str(cfg.get("model_type")) == "llama4_text":  # one shared expert as wide as a routed one
         shared = expert_ffn
     layers = _moe_layers(cfg, where, num_layers)
+    if not layers and _pattern(cfg, where):
+        raise ConfigError(f"{where}: the expert keys need MoE layers (E) in the hybrid pattern")
     if not layers:
         raise ConfigError(
             f"{where}: the expert keys leave no MoE layer; check 'decoder_sparse_step', "
@@ -229,6 +279,38 @@ def _linear_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str
     return {**heads, "num_linear_layers": linear, "linear_conv_kernel": conv, "attention_output_gate": gate}
 
 
+def _hybrid_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
+    """A NemotronH pattern and its Mamba-2 heads (module docstring); every layer has one pre-norm."""
+    pattern = _pattern(cfg, where)
+    if not pattern:
+        return {}
+    if len(pattern) != num_layers:
+        raise ConfigError(
+            f"{where}: the hybrid pattern has {len(pattern)} layers but 'num_hidden_layers' is {num_layers}"
+        )
+    if "E" in pattern and not _moe_fields(cfg, where, num_layers):
+        raise ConfigError(f"{where}: the hybrid pattern has MoE layers (E) but no key 'n_routed_experts'")
+    fields: dict[str, Any] = {"layer_pattern": pattern, "num_layer_norms": 1}
+    if "M" not in pattern:
+        return fields
+    for field, key in (
+        ("mamba_heads", "mamba_num_heads"),
+        ("mamba_head_dim", "mamba_head_dim"),
+        ("mamba_state_dim", "ssm_state_size"),
+        ("mamba_groups", "n_groups"),
+        ("mamba_conv_kernel", "conv_kernel"),
+    ):
+        fields[field] = _int(cfg, key, where)
+        if not fields[field]:
+            raise ConfigError(f"{where}: Mamba-2 layers (M) need key '{key}' > 0")
+    if fields["mamba_heads"] % fields["mamba_groups"]:
+        raise ConfigError(
+            f"{where}: 'mamba_num_heads' {fields['mamba_heads']} is not a multiple of 'n_groups' "
+            f"{fields['mamba_groups']}"
+        )
+    return fields
+
+
 def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
     """``ModelSpec`` keyword arguments beyond the dense core, read from ``cfg`` (keys already checked)."""
     fields: dict[str, Any] = {
@@ -236,6 +318,7 @@ def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         **_mla_fields(cfg, where),
         **_local_layers(cfg, where, num_layers),
         **_linear_fields(cfg, where, num_layers),
+        **_hybrid_fields(cfg, where, num_layers),
     }
     head_dim = _int(cfg, "head_dim", where)
     if head_dim and head_dim * _int(cfg, "num_attention_heads", where) != cfg["hidden_size"]:

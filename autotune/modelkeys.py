@@ -78,6 +78,20 @@ PRICED_KEYS = frozenset(
         "use_mtp",
         "num_mtp_modules",
         "mtp_transformer_layers",
+        "hybrid_override_pattern",  # Nemotron-H / Nemotron 3 (NemotronHConfig): ModelSpec.layer_pattern
+        "layers_block_type",  # the same pattern as a list of "mamba", "attention", "mlp", "moe"
+        "mamba_num_heads",
+        "mamba_head_dim",
+        "ssm_state_size",
+        "n_groups",  # Mamba-2's B/C groups (not DeepSeek's router ``n_group``)
+        "conv_kernel",
+        "chunk_size",  # the SSD scan's chunk, priced at modelshape.MAMBA_CHUNK (others refused)
+        "mlp_hidden_act",  # NemotronH's MLP activation: relu2 (a two-matrix MLP)
+        "moe_shared_expert_intermediate_size",
+        "mamba_proj_bias",
+        "use_conv_bias",
+        "moe_latent_size",  # Nemotron 3 Super / Ultra's LatentMoE: refused
+        "mtp_layers_block_type",  # NemotronH's MTP modules: refused with a hybrid pattern
         # refused unless they leave the cost unchanged (``_REFUSED``):
         "mlp_bias",
         "text_config",
@@ -199,5 +213,17 @@ NEUTRAL_KEYS: dict[str, str] = {
     "use_qk_norm": "per-head RMSNorm on Q and K: 2 x head_dim parameters and elementwise work",
     "quantization_config": "the checkpoint's storage format; training runs at the plan's --precision",
     "moe_capacity": "the reference router's token capacity; autotune's is the plan's --moe-capacity-factor",
+    "expand": "Mamba-2's d_inner / hidden; NemotronH's d_inner is mamba_num_heads x mamba_head_dim",
+    "mamba_hidden_act": "the SiLU after Mamba-2's convolution: one elementwise kernel, priced as such",
+    "mamba_ssm_cache_dtype": "the dtype of the inference-time SSM state cache",
+    "use_mamba_kernels": "whether transformers calls mamba_ssm's kernels (the ones priced) or a slow path",
+    "time_step_min": "Mamba-2's dt initialisation range",
+    "time_step_max": "Mamba-2's dt initialisation range",
+    "time_step_floor": "Mamba-2's dt initialisation floor",
+    "time_step_limit": "a clamp on Mamba-2's dt inside the scan kernel",
+    "rescale_prenorm_residual": "initialisation of the output projections",
+    "residual_in_fp32": "NemotronH's residual dtype at inference; Megatron trains it in the plan's dtype",
+    "num_logits_to_keep": "how many positions the inference head computes",
+    "norm_eps": "numerics only",
 }
 """Keys that do not change a training step's compute or memory as autotune prices it, each with why."""

@@ -1,12 +1,12 @@
 """Architectures autotune does not price, recognised by the config keys that define them, so a user reads
 what is missing instead of being told to delete keys one by one (which would plan the wrong model).
 
-Token mixers other than softmax attention and Gated DeltaNet (which ``modelshape`` prices) change a layer's
-parameters, FLOPs, saved activations and kernels: Mamba-2 state-space layers (Nemotron-H and Nemotron 3:
-``NemotronHConfig`` ``hybrid_override_pattern``, ``ssm_state_size``, ``mamba_*``; Jamba:
-``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's delta attention (``linear_attn_config``),
-MiniMax's lightning attention (``attn_type_list`` / ``decoder_attention_types`` entries 0) and
-DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
+Token mixers other than softmax attention, Gated DeltaNet and Nemotron-H's Mamba-2 layers (which
+``modelshape`` prices) change a layer's parameters, FLOPs, saved activations and kernels: other Mamba
+hybrids (Jamba: ``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's delta attention
+(``linear_attn_config``), MiniMax's lightning attention (``attn_type_list`` / ``decoder_attention_types``
+entries 0) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``); and Nemotron 3 Super / Ultra's
+LatentMoE (``moe_latent_size``: routed experts at a latent width behind two projections).
 """
 
 from __future__ import annotations
@@ -17,21 +17,10 @@ from autotune.errors import ConfigError
 
 __all__ = ["ATTENTION_LAYER_TYPES", "refuse_unpriced_architecture"]
 
-_PLANS = "(it plans softmax-attention and Gated DeltaNet models, dense or MoE)"
-_MAMBA = "Mamba-2 state-space layers (Nemotron-H, Nemotron 3, Jamba, Falcon-H1)"
+_PLANS = "(it plans softmax-attention, Gated DeltaNet and Nemotron-H-style Mamba-2 models, dense or MoE)"
+_MAMBA = "Mamba-2 state-space layers of another hybrid (Jamba, Falcon-H1)"
 _MARKERS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "hybrid_override_pattern",
-            "ssm_state_size",
-            "mamba_num_heads",
-            "mamba_head_dim",
-            "mamba_d_state",
-            "mamba_d_ssm",
-            "attn_layer_period",
-        ),
-        _MAMBA,
-    ),
+    **dict.fromkeys(("mamba_d_state", "mamba_d_ssm", "attn_layer_period"), _MAMBA),
     "linear_attn_config": "Kimi Delta Attention layers (Kimi Linear)",
     "index_topk": "DeepSeek Sparse Attention's indexer (DeepSeek-V3.2)",
 }
@@ -49,6 +38,11 @@ def refuse_unpriced_architecture(cfg: dict[str, Any], where: str) -> None:
     for key, what in _MARKERS.items():
         if key in cfg:
             raise ConfigError(f"{where}: key '{key}' defines {what}, which autotune does not price {_PLANS}")
+    if cfg.get("moe_latent_size"):
+        raise ConfigError(
+            f"{where}: key 'moe_latent_size' defines LatentMoE (Nemotron 3 Super / Ultra: routed experts at "
+            f"a latent width behind two projections), which autotune does not price {_PLANS}"
+        )
     for key in ("attn_type_list", "decoder_attention_types"):  # MiniMax: 1 softmax, 0 lightning attention
         if isinstance(cfg.get(key), list) and 0 in cfg[key]:
             raise ConfigError(

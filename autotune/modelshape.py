@@ -18,6 +18,10 @@ Counts follow the modules as Hugging Face and Megatron-Core build them:
   ``conv1d`` of ``2K + V`` channels without bias, ``dt_bias`` and ``A_log`` (``n_v`` each), a gated RMSNorm of
   ``d_v``, ``out_proj`` ``V x h``. Output-gated softmax attention (``Qwen3NextAttention``) widens ``q_proj``
   to ``2 H d`` (queries and the gate).
+- Mamba-2 (Dao & Gu 2024, arXiv:2405.21060, Sec. 7; Megatron-Core ``ssm/mamba_mixer.py`` ``MambaMixer``):
+  ``in_proj`` ``h x (2 d_in + 2 G N + H)`` (z, x, B, C, dt; ``d_in = H P``), a depthwise causal ``conv1d``
+  with bias over ``d_in + 2 G N`` channels, ``dt_bias``, ``A_log`` and ``D`` (``H`` each), a gated RMSNorm
+  of ``d_in``, ``out_proj`` ``d_in x h``. In a hybrid pattern every layer has one pre-norm of ``h``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ __all__ = [
     "GDN_CHUNK",
     "linear_weight_params",
     "mixer_weight_params",
+    "mamba_widths",
+    "mamba_weight_params",
+    "mamba_activation_width",
+    "MAMBA_CHUNK",
 ]
 
 
@@ -89,11 +97,46 @@ def linear_weight_params(model: ModelSpec) -> int:
 
 
 def mixer_weight_params(model: ModelSpec) -> float:
-    """Token-mixer weight entries of a block, the mean over blocks: softmax attention and Gated DeltaNet by
-    their share of the layers."""
-    return model.softmax_share * attention_weight_params(model) + model.linear_share * linear_weight_params(
-        model
+    """Token-mixer weight entries of a block, the mean over blocks: softmax attention, Gated DeltaNet and
+    Mamba-2 by their share of the layers."""
+    return (
+        model.softmax_share * attention_weight_params(model)
+        + model.linear_share * linear_weight_params(model)
+        + model.mamba_share * mamba_weight_params(model)
     )
+
+
+def mamba_widths(model: ModelSpec) -> tuple[int, int]:
+    """Mamba-2's ``d_in = H P`` (x, z, the scan output) and ``G N`` (B, and C) per token."""
+    return model.mamba_heads * model.mamba_head_dim, model.mamba_groups * model.mamba_state_dim
+
+
+def mamba_weight_params(model: ModelSpec) -> int:
+    """Weight-matrix entries of one Mamba-2 layer's projections (module docstring); 0 without them."""
+    if not model.mamba_heads:
+        return 0
+    d_in, gn = mamba_widths(model)
+    return model.hidden_size * (2 * d_in + 2 * gn + model.mamba_heads) + d_in * model.hidden_size
+
+
+def _mamba_part_params(model: ModelSpec) -> int:
+    """A Mamba-2 layer's mixer, its convolution (with bias), ``dt_bias``, ``A_log``, ``D`` and gated norm."""
+    d_in, gn = mamba_widths(model)
+    conv = (d_in + 2 * gn) * (model.mamba_conv_kernel + 1)
+    return mamba_weight_params(model) + conv + 3 * model.mamba_heads + d_in
+
+
+MAMBA_CHUNK = 128
+"""Tokens per chunk of the SSD scan (Megatron-Core ``MambaMixer`` ``chunk_size``; Dao & Gu 2024 Sec. 6)."""
+
+
+def mamba_activation_width(model: ModelSpec) -> int:
+    """Elements per token a Mamba-2 layer saves beyond its input, Megatron's memory-efficient path
+    (``mamba_split_conv1d_scan_combined``: it keeps the ``in_proj`` output ``zxbcdt`` and the scan output
+    and recomputes the convolution in backward): ``zxbcdt`` (``2 d_in + 2 G N + H``), the scan output
+    (``d_in``), the gated norm's output (``out_proj``'s input, ``d_in``) and its fp32 ``rstd`` per group."""
+    d_in, gn = mamba_widths(model)
+    return 2 * d_in + 2 * gn + model.mamba_heads + 2 * d_in + 2 * model.mamba_groups
 
 
 def _linear_part_params(model: ModelSpec) -> int:
@@ -135,9 +178,11 @@ def attention_activation_width(model: ModelSpec) -> float:
     pre-activation and the ungated output (``attn_output * sigmoid(gate)``); Gated DeltaNet layers
     ``linear_activation_width``."""
     softmax = _softmax_activation_width(model)
-    if not model.num_linear_layers:
+    if not model.num_linear_layers and not model.layer_pattern:
         return softmax
-    return model.softmax_share * softmax + model.linear_share * linear_activation_width(model)
+    linear = linear_activation_width(model) if model.num_linear_layers else 0
+    mamba = model.mamba_share * mamba_activation_width(model)
+    return model.softmax_share * softmax + model.linear_share * linear + mamba
 
 
 def _norm_params(model: ModelSpec) -> int:
@@ -182,9 +227,19 @@ def _attention_part_params(model: ModelSpec) -> int:
 
 
 def block_params_sum(model: ModelSpec) -> int:
-    """Parameters of all transformer blocks (embeddings and the final norm excluded)."""
+    """Parameters of all transformer blocks (embeddings and the final norm excluded); of a hybrid pattern's
+    layers, each with one pre-norm."""
     num_moe = len(model.moe_layers)
-    num_dense = model.num_layers - num_moe
+    num_dense = model.num_dense_mlp_layers
+    if model.layer_pattern:
+        pattern, attention = model.layer_pattern, _attention_part_params(model) - _norm_params(model)
+        return (
+            pattern.count("*") * attention
+            + pattern.count("M") * _mamba_part_params(model)
+            + model.num_layers * model.hidden_size * (2 if model.bias else 1)
+            + num_dense * (dense_mlp_params(model) + _gpt_biases(model))
+            + num_moe * moe_mlp_params(model)
+        )
     linear = model.num_linear_layers
     return (
         (model.num_layers - linear) * _attention_part_params(model)
@@ -211,7 +266,7 @@ def gemm_params_per_layer(model: ModelSpec) -> float:
     block's forward GEMM FLOPs per token."""
     m, h = model.num_mlp_matrices, model.hidden_size
     num_moe = len(model.moe_layers)
-    dense = (model.num_layers - num_moe) * dense_mlp_params(model)
+    dense = model.num_dense_mlp_layers * dense_mlp_params(model)
     moe = num_moe * (
         model.experts_per_token * m * h * model.expert_ffn_hidden_size
         + m * h * model.shared_ffn_hidden_size
@@ -225,7 +280,7 @@ def active_ffn_per_layer(model: ModelSpec) -> float:
     ``top-k x f_e + f_s`` in an MoE layer): what the MLP's activations and elementwise kernels scale with."""
     num_moe = len(model.moe_layers)
     moe = num_moe * (model.experts_per_token * model.expert_ffn_hidden_size + model.shared_ffn_hidden_size)
-    return ((model.num_layers - num_moe) * model.ffn_hidden_size + moe) / model.num_layers
+    return (model.num_dense_mlp_layers * model.ffn_hidden_size + moe) / model.num_layers
 
 
 def routed_ffn_per_layer(model: ModelSpec) -> float:
@@ -250,10 +305,11 @@ def trial_model_gap(model: ModelSpec) -> str | None:
         (bool(model.attention_head_dim), "explicit head widths (head_dim)"),
         (bool(model.num_local_layers), "sliding-window / chunked attention layers"),
         (model.attention_bias, "attention biases"),
-        (model.num_layer_norms != 2, "Gemma-2's four norms"),
+        (model.num_layer_norms not in (2, 1 if model.layer_pattern else 2), "Gemma-2's four norms"),
         (bool(model.mtp_layers), "multi-token prediction modules"),
         (bool(model.num_linear_layers), "Gated DeltaNet layers"),
         (model.attention_output_gate, "output-gated attention"),
+        (bool(model.layer_pattern), "a hybrid pattern of Mamba-2 and single-sub-layer layers"),
     ]
     missing = [what for present, what in gaps if present]
     return ", ".join(missing) or None

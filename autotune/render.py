@@ -79,6 +79,14 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             linear_heads=[model.linear_key_heads, model.linear_value_heads],
             linear_head_dims=[model.linear_key_head_dim, model.linear_value_head_dim],
         )
+    if model.layer_pattern:
+        info.update(
+            layer_pattern=model.layer_pattern,
+            mamba_layers=model.layer_pattern.count("M"),
+            attention_layers=model.layer_pattern.count("*"),
+            mamba_heads=[model.mamba_heads, model.mamba_head_dim],
+            mamba_state=[model.mamba_groups, model.mamba_state_dim],
+        )
     if model.is_moe:
         info.update(
             num_experts=model.num_experts,
@@ -86,7 +94,7 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             expert_ffn_hidden_size=model.expert_ffn_hidden_size,
             shared_ffn_hidden_size=model.shared_ffn_hidden_size,
             moe_layers=len(model.moe_layers),
-            dense_layers=model.num_layers - len(model.moe_layers),
+            dense_layers=model.num_dense_mlp_layers,
         )
     if model.mtp_layers:
         info.update(mtp_layers=model.mtp_layers, mtp_params=model.mtp_params)

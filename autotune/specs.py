@@ -20,7 +20,8 @@ GIB = 1024**3
 class ModelSpec:
     """A decoder-only transformer: dense (Llama, GPT, Gemma, Mistral) or Mixture-of-Experts (Mixtral,
     Qwen3-MoE, DeepSeek-V3, Llama 4, gpt-oss), with GQA or multi-head latent attention (MLA), some layers
-    Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5). The fields
+    Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5), or a hybrid pattern of single-sub-layer Mamba-2,
+    attention, MLP and MoE layers (Nemotron-H, Nemotron 3). The fields
     after ``bias`` default to a dense GQA model, so a dense spec reads as before; the per-part parameter
     arithmetic is ``autotune.modelshape``'s."""
 
@@ -93,6 +94,20 @@ class ModelSpec:
     attention_output_gate: bool = False
     """The softmax-attention layers gate their output with a sigmoid of a second query-wide projection
     (Qwen3-Next ``q_proj`` is ``2 x heads x head_dim`` wide; Megatron ``--attention-output-gate``)."""
+    layer_pattern: str = ""
+    """Megatron's hybrid layer pattern (``--hybrid-override-pattern``; Hugging Face
+    ``hybrid_override_pattern``: Nemotron-H, Nemotron 3): one character per layer, each a single sub-layer
+    behind its own pre-norm, ``M`` Mamba-2, ``*`` softmax attention, ``-`` dense MLP, ``E`` MoE
+    (``megatron/core/ssm/mamba_hybrid_layer_allocation.py``). With a pattern ``num_layers`` is its length,
+    ``moe_layers`` its ``E`` positions, and the shares below count its characters; empty: every layer is a
+    transformer block of a token mixer and an MLP."""
+    mamba_heads: int = 0
+    """Mamba-2 (Dao & Gu, ICML 2024): SSD heads; ``d_inner = heads x mamba_head_dim``. Then the state ``N``
+    per group, the groups sharing one B and C, and the causal convolution's width over x, B and C."""
+    mamba_head_dim: int = 0
+    mamba_state_dim: int = 0
+    mamba_groups: int = 0
+    mamba_conv_kernel: int = 0
     mtp_layers: int = 0
     """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; Hugging Face ``num_nextn_predict_layers``,
     Megatron ``--mtp-num-layers``): each one more block of the last layer's type on the last pipeline stage,
@@ -130,9 +145,30 @@ class ModelSpec:
         return self.num_linear_layers / self.num_layers
 
     @property
+    def mamba_share(self) -> float:
+        """Share of the layers whose token mixer is Mamba-2 (``layer_pattern``'s ``M``; 0 without)."""
+        return self.layer_pattern.count("M") / self.num_layers if self.layer_pattern else 0.0
+
+    @property
     def softmax_share(self) -> float:
-        """Share of the blocks whose token mixer is softmax attention (1 without Gated DeltaNet layers)."""
+        """Share of the blocks whose token mixer is softmax attention (1 without Gated DeltaNet layers or a
+        hybrid pattern; a pattern's ``*`` share)."""
+        if self.layer_pattern:
+            return self.layer_pattern.count("*") / self.num_layers
         return 1.0 - self.linear_share
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        """Layers with a dense MLP: all but the MoE layers of a transformer, a pattern's ``-``."""
+        if self.layer_pattern:
+            return self.layer_pattern.count("-")
+        return self.num_layers - len(self.moe_layers)
+
+    @property
+    def sublayers_per_layer(self) -> int:
+        """Sub-layers of one layer, each behind its own norm and residual add and ending in one TP
+        reduction: a transformer block's mixer and MLP (2), a hybrid pattern's one."""
+        return 1 if self.layer_pattern else 2
 
     @cached_property
     def params_per_layer(self) -> float:

@@ -162,6 +162,10 @@ class LayerShape:
     routed_peak: float = 0.0
     """MoE: the dispatch buffers of one MoE block per token (``moe.dispatch_buffer_width``; 0 for dense
     models)."""
+    sublayers: int = 2
+    """Norms and residual adds of a layer (``ModelSpec.sublayers_per_layer``: 1 in a hybrid pattern)."""
+    attention_share: float = 1.0
+    """Share of a hybrid pattern's layers that run softmax attention, keeping its log-sum-exp (else 1)."""
 
     @classmethod
     def of(cls, model: ModelSpec, plan: ParallelPlan) -> LayerShape:
@@ -191,6 +195,8 @@ class LayerShape:
             attn_width=modelshape.attention_activation_width(model),
             routed=modelshape.routed_width_per_layer(model) * moe.busiest_load(plan),
             routed_peak=moe.dispatch_buffer_width(model, plan),
+            sublayers=model.sublayers_per_layer,
+            attention_share=model.softmax_share if model.layer_pattern else 1.0,
         )
 
 
@@ -200,11 +206,13 @@ _LAST_SHAPE: tuple[object, object, LayerShape | None] = (None, None, None)
 
 def norm_side_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     """Tensors of the residual side, not split by TP (split by ``t`` with sequence parallelism): two norm
-    inputs, two norm outputs (the QKV and MLP inputs), ``x*rstd`` of unfused norms, two dropout masks.
+    inputs, two norm outputs (the QKV and MLP inputs), ``x*rstd`` of unfused norms, two dropout masks (one
+    of each in a hybrid pattern's layer).
     Korthikanti Sec. 4.1 / Eq. 2: 10sbh (4 + 4 + 2) for LayerNorm with dropout, e = 2."""
-    tensors = 2 * (2 + (0 if k.fused_norm else 1))
-    masks = 2 * k.mask_bytes if k.dropout else 0
-    fp8_saving = 2 * (e - 1) if k.fp8_gemm_inputs else 0  # the two norm outputs are GEMM inputs
+    n = x.sublayers  # a hybrid pattern's layer has one norm and one residual add
+    tensors = n * (2 + (0 if k.fused_norm else 1))
+    masks = n * k.mask_bytes if k.dropout else 0
+    fp8_saving = n * (e - 1) if k.fp8_gemm_inputs else 0  # the norm outputs are GEMM inputs
     return x.s * x.b * x.h * (tensors * e + masks - fp8_saving)
 
 
@@ -229,9 +237,9 @@ def attention_core_bytes(x: LayerShape, e: int, k: Kernels) -> float:
     Eager: softmax ``e as^2b``, with dropout also its mask and output (Korthikanti: 5as^2b).
     FlashAttention: the fp32 log-sum-exp, ``4 a s b`` (Dao et al. 2022, Alg. 2)."""
     if k.flash_attention:
-        return 4.0 * x.heads * x.s * x.b
+        return 4.0 * x.heads * x.s * x.b * x.attention_share
     per_score = e + ((k.mask_bytes + e) if k.dropout else 0)
-    return per_score * x.heads * x.s * x.s * x.b
+    return per_score * x.heads * x.s * x.s * x.b * x.attention_share
 
 
 def layer_activation_bytes(

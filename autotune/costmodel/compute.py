@@ -72,7 +72,7 @@ def eager_extra_bytes_per_token(model: ModelSpec, cluster: ClusterSpec, plan: Pa
     rope = EAGER_ROPE_BYTES * (h + kv) / tp * model.softmax_share  # Gated DeltaNet layers have no RoPE
     if plan.compile:
         return rope
-    norms = 2 * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
+    norms = model.sublayers_per_layer * EAGER_NORM_BYTES * h / (tp if plan.sequence_parallel else 1)
     gate = EAGER_SWIGLU_BYTES * f / tp if model.gated_mlp else 0.0
     return norms + rope + gate
 
@@ -225,11 +225,12 @@ def fp8_operand_elements(model: ModelSpec, plan: ParallelPlan, tokens: float) ->
     h, tp = model.hidden_size, plan.tp
     shapes = gemms.block_gemms(model, plan, tokens, fused=plan.framework is Framework.MEGATRON)
     col_rows = tokens / tp if fp8_tp_gather(plan) else tokens
-    # the output projections' input: attention's heads, Gated DeltaNet's V
+    # the output projections' input: attention's heads, Gated DeltaNet's V, Mamba-2's d_in
     q_width = model.num_heads * qk_v_head_dims(model)[1] * model.softmax_share
     q_width += modelshape.linear_widths(model)[1] * model.linear_share
+    q_width += modelshape.mamba_widths(model)[0] * model.mamba_share
     dense_ffn = modelshape.active_ffn_per_layer(model) - modelshape.routed_ffn_per_layer(model)
-    inputs = col_rows * 2 * h + tokens * (q_width + dense_ffn) / tp
+    inputs = col_rows * model.sublayers_per_layer * h + tokens * (q_width + dense_ffn) / tp
     routed = sum(g.m * g.k * g.count for g in shapes[-2:]) if model.is_moe else 0.0
     return inputs + routed + sum(g.count * (g.n * g.k + g.m * g.n) for g in shapes)
 
@@ -305,11 +306,12 @@ def attention_s(
 
 
 def linear_attention_s(model: ModelSpec, cluster: ClusterSpec, tokens: float, tensor_rate: float) -> float:
-    """Forward seconds of the mean block's chunked gated delta rule for ``tokens`` tokens of this rank (heads
-    split over TP): the slower of its FLOPs (``flops.linear_attention_flops_per_token``) at the GPU's GEMM
-    rate and its bytes (``flops.linear_attention_bytes_per_token``) at HBM speed; the backward is priced at
-    twice it. **Not measured**: FLA's Triton kernels were not timed on a GPU here; at Qwen3-Next's shapes the
-    bytes bind (about 1 ns per token and value head on an H100)."""
+    """Forward seconds of the mean block's chunked gated delta rule and Mamba-2 SSD scan for ``tokens``
+    tokens of this rank (heads split over TP): the slower of their FLOPs
+    (``flops.linear_attention_flops_per_token``) at the GPU's GEMM rate and their bytes
+    (``flops.linear_attention_bytes_per_token``) at HBM speed; the backward is priced at twice it.
+    **Not measured**: FLA's and mamba_ssm's Triton kernels were not timed on a GPU here; at Qwen3-Next's
+    shapes the bytes bind (about 1 ns per token and value head on an H100)."""
     work = tokens * flops.linear_attention_flops_per_token(model)
     if not work:
         return 0.0

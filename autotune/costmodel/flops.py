@@ -82,30 +82,63 @@ def attention_flops_per_token(model: ModelSpec, seq_len: int, *, causal_fraction
 
 def linear_attention_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs of the chunked gated delta rule per token, the mean over blocks (0 without Gated
-    DeltaNet layers). Per chunk of ``C`` tokens and value head (Yang et al. 2024, "Parallelizing Linear
+    DeltaNet layers), plus Mamba-2's SSD scan (``_ssd_flops_per_token``), the other chunked linear
+    recurrence. Per chunk of ``C`` tokens and value head (Yang et al. 2024, "Parallelizing Linear
     Transformers with the Delta Rule over Sequence Length", Sec. 3.3, with the gates of Gated DeltaNet, Yang
     et al. ICLR 2025 Sec. 3): ``K K^T``, ``Q K^T`` and ``W = T K`` (``2 C^2 d_k`` each), ``U = T V`` and the
     intra-chunk product with ``U - W S`` (``2 C^2 d_v`` each), the triangular solve for ``T``
     (``2 C^3 / 3``), and ``W S``, ``Q S`` and the state update ``K^T (U - W S)`` (``2 C d_k d_v`` each);
     queries and keys are repeated to the value heads (``repeat_interleave``), so per token
     ``n_v (6 C d_k + 4 C d_v + 2 C^2 / 3 + 6 d_k d_v)``, ``C = modelshape.GDN_CHUNK``."""
+    mamba = _ssd_flops_per_token(model)
     if not model.num_linear_layers:
-        return 0.0
+        return mamba
     c, dk, dv = modelshape.GDN_CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
     per_head = 6 * c * dk + 4 * c * dv + 2 * c * c / 3 + 6 * dk * dv
-    return model.linear_value_heads * per_head * model.linear_share
+    return model.linear_value_heads * per_head * model.linear_share + mamba
+
+
+def _ssd_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of Mamba-2's chunked SSD scan per token, the mean over layers (0 without Mamba-2
+    layers). Per chunk of ``Q`` tokens (Dao & Gu 2024 Sec. 6, the four steps of its SSD algorithm): the
+    intra-chunk ``C B^T`` per group (``2 Q N`` per token) and its masked product with ``x`` per head
+    (``2 Q P``), the chunk states ``B^T x`` and the output from the states ``C h`` (``2 N P`` each) per head:
+    ``2 Q N G + H (2 Q P + 4 N P)``, ``Q = modelshape.MAMBA_CHUNK``. The state passing between chunks and the
+    gating are ``O(H N P / Q)``, left out."""
+    if not model.mamba_heads:
+        return 0.0
+    q, n, p = modelshape.MAMBA_CHUNK, model.mamba_state_dim, model.mamba_head_dim
+    per_token = 2 * q * n * model.mamba_groups + model.mamba_heads * (2 * q * p + 4 * n * p)
+    return per_token * model.mamba_share
 
 
 def linear_attention_bytes_per_token(model: ModelSpec) -> float:
-    """Forward HBM bytes per token of the chunked gated delta rule's kernels, the mean over blocks: per value
+    """Forward HBM bytes per token of the chunked gated delta rule's kernels (and of Mamba-2's SSD scan,
+    ``_ssd_bytes_per_token``), the mean over blocks: per value
     head they read ``q, k, v`` and write ``o`` (16-bit), write and read back ``w`` and ``u`` (``d_k + d_v``,
     FLA ``recompute_w_u_fwd``) and the 16-bit chunk states ``h`` (``d_k d_v`` per chunk, written by
     ``chunk_gated_delta_rule_fwd_h``, read by ``chunk_fwd_o``)."""
+    mamba = _ssd_bytes_per_token(model)
     if not model.num_linear_layers:
-        return 0.0
+        return mamba
     c, dk, dv = modelshape.GDN_CHUNK, model.linear_key_head_dim, model.linear_value_head_dim
     per_head = 2.0 * (2 * dk + 2 * dv) + 4.0 * (dk + dv) + 4.0 * dk * dv / c
-    return model.linear_value_heads * per_head * model.linear_share
+    return model.linear_value_heads * per_head * model.linear_share + mamba
+
+
+def _ssd_bytes_per_token(model: ModelSpec) -> float:
+    """Forward HBM bytes per token of the SSD scan's kernels (mamba_ssm ``_mamba_chunk_scan_combined_fwd``:
+    chunk cumsum, chunk state, state passing, ``C B^T``, chunk scan), the mean over layers: 16-bit ``x``,
+    ``B``, ``C`` and ``dt`` read twice (chunk state and chunk scan) and ``y`` written, the fp32 chunk states
+    (``H P N`` per chunk) written and read back twice (state passing, chunk scan), and the fp32 ``C B^T``
+    (``Q`` per token and group) written and read."""
+    if not model.mamba_heads:
+        return 0.0
+    d_in, gn = modelshape.mamba_widths(model)
+    q, heads, groups = modelshape.MAMBA_CHUNK, model.mamba_heads, model.mamba_groups
+    inputs = 2.0 * 2 * (d_in + 2 * gn + heads) + 2.0 * d_in
+    states = 4.0 * 3 * heads * model.mamba_head_dim * model.mamba_state_dim / q
+    return (inputs + states + 4.0 * 2 * q * groups) * model.mamba_share
 
 
 def lm_head_flops_per_token(model: ModelSpec) -> float:
@@ -164,9 +197,10 @@ def elementwise_bytes_per_token(model: ModelSpec, *, tp: int = 1, sequence_paral
     """Forward HBM bytes per token of one block's memory-bound kernels on one TP rank, attention scores
     excluded (``score_bytes_per_token``): norms and residual adds on ``h`` (split over TP only with sequence
     parallelism: Korthikanti Sec. 4.2.2), and the MLP activation on the ``ffn/tp`` slice (GELU: read + write;
-    SwiGLU: read two, write one), and Gated DeltaNet's convolution and gated norm.
+    SwiGLU: read two, write one), and Gated DeltaNet's or Mamba-2's convolution and gated norm. A hybrid
+    pattern's layer has one norm and one residual add (``ModelSpec.sublayers_per_layer``).
     """
-    h_passes = NORM_RESIDUAL_PASSES / (tp if sequence_parallel else 1)
+    h_passes = NORM_RESIDUAL_PASSES * model.sublayers_per_layer / 2 / (tp if sequence_parallel else 1)
     act_passes = 3 if model.gated_mlp else 2
     ffn = modelshape.active_ffn_per_layer(model)
     # MoE: permute and unpermute read and write the top-k token copies (Megatron moe_utils.py permute)
@@ -179,10 +213,22 @@ def _linear_elementwise_width(model: ModelSpec) -> float:
     """Gated DeltaNet's memory-bound kernels per token, the mean over blocks: the causal convolution with
     its SiLU reads and writes ``2K + V`` (``causal_conv1d_fn``), the gated RMSNorm reads ``o`` and ``z`` and
     writes ``V`` (the L2 norms of ``q`` and ``k`` run inside the delta-rule kernel)."""
+    mamba = _mamba_elementwise_width(model)
     if not model.num_linear_layers:
-        return 0.0
+        return mamba
     k, v = modelshape.linear_widths(model)
-    return (2 * (2 * k + v) + 3 * v) * model.linear_share
+    return (2 * (2 * k + v) + 3 * v) * model.linear_share + mamba
+
+
+def _mamba_elementwise_width(model: ModelSpec) -> float:
+    """Mamba-2's memory-bound kernels per token outside the scan, the mean over layers: the causal
+    convolution with its SiLU reads and writes ``d_in + 2 G N`` (run again in backward by the
+    memory-efficient path, priced with the backward's 2x), the gated RMSNorm reads ``y`` and ``z`` and writes
+    ``d_in``."""
+    if not model.mamba_heads:
+        return 0.0
+    d_in, gn = modelshape.mamba_widths(model)
+    return (2 * (d_in + 2 * gn) + 3 * d_in) * model.mamba_share
 
 
 def score_bytes_per_token(model: ModelSpec, seq_len: int, *, tp: int = 1) -> float:

@@ -12,7 +12,9 @@ layer's two backward GEMMs have the same intensity). ``m`` is rows (tokens), ``n
   row-parallel.
 - Gated DeltaNet (``modelshape``): ``in_proj_qkvz`` / ``in_proj_ba`` column-parallel, ``out_proj``
   row-parallel (Megatron-Core splits its heads over TP as attention's), by their share of the layers;
-  output-gated softmax attention widens ``Q`` by the gate.
+  output-gated softmax attention widens ``Q`` by the gate. Mamba-2 (``modelshape``): ``in_proj``
+  column-parallel, ``out_proj`` row-parallel (``ssm/mamba_mixer.py``). A hybrid pattern's layers carry a
+  mixer or an MLP each: every kind by its share of the pattern.
 - Dense MLP: ``gate/up`` column-parallel (fused in Megatron/TE ``linear_fc1``), ``down`` row-parallel.
 - MoE MLP (Megatron-Core ``moe_layer.py``, ``experts.py`` ``GroupedMLP``/``TEGroupedMLP``; torchtitan
   ``moe.py`` grouped experts): the router ``h x E`` on the rank's sequence shard, shared experts split over
@@ -85,13 +87,28 @@ def _linear_attention(model: ModelSpec, tp: int, tokens: float, fused: bool, sha
     return front + [Gemm(tokens, h, v / tp, share)]
 
 
+def _mamba(model: ModelSpec, tp: int, tokens: float, share: float) -> list[Gemm]:
+    """A Mamba-2 layer's ``in_proj`` (z, x, B, C, dt in one column-parallel GEMM, heads and groups split over
+    TP) and row-parallel ``out_proj`` (``modelshape`` docstring)."""
+    d_in, gn = modelshape.mamba_widths(model)
+    h = model.hidden_size
+    return [
+        Gemm(tokens, (2 * d_in + 2 * gn + model.mamba_heads) / tp, h, share),
+        Gemm(tokens, h, d_in / tp, share),
+    ]
+
+
 def _mixers(model: ModelSpec, tp: int, tokens: float, fused: bool) -> list[Gemm]:
-    """The token mixers' GEMMs of the mean block: softmax attention and Gated DeltaNet by their shares."""
+    """The token mixers' GEMMs of the mean block: softmax attention, Gated DeltaNet and Mamba-2 by their
+    shares."""
     softmax = _attention(model, tp, tokens, fused)
-    if not model.num_linear_layers:
+    if not model.num_linear_layers and not model.layer_pattern:
         return softmax
-    linear = _linear_attention(model, tp, tokens, fused, model.linear_share)
-    return [g._replace(count=model.softmax_share) for g in softmax] + linear
+    linear = (
+        _linear_attention(model, tp, tokens, fused, model.linear_share) if model.num_linear_layers else []
+    )
+    mamba = _mamba(model, tp, tokens, model.mamba_share) if model.mamba_heads else []
+    return [g._replace(count=model.softmax_share) for g in softmax if model.softmax_share] + linear + mamba
 
 
 def _mlp(h: int, f: float, up: int, tp: int, tokens: float, fused: bool, share: float) -> list[Gemm]:
@@ -124,7 +141,8 @@ def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: b
     gemms = _mixers(model, tp, tokens, fused)
     num_moe = len(model.moe_layers) if model.is_moe else 0
     moe_share = num_moe / model.num_layers
-    gemms += _mlp(h, model.ffn_hidden_size, up, tp, tokens, fused, 1.0 - moe_share)
+    dense_share = model.num_dense_mlp_layers / model.num_layers if model.layer_pattern else 1.0 - moe_share
+    gemms += _mlp(h, model.ffn_hidden_size, up, tp, tokens, fused, dense_share)
     if not num_moe:
         return gemms
     gemms.append(Gemm(tokens / tp, model.num_experts, h, moe_share))  # router, on the sequence shard

@@ -77,7 +77,7 @@ def freed_bytes_per_layer(model: ModelSpec, plan: ParallelPlan, *, e: int, k: Ke
         if "shared_experts" in mods:
             width += shared_ffn * per_ffn
     if "mlp" in mods:
-        width += (1 - moe_share) * model.ffn_hidden_size * per_ffn
+        width += _dense_share(model, moe_share) * model.ffn_hidden_size * per_ffn
     freed = sb * width / tp
     if "layernorm" in mods:
         norms = moe_share + (1.0 if model.uses_mla else 0.0)
@@ -111,8 +111,13 @@ def rerun_s(
     if mods & {"moe", "shared_experts"}:
         s += moe_share * _mlp_gemm_s(model, cluster, plan, tokens, model.shared_ffn_hidden_size)
     if "mlp" in mods:
-        s += (1.0 - moe_share) * _mlp_gemm_s(model, cluster, plan, tokens, model.ffn_hidden_size)
+        s += _dense_share(model, moe_share) * _mlp_gemm_s(model, cluster, plan, tokens, model.ffn_hidden_size)
     return s
+
+
+def _dense_share(model: ModelSpec, moe_share: float) -> float:
+    """Share of the layers with a dense MLP: all but the MoE ones, or a hybrid pattern's ``-``."""
+    return model.num_dense_mlp_layers / model.num_layers if model.layer_pattern else 1.0 - moe_share
 
 
 def _rerun_bytes_per_token(model: ModelSpec, plan: ParallelPlan, mods: set[str], moe_share: float) -> float:
@@ -133,7 +138,7 @@ def _rerun_bytes_per_token(model: ModelSpec, plan: ParallelPlan, mods: set[str],
         routed = routed_width_per_layer(model) * moe.busiest_load(plan)
         b += 2 * 4 * routed / plan.tp + moe.regroup_bytes_per_token(model, plan)
     if "mlp" in mods:
-        b += act * (1.0 - moe_share) * model.ffn_hidden_size / plan.tp
+        b += act * _dense_share(model, moe_share) * model.ffn_hidden_size / plan.tp
     return b
 
 

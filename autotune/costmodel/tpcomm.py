@@ -72,7 +72,10 @@ def act_bytes(cluster: ClusterSpec) -> int:
 
 def block_collectives(model: ModelSpec, plan: ParallelPlan) -> tuple[int, int]:
     """``(forward, backward)`` TP collectives of one block per micro-batch (module docstring); a fully
-    recomputed forward repeats the forward ones (counted in the first)."""
+    recomputed forward repeats the forward ones (counted in the first). A hybrid pattern's layer is one
+    sub-layer (Mamba-2 ``in_proj`` / ``out_proj`` are column- / row-parallel as attention's): half."""
+    if model.layer_pattern:  # one sub-layer per layer: one row-parallel output, one column-parallel input
+        return (2 if plan.recompute is Recompute.FULL else 1), 1
     bwd = 3 + model.num_mlp_matrices - 1 if plan.framework is Framework.DEEPSPEED else 2
     fwd = 4 if plan.recompute is Recompute.FULL else 2
     return fwd, bwd
@@ -122,9 +125,9 @@ def edge_collectives_s(
 
 
 def norm_grad_tensors(model: ModelSpec, blocks: int, final_norm: bool) -> int:
-    """Norm parameter tensors of ``blocks`` blocks and, with ``final_norm``, the final norm: a weight per
-    norm, and a bias with ``ModelSpec.bias`` (LayerNorm)."""
-    return (2 if model.bias else 1) * (2 * blocks + int(final_norm))
+    """Norm parameter tensors of ``blocks`` blocks (a norm per sub-layer) and, with ``final_norm``, the final
+    norm: a weight per norm, and a bias with ``ModelSpec.bias`` (LayerNorm)."""
+    return (2 if model.bias else 1) * (model.sublayers_per_layer * blocks + int(final_norm))
 
 
 def sp_norm_grads(

@@ -1,4 +1,5 @@
-"""ParallelPlan + ModelSpec -> Megatron-LM ``pretrain_gpt.py`` arguments (``megatron_args.txt``; pure).
+"""ParallelPlan + ModelSpec -> Megatron-LM ``pretrain_gpt.py`` (hybrid models: ``pretrain_mamba.py``)
+arguments (``megatron_args.txt``; pure).
 
 Flag names are Megatron-LM's (``megatron/training/arguments.py`` and the ``TransformerConfig`` /
 ``ModelParallelConfig`` fields it turns into flags). The file holds one flag (with its value) per line and
@@ -8,13 +9,9 @@ Megatron's own rules, checked here before emitting: the layers split into PP x v
 with the account-for-embedding/loss or first/last-stage flags of ``autotune/stagesplit.py``), global batch
 divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs PP > 1.
 
-MoE models get Megatron-Core's MoE flags (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
-shared experts, ``--moe-layer-freq`` as a Python list expression for dense first layers, grouped GEMM and the
-dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's DeepEP / HybridEP backend) and
-EP/ETP degrees; MLA models ``--multi-latent-attention`` with
-their ranks (``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE part); Gated DeltaNet
-models ``--experimental-attention-variant gated_delta_net`` with their heads (``_gdn_args``). Not emitted:
-sliding-window / chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
+The model's own flags (dense core, MoE, MLA, Gated DeltaNet, hybrid Mamba-2 for ``pretrain_mamba.py``) are
+``emit.megatronmodel``'s; here the EP/ETP degrees and the rest of the plan. Not emitted: sliding-window /
+chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
 Beyond the layout, ``_overlap_args`` / ``priced_args`` / ``megatron_env`` emit what the cost model assumes and
 Megatron does not do by default: the DP/TP overlaps of the plan, no dropout, and (TP or CP > 1)
 ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts before Blackwell.
@@ -22,11 +19,11 @@ Megatron does not do by default: the DP/TP overlaps of the plan, no dropout, and
 
 from __future__ import annotations
 
+from autotune.emit.megatronmodel import megatron_entry, model_args
 from autotune.errors import ConfigError
 from autotune.plan import (
     Framework,
     GradDtype,
-    MoeDispatcher,
     ParallelPlan,
     Precision,
     Recompute,
@@ -45,7 +42,14 @@ from autotune.stagesplit import (
     split_layers,
 )
 
-__all__ = ["megatron_unsupported", "megatron_args", "megatron_args_text", "megatron_env", "priced_args"]
+__all__ = [
+    "megatron_unsupported",
+    "megatron_args",
+    "megatron_args_text",
+    "megatron_env",
+    "megatron_entry",
+    "priced_args",
+]
 
 
 def megatron_unsupported(plan: ParallelPlan) -> list[str]:
@@ -64,113 +68,6 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
         reasons.append("Megatron schedules pipelines with 1F1B or interleaved 1F1B, not GPipe")
     return reasons
-
-
-def _model_args(
-    model: ModelSpec, seq_len: int, dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
-) -> list[list[str]]:
-    args = [
-        ["--num-layers", str(model.num_layers)],
-        ["--hidden-size", str(model.hidden_size)],
-        ["--num-attention-heads", str(model.num_heads)],
-        ["--ffn-hidden-size", str(model.ffn_hidden_size)],
-        ["--seq-length", str(seq_len)],
-        ["--max-position-embeddings", str(max(model.max_seq_len, seq_len))],
-    ]
-    if model.num_kv_heads != model.num_heads:
-        args += [["--group-query-attention"], ["--num-query-groups", str(model.num_kv_heads)]]
-    if model.gated_mlp:
-        args.append(["--swiglu"])
-    if model.learned_positions:
-        args.append(["--position-embedding-type", "learned_absolute"])
-    else:
-        args += [["--position-embedding-type", "rope"], ["--normalization", "RMSNorm"]]
-    if not model.bias:
-        args.append(["--disable-bias-linear"])
-        if model.attention_bias:  # Qwen2, GLM-4.5: bias on the QKV projection only
-            args.append(["--add-qkv-bias"])
-    if not model.tie_embeddings:
-        args.append(["--untie-embeddings-and-output-weights"])
-    if model.attention_head_dim and not model.uses_mla:
-        args.append(["--kv-channels", str(model.attention_head_dim)])
-    if model.mtp_layers:  # multi-token prediction (costmodel/mtp.py); its loss weight is the user's
-        args.append(["--mtp-num-layers", str(model.mtp_layers)])
-    if model.attention_output_gate:
-        args.append(["--attention-output-gate"])
-    return args + _gdn_args(model) + _mla_args(model) + _moe_args(model, dispatcher)
-
-
-def _gdn_args(model: ModelSpec) -> list[list[str]]:
-    """Gated DeltaNet layers (megatron-core ``TransformerConfig.experimental_attention_variant``
-    ``gated_delta_net``): ``--linear-attention-freq N`` puts softmax attention on every N-th layer, as
-    Qwen3-Next's ``full_attention_interval`` (``get_linear_attention_pattern``)."""
-    linear, layers = model.num_linear_layers, model.num_layers
-    if not linear:
-        return []
-    every = layers // (layers - linear) if linear < layers else 0
-    if not every or layers - layers // every != linear:
-        raise ConfigError(
-            f"{model.name}: its {linear} Gated DeltaNet layers of {layers} do not leave softmax attention on "
-            "every N-th layer; write Megatron's --linear-attention-freq as the per-layer list by hand"
-        )
-    return [
-        ["--experimental-attention-variant", "gated_delta_net"],
-        ["--linear-attention-freq", str(every)],
-        ["--linear-conv-kernel-dim", str(model.linear_conv_kernel)],
-        ["--linear-key-head-dim", str(model.linear_key_head_dim)],
-        ["--linear-value-head-dim", str(model.linear_value_head_dim)],
-        ["--linear-num-key-heads", str(model.linear_key_heads)],
-        ["--linear-num-value-heads", str(model.linear_value_heads)],
-    ]
-
-
-def _mla_args(model: ModelSpec) -> list[list[str]]:
-    if not model.uses_mla:
-        return []
-    args = [
-        ["--multi-latent-attention"],
-        ["--kv-lora-rank", str(model.kv_lora_rank)],
-        ["--qk-head-dim", str(model.qk_nope_head_dim)],
-        ["--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)],
-        ["--v-head-dim", str(model.v_head_dim)],
-    ]
-    if model.q_lora_rank:
-        args.append(["--q-lora-rank", str(model.q_lora_rank)])
-    return args
-
-
-def moe_layer_freq(model: ModelSpec) -> str:
-    """``--moe-layer-freq`` as Megatron evaluates it (``megatron/training/arguments.py`` ``moe_freq_type``): 1
-    when every layer is MoE, else a run-length list expression such as ``[0]*3+[1]*58``."""
-    flags = [int(i in set(model.moe_layers)) for i in range(model.num_layers)]
-    if all(flags):
-        return "1"
-    runs: list[list[int]] = []
-    for f in flags:
-        if runs and runs[-1][0] == f:
-            runs[-1][1] += 1
-        else:
-            runs.append([f, 1])
-    return "+".join(f"[{f}]*{n}" for f, n in runs)
-
-
-def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
-    if not model.is_moe:
-        return []
-    args = [
-        ["--num-experts", str(model.num_experts)],
-        ["--moe-router-topk", str(model.experts_per_token)],
-        ["--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)],
-        ["--moe-layer-freq", moe_layer_freq(model)],
-        ["--moe-grouped-gemm"],
-    ]
-    if dispatcher in (MoeDispatcher.ALLTOALL, MoeDispatcher.ALLGATHER):
-        args.append(["--moe-token-dispatcher-type", str(dispatcher)])
-    else:  # megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher
-        args += [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", str(dispatcher)]]
-    if model.shared_ffn_hidden_size:
-        args.append(["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden_size)])
-    return args
 
 
 def _capacity_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
@@ -375,7 +272,7 @@ def megatron_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     return (
         _parallel_args(plan, model)
         + batch
-        + _model_args(model, plan.seq_len, plan.moe_dispatcher)
+        + model_args(model, plan.seq_len, plan.moe_dispatcher)
         + _capacity_args(plan, model)
         + _recompute_and_precision_args(plan)
         + _memory_args(plan)

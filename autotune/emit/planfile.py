@@ -99,6 +99,20 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
             linear_conv_kernel_dim=model.linear_conv_kernel,
             layer_types=["linear_attention"] * linear + ["full_attention"] * (model.num_layers - linear),
         )
+    if model.layer_pattern:  # NemotronH's keys (``modelconfig._hybrid_fields``)
+        cfg.update(model_type="nemotron_h", hybrid_override_pattern=model.layer_pattern)
+        if not model.gated_mlp:
+            cfg["hidden_act"] = "relu2"  # NemotronH's squared ReLU: a two-matrix MLP, as priced
+        if model.is_moe:
+            cfg["n_routed_experts"] = cfg.pop("num_experts")
+        if model.mamba_heads:
+            cfg.update(
+                mamba_num_heads=model.mamba_heads,
+                mamba_head_dim=model.mamba_head_dim,
+                ssm_state_size=model.mamba_state_dim,
+                n_groups=model.mamba_groups,
+                conv_kernel=model.mamba_conv_kernel,
+            )
     local = model.num_local_layers
     if model.chunked_attention:
         cfg.update(

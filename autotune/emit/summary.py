@@ -7,6 +7,7 @@ from typing import Any
 
 from autotune.contract import ENV, SCRIPT_CONFIGS
 from autotune.emit.fsdp import transformer_layer_cls
+from autotune.emit.megatron import megatron_entry
 from autotune.emit.summarynotes import deepspeed_notes, stored_dtype_note
 from autotune.emit.torchtitan import REGISTRIES, torchtitan_flavor, torchtitan_model
 from autotune.plan import Framework, ParallelPlan
@@ -202,7 +203,7 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
         )
     if "megatron_args.txt" in written:
         notes.append(
-            "- Megatron-LM: bash launch_torchrun.sh pretrain_gpt.py $(cat megatron_args.txt) plus "
+            f"- Megatron-LM: bash launch_torchrun.sh {megatron_entry(model)} $(cat megatron_args.txt) plus "
             f"your data, tokenizer (vocabulary {model.vocab_size}), RoPE settings (base, scaling, partial "
             "rotary: config.json's, not priced), optimizer and schedule flags."
         )

@@ -116,6 +116,8 @@ def torchtitan_model_unsupported(model: ModelSpec) -> list[str]:
     """Why torchtitan 0.2.2 has no model for ``model``'s architecture; [] when it has."""
     if model.num_linear_layers:
         return ["torchtitan 0.2.2 has no Gated DeltaNet model (its models: llama3, qwen3, deepseek_v3, ...)"]
+    if model.layer_pattern:
+        return ["torchtitan 0.2.2 has no hybrid Mamba-2 model (its models: llama3, qwen3, deepseek_v3, ...)"]
     return []
 
 

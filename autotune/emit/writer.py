@@ -23,7 +23,7 @@ from autotune.contract import SCRIPT_CONFIGS
 from autotune.emit import launchers
 from autotune.emit.deepspeed import deepspeed_unsupported, to_ds_config
 from autotune.emit.fsdp import accelerate_unsupported, to_accelerate_config
-from autotune.emit.megatron import megatron_args_text, megatron_unsupported
+from autotune.emit.megatron import megatron_args_text, megatron_entry, megatron_unsupported
 from autotune.emit.planfile import plan_document
 from autotune.emit.summary import render_summary
 from autotune.emit.torchrun import torchrun_args_text, trainer_unsupported
@@ -142,7 +142,7 @@ _ARTEFACTS = (
     ),
     _Artefact(
         name="megatron_args.txt",
-        what="Megatron-LM `pretrain_gpt.py` flags, one per line",
+        what="Megatron-LM `{entry}` flags, one per line",
         render=lambda c: megatron_args_text(c.plan, c.model),
         unsupported=megatron_unsupported,
     ),
@@ -199,7 +199,8 @@ def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[
             skipped.append((art.name, reasons))
         else:
             contents[art.name] = (art.render(ctx), art.executable)
-    written = [(a.name, a.what) for a in _ARTEFACTS if a.name in contents]
+    entry = megatron_entry(ctx.model)  # the Megatron-LM script that builds the model
+    written = [(a.name, a.what.format(entry=entry)) for a in _ARTEFACTS if a.name in contents]
     summary = render_summary(
         plan=ctx.plan,
         model=ctx.model,

@@ -56,8 +56,14 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "linear-value-head-dim",
         "linear-num-key-heads",
         "linear-num-value-heads",
+        "mamba-num-heads",
+        "mamba-head-dim",
+        "mamba-state-dim",
+        "mamba-num-groups",
     ):
         p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--hybrid-override-pattern")  # pretrain_mamba.py's model arguments
+    p.add_argument("--spec", nargs="*")
     p.add_argument("--pipeline-model-parallel-layout")
     for flag in ("attention-dropout", "hidden-dropout"):
         p.add_argument(f"--{flag}", type=float)
@@ -83,6 +89,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "delay-wgrad-compute",
         "fine-grained-activation-offloading",
         "attention-output-gate",
+        "is-hybrid-model",
+        "squared-relu",
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--recompute-modules", nargs="*", type=str)
@@ -217,7 +225,18 @@ def test_megatron_args_follow_megatron_rules(name, emitted):
             model.linear_key_head_dim,
             model.linear_value_head_dim,
         )
-    if model.is_moe:
+    if model.layer_pattern:  # pretrain_mamba.py: the pattern places every layer, its E the MoE ones
+        assert a.is_hybrid_model and a.hybrid_override_pattern == model.layer_pattern
+        assert a.spec == ["megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"]
+        assert (a.mamba_num_heads, a.mamba_head_dim, a.mamba_state_dim, a.mamba_num_groups) == (
+            model.mamba_heads,
+            model.mamba_head_dim,
+            model.mamba_state_dim,
+            model.mamba_groups,
+        )
+        assert a.position_embedding_type == "none" and a.squared_relu == (not model.gated_mlp)
+        assert tuple(i for i, c in enumerate(a.hybrid_override_pattern) if c == "E") == model.moe_layers
+    elif model.is_moe:
         freq = a.moe_layer_freq
         flags = [1] * model.num_layers if freq == 1 else freq
         assert tuple(i for i, f in enumerate(flags) if f) == model.moe_layers

@@ -167,3 +167,34 @@ def test_megatron_core_refuses_expert_offload_where_the_plan_rules_do(emitted):
     for change in (layer_offload, {"offload_modules": ["experts"]}):
         with pytest.raises((AssertionError, ValueError)):
             _transformer_config({**flags, **change})
+
+
+HYBRID_CASES = [n for n in MEGATRON_CASES if CASES[n].build()[1].layer_pattern]
+
+
+@pytest.mark.parametrize("name", HYBRID_CASES)
+def test_megatron_core_builds_the_emitted_hybrid_pattern(name, emitted):
+    """``--hybrid-override-pattern`` as ``MambaStack`` allocates it (``allocate_layers``, which asserts its
+    length and symbols) and the Mamba-2 heads as ``TransformerConfig`` fields, split by the emitted TP as
+    ``MambaMixer`` asserts (heads and groups divisible by TP)."""
+    from megatron.core.ssm.mamba_hybrid_layer_allocation import allocate_layers
+
+    plan, model, _ = CASES[name].build()
+    flags = _flags((emitted(name) / "megatron_args.txt").read_text())
+    layers = allocate_layers(int(flags["num_layers"]), 0.0, 0.0, str(flags["hybrid_override_pattern"]))
+    assert "".join(layers) == model.layer_pattern
+    config = _transformer_config(flags)
+    assert config.is_hybrid_model
+    assert (
+        config.mamba_num_heads,
+        config.mamba_head_dim,
+        config.mamba_state_dim,
+        config.mamba_num_groups,
+    ) == (
+        model.mamba_heads,
+        model.mamba_head_dim,
+        model.mamba_state_dim,
+        model.mamba_groups,
+    )
+    tp = config.tensor_model_parallel_size
+    assert config.mamba_num_heads % tp == 0 and config.mamba_num_groups % tp == 0

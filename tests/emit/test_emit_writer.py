@@ -51,6 +51,7 @@ EXPECTED = {  # the frameworks that can run each plan as priced
     "qwen3_megatron_offload_experts": {"megatron_args.txt"},
     "deepseek_v3_mtp_megatron": {"megatron_args.txt"},
     "gdn_megatron": {"megatron_args.txt"},
+    "nemotron_megatron": {"megatron_args.txt"},
 }
 
 

@@ -1,0 +1,168 @@
+"""ModelSpec -> the Megatron-LM flags that build its architecture (pure; ``emit.megatron`` adds the plan's).
+
+Flag names are Megatron-LM's (``megatron/training/arguments.py`` and the ``TransformerConfig`` fields it turns
+into flags): the dense core, MoE (``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``, shared
+experts, ``--moe-layer-freq`` as a Python list expression for dense first layers, grouped GEMM and the
+dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's DeepEP / HybridEP backend), MLA
+(``--multi-latent-attention``; ``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE
+part), Gated DeltaNet (``--experimental-attention-variant gated_delta_net``, ``_gdn_args``) and hybrid
+Mamba-2 models (Nemotron-H, Nemotron 3: their pattern, Mamba-2 heads and ``--spec`` for
+``pretrain_mamba.py``, ``_hybrid_args``, ``megatron_entry``).
+"""
+
+from __future__ import annotations
+
+from autotune.errors import ConfigError
+from autotune.plan import MoeDispatcher
+from autotune.specs import ModelSpec
+
+__all__ = ["model_args", "megatron_entry", "moe_layer_freq"]
+
+
+def model_args(
+    model: ModelSpec, seq_len: int, dispatcher: MoeDispatcher = MoeDispatcher.ALLTOALL
+) -> list[list[str]]:
+    args = [
+        ["--num-layers", str(model.num_layers)],
+        ["--hidden-size", str(model.hidden_size)],
+        ["--num-attention-heads", str(model.num_heads)],
+        ["--ffn-hidden-size", str(model.ffn_hidden_size)],
+        ["--seq-length", str(seq_len)],
+        ["--max-position-embeddings", str(max(model.max_seq_len, seq_len))],
+    ]
+    if model.num_kv_heads != model.num_heads:
+        args += [["--group-query-attention"], ["--num-query-groups", str(model.num_kv_heads)]]
+    if model.gated_mlp:
+        args.append(["--swiglu"])
+    elif model.layer_pattern:  # NemotronH's MLPs and experts: squared ReLU
+        args.append(["--squared-relu"])
+    if model.learned_positions:
+        args.append(["--position-embedding-type", "learned_absolute"])
+    elif model.layer_pattern:  # NemotronH's attention has no position embedding (MambaModel's default)
+        args += [["--position-embedding-type", "none"], ["--normalization", "RMSNorm"]]
+    else:
+        args += [["--position-embedding-type", "rope"], ["--normalization", "RMSNorm"]]
+    if not model.bias:
+        args.append(["--disable-bias-linear"])
+        if model.attention_bias:  # Qwen2, GLM-4.5: bias on the QKV projection only
+            args.append(["--add-qkv-bias"])
+    if not model.tie_embeddings:
+        args.append(["--untie-embeddings-and-output-weights"])
+    if model.attention_head_dim and not model.uses_mla:
+        args.append(["--kv-channels", str(model.attention_head_dim)])
+    if model.mtp_layers:  # multi-token prediction (costmodel/mtp.py); its loss weight is the user's
+        args.append(["--mtp-num-layers", str(model.mtp_layers)])
+    if model.attention_output_gate:
+        args.append(["--attention-output-gate"])
+    return args + _gdn_args(model) + _hybrid_args(model) + _mla_args(model) + _moe_args(model, dispatcher)
+
+
+MAMBA_STACK_SPEC = ["megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"]
+"""``--spec`` of a hybrid model (Megatron-LM ``mamba_builders.py`` raises without it)."""
+MEGATRON_MAMBA_CONV = 4
+"""The causal convolution width Megatron-Core's ``MambaMixer`` builds (``d_conv=4``; no flag sets it)."""
+
+
+def _hybrid_args(model: ModelSpec) -> list[list[str]]:
+    """A hybrid Mamba-2 model (``pretrain_mamba.py``): its pattern (``MambaStack``), the Mamba-2 heads, state
+    and groups (megatron-core ``TransformerConfig`` ``mamba_*``) and the layer spec."""
+    if not model.layer_pattern:
+        return []
+    if model.mamba_heads and model.mamba_conv_kernel != MEGATRON_MAMBA_CONV:
+        raise ConfigError(
+            f"{model.name}: Megatron-Core's Mamba-2 convolution is {MEGATRON_MAMBA_CONV} wide, the model's "
+            f"{model.mamba_conv_kernel}"
+        )
+    args = [
+        ["--is-hybrid-model"],
+        ["--hybrid-override-pattern", model.layer_pattern],
+        ["--spec", *MAMBA_STACK_SPEC],
+    ]
+    if model.mamba_heads:
+        args += [
+            ["--mamba-num-heads", str(model.mamba_heads)],
+            ["--mamba-head-dim", str(model.mamba_head_dim)],
+            ["--mamba-state-dim", str(model.mamba_state_dim)],
+            ["--mamba-num-groups", str(model.mamba_groups)],
+        ]
+    return args
+
+
+def megatron_entry(model: ModelSpec) -> str:
+    """The Megatron-LM script that builds ``model``: ``pretrain_mamba.py`` for a hybrid pattern (its
+    ``mamba_builder``), else ``pretrain_gpt.py``."""
+    return "pretrain_mamba.py" if model.layer_pattern else "pretrain_gpt.py"
+
+
+def _gdn_args(model: ModelSpec) -> list[list[str]]:
+    """Gated DeltaNet layers (megatron-core ``TransformerConfig.experimental_attention_variant``
+    ``gated_delta_net``): ``--linear-attention-freq N`` puts softmax attention on every N-th layer, as
+    Qwen3-Next's ``full_attention_interval`` (``get_linear_attention_pattern``)."""
+    linear, layers = model.num_linear_layers, model.num_layers
+    if not linear:
+        return []
+    every = layers // (layers - linear) if linear < layers else 0
+    if not every or layers - layers // every != linear:
+        raise ConfigError(
+            f"{model.name}: its {linear} Gated DeltaNet layers of {layers} do not leave softmax attention on "
+            "every N-th layer; write Megatron's --linear-attention-freq as the per-layer list by hand"
+        )
+    return [
+        ["--experimental-attention-variant", "gated_delta_net"],
+        ["--linear-attention-freq", str(every)],
+        ["--linear-conv-kernel-dim", str(model.linear_conv_kernel)],
+        ["--linear-key-head-dim", str(model.linear_key_head_dim)],
+        ["--linear-value-head-dim", str(model.linear_value_head_dim)],
+        ["--linear-num-key-heads", str(model.linear_key_heads)],
+        ["--linear-num-value-heads", str(model.linear_value_heads)],
+    ]
+
+
+def _mla_args(model: ModelSpec) -> list[list[str]]:
+    if not model.uses_mla:
+        return []
+    args = [
+        ["--multi-latent-attention"],
+        ["--kv-lora-rank", str(model.kv_lora_rank)],
+        ["--qk-head-dim", str(model.qk_nope_head_dim)],
+        ["--qk-pos-emb-head-dim", str(model.qk_rope_head_dim)],
+        ["--v-head-dim", str(model.v_head_dim)],
+    ]
+    if model.q_lora_rank:
+        args.append(["--q-lora-rank", str(model.q_lora_rank)])
+    return args
+
+
+def moe_layer_freq(model: ModelSpec) -> str:
+    """``--moe-layer-freq`` as Megatron evaluates it (``megatron/training/arguments.py`` ``moe_freq_type``): 1
+    when every layer is MoE, else a run-length list expression such as ``[0]*3+[1]*58``."""
+    flags = [int(i in set(model.moe_layers)) for i in range(model.num_layers)]
+    if all(flags):
+        return "1"
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "+".join(f"[{f}]*{n}" for f, n in runs)
+
+
+def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
+    if not model.is_moe:
+        return []
+    args = [
+        ["--num-experts", str(model.num_experts)],
+        ["--moe-router-topk", str(model.experts_per_token)],
+        ["--moe-ffn-hidden-size", str(model.expert_ffn_hidden_size)],
+        ["--moe-grouped-gemm"],
+    ]
+    if not model.layer_pattern:  # a hybrid pattern places its MoE layers itself (its E characters)
+        args.insert(3, ["--moe-layer-freq", moe_layer_freq(model)])
+    if dispatcher in (MoeDispatcher.ALLTOALL, MoeDispatcher.ALLGATHER):
+        args.append(["--moe-token-dispatcher-type", str(dispatcher)])
+    else:  # megatron/core/transformer/moe/token_dispatcher.py MoEFlexTokenDispatcher
+        args += [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", str(dispatcher)]]
+    if model.shared_ffn_hidden_size:
+        args.append(["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden_size)])
+    return args
