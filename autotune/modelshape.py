@@ -132,11 +132,12 @@ MAMBA_CHUNK = 128
 
 def mamba_activation_width(model: ModelSpec) -> int:
     """Elements per token a Mamba-2 layer saves beyond its input, Megatron's memory-efficient path
-    (``mamba_split_conv1d_scan_combined``: it keeps the ``in_proj`` output ``zxbcdt`` and the scan output
-    and recomputes the convolution in backward): ``zxbcdt`` (``2 d_in + 2 G N + H``), the scan output
-    (``d_in``), the gated norm's output (``out_proj``'s input, ``d_in``) and its fp32 ``rstd`` per group."""
+    (``mamba_mixer.py`` ``_ssm_training`` -> ``mamba_split_conv1d_scan_combined``: it keeps the ``in_proj``
+    output ``zxbcdt`` and the scan output and recomputes the convolution, ``dt`` and the chunk states in
+    backward): ``zxbcdt`` (``2 d_in + 2 G N + H``), the scan output, the gated norm's input ``y silu(z)`` and
+    its output (``out_proj``'s input; ``d_in`` each) and the norm's fp32 ``rstd`` per group."""
     d_in, gn = mamba_widths(model)
-    return 2 * d_in + 2 * gn + model.mamba_heads + 2 * d_in + 2 * model.mamba_groups
+    return 2 * d_in + 2 * gn + model.mamba_heads + 3 * d_in + 2 * model.mamba_groups
 
 
 def _linear_part_params(model: ModelSpec) -> int:
