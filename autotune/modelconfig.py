@@ -260,21 +260,23 @@ def _linear_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str
     gate = bool(cfg.get("attn_output_gate", str(cfg.get("model_type", "")).startswith("qwen3_next")))
     if not linear:
         return {"attention_output_gate": True} if gate else {}
-    heads: dict[str, int] = {}
-    for field, key in (
-        ("linear_key_heads", "linear_num_key_heads"),
+    heads = _positive_ints(
+        cfg,
+        where,
+        "Gated DeltaNet layers",
+        (
+            ("linear_key_heads", "linear_num_key_heads"),
+            ("linear_value_heads", "linear_num_value_heads"),
+            ("linear_key_head_dim", "linear_key_head_dim"),
+            ("linear_value_head_dim", "linear_value_head_dim"),
+        ),
+    )
+    _check_multiple(
+        where,
+        heads,
         ("linear_value_heads", "linear_num_value_heads"),
-        ("linear_key_head_dim", "linear_key_head_dim"),
-        ("linear_value_head_dim", "linear_value_head_dim"),
-    ):
-        heads[field] = _int(cfg, key, where)
-        if not heads[field]:
-            raise ConfigError(f"{where}: Gated DeltaNet layers need key '{key}' > 0")
-    if heads["linear_value_heads"] % heads["linear_key_heads"]:
-        raise ConfigError(
-            f"{where}: 'linear_num_value_heads' {heads['linear_value_heads']} is not a multiple of "
-            f"'linear_num_key_heads' {heads['linear_key_heads']}"
-        )
+        ("linear_key_heads", "linear_num_key_heads"),
+    )
     conv = _int(cfg, "linear_conv_kernel_dim", where) or 4
     return {**heads, "num_linear_layers": linear, "linear_conv_kernel": conv, "attention_output_gate": gate}
 
@@ -293,22 +295,40 @@ def _hybrid_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str
     fields: dict[str, Any] = {"layer_pattern": pattern, "num_layer_norms": 1}
     if "M" not in pattern:
         return fields
-    for field, key in (
-        ("mamba_heads", "mamba_num_heads"),
-        ("mamba_head_dim", "mamba_head_dim"),
-        ("mamba_state_dim", "ssm_state_size"),
-        ("mamba_groups", "n_groups"),
-        ("mamba_conv_kernel", "conv_kernel"),
-    ):
-        fields[field] = _int(cfg, key, where)
-        if not fields[field]:
-            raise ConfigError(f"{where}: Mamba-2 layers (M) need key '{key}' > 0")
-    if fields["mamba_heads"] % fields["mamba_groups"]:
+    mamba = _positive_ints(
+        cfg,
+        where,
+        "Mamba-2 layers (M)",
+        (
+            ("mamba_heads", "mamba_num_heads"),
+            ("mamba_head_dim", "mamba_head_dim"),
+            ("mamba_state_dim", "ssm_state_size"),
+            ("mamba_groups", "n_groups"),
+            ("mamba_conv_kernel", "conv_kernel"),
+        ),
+    )
+    _check_multiple(where, mamba, ("mamba_heads", "mamba_num_heads"), ("mamba_groups", "n_groups"))
+    return {**fields, **mamba}
+
+
+def _positive_ints(
+    cfg: dict[str, Any], where: str, what: str, fields_keys: tuple[tuple[str, str], ...]
+) -> dict[str, int]:
+    """``ModelSpec`` field -> the config key's value, each required > 0 for ``what``."""
+    out: dict[str, int] = {}
+    for field, key in fields_keys:
+        out[field] = _int(cfg, key, where)
+        if not out[field]:
+            raise ConfigError(f"{where}: {what} need key '{key}' > 0")
+    return out
+
+
+def _check_multiple(where: str, fields: dict[str, int], many: tuple[str, str], few: tuple[str, str]) -> None:
+    """``many``'s value must be a multiple of ``few``'s (each a field and its config key)."""
+    if fields[many[0]] % fields[few[0]]:
         raise ConfigError(
-            f"{where}: 'mamba_num_heads' {fields['mamba_heads']} is not a multiple of 'n_groups' "
-            f"{fields['mamba_groups']}"
+            f"{where}: '{many[1]}' {fields[many[0]]} is not a multiple of '{few[1]}' {fields[few[0]]}"
         )
-    return fields
 
 
 def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
