@@ -272,14 +272,14 @@ def linear_attention_broken(
     groups; context parallelism, selective recompute and recompute modules of those layers are not priced."""
     if not model.num_linear_layers:
         return ""
-    if model.linear_key_heads % tp:
-        return f"TP {tp} does not divide the Gated DeltaNet key heads {model.linear_key_heads}"
+    if model.linear_key_heads % tp:  # the reason's head (before ':') is the tally's rule: no numbers in it
+        return f"TP does not divide the Gated DeltaNet key heads: TP {tp}, {model.linear_key_heads} key heads"
     if autotp:
-        return "DeepSpeed AutoTP of Gated DeltaNet layers is not priced; use --tp 1 or --framework megatron"
+        return "DeepSpeed AutoTP of Gated DeltaNet layers is not priced: use --tp 1 or --framework megatron"
     if cp > 1:
-        return "context parallelism of Gated DeltaNet layers is not priced; use --cp 1"
+        return "context parallelism of Gated DeltaNet layers is not priced: use --cp 1"
     if recompute == "selective" or modules:
-        return "selective recompute of Gated DeltaNet layers is not priced; use --recompute none or full"
+        return "selective recompute of Gated DeltaNet layers is not priced: use --recompute none or full"
     return ""
 
 

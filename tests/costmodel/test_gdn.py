@@ -96,7 +96,7 @@ def test_gated_deltanet_layers_save_more_than_the_attention_they_replace(qwen3_n
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        (dict(tp=32, dp=2, sequence_parallel=True), "Gated DeltaNet key heads 16"),
+        (dict(tp=32, dp=2, sequence_parallel=True), "Gated DeltaNet key heads: TP 32, 16 key heads"),
         (dict(cp=2, dp=32), "context parallelism of Gated DeltaNet layers is not priced"),
         (dict(dp=64, recompute="selective"), "selective recompute of Gated DeltaNet layers"),
         (dict(tp=2, dp=32, ep=1, framework="deepspeed", sharding="zero1"), "DeepSpeed AutoTP"),
