@@ -366,6 +366,8 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         model, plan.tp, plan.cp, plan.pp, plan.framework, str(plan.recompute), plan.virtual_stages
     )
     errors += [mamba] if mamba else []
+    if model.moe_latent_size and plan.framework is not Framework.MEGATRON:  # moe_layer.py fc1_latent_proj
+        errors.append(f"LatentMoE runs in Megatron-Core only: use --framework megatron, not {plan.framework}")
     return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
 
 

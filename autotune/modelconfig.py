@@ -16,7 +16,7 @@ moe_layer_end_index`` and ``(i + 1) % moe_layer_interval == 0``, transformers ``
 Gemma 2 (GeGLU, 4 norms per block, sliding window on even layers), NemotronH (Nemotron-H, Nemotron 3:
 ``hybrid_override_pattern`` or ``layers_block_type``, one sub-layer per layer; ``mamba_num_heads``,
 ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``;
-``moe_shared_expert_intermediate_size``; ``mlp_hidden_act`` relu2).
+``moe_shared_expert_intermediate_size``; ``moe_latent_size``, LatentMoE; ``mlp_hidden_act`` relu2).
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
         "shared_ffn_hidden_size": shared,
         "moe_layers": layers,
         "expert_bias": str(cfg.get("model_type")) == "gpt_oss",
+        "moe_latent_size": _int(cfg, "moe_latent_size", where),  # LatentMoE (Nemotron 3 Super / Ultra)
     }
 
 

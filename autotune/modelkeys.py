@@ -90,7 +90,7 @@ PRICED_KEYS = frozenset(
         "moe_shared_expert_intermediate_size",
         "mamba_proj_bias",
         "use_conv_bias",
-        "moe_latent_size",  # Nemotron 3 Super / Ultra's LatentMoE: refused
+        "moe_latent_size",  # Nemotron 3 Super / Ultra's LatentMoE: ModelSpec.moe_latent_size
         "mtp_layers_block_type",  # NemotronH's MTP modules: refused with a hybrid pattern
         # refused unless they leave the cost unchanged (``_REFUSED``):
         "mlp_bias",

@@ -5,8 +5,7 @@ Token mixers other than softmax attention, Gated DeltaNet and Nemotron-H's Mamba
 ``modelshape`` prices) change a layer's parameters, FLOPs, saved activations and kernels: other Mamba
 hybrids (Jamba: ``attn_layer_period``; Falcon-H1: ``mamba_d_ssm``), Kimi Linear's delta attention
 (``linear_attn_config``), MiniMax's lightning attention (``attn_type_list`` / ``decoder_attention_types``
-entries 0) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``); and Nemotron 3 Super / Ultra's
-LatentMoE (``moe_latent_size``: routed experts at a latent width behind two projections).
+entries 0) and DeepSeek-V3.2's sparse-attention indexer (``index_topk``).
 """
 
 from __future__ import annotations
@@ -38,11 +37,7 @@ def refuse_unpriced_architecture(cfg: dict[str, Any], where: str) -> None:
     for key, what in _MARKERS.items():
         if key in cfg:
             raise ConfigError(f"{where}: key '{key}' defines {what}, which autotune does not price {_PLANS}")
-    if cfg.get("moe_latent_size"):
-        raise ConfigError(
-            f"{where}: key 'moe_latent_size' defines LatentMoE (Nemotron 3 Super / Ultra: routed experts at "
-            f"a latent width behind two projections), which autotune does not price {_PLANS}"
-        )
+
     for key in ("attn_type_list", "decoder_attention_types"):  # MiniMax: 1 softmax, 0 lightning attention
         if isinstance(cfg.get(key), list) and 0 in cfg[key]:
             raise ConfigError(

@@ -13,6 +13,9 @@ Counts follow the modules as Hugging Face and Megatron-Core build them:
   ``h x E`` (+ E biases for gpt-oss), ``E`` routed experts of ``num_mlp_matrices x h x f_e`` (gpt-oss adds
   biases ``(m-1) f_e + h`` each), and shared experts of total width ``f_s`` that every token visits.
 - Each token runs its top-k routed experts and the shared ones: the active GEMM weights of a block.
+  LatentMoE (Nemotron 3 Super / Ultra; megatron-core ``moe_layer.py``): the routed experts take
+  ``latent``-wide tokens (``ModelSpec.expert_width``) behind ``fc1_latent_proj`` / ``fc2_latent_proj``
+  (``h x latent`` each).
 - Gated DeltaNet (transformers ``modeling_qwen3_next.py`` ``Qwen3NextGatedDeltaNet``): ``in_proj_qkvz``
   ``h x (2 K + 2 V)`` (``K = n_k d_k``, ``V = n_v d_v``), ``in_proj_ba`` ``h x 2 n_v``, a depthwise causal
   ``conv1d`` of ``2K + V`` channels without bias, ``dt_bias`` and ``A_log`` (``n_v`` each), a gated RMSNorm of
@@ -54,6 +57,7 @@ __all__ = [
     "mamba_weight_params",
     "mamba_activation_width",
     "MAMBA_CHUNK",
+    "latent_projection_params",
 ]
 
 
@@ -200,8 +204,8 @@ def routed_expert_params(model: ModelSpec) -> int:
     """All routed experts of one MoE layer (0 for a dense model)."""
     if not model.is_moe:
         return 0
-    f, m = model.expert_ffn_hidden_size, model.num_mlp_matrices
-    each = m * model.hidden_size * f + (((m - 1) * f + model.hidden_size) if model.expert_bias else 0)
+    f, m, w = model.expert_ffn_hidden_size, model.num_mlp_matrices, model.expert_width
+    each = m * w * f + (((m - 1) * f + w) if model.expert_bias else 0)
     return model.num_experts * each
 
 
@@ -210,7 +214,13 @@ def moe_mlp_params(model: ModelSpec) -> int:
     h, e = model.hidden_size, model.num_experts
     router = h * e + (e if model.expert_bias else 0)
     shared = model.num_mlp_matrices * h * model.shared_ffn_hidden_size
-    return routed_expert_params(model) + shared + router
+    return routed_expert_params(model) + shared + router + latent_projection_params(model)
+
+
+def latent_projection_params(model: ModelSpec) -> int:
+    """LatentMoE's ``fc1_latent_proj`` (h -> latent) and ``fc2_latent_proj`` (latent -> h) of one MoE layer
+    (megatron-core ``moe_layer.py``; no bias); 0 without a latent."""
+    return 2 * model.hidden_size * model.moe_latent_size
 
 
 def _gpt_biases(model: ModelSpec) -> int:
@@ -269,9 +279,10 @@ def gemm_params_per_layer(model: ModelSpec) -> float:
     num_moe = len(model.moe_layers)
     dense = model.num_dense_mlp_layers * dense_mlp_params(model)
     moe = num_moe * (
-        model.experts_per_token * m * h * model.expert_ffn_hidden_size
+        model.experts_per_token * m * model.expert_width * model.expert_ffn_hidden_size
         + m * h * model.shared_ffn_hidden_size
         + h * model.num_experts
+        + latent_projection_params(model)
     )
     return mixer_weight_params(model) + (dense + moe) / model.num_layers
 
@@ -293,7 +304,7 @@ def routed_ffn_per_layer(model: ModelSpec) -> float:
 def routed_width_per_layer(model: ModelSpec) -> float:
     """``h``-wide token copies an MoE layer makes per token, the mean over blocks: the ``top-k`` permuted
     copies of the input that go to the experts (Megatron-Core ``moe_utils.py`` ``permute``)."""
-    return len(model.moe_layers) * model.experts_per_token * model.hidden_size / model.num_layers
+    return len(model.moe_layers) * model.experts_per_token * model.expert_width / model.num_layers
 
 
 def trial_model_gap(model: ModelSpec) -> str | None:
@@ -311,6 +322,7 @@ def trial_model_gap(model: ModelSpec) -> str | None:
         (bool(model.num_linear_layers), "Gated DeltaNet layers"),
         (model.attention_output_gate, "output-gated attention"),
         (bool(model.layer_pattern), "a hybrid pattern of Mamba-2 and single-sub-layer layers"),
+        (bool(model.moe_latent_size), "LatentMoE projections"),
     ]
     missing = [what for present, what in gaps if present]
     return ", ".join(missing) or None

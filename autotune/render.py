@@ -96,6 +96,8 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             moe_layers=len(model.moe_layers),
             dense_layers=model.num_dense_mlp_layers,
         )
+        if model.moe_latent_size:
+            info["moe_latent_size"] = model.moe_latent_size
     if model.mtp_layers:
         info.update(mtp_layers=model.mtp_layers, mtp_params=model.mtp_params)
     return info

@@ -20,10 +20,8 @@ GIB = 1024**3
 class ModelSpec:
     """A decoder-only transformer: dense (Llama, GPT, Gemma, Mistral) or Mixture-of-Experts (Mixtral,
     Qwen3-MoE, DeepSeek-V3, Llama 4, gpt-oss), with GQA or multi-head latent attention (MLA), some layers
-    Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5), or a hybrid pattern of single-sub-layer Mamba-2,
-    attention, MLP and MoE layers (Nemotron-H, Nemotron 3). The fields
-    after ``bias`` default to a dense GQA model, so a dense spec reads as before; the per-part parameter
-    arithmetic is ``autotune.modelshape``'s."""
+    Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5), or a hybrid Mamba-2 pattern (Nemotron-H, 3). Fields
+    after ``bias`` default to a dense GQA model; the parameter arithmetic is ``autotune.modelshape``'s."""
 
     name: str
     """Preset name or the path it was read from."""
@@ -69,6 +67,9 @@ class ModelSpec:
     """Indices of the MoE layers (the others are dense); the catalog lists them for every MoE model."""
     expert_bias: bool = False
     """Experts and router carry biases (gpt-oss)."""
+    moe_latent_size: int = 0
+    """LatentMoE (Nemotron 3 Super / Ultra; megatron-core ``moe_layer.py`` ``fc1/fc2_latent_proj``): routed
+    experts and their dispatch at this width, behind two ``h x latent`` projections (0: none)."""
     q_lora_rank: int = 0
     """MLA: rank of the query down-projection (0: queries projected directly)."""
     kv_lora_rank: int = 0
@@ -95,15 +96,11 @@ class ModelSpec:
     """The softmax-attention layers gate their output with a sigmoid of a second query-wide projection
     (Qwen3-Next ``q_proj`` is ``2 x heads x head_dim`` wide; Megatron ``--attention-output-gate``)."""
     layer_pattern: str = ""
-    """Megatron's hybrid layer pattern (``--hybrid-override-pattern``; Hugging Face
-    ``hybrid_override_pattern``: Nemotron-H, Nemotron 3): one character per layer, each a single sub-layer
-    behind its own pre-norm, ``M`` Mamba-2, ``*`` softmax attention, ``-`` dense MLP, ``E`` MoE
-    (``megatron/core/ssm/mamba_hybrid_layer_allocation.py``). With a pattern ``num_layers`` is its length,
-    ``moe_layers`` its ``E`` positions, and the shares below count its characters; empty: every layer is a
-    transformer block of a token mixer and an MLP."""
+    """Megatron's hybrid pattern (``hybrid_override_pattern``: Nemotron-H / 3), one single-sub-layer layer per
+    character: ``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E`` MoE; ``num_layers`` its length, ``moe_layers``
+    its ``E``s. Empty: transformer blocks of a token mixer and an MLP."""
     mamba_heads: int = 0
-    """Mamba-2 (Dao & Gu, ICML 2024): SSD heads; ``d_inner = heads x mamba_head_dim``. Then the state ``N``
-    per group, the groups sharing one B and C, and the causal convolution's width over x, B and C."""
+    """Mamba-2 (Dao & Gu, ICML 2024) SSD heads (d_inner = heads x head_dim); state N, B/C groups, conv."""
     mamba_head_dim: int = 0
     mamba_state_dim: int = 0
     mamba_groups: int = 0
@@ -136,6 +133,11 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def expert_width(self) -> int:
+        """Width of the tokens routed experts take and the dispatch moves: ``h``, or LatentMoE's latent."""
+        return self.moe_latent_size or self.hidden_size
+
+    @property
     def uses_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
@@ -146,13 +148,12 @@ class ModelSpec:
 
     @property
     def mamba_share(self) -> float:
-        """Share of the layers whose token mixer is Mamba-2 (``layer_pattern``'s ``M``; 0 without)."""
+        """Share of the layers whose token mixer is Mamba-2 (``layer_pattern``'s ``M``)."""
         return self.layer_pattern.count("M") / self.num_layers if self.layer_pattern else 0.0
 
     @property
     def softmax_share(self) -> float:
-        """Share of the blocks whose token mixer is softmax attention (1 without Gated DeltaNet layers or a
-        hybrid pattern; a pattern's ``*`` share)."""
+        """Share of the blocks whose token mixer is softmax attention (a hybrid pattern's ``*`` share)."""
         if self.layer_pattern:
             return self.layer_pattern.count("*") / self.num_layers
         return 1.0 - self.linear_share
@@ -166,8 +167,7 @@ class ModelSpec:
 
     @property
     def sublayers_per_layer(self) -> int:
-        """Sub-layers of one layer, each behind its own norm and residual add and ending in one TP
-        reduction: a transformer block's mixer and MLP (2), a hybrid pattern's one."""
+        """Sub-layers of a layer, each with a norm, a residual add and a TP reduction: 2, a pattern's 1."""
         return 1 if self.layer_pattern else 2
 
     @cached_property

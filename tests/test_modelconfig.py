@@ -182,10 +182,9 @@ def test_unpriceable_keys_are_refused_in_one_line(change, message):
 
 @pytest.mark.parametrize(
     ("change", "names"),
-    [  # marker keys of Jamba's, Falcon-H1's, Nemotron 3 Super's and DeepSeek-V3.2's config.json
+    [  # marker keys of Jamba's, Falcon-H1's and DeepSeek-V3.2's config.json
         ({"attn_layer_period": 8, "mamba_d_state": 16}, "Mamba-2"),
         ({"mamba_d_ssm": 1024}, "Mamba-2"),
-        ({"moe_latent_size": 1024, "hybrid_override_pattern": "MEMEM*E"}, "LatentMoE"),
         ({"index_topk": 2048, "index_n_heads": 64}, "DeepSeek Sparse Attention"),
         ({"layer_types": ["full_attention", "conv"]}, "layers of type conv"),
     ],

@@ -146,6 +146,9 @@ def block_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float, *, fused: b
     if not num_moe:
         return gemms
     gemms.append(Gemm(tokens / tp, model.num_experts, h, moe_share))  # router, on the sequence shard
+    if model.moe_latent_size:  # LatentMoE's projections, duplicated over TP, on the sequence shard
+        latent = model.moe_latent_size
+        gemms += [Gemm(tokens / tp, latent, h, moe_share), Gemm(tokens / tp, h, latent, moe_share)]
     gemms += _mlp(h, model.shared_ffn_hidden_size, up, tp, tokens, fused, moe_share)
     if plan.framework is Framework.DEEPSPEED:
         gemms += _deepspeed_dispatch(model, plan, tokens, moe_share)
@@ -162,5 +165,5 @@ def routed_expert_gemms(model: ModelSpec, plan: ParallelPlan, tokens: float) -> 
     rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
     local = model.num_experts / plan.ep * len(model.moe_layers) / model.num_layers
     f_e = model.expert_ffn_hidden_size / plan.etp
-    h = model.hidden_size
-    return [Gemm(rows, up * f_e, h, local), Gemm(rows, h, f_e, local)]
+    w = model.expert_width  # LatentMoE: the latent
+    return [Gemm(rows, up * f_e, w, local), Gemm(rows, w, f_e, local)]

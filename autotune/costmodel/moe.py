@@ -79,9 +79,9 @@ def dispatch_buffer_width(model: ModelSpec, plan: ParallelPlan) -> float:
     gathered group, ``ep x etp`` tokens per local one (``_gather_scatter_s``)."""
     if not model.is_moe:
         return 0.0
-    width = model.experts_per_token * model.hidden_size * busiest_load(plan)
+    width = model.experts_per_token * model.expert_width * busiest_load(plan)
     if plan.moe_dispatcher is MoeDispatcher.ALLGATHER and plan.ep > 1:
-        width += plan.ep * plan.etp * model.hidden_size
+        width += plan.ep * plan.etp * model.expert_width
     return float(width)
 
 
@@ -216,7 +216,7 @@ def _gather_scatter_s(
     group = plan.ep * plan.etp
     link = comm.group_link(cluster, group, 1)
     local = tokens / plan.tp
-    hidden = group * local * model.hidden_size * act_bytes
+    hidden = group * local * model.expert_width * act_bytes
     routing = group * local * model.num_experts * ROUTING_BYTES_PER_EXPERT
     return comm.allgather_s(hidden + routing, group, link) + comm.reduce_scatter_s(hidden, group, link)
 

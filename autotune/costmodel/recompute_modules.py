@@ -69,7 +69,7 @@ def freed_bytes_per_layer(model: ModelSpec, plan: ParallelPlan, *, e: int, k: Ke
     routed_ffn = moe_share * model.experts_per_token * model.expert_ffn_hidden_size
     shared_ffn = moe_share * model.shared_ffn_hidden_size
     if "moe" in mods:
-        routed_h = k.routed_saved_h * moe_share * model.experts_per_token * model.hidden_size
+        routed_h = k.routed_saved_h * moe_share * model.experts_per_token * model.expert_width
         width += routed_h * (1 if k.fp8_gemm_inputs else e) + (routed_ffn + shared_ffn) * per_ffn
     else:
         if "moe_act" in mods and not k.fp8_gemm_inputs:
@@ -166,6 +166,6 @@ def _experts_gemm_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, 
     rows included, for a model of MoE layers only)."""
     rows = moe.tokens_per_expert(model, plan, tokens) * moe.busiest_load(plan)
     rows = math.ceil(rows / moe.GEMM_TILE_ROWS) * moe.GEMM_TILE_ROWS if rows > 0 else 0.0
-    up, h, f_e = model.num_mlp_matrices - 1, model.hidden_size, model.expert_ffn_hidden_size / plan.etp
+    up, h, f_e = model.num_mlp_matrices - 1, model.expert_width, model.expert_ffn_hidden_size / plan.etp
     local = model.num_experts / plan.ep
     return local * (_gemm_s(cluster, plan, rows, up * f_e, h) + _gemm_s(cluster, plan, rows, h, f_e))

@@ -165,4 +165,6 @@ def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
         args += [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", str(dispatcher)]]
     if model.shared_ffn_hidden_size:
         args.append(["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden_size)])
+    if model.moe_latent_size:  # TransformerConfig.moe_latent_size (megatron-core moe_layer.py)
+        args.append(["--moe-latent-size", str(model.moe_latent_size)])
     return args

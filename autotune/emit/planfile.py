@@ -77,6 +77,8 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
             shared_expert_intermediate_size=model.shared_ffn_hidden_size,
             moe_layers=list(model.moe_layers),
         )
+        if model.moe_latent_size:
+            cfg["moe_latent_size"] = model.moe_latent_size
     if model.uses_mla:
         cfg.update(
             q_lora_rank=model.q_lora_rank,

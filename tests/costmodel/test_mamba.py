@@ -177,7 +177,6 @@ def test_megatron_selective_recompute_with_modules_is_priced(nano):
         ),
         (dict(hybrid_override_pattern="MEX" * 17 + "M"), r"string of M \(Mamba-2\)"),
         (dict(hybrid_override_pattern="M*" * 26), "the expert keys need MoE layers"),
-        (dict(moe_latent_size=1024), "LatentMoE"),
         (dict(num_nextn_predict_layers=1), "multi-token prediction of a hybrid"),
         (dict(chunk_size=256), "'chunk_size' must be 128"),
         (dict(use_conv_bias=False), "use_conv_bias"),
@@ -203,3 +202,47 @@ def test_ssd_time_is_priced_at_the_slower_of_its_flops_and_bytes(nano):
     per_token_bytes = flops.linear_attention_bytes_per_token(nano)
     d_in, gn = modelshape.mamba_widths(nano)
     assert per_token_bytes > 2 * 2 * (d_in + 2 * gn) * 23 / 52  # at least its inputs, read twice
+
+
+@pytest.fixture(scope="module")
+def super_():
+    return load_model("nemotron-3-super-120b-a12b")
+
+
+def test_nemotron_3_super_reads_its_latent_moe_at_its_published_size(super_):
+    """NVIDIA: "12B active parameters and 120B parameters in total" (Megatron-Bridge
+    docs/models/nemotron/nemotron3-super.md); 512 experts of 2688 at the latent width 1024, top-22."""
+    assert super_.moe_latent_size == 1024 and super_.expert_width == 1024
+    assert super_.total_params / 1e9 == pytest.approx(120, rel=0.02)
+    active = (super_.active_params - super_.vocab_size * super_.hidden_size) / 1e9
+    assert 11.5 <= active < 13.0
+
+
+def test_latent_moe_experts_and_dispatch_run_at_the_latent_width(super_):
+    """The routed experts' GEMMs take latent-wide rows, the dispatch moves latent-wide copies, and the two
+    projections (h x latent each, on the sequence shard) are GEMMs of the mean layer."""
+    full = dataclasses.replace(super_, moe_latent_size=0)
+    assert modelshape.routed_width_per_layer(super_) == pytest.approx(
+        modelshape.routed_width_per_layer(full) * 1024 / 4096
+    )
+    plan = ParallelPlan(dp=64, ep=64, global_batch=512, seq_len=8192, framework="megatron")
+    shapes = gemms.block_gemms(super_, plan, 8192.0, fused=True)
+    assert (shapes[-2].k, shapes[-1].n) == (1024, 1024)
+    projections = [g for g in shapes if {g.n, g.k} == {1024, 4096}]
+    assert len(projections) == 2
+    per_layer = modelshape.latent_projection_params(super_)
+    assert per_layer == 2 * 4096 * 1024
+    assert modelshape.moe_mlp_params(super_) - modelshape.moe_mlp_params(full) == pytest.approx(
+        per_layer + modelshape.routed_expert_params(super_) - modelshape.routed_expert_params(full)
+    )
+
+
+def test_latent_moe_runs_in_megatron_only_and_is_emitted(super_):
+    plan = ParallelPlan(dp=64, ep=64, global_batch=512, seq_len=8192, framework="megatron", sharding="zero1")
+    cluster = make_cluster(num_gpus=64, gpu="b300")
+    assert not check_plan(plan, super_, cluster)
+    fsdp = plan.replace(framework="fsdp", sharding="fsdp-full")
+    assert any("LatentMoE runs in Megatron-Core only" in e for e in check_plan(fsdp, super_, cluster))
+    from autotune.emit.megatron import megatron_args_text
+
+    assert "--moe-latent-size 1024" in megatron_args_text(plan, super_).splitlines()
