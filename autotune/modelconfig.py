@@ -81,9 +81,11 @@ def _check_hybrid_keys(cfg: dict[str, Any], where: str) -> None:
         raise ConfigError(
             f"{where}: key 'use_conv_bias' = false is not priced (Megatron's conv1d has a bias)"
         )
-    if cfg.get("chunk_size", MAMBA_CHUNK) != MAMBA_CHUNK and _pattern(cfg, where):
+    if not _pattern(cfg, where):
+        return
+    if cfg.get("chunk_size", MAMBA_CHUNK) != MAMBA_CHUNK:
         raise ConfigError(f"{where}: key 'chunk_size' must be {MAMBA_CHUNK}, the SSD chunk autotune prices")
-    if _pattern(cfg, where) and (cfg.get("num_nextn_predict_layers") or cfg.get("mtp_layers_block_type")):
+    if cfg.get("num_nextn_predict_layers") or cfg.get("mtp_layers_block_type"):
         raise ConfigError(
             f"{where}: multi-token prediction of a hybrid Mamba-2 model is not priced (Megatron-Core 0.16's "
             "MambaModel has none); remove 'num_nextn_predict_layers' / 'mtp_layers_block_type'"
@@ -156,13 +158,18 @@ def _moe_layers(cfg: dict[str, Any], where: str, num_layers: int) -> tuple[int, 
     return tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
 
 
-def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
-    num = (
+def _num_experts(cfg: dict[str, Any], where: str) -> int:
+    """Routed experts per MoE layer, under each family's key (0: a dense model)."""
+    return (
         _int(cfg, "num_local_experts", where)
         or _int(cfg, "num_experts", where)
         or _int(cfg, "n_routed_experts", where)
         or _int(cfg, "moe_num_experts", where)
     )
+
+
+def _moe_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, Any]:
+    num = _num_experts(cfg, where)
     if not num:
         return {}
     top_k = (
@@ -291,7 +298,7 @@ def _hybrid_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str
         raise ConfigError(
             f"{where}: the hybrid pattern has {len(pattern)} layers but 'num_hidden_layers' is {num_layers}"
         )
-    if "E" in pattern and not _moe_fields(cfg, where, num_layers):
+    if "E" in pattern and not _num_experts(cfg, where):
         raise ConfigError(f"{where}: the hybrid pattern has MoE layers (E) but no key 'n_routed_experts'")
     fields: dict[str, Any] = {"layer_pattern": pattern, "num_layer_norms": 1}
     if "M" not in pattern:
