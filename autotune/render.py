@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.costmodel import Estimate
-from autotune.plan import ParallelPlan
+from autotune.plan import CpComm, ParallelPlan, Precision
 from autotune.specs import ModelSpec
 
 __all__ = ["plan_summary", "format_estimate", "gib", "model_info", "params_line"]
@@ -117,8 +117,11 @@ def _one_decimal(n: float) -> str:
 
 
 def plan_summary(plan: ParallelPlan) -> str:
-    """One line: the degrees and the knobs that are not at their defaults."""
+    """One line: the degrees and every knob that is not at its default, so two plans that differ print two
+    lines (the global batch and sequence length have their own line)."""
     parts = [f"TP{plan.tp}", f"PP{plan.pp}", f"DP{plan.dp}"] + ([f"CP{plan.cp}"] if plan.cp > 1 else [])
+    if plan.cp > 1 and plan.cp_comm is not CpComm.P2P:
+        parts[-1] += f"/{plan.cp_comm}"
     parts += ([f"EP{plan.ep}"] if plan.ep > 1 else []) + ([f"ETP{plan.etp}"] if plan.etp > 1 else [])
     if plan.ep > 1 and str(plan.moe_dispatcher) != "alltoall":
         parts.append(str(plan.moe_dispatcher))
@@ -140,16 +143,32 @@ def plan_summary(plan: ParallelPlan) -> str:
         parts.append("SP")
     if plan.pp > 1:
         parts.append(str(plan.schedule) + (f"/v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""))
-    if plan.offload:
-        parts.append("offload")
-    if plan.offload_modules:
-        parts.append(f"offload[{'+'.join(plan.offload_modules)}]")
+    parts += _knobs(plan)
     stored = [f"{n}:{v}" for n, v in (("weights", plan.weight_dtype), ("loss", plan.loss_kernel))]
     stored = [s for s in stored if not s.endswith("fp32")]
     if plan.moment_dtype is not plan.weight_dtype:
         stored.append(f"adam:{plan.moment_dtype}")
-    parts += [str(plan.precision)] + stored + [str(plan.framework)]
+    if plan.grad_reduce_dtype is not None:
+        stored.append(f"grads:{plan.grad_reduce_dtype}")
+    precision = str(plan.precision) + (f"/{plan.fp8_recipe}" if plan.precision is Precision.FP8 else "")
+    parts += [precision] + stored + [str(plan.framework)]
     return " ".join(parts)
+
+
+def _knobs(plan: ParallelPlan) -> list[str]:
+    """The speed and memory switches that are not at their defaults, in ``plan_summary``'s words."""
+    knobs = [
+        (plan.offload, "offload"),
+        (plan.offload_activation_layers > 0, f"offload-act:{plan.offload_activation_layers}"),
+        (bool(plan.offload_modules), f"offload[{'+'.join(plan.offload_modules)}]"),
+        (plan.compile, "compile"),
+        (plan.async_tp, "async-TP"),
+        (plan.tp_comm_overlap, "tp-overlap"),
+        (not plan.overlap_grad_reduce, "no-grad-overlap"),
+        (not plan.overlap_param_gather, "no-param-overlap"),
+        (plan.precision_aware_optimizer, "pa-optimizer"),
+    ]
+    return [word for on, word in knobs if on]
 
 
 def format_estimate(est: Estimate) -> str:
