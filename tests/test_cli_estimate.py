@@ -110,6 +110,8 @@ def test_a_reserved_peak_above_the_device_that_fits_allocated_says_why(capsys):
             ["--model", "qwen3-30b-a3b", "--gpus", "8", "--ep", "8", "--moe-dispatcher", "hybridep"],
             "framework fsdp has no moe-dispatcher hybridep",
         ),
+        (["--model", "70b", "--gpus", "16", "--ep", "2"], "--ep 2: 70b is a dense model"),
+        (["--model", "70b", "--gpus", "16", "--tp", "2", "--etp", "2"], "--etp 2: 70b is a dense model"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

@@ -292,6 +292,12 @@ def default_seq_len(model: ModelSpec) -> int:
 
 def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> ParallelPlan:
     """The fully pinned plan of ``autotune estimate``; DP defaults to what the GPUs leave."""
+    for flag in ("ep", "etp"):  # before the plan's own rules, which would name a framework's EP fold
+        if getattr(args, flag) > 1 and not model.is_moe:
+            raise ConfigError(
+                f"--{flag} {getattr(args, flag)}: {model.name} is a dense model (no routed experts); "
+                "expert parallelism needs an MoE model"
+            )
     seq_len = args.seq_len or default_seq_len(model)
     model_parallel = args.tp * args.pp * args.cp
     if args.dp is None:
