@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from autotune.definition import Rope
 from autotune.hostprofile import NO_HOST_TIME, HostProfile
 
 __all__ = ["ModelSpec", "GPUSpec", "LinkSpec", "ClusterSpec"]
@@ -18,10 +19,9 @@ GIB = 1024**3
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer: dense (Llama, GPT, Gemma, Mistral) or Mixture-of-Experts (Mixtral,
-    Qwen3-MoE, DeepSeek-V3, Llama 4, gpt-oss), with GQA or multi-head latent attention (MLA), some layers
-    Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5), or a hybrid Mamba-2 pattern (Nemotron-H, 3). Fields
-    after ``bias`` default to a dense GQA model; the parameter arithmetic is ``autotune.modelshape``'s."""
+    """A decoder-only transformer, dense or Mixture-of-Experts, with GQA or multi-head latent attention (MLA),
+    some layers Gated DeltaNet (Qwen3-Next), or a hybrid Mamba-2 pattern (Nemotron-H, 3). Fields after
+    ``bias`` default to a dense GQA model; the parameter arithmetic is ``autotune.modelshape``'s."""
 
     name: str
     """Preset name or the path it was read from."""
@@ -30,8 +30,7 @@ class ModelSpec:
     num_heads: int
     num_kv_heads: int
     """Key/value heads: equal to ``num_heads`` for MHA, fewer for GQA, 1 for MQA."""
-    ffn_hidden_size: int
-    """MLP width of a dense layer (of the dense layers of an MoE model)."""
+    ffn_hidden_size: int  # of a dense layer (an MoE model's dense layers)
     vocab_size: int
     max_seq_len: int
     tie_embeddings: bool = False
@@ -48,13 +47,11 @@ class ModelSpec:
     num_layer_norms: int = 2
     """Norms per block (4 in Gemma 2: pre/post attention and MLP)."""
     attention_window: int | None = None
-    """Keys a local-attention layer sees: its sliding window (Mistral, Gemma 2, gpt-oss) or chunk
-    (Llama 4)."""
+    """Keys a local-attention layer sees: its sliding window (Mistral, Gemma 2) or chunk (Llama 4)."""
     num_local_layers: int = 0
     """Layers that attend within ``attention_window``; the others attend to the whole sequence."""
     chunked_attention: bool = False
-    """Local layers attend within fixed chunks (Llama 4 ``attention_chunk_size``), not a sliding
-    window."""
+    """Local layers attend within fixed chunks (Llama 4 ``attention_chunk_size``), not a sliding window."""
     num_experts: int = 0
     """Routed experts per MoE layer; 0: a dense model."""
     experts_per_token: int = 0
@@ -68,8 +65,8 @@ class ModelSpec:
     expert_bias: bool = False
     """Experts and router carry biases (gpt-oss)."""
     moe_latent_size: int = 0
-    """LatentMoE (Nemotron 3 Super / Ultra; megatron-core ``moe_layer.py`` ``fc1/fc2_latent_proj``): routed
-    experts and their dispatch at this width, behind two ``h x latent`` projections (0: none)."""
+    """LatentMoE (Nemotron 3 Super / Ultra; megatron-core ``moe_layer.py``): routed experts and their dispatch
+    at this width, behind two ``h x latent`` projections ``fc1/fc2_latent_proj`` (0: none)."""
     q_lora_rank: int = 0
     """MLA: rank of the query down-projection (0: queries projected directly)."""
     kv_lora_rank: int = 0
@@ -77,9 +74,8 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     """MLA: per-head query/key width carrying RoPE (its key part is shared by all heads)."""
     qk_nope_head_dim: int = 0
-    """MLA: per-head query/key width without RoPE."""
+    """MLA: per-head query/key width without RoPE, and (``v_head_dim``) value width."""
     v_head_dim: int = 0
-    """MLA: per-head value width."""
     num_linear_layers: int = 0
     """Layers whose token mixer is Gated DeltaNet linear attention (Yang et al., ICLR 2025; Qwen3-Next,
     Qwen3.5 / 3.6), the others softmax attention; ``modelshape`` prices each kind per layer and takes the mean
@@ -93,12 +89,10 @@ class ModelSpec:
     linear_conv_kernel: int = 0
     """Gated DeltaNet: width of the depthwise causal convolution over Q, K and V."""
     attention_output_gate: bool = False
-    """The softmax-attention layers gate their output with a sigmoid of a second query-wide projection
-    (Qwen3-Next ``q_proj`` is ``2 x heads x head_dim`` wide; Megatron ``--attention-output-gate``)."""
+    """Softmax attention's output gated by the sigmoid of a second query-wide projection (Qwen3-Next)."""
     layer_pattern: str = ""
-    """Megatron's hybrid pattern (``hybrid_override_pattern``: Nemotron-H / 3), one single-sub-layer layer per
-    character: ``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E`` MoE; ``num_layers`` its length, ``moe_layers``
-    its ``E``s. Empty: transformer blocks of a token mixer and an MLP."""
+    """Megatron's ``hybrid_override_pattern`` (Nemotron-H / 3), one single-sub-layer layer per character:
+    ``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E`` MoE ("": blocks of a token mixer and an MLP)."""
     mamba_heads: int = 0
     """Mamba-2 (Dao & Gu, ICML 2024) SSD heads (d_inner = heads x head_dim); state N, B/C groups, conv."""
     mamba_head_dim: int = 0
@@ -106,14 +100,20 @@ class ModelSpec:
     mamba_groups: int = 0
     mamba_conv_kernel: int = 0
     mtp_layers: int = 0
-    """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; Hugging Face ``num_nextn_predict_layers``,
-    Megatron ``--mtp-num-layers``): each one more block of the last layer's type on the last pipeline stage,
-    behind two norms and an ``eh_proj`` (2h -> h), sharing the embedding and output head, with a head pass
-    and loss of its own. Not in ``num_params`` (the main model, as model cards count it): ``mtp_params``."""
+    """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; ``--mtp-num-layers``): each one more block
+    of the last layer's type on the last stage, behind two norms and an ``eh_proj`` (2h -> h), sharing the
+    embedding and head, with a head pass and loss of its own. Not in ``num_params``: ``mtp_params``."""
+    rope: Rope = Rope()
+    """Rotary embeddings (``autotune.definition``): nothing a step prices; they define the emitted model."""
+    qk_norm: str = ""
+    """Q/K norm: ``head`` (per-head RMSNorm, Qwen3), ``full`` (over all heads, OLMo 2), ``l2`` (Llama 4)."""
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         if not isinstance(self.moe_layers, tuple):  # JSON round trips (scaleout, trials) give lists
             object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
+        if isinstance(self.rope, dict):
+            object.__setattr__(self, "rope", Rope(**self.rope))
 
     @property
     def head_dim(self) -> int:

@@ -1,6 +1,7 @@
 """Megatron-LM's own ``parse_args`` + ``validate_args`` on emitted ``megatron_args.txt``, with the launcher's
 environment (``autotune_env.sh`` sourced as every launcher sources it) and a Hopper GPU patched in
-(``megatron.training.arguments.get_device_arch_version`` -> 9; there is no GPU here).
+(``megatron.training.arguments.get_device_arch_version`` -> 9, ``torch.cuda.get_device_capability`` -> (9, 0),
+which ``--moe-grouped-gemm`` asks; there is no GPU here).
 
 Megatron-LM's ``megatron/training`` is not on PyPI (the ``megatron-core`` wheel and sdist ship only
 ``megatron/core``), so CI cannot run this: point ``--megatron-lm`` at a checkout of tag ``core_v0.16.1``
@@ -59,7 +60,36 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         dict(cp=2, dp=4, global_batch=64, seq_len=8192, sharding="zero1"),
     ),
     "7b-dp8-zero1": ("7b", 8, dict(dp=8, global_batch=64, seq_len=4096, sharding="zero1")),
+    # what defines the model beyond its shape (autotune.definition): RoPE scaling, Q/K norm, epsilon, MLA YaRN
+    "llama3-405b-tp8-pp2-rope-scaling": (
+        "llama3-405b",
+        16,
+        dict(tp=8, pp=2, global_batch=16, seq_len=8192, sequence_parallel=True, recompute="full"),
+    ),
+    "qwen3-30b-a3b-ep8-dp8-qk-norm": (
+        "qwen3-30b-a3b",
+        8,
+        dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
+    ),
+    "deepseek-v3-ep8-dp8-mla-yarn": (
+        "deepseek-v3",
+        8,
+        dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
+    ),
 }
+_DEFINITION = [
+    "rotary_base",
+    "rotary_percent",
+    "use_rope_scaling",
+    "rope_scaling_factor",
+    "rope_type",
+    "rotary_scaling_factor",
+    "mscale",
+    "mscale_all_dim",
+    "qk_layernorm",
+    "layernorm_epsilon",  # --norm-epsilon's dest (its TransformerConfig field)
+]
+"""The arguments the model's definition sets, read back after ``validate_args``."""
 _CHILD = """
 import json, os, sys
 from unittest import mock
@@ -69,11 +99,13 @@ argv = json.loads(os.environ["MEGATRON_ARGV"])
 with mock.patch.object(sys, "argv", ["pretrain_gpt.py", *argv]):
     args = A.parse_args()
 try:
-    with mock.patch.object(A, "get_device_arch_version", return_value=9):
+    with mock.patch.object(A, "get_device_arch_version", return_value=9), \
+            mock.patch.object(A.torch.cuda, "get_device_capability", return_value=(9, 0)):
         A.validate_args(args, {})
     out = {"ok": True, "data_parallel_size": args.data_parallel_size,
            "overlap_grad_reduce": args.overlap_grad_reduce, "overlap_param_gather": args.overlap_param_gather,
-           "attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout}
+           "attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout,
+           "definition": {k: getattr(args, k, None) for k in json.loads(os.environ["DEFINITION"])}}
 except AssertionError as e:
     out = {"ok": False, "error": str(e)}
 print("RESULT " + json.dumps(out))
@@ -97,6 +129,7 @@ def _validate(megatron_lm: Path, argv: list[str], env: dict[str, str], world: in
         "WORLD_SIZE": str(world),
         "RANK": "0",
         "PYTHONWARNINGS": "ignore",
+        "DEFINITION": json.dumps(_DEFINITION),
     }
     done = subprocess.run(
         [sys.executable, "-c", _CHILD], env=child_env, capture_output=True, text=True, timeout=300

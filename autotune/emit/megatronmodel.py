@@ -7,7 +7,10 @@ dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's Deep
 (``--multi-latent-attention``; ``--qk-head-dim`` is the non-RoPE part, ``--qk-pos-emb-head-dim`` the RoPE
 part), Gated DeltaNet (``--experimental-attention-variant gated_delta_net``, ``_gdn_args``) and hybrid
 Mamba-2 models (Nemotron-H, Nemotron 3: their pattern, Mamba-2 heads and ``--spec`` for
-``pretrain_mamba.py``, ``_hybrid_args``, ``megatron_entry``).
+``pretrain_mamba.py``, ``_hybrid_args``, ``megatron_entry``), and what defines the model without costing a
+step (``autotune.definition``): RoPE base, share and long-context scaling, the Q/K norm, the norms' epsilon,
+as Megatron-LM core_v0.16.1 spells them (``_definition_args``; what it cannot spell:
+``megatron_model_unsupported``).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from autotune.errors import ConfigError
 from autotune.plan import MoeDispatcher
 from autotune.specs import ModelSpec
 
-__all__ = ["model_args", "megatron_entry", "moe_layer_freq"]
+__all__ = ["model_args", "megatron_entry", "moe_layer_freq", "megatron_model_unsupported"]
 
 
 def model_args(
@@ -54,7 +57,91 @@ def model_args(
         args.append(["--mtp-num-layers", str(model.mtp_layers)])
     if model.attention_output_gate:
         args.append(["--attention-output-gate"])
-    return args + _gdn_args(model) + _hybrid_args(model) + _mla_args(model) + _moe_args(model, dispatcher)
+    args += _gdn_args(model) + _hybrid_args(model) + _mla_args(model) + _moe_args(model, dispatcher)
+    return args + _definition_args(model)
+
+
+MEGATRON_ROTARY_BASE = 10000
+"""Megatron-LM's ``--rotary-base`` default (an ``int`` flag), and its ``--norm-epsilon`` default below."""
+MEGATRON_NORM_EPS = 1e-5
+MEGATRON_LLAMA3_SCALING = (1.0, 4.0, 8192)
+"""The low / high frequency factors and original context of Megatron's ``--use-rope-scaling`` (megatron-core
+``RotaryEmbedding._apply_scaling`` defaults; only ``--rope-scaling-factor`` is a flag): Llama 3.1's."""
+MEGATRON_MLA_YARN = (4096, 32.0, 1.0)
+"""The original context and YaRN betas of ``MLATransformerConfig`` (megatron-core 0.16.1), which Megatron-LM
+core_v0.16.1 sets no flag for (only ``--rotary-scaling-factor``, ``--mscale``, ``--mscale-all-dim``)."""
+
+
+def _uses_rope(model: ModelSpec) -> bool:
+    """GPT's learned positions and a hybrid pattern's attention (position embedding ``none``) have no RoPE."""
+    return not model.learned_positions and not model.layer_pattern
+
+
+def _scaling_unsupported(model: ModelSpec) -> str | None:
+    rope = model.rope
+    if model.uses_mla:
+        if rope.scaling not in ("", "yarn"):
+            return f"rope_scaling {rope.scaling} with MLA: Megatron's MLA scales RoPE with YaRN only"
+        yarn = (rope.original_positions or MEGATRON_MLA_YARN[0], rope.beta_fast, rope.beta_slow)
+        if rope.scaling and yarn != MEGATRON_MLA_YARN:
+            return "YaRN's original context and betas: Megatron's MLA fixes them at 4096, 32 and 1"
+        return None
+    llama3 = (rope.low_freq_factor, rope.high_freq_factor, rope.original_positions)
+    if rope.scaling == "llama3" and llama3 != MEGATRON_LLAMA3_SCALING:
+        return "llama3 rope_scaling's frequency factors: Megatron fixes them at 1 and 4 over 8192 positions"
+    if rope.scaling == "linear" and rope.factor != int(rope.factor):
+        return f"linear rope_scaling {rope.factor:g}: Megatron's interpolation factor is an integer"
+    if rope.scaling not in ("", "llama3", "linear"):
+        return f"rope_scaling {rope.scaling}: Megatron-LM 0.16 has no flag for it outside MLA"
+    return None
+
+
+_QK_NORM_UNSUPPORTED = {
+    "full": "Q/K norm over all heads: Megatron's --qk-layernorm norms each head",
+    "l2": "Llama 4's Q/K L2 norm on its RoPE layers only: Megatron's --qk-l2-norm norms every layer",
+}
+
+
+def megatron_model_unsupported(model: ModelSpec) -> list[str]:
+    """What of ``model``'s definition Megatron-LM core_v0.16.1 has no flag for ([]: its flags build it)."""
+    reasons = []
+    if _uses_rope(model) and model.rope.theta != int(model.rope.theta):
+        reasons.append(f"rope_theta {model.rope.theta:g}: Megatron's --rotary-base takes an integer")
+    if _uses_rope(model) and (scaling := _scaling_unsupported(model)):
+        reasons.append(scaling)
+    if model.qk_norm in _QK_NORM_UNSUPPORTED:
+        reasons.append(_QK_NORM_UNSUPPORTED[model.qk_norm])
+    return [f"{model.name}: {r}" for r in reasons]
+
+
+def _definition_args(model: ModelSpec) -> list[list[str]]:
+    """RoPE, the Q/K norm and the norms' epsilon where they differ from Megatron's defaults."""
+    unsupported = megatron_model_unsupported(model)
+    if unsupported:
+        raise ConfigError(unsupported[0])
+    rope, args = model.rope, []
+    if _uses_rope(model):
+        if rope.theta != MEGATRON_ROTARY_BASE:
+            args.append(["--rotary-base", str(int(rope.theta))])
+        if rope.fraction != 1.0 and not model.uses_mla:
+            args.append(["--rotary-percent", f"{rope.fraction:g}"])
+        if model.uses_mla and not rope.scaling:  # MLATransformerConfig's rope_type defaults to yarn
+            args.append(["--rope-type", "rope"])
+        elif model.uses_mla:
+            args += [
+                ["--rotary-scaling-factor", f"{rope.factor:g}"],
+                ["--mscale", f"{rope.mscale:g}"],
+                ["--mscale-all-dim", f"{rope.mscale_all_dim:g}"],
+            ]
+        elif rope.scaling == "llama3":
+            args += [["--use-rope-scaling"], ["--rope-scaling-factor", f"{rope.factor:g}"]]
+        elif rope.scaling == "linear":
+            args.append(["--rotary-seq-len-interpolation-factor", str(int(rope.factor))])
+    if model.qk_norm == "head":
+        args.append(["--qk-layernorm"])
+    if model.norm_eps != MEGATRON_NORM_EPS:
+        args.append(["--norm-epsilon", f"{model.norm_eps:g}"])
+    return args
 
 
 MAMBA_STACK_SPEC = ["megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"]

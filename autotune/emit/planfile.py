@@ -54,7 +54,37 @@ def model_to_config(model: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": model.tie_embeddings,
         "hidden_act": "silu" if model.gated_mlp else "gelu",
     }
-    return {**cfg, **_arch_config(model)}
+    return {**cfg, **_arch_config(model), **_definition_config(model)}
+
+
+_QK_NORM_KEYS: dict[str, dict[str, Any]] = {
+    "head": {"qk_norm_type": "per_head"},
+    "full": {"qk_norm_type": "per_layer"},
+    "l2": {"use_qk_norm": True},
+}
+
+
+def _definition_config(model: ModelSpec) -> dict[str, Any]:
+    """The keys ``autotune.definition`` reads back: RoPE, the Q/K norm (MiniMax's ``qk_norm_type`` names
+    either kind), the norms' epsilon."""
+    rope = model.rope
+    cfg: dict[str, Any] = {"rope_theta": rope.theta, "rms_norm_eps": model.norm_eps}
+    if rope.fraction != 1.0:
+        cfg["partial_rotary_factor"] = rope.fraction
+    if rope.scaling:
+        cfg["rope_scaling"] = {
+            "rope_type": rope.scaling,
+            "factor": rope.factor,
+            "low_freq_factor": rope.low_freq_factor,
+            "high_freq_factor": rope.high_freq_factor,
+            "beta_fast": rope.beta_fast,
+            "beta_slow": rope.beta_slow,
+            "mscale": rope.mscale,
+            "mscale_all_dim": rope.mscale_all_dim,
+        }
+        if rope.original_positions:
+            cfg["rope_scaling"]["original_max_position_embeddings"] = rope.original_positions
+    return cfg | _QK_NORM_KEYS.get(model.qk_norm, {})
 
 
 def _arch_config(model: ModelSpec) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from autotune.emit import launchers
 from autotune.emit.deepspeed import deepspeed_unsupported, to_ds_config
 from autotune.emit.fsdp import accelerate_unsupported, to_accelerate_config
 from autotune.emit.megatron import megatron_args_text, megatron_entry, megatron_unsupported
+from autotune.emit.megatronmodel import megatron_model_unsupported
 from autotune.emit.planfile import plan_document
 from autotune.emit.summary import render_summary
 from autotune.emit.torchrun import torchrun_args_text, trainer_unsupported
@@ -145,6 +146,7 @@ _ARTEFACTS = (
         what="Megatron-LM `{entry}` flags, one per line",
         render=lambda c: megatron_args_text(c.plan, c.model),
         unsupported=megatron_unsupported,
+        model_unsupported=megatron_model_unsupported,
     ),
     _Artefact(
         name=launchers.CONTRACT_ENV_FILE,

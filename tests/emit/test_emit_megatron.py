@@ -15,6 +15,7 @@ from emit_cases import CASES
 
 from autotune.emit import megatron_args, megatron_unsupported
 from autotune.emit.megatron import megatron_args_text
+from autotune.emit.megatronmodel import megatron_model_unsupported
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
@@ -60,13 +61,25 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "mamba-head-dim",
         "mamba-state-dim",
         "mamba-num-groups",
+        "rotary-base",  # an int in Megatron-LM (core_v0.16.1 arguments.py)
+        "rotary-seq-len-interpolation-factor",
     ):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--hybrid-override-pattern")  # pretrain_mamba.py's model arguments
     p.add_argument("--spec", nargs="*")
     p.add_argument("--pipeline-model-parallel-layout")
-    for flag in ("attention-dropout", "hidden-dropout"):
+    for flag in (
+        "attention-dropout",
+        "hidden-dropout",
+        "rotary-percent",
+        "rope-scaling-factor",
+        "rotary-scaling-factor",
+        "mscale",
+        "mscale-all-dim",
+        "norm-epsilon",
+    ):
         p.add_argument(f"--{flag}", type=float)
+    p.add_argument("--rope-type", choices=["rope", "yarn"])
     for flag in (
         "sequence-parallel",
         "use-distributed-optimizer",
@@ -91,6 +104,8 @@ def _megatron_parser() -> argparse.ArgumentParser:
         "attention-output-gate",
         "is-hybrid-model",
         "squared-relu",
+        "use-rope-scaling",
+        "qk-layernorm",
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--recompute-modules", nargs="*", type=str)
@@ -113,6 +128,17 @@ def _megatron_parser() -> argparse.ArgumentParser:
     p.add_argument("--experimental-attention-variant", choices=["gated_delta_net", "dsa"])
     p.add_argument("--linear-attention-freq", type=_moe_freq_type)
     return p
+
+
+def _check_definition(a: argparse.Namespace, model) -> None:
+    """What defines the model beyond its shape (``autotune.definition``) reaches Megatron's arguments."""
+    rope = model.rope
+    if a.position_embedding_type == "rope":
+        assert (a.rotary_base or 10000) == rope.theta
+        assert a.use_rope_scaling == (rope.scaling == "llama3")
+        assert (a.rotary_scaling_factor or 1.0) == (rope.factor if model.uses_mla else 1.0)
+    assert a.qk_layernorm == (model.qk_norm == "head")
+    assert (a.norm_epsilon or 1e-5) == model.norm_eps
 
 
 def _moe_freq_type(x: str):
@@ -164,11 +190,12 @@ def _check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
 def test_megatron_args_follow_megatron_rules(name, emitted):
     plan, model, _ = CASES[name].build()
     path = emitted(name) / "megatron_args.txt"
-    assert path.exists() == (not megatron_unsupported(plan))
+    assert path.exists() == (not megatron_unsupported(plan) and not megatron_model_unsupported(model))
     if not path.exists():
         return
     a = _megatron_parser().parse_args(shlex.split(path.read_text()))
     _check_megatron_rules(a, plan.world_size)
+    _check_definition(a, model)
     assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size) == (
         plan.tp,
         plan.pp,

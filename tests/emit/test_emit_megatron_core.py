@@ -24,7 +24,7 @@ from autotune.emit import megatron_unsupported
 
 core = pytest.importorskip("megatron.core")
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
-from megatron.core.transformer import TransformerConfig  # noqa: E402
+from megatron.core.transformer import MLATransformerConfig, TransformerConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow  # importing megatron.core takes ~10 s on 2 cores
 
@@ -64,8 +64,11 @@ def _list_expression(text: str) -> list[int]:
 
 
 def _transformer_config(flags: dict[str, object]) -> TransformerConfig:
-    fields = {f.name: f for f in dataclasses.fields(TransformerConfig)}
+    cls = MLATransformerConfig if flags.get("multi_latent_attention") else TransformerConfig
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {k: _typed(fields[k], v) for k, v in flags.items() if k in fields}
+    if "norm_epsilon" in flags:  # the field's argparse_meta arg_names (megatron/training/argument_utils.py)
+        kwargs["layernorm_epsilon"] = float(str(flags["norm_epsilon"]))
     kwargs["gated_linear_unit"] = bool(flags.get("swiglu"))  # core_transformer_config_from_args renames
     kwargs["add_bias_linear"] = not flags.get("disable_bias_linear")
     if "num_experts" in flags:  # core_transformer_config_from_args: num_moe_experts = args.num_experts
@@ -79,7 +82,7 @@ def _transformer_config(flags: dict[str, object]) -> TransformerConfig:
     if per_virtual:
         per_stage = int(flags["num_layers"]) // int(flags["pipeline_model_parallel_size"])
         kwargs["virtual_pipeline_model_parallel_size"] = per_stage // int(per_virtual)
-    return TransformerConfig(**kwargs)
+    return cls(**kwargs)
 
 
 @pytest.mark.parametrize("name", MEGATRON_CASES)
@@ -88,6 +91,15 @@ def test_megatron_core_accepts_the_emitted_flags(name, emitted):
     flags = _flags((emitted(name) / "megatron_args.txt").read_text())
     config = _transformer_config(flags)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
+    assert (config.layernorm_epsilon, config.qk_layernorm) == (model.norm_eps, model.qk_norm == "head")
+    if model.uses_mla:  # MLATransformerConfig's RoPE: YaRN by default
+        scaled = (config.rope_type, config.rotary_scaling_factor, config.mscale, config.mscale_all_dim)
+        rope = model.rope
+        assert scaled == (
+            ("yarn", rope.factor, rope.mscale, rope.mscale_all_dim)
+            if rope.scaling
+            else ("rope",) + scaled[1:]
+        )
     assert config.attention_dropout == 0.0 and config.hidden_dropout == 0.0  # the cost model has no dropout
     ddp = DistributedDataParallelConfig(
         **{
