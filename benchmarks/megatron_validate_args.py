@@ -71,6 +71,11 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         8,
         dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
     ),
+    "mistral-7b-dp8-sliding-window": (
+        "mistral-7b",
+        8,
+        dict(dp=8, global_batch=64, seq_len=8192, sharding="zero1"),
+    ),
     "deepseek-v3-ep8-dp8-mla-yarn": (
         "deepseek-v3",
         8,
@@ -88,6 +93,7 @@ _DEFINITION = [
     "mscale_all_dim",
     "qk_layernorm",
     "layernorm_epsilon",  # --norm-epsilon's dest (its TransformerConfig field)
+    "window_size",
 ]
 """The arguments the model's definition sets, read back after ``validate_args``."""
 _CHILD = """

@@ -10,8 +10,8 @@ with the account-for-embedding/loss or first/last-stage flags of ``autotune/stag
 divisible by micro-batch x DP (DP = world / (TP x PP x CP)), interleaving needs PP > 1.
 
 The model's own flags (dense core, MoE, MLA, Gated DeltaNet, hybrid Mamba-2 for ``pretrain_mamba.py``) are
-``emit.megatronmodel``'s; here the EP/ETP degrees and the rest of the plan. Not emitted: sliding-window /
-chunked attention layers and gpt-oss's expert biases (add Megatron's flags for them by hand).
+``emit.megatronmodel``'s (with what of a model Megatron-LM 0.16 cannot build); here the EP/ETP degrees and the
+rest of the plan.
 Beyond the layout, ``_overlap_args`` / ``priced_args`` / ``megatron_env`` emit what the cost model assumes and
 Megatron does not do by default: the DP/TP overlaps of the plan, no dropout, and (TP or CP > 1)
 ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which ``validate_args`` asserts before Blackwell.

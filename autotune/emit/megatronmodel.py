@@ -9,8 +9,9 @@ part), Gated DeltaNet (``--experimental-attention-variant gated_delta_net``, ``_
 Mamba-2 models (Nemotron-H, Nemotron 3: their pattern, Mamba-2 heads and ``--spec`` for
 ``pretrain_mamba.py``, ``_hybrid_args``, ``megatron_entry``), and what defines the model without costing a
 step (``autotune.definition``): RoPE base, share and long-context scaling, the Q/K norm, the norms' epsilon,
-as Megatron-LM core_v0.16.1 spells them (``_definition_args``; what it cannot spell:
-``megatron_model_unsupported``).
+a sliding window on every layer (``--window-size``: Megatron-Bridge writes HF's window ``W`` as ``(W - 1,
+0)``), as Megatron-LM core_v0.16.1 spells them (``_definition_args``); what it cannot spell leaves the file
+out with the reason (``megatron_model_unsupported``).
 """
 
 from __future__ import annotations
@@ -102,9 +103,28 @@ _QK_NORM_UNSUPPORTED = {
 }
 
 
+def _layers_unsupported(model: ModelSpec) -> list[str]:
+    """Block structure the flags cannot write: some local-attention layers among full ones (autotune keeps
+    their count, not which they are, so no ``--window-attn-skip-freq``), Llama 4's chunks, Gemma's four
+    norms per block with GeGLU (``--swiglu`` is SiLU-gated), gpt-oss's expert biases."""
+    reasons = []
+    local, layers = model.num_local_layers, model.num_layers
+    if model.chunked_attention and local:
+        reasons.append("chunked attention layers (Llama 4): Megatron-LM 0.16 has no flag for them")
+    elif local and model.attention_window and local < layers:
+        reasons.append(
+            f"{local} sliding-window layers of {layers}: which ones is not kept for --window-attn-skip-freq"
+        )
+    if model.num_layer_norms == 4:
+        reasons.append("Gemma's four norms per block and GeGLU: Megatron-LM 0.16 has no flags for them")
+    if model.expert_bias:
+        reasons.append("gpt-oss's expert and router biases: Megatron-LM 0.16 has no flag for them")
+    return reasons
+
+
 def megatron_model_unsupported(model: ModelSpec) -> list[str]:
     """What of ``model``'s definition Megatron-LM core_v0.16.1 has no flag for ([]: its flags build it)."""
-    reasons = []
+    reasons = _layers_unsupported(model)
     if _uses_rope(model) and model.rope.theta != int(model.rope.theta):
         reasons.append(f"rope_theta {model.rope.theta:g}: Megatron's --rotary-base takes an integer")
     if _uses_rope(model) and (scaling := _scaling_unsupported(model)):
@@ -137,6 +157,8 @@ def _definition_args(model: ModelSpec) -> list[list[str]]:
             args += [["--use-rope-scaling"], ["--rope-scaling-factor", f"{rope.factor:g}"]]
         elif rope.scaling == "linear":
             args.append(["--rotary-seq-len-interpolation-factor", str(int(rope.factor))])
+    if model.num_local_layers == model.num_layers and model.attention_window:  # Mistral: every layer
+        args.append(["--window-size", f"{model.attention_window - 1},0"])  # HF's window W is (W - 1, 0)
     if model.qk_norm == "head":
         args.append(["--qk-layernorm"])
     if model.norm_eps != MEGATRON_NORM_EPS:

@@ -67,6 +67,7 @@ def megatron_parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(f"--{flag}", type=float)
     p.add_argument("--rope-type", choices=["rope", "yarn"])
+    p.add_argument("--window-size", type=lambda x: tuple(int(v) for v in x.strip("()").split(",")))
     for flag in (
         "sequence-parallel",
         "use-distributed-optimizer",
@@ -125,6 +126,8 @@ def check_definition(a: argparse.Namespace, model) -> None:
         assert a.use_rope_scaling == (rope.scaling == "llama3")
         assert (a.rotary_scaling_factor or 1.0) == (rope.factor if model.uses_mla else 1.0)
     assert a.qk_layernorm == (model.qk_norm == "head")
+    windowed = model.attention_window and model.num_local_layers == model.num_layers
+    assert a.window_size == ((model.attention_window - 1, 0) if windowed else None)
     assert (a.norm_epsilon or 1e-5) == model.norm_eps
 
 
