@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Rope", "read_rope", "definition_fields"]
+__all__ = ["Definition", "Rope", "read_rope", "read_definition"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +42,24 @@ class Rope:
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Definition:
+    """What defines a model beyond the shape the cost model prices (the defaults are Llama's)."""
+
+    rope: Rope = Rope()
+    qk_norm: str = ""
+    """Q/K norm: ``head`` (per-head RMSNorm, Qwen3), ``full`` (over all heads, OLMo 2), ``l2`` (Llama 4)."""
+    norm: str = "rms_norm"
+    """``rms_norm``, ``layer_norm``, or either with its weight centred on zero (``_1p``: Gemma, Nemotron)."""
+    norm_eps: float = 1e-5
+    activation: str = "silu"
+    """The MLP's activation: ``silu``, ``gelu``, ``gelu_tanh``, ``relu2``, ``relu``, ``quick_gelu``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rope, dict):  # JSON round trips (trial.json, a study's setup)
+            object.__setattr__(self, "rope", Rope(**self.rope))
 
 
 def _number(value: Any, key: str, where: str, *, positive: bool = True) -> float:
@@ -126,18 +144,55 @@ def _qk_norm(cfg: dict[str, Any]) -> str:
     return "head" if kind.startswith("qwen3") else _QK_NORM_TYPES.get(kind, "")
 
 
-def definition_fields(cfg: dict[str, Any], where: str) -> dict[str, Any]:
-    """What defines the model without changing a step's cost: RoPE, the Q/K norm, the norms' epsilon."""
-    fields: dict[str, Any] = {}
-    rope = read_rope(cfg, where)
-    if rope != Rope():
-        fields["rope"] = rope
-    if qk := _qk_norm(cfg):
-        fields["qk_norm"] = qk
+_NORM_TYPES = ("rms_norm", "layer_norm", "rms_norm_1p", "layer_norm_1p")
+"""``norm_type`` values (StarCoder2's key; ``_1p``: the weight stored centred on zero, ``(1 + w)``)."""
+_LAYER_NORM_TYPES = frozenset(
+    {"gpt2", "gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "falcon", "starcoder2", "phi", "stablelm"}
+    | {"mpt", "cohere", "cohere2"}
+)
+_ACTIVATIONS = {
+    **dict.fromkeys(("silu", "swish", "swiglu"), "silu"),
+    **dict.fromkeys(("gelu", "geglu"), "gelu"),
+    **dict.fromkeys(("gelu_new", "gelu_fast", "gelu_pytorch_tanh"), "gelu_tanh"),
+    **{"relu2": "relu2", "relu": "relu", "quick_gelu": "quick_gelu"},
+}
+"""Hugging Face activation names by the function they compute (``transformers/activations.py`` ``ACT2FN``)."""
+_DEFAULT_ACTIVATION = {"gpt2": "gelu_tanh", "gpt_bigcode": "gelu_tanh", "opt": "relu", "gpt_neox": "gelu"}
+
+
+def _norm(cfg: dict[str, Any], where: str) -> str:
+    kind = str(cfg.get("model_type", ""))
+    if cfg.get("norm_type") is not None:
+        if cfg["norm_type"] not in _NORM_TYPES:
+            raise ConfigError(f"{where}: key 'norm_type' must be one of {', '.join(_NORM_TYPES)}")
+        return str(cfg["norm_type"])
+    if kind == "nemotron":  # Nemotron-4: NemotronLayerNorm1P
+        return "layer_norm_1p"
+    if kind.startswith(("gemma", "qwen3_next", "qwen3_5")):  # their RMSNorm scales by (1 + weight)
+        return "rms_norm_1p"
+    return "layer_norm" if kind in _LAYER_NORM_TYPES else "rms_norm"
+
+
+def _activation(cfg: dict[str, Any]) -> str:
+    """The MLP's activation (gated or not is ``ModelSpec.gated_mlp``); ``catalog`` has checked the name."""
+    kind = str(cfg.get("model_type", ""))
+    keys = ("hidden_act", "activation_function", "mlp_hidden_act", "hidden_activation")
+    name = next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+    if name is None:
+        name = "gelu_pytorch_tanh" if kind.startswith("gemma") else _DEFAULT_ACTIVATION.get(kind, "silu")
+    return _ACTIVATIONS.get(str(name), str(name))
+
+
+def read_definition(cfg: dict[str, Any], where: str) -> Definition:
+    """The ``Definition`` a config describes; a malformed value is a one-line ``ConfigError`` naming it."""
     key = next((k for k in _EPS_KEYS if cfg.get(k) is not None), None)
-    if key is not None:
-        eps = cfg[key]
-        if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < 1:
-            raise ConfigError(f"{where}: key '{key}' must be a number in (0, 1), got {eps!r}")
-        fields["norm_eps"] = float(eps)
-    return fields
+    eps = cfg[key] if key is not None else 1e-5
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not 0 < eps < 1:
+        raise ConfigError(f"{where}: key '{key}' must be a number in (0, 1), got {eps!r}")
+    return Definition(
+        rope=read_rope(cfg, where),
+        qk_norm=_qk_norm(cfg),
+        norm=_norm(cfg, where),
+        norm_eps=float(eps),
+        activation=_activation(cfg),
+    )

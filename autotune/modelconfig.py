@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.definition import definition_fields
+from autotune.definition import Definition, read_definition
 from autotune.errors import ConfigError
 from autotune.modelkeys import NEUTRAL_KEYS, PRICED_KEYS
 from autotune.modelrefusals import refuse_unpriced_architecture
@@ -363,4 +363,5 @@ def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
     )
     if mtp:
         fields["mtp_layers"] = mtp
-    return fields | definition_fields(cfg, where)
+    definition = read_definition(cfg, where)
+    return fields | ({"definition": definition} if definition != Definition() else {})

@@ -225,5 +225,6 @@ NEUTRAL_KEYS: dict[str, str] = {
     "residual_in_fp32": "NemotronH's residual dtype at inference; Megatron trains it in the plan's dtype",
     "num_logits_to_keep": "how many positions the inference head computes",
     "norm_eps": "numerics only",
+    "norm_type": "RMSNorm or LayerNorm (StarCoder2's key): one elementwise kernel either way",
 }
 """Keys that do not change a training step's compute or memory as autotune prices it, each with why."""

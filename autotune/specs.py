@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from autotune.definition import Rope
+from autotune.definition import Definition
 from autotune.hostprofile import NO_HOST_TIME, HostProfile
 
 __all__ = ["ModelSpec", "GPUSpec", "LinkSpec", "ClusterSpec"]
@@ -103,17 +103,14 @@ class ModelSpec:
     """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; ``--mtp-num-layers``): each one more block
     of the last layer's type on the last stage, behind two norms and an ``eh_proj`` (2h -> h), sharing the
     embedding and head, with a head pass and loss of its own. Not in ``num_params``: ``mtp_params``."""
-    rope: Rope = Rope()
-    """Rotary embeddings (``autotune.definition``): nothing a step prices; they define the emitted model."""
-    qk_norm: str = ""
-    """Q/K norm: ``head`` (per-head RMSNorm, Qwen3), ``full`` (over all heads, OLMo 2), ``l2`` (Llama 4)."""
-    norm_eps: float = 1e-5
+    definition: Definition = Definition()
+    """RoPE, norms, activation (``autotune.definition``): nothing a step prices; they define the model."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.moe_layers, tuple):  # JSON round trips (scaleout, trials) give lists
             object.__setattr__(self, "moe_layers", tuple(self.moe_layers))
-        if isinstance(self.rope, dict):
-            object.__setattr__(self, "rope", Rope(**self.rope))
+        if isinstance(self.definition, dict):
+            object.__setattr__(self, "definition", Definition(**self.definition))
 
     @property
     def head_dim(self) -> int:

@@ -76,6 +76,11 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         8,
         dict(dp=8, global_batch=64, seq_len=8192, sharding="zero1"),
     ),
+    "nemotron-4-340b-tp8-pp4-layernorm1p-relu2": (
+        "tests/data/hf_configs/nemotron-4-340b.json",
+        64,
+        dict(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096, sharding="zero1", sequence_parallel=True),
+    ),
     "deepseek-v3-ep8-dp8-mla-yarn": (
         "deepseek-v3",
         8,
@@ -94,6 +99,11 @@ _DEFINITION = [
     "qk_layernorm",
     "layernorm_epsilon",  # --norm-epsilon's dest (its TransformerConfig field)
     "window_size",
+    "normalization",
+    "layernorm_zero_centered_gamma",  # --apply-layernorm-1p's dest
+    "swiglu",
+    "openai_gelu",
+    "squared_relu",
 ]
 """The arguments the model's definition sets, read back after ``validate_args``."""
 _CHILD = """

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.catalog import load_model, model_from_dict
 from autotune.cli import main
-from autotune.definition import Rope
+from autotune.definition import Definition, Rope
 from autotune.emit.megatron import megatron_args_text
 from autotune.emit.megatronmodel import megatron_model_unsupported
 from autotune.emit.planfile import model_to_config
@@ -30,6 +30,14 @@ LLAMA = {
 }
 
 
+def _with(model, **definition):
+    return dataclasses.replace(model, definition=dataclasses.replace(model.definition, **definition))
+
+
+def _definition(name: str) -> Definition:
+    return load_model(name).definition
+
+
 def _flags(model, **plan) -> dict[str, str | bool]:
     fields = dict(dp=8, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1") | plan
     if model.is_moe:
@@ -39,17 +47,32 @@ def _flags(model, **plan) -> dict[str, str | bool]:
 
 
 def test_published_configs_read_as_their_families_define_them():
-    llama = load_model("llama3-405b")
-    assert llama.rope == Rope(theta=500000.0, scaling="llama3", factor=8.0, original_positions=8192)
-    assert (llama.qk_norm, llama.norm_eps) == ("", 1e-5)
-    qwen = load_model("qwen3-30b-a3b")
+    llama = load_model("llama3-405b").definition
+    assert llama == Definition(
+        rope=Rope(theta=500000.0, scaling="llama3", factor=8.0, original_positions=8192)
+    )
+    qwen = load_model("qwen3-30b-a3b").definition
     assert (qwen.rope.theta, qwen.qk_norm, qwen.norm_eps) == (1e6, "head", 1e-6)
-    ds = load_model("deepseek-v3").rope
+    ds = load_model("deepseek-v3").definition.rope
     assert (ds.scaling, ds.factor, ds.original_positions, ds.mscale_all_dim) == ("yarn", 40.0, 4096, 1.0)
-    assert load_model(f"{FIXTURES}/olmo-2-13b.json").qk_norm == "full"  # q_norm over all heads
-    assert load_model(f"{FIXTURES}/llama4-scout-text.json").qk_norm == "l2"
-    assert load_model(f"{FIXTURES}/glm-4.5.json").rope.fraction == 0.5
-    assert load_model(f"{FIXTURES}/minimax-m2.json").rope.fraction == 0.5  # rotary_dim 64 of head_dim 128
+    assert _definition(f"{FIXTURES}/olmo-2-13b.json").qk_norm == "full"  # q_norm over all heads
+    assert _definition(f"{FIXTURES}/llama4-scout-text.json").qk_norm == "l2"
+    assert _definition(f"{FIXTURES}/glm-4.5.json").rope.fraction == 0.5
+    assert _definition(f"{FIXTURES}/minimax-m2.json").rope.fraction == 0.5  # rotary_dim 64 of head_dim 128
+    gpt3, gemma = load_model("gpt3-175b").definition, load_model("gemma2-27b").definition
+    assert (gpt3.norm, gpt3.activation) == ("layer_norm", "gelu")
+    assert (gemma.norm, gemma.activation) == ("rms_norm_1p", "gelu_tanh")  # (1 + w) RMSNorm, GeGLU
+    assert _definition("nemotron-3-nano-30b-a3b").activation == "relu2"
+    assert _definition(f"{FIXTURES}/command-r.json").norm == "layer_norm"
+    nemotron4 = load_model(f"{FIXTURES}/nemotron-4-340b.json")  # nvidia/Nemotron-4-340B-Base: "340B"
+    d = nemotron4.definition
+    assert (d.norm, d.activation, d.rope.fraction, nemotron4.gated_mlp) == (
+        "layer_norm_1p",
+        "relu2",
+        0.5,
+        False,
+    )
+    assert nemotron4.num_params / 1e9 == pytest.approx(341.0, abs=0.1)
 
 
 def test_other_spellings_of_the_same_settings():
@@ -57,9 +80,10 @@ def test_other_spellings_of_the_same_settings():
         LLAMA | {"rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, name="x"
     )
     neox = model_from_dict(LLAMA | {"rotary_emb_base": 500000, "rotary_pct": 0.25}, name="x")
-    assert new_style.rope.theta == neox.rope.theta == 500000.0 and neox.rope.fraction == 0.25
+    a, b = new_style.definition.rope, neox.definition.rope
+    assert a.theta == b.theta == 500000.0 and b.fraction == 0.25
     old_key = model_from_dict(LLAMA | {"rope_scaling": {"type": "linear", "factor": 2.0}}, name="x")
-    assert (old_key.rope.scaling, old_key.rope.factor) == ("linear", 2.0)
+    assert (old_key.definition.rope.scaling, old_key.definition.rope.factor) == ("linear", 2.0)
 
 
 @pytest.mark.parametrize(
@@ -74,6 +98,7 @@ def test_other_spellings_of_the_same_settings():
         ),
         ({"rope_scaling": "yarn"}, "key 'rope_scaling' must be a mapping or null"),
         ({"rms_norm_eps": 2}, "key 'rms_norm_eps' must be a number in (0, 1), got 2"),
+        ({"norm_type": "batch_norm"}, "key 'norm_type' must be one of rms_norm, layer_norm"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_its_key(extra, message):
@@ -107,12 +132,24 @@ def test_megatron_flags_build_the_model_the_config_describes():
     )
     ds = _flags(load_model("deepseek-v3"), dp=64, global_batch=512)
     assert (ds["--rotary-scaling-factor"], ds["--mscale"], ds["--mscale-all-dim"]) == ("40", "1", "1")
-    unscaled = dataclasses.replace(load_model("deepseek-v3"), rope=Rope())
+    unscaled = _with(load_model("deepseek-v3"), rope=Rope())
     assert _flags(unscaled, dp=64, global_batch=512)["--rope-type"] == "rope"  # MLA's default is YaRN
     partial = _flags(load_model("qwen3-next-80b-a3b"))
     assert partial["--rotary-percent"] == "0.25"
     assert "--rotary-base" not in _flags(load_model("nemotron-3-nano-30b-a3b"))  # no position embedding
     assert _flags(load_model("mistral-7b"))["--window-size"] == "4095,0"  # HF's 4096 keys, as Megatron-Bridge
+    gpt3 = _flags(load_model("gpt3-175b"), tp=8, dp=2, global_batch=8, seq_len=2048)
+    assert (gpt3["--normalization"], "--swiglu" in gpt3) == ("LayerNorm", False)  # exact GELU: no flag
+    flags = _flags(load_model(f"{FIXTURES}/nemotron-4-340b.json"), tp=8, pp=4, dp=2, sequence_parallel=True)
+    assert flags["--rotary-percent"] == "0.5" and (
+        flags["--normalization"],
+        flags["--apply-layernorm-1p"],
+        flags["--squared-relu"],
+    ) == (
+        "LayerNorm",
+        True,
+        True,
+    )
 
 
 @pytest.mark.parametrize(
@@ -135,7 +172,7 @@ def test_megatron_flags_build_the_model_the_config_describes():
     ],
 )
 def test_what_megatron_cannot_spell_is_refused_in_one_line(name, change, reason):
-    model = dataclasses.replace(load_model(name), **change)
+    model = _with(load_model(name), **change)
     reasons = megatron_model_unsupported(model)
     assert any(reason in r for r in reasons) and all(r.startswith(f"{model.name}: ") for r in reasons)
     with pytest.raises(ConfigError, match="^" + model.name):

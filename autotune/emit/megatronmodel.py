@@ -8,10 +8,10 @@ dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's Deep
 part), Gated DeltaNet (``--experimental-attention-variant gated_delta_net``, ``_gdn_args``) and hybrid
 Mamba-2 models (Nemotron-H, Nemotron 3: their pattern, Mamba-2 heads and ``--spec`` for
 ``pretrain_mamba.py``, ``_hybrid_args``, ``megatron_entry``), and what defines the model without costing a
-step (``autotune.definition``): RoPE base, share and long-context scaling, the Q/K norm, the norms' epsilon,
-a sliding window on every layer (``--window-size``: Megatron-Bridge writes HF's window ``W`` as ``(W - 1,
-0)``), as Megatron-LM core_v0.16.1 spells them (``_definition_args``); what it cannot spell leaves the file
-out with the reason (``megatron_model_unsupported``).
+step (``autotune.definition``): the activation and the norm, RoPE base, share and long-context scaling, the
+Q/K norm, the norms' epsilon, a sliding window on every layer (``--window-size``: Megatron-Bridge writes HF's
+window ``W`` as ``(W - 1, 0)``), as Megatron-LM core_v0.16.1 spells them (``_definition_args``); what it
+cannot spell leaves the file out with the reason (``megatron_model_unsupported``).
 """
 
 from __future__ import annotations
@@ -36,16 +36,14 @@ def model_args(
     ]
     if model.num_kv_heads != model.num_heads:
         args += [["--group-query-attention"], ["--num-query-groups", str(model.num_kv_heads)]]
-    if model.gated_mlp:
-        args.append(["--swiglu"])
-    elif model.layer_pattern:  # NemotronH's MLPs and experts: squared ReLU
-        args.append(["--squared-relu"])
+    args += _ACTIVATION_FLAGS.get((model.gated_mlp, model.definition.activation), [])
     if model.learned_positions:
         args.append(["--position-embedding-type", "learned_absolute"])
-    elif model.layer_pattern:  # NemotronH's attention has no position embedding (MambaModel's default)
-        args += [["--position-embedding-type", "none"], ["--normalization", "RMSNorm"]]
-    else:
-        args += [["--position-embedding-type", "rope"], ["--normalization", "RMSNorm"]]
+    else:  # NemotronH's attention has no position embedding (MambaModel's default)
+        args.append(["--position-embedding-type", "none" if model.layer_pattern else "rope"])
+    args.append(["--normalization", "LayerNorm" if model.definition.norm.startswith("layer") else "RMSNorm"])
+    if model.definition.norm.endswith("_1p"):  # TransformerConfig.layernorm_zero_centered_gamma
+        args.append(["--apply-layernorm-1p"])
     if not model.bias:
         args.append(["--disable-bias-linear"])
         if model.attention_bias:  # Qwen2, GLM-4.5: bias on the QKV projection only
@@ -61,6 +59,15 @@ def model_args(
     args += _gdn_args(model) + _hybrid_args(model) + _mla_args(model) + _moe_args(model, dispatcher)
     return args + _definition_args(model)
 
+
+_ACTIVATION_FLAGS = {
+    (True, "silu"): [["--swiglu"]],
+    (False, "gelu"): [],  # Megatron's default, F.gelu
+    (False, "gelu_tanh"): [["--openai-gelu"]],  # GPT-2's tanh approximation
+    (False, "relu2"): [["--squared-relu"]],  # Nemotron-4, NemotronH
+}
+"""(gated, activation) -> Megatron-LM core_v0.16.1's flags (``core_transformer_config_from_args``); the
+others (GeGLU, ReLU, quick GELU without a gate) it has none for."""
 
 MEGATRON_ROTARY_BASE = 10000
 """Megatron-LM's ``--rotary-base`` default (an ``int`` flag), and its ``--norm-epsilon`` default below."""
@@ -79,7 +86,7 @@ def _uses_rope(model: ModelSpec) -> bool:
 
 
 def _scaling_unsupported(model: ModelSpec) -> str | None:
-    rope = model.rope
+    rope = model.definition.rope
     if model.uses_mla:
         if rope.scaling not in ("", "yarn"):
             return f"rope_scaling {rope.scaling} with MLA: Megatron's MLA scales RoPE with YaRN only"
@@ -119,27 +126,33 @@ def _layers_unsupported(model: ModelSpec) -> list[str]:
         reasons.append("Gemma's four norms per block and GeGLU: Megatron-LM 0.16 has no flags for them")
     if model.expert_bias:
         reasons.append("gpt-oss's expert and router biases: Megatron-LM 0.16 has no flag for them")
+    act = model.definition.activation
+    if (model.gated_mlp, act) not in _ACTIVATION_FLAGS:
+        kind = f"gated {act}" if model.gated_mlp else act
+        reasons.append(f"a {kind} MLP: Megatron-LM 0.16 has SwiGLU, GELU (exact or tanh) and squared ReLU")
     return reasons
 
 
 def megatron_model_unsupported(model: ModelSpec) -> list[str]:
     """What of ``model``'s definition Megatron-LM core_v0.16.1 has no flag for ([]: its flags build it)."""
     reasons = _layers_unsupported(model)
-    if _uses_rope(model) and model.rope.theta != int(model.rope.theta):
-        reasons.append(f"rope_theta {model.rope.theta:g}: Megatron's --rotary-base takes an integer")
+    theta = model.definition.rope.theta
+    if _uses_rope(model) and theta != int(theta):
+        reasons.append(f"rope_theta {theta:g}: Megatron's --rotary-base takes an integer")
     if _uses_rope(model) and (scaling := _scaling_unsupported(model)):
         reasons.append(scaling)
-    if model.qk_norm in _QK_NORM_UNSUPPORTED:
-        reasons.append(_QK_NORM_UNSUPPORTED[model.qk_norm])
+    if model.definition.qk_norm in _QK_NORM_UNSUPPORTED:
+        reasons.append(_QK_NORM_UNSUPPORTED[model.definition.qk_norm])
     return [f"{model.name}: {r}" for r in reasons]
 
 
 def _definition_args(model: ModelSpec) -> list[list[str]]:
-    """RoPE, the Q/K norm and the norms' epsilon where they differ from Megatron's defaults."""
+    """RoPE, the window, the Q/K norm and the norms' epsilon where they differ from Megatron's defaults."""
     unsupported = megatron_model_unsupported(model)
     if unsupported:
         raise ConfigError(unsupported[0])
-    rope, args = model.rope, []
+    definition, args = model.definition, []
+    rope = definition.rope
     if _uses_rope(model):
         if rope.theta != MEGATRON_ROTARY_BASE:
             args.append(["--rotary-base", str(int(rope.theta))])
@@ -159,10 +172,10 @@ def _definition_args(model: ModelSpec) -> list[list[str]]:
             args.append(["--rotary-seq-len-interpolation-factor", str(int(rope.factor))])
     if model.num_local_layers == model.num_layers and model.attention_window:  # Mistral: every layer
         args.append(["--window-size", f"{model.attention_window - 1},0"])  # HF's window W is (W - 1, 0)
-    if model.qk_norm == "head":
+    if definition.qk_norm == "head":
         args.append(["--qk-layernorm"])
-    if model.norm_eps != MEGATRON_NORM_EPS:
-        args.append(["--norm-epsilon", f"{model.norm_eps:g}"])
+    if definition.norm_eps != MEGATRON_NORM_EPS:
+        args.append(["--norm-epsilon", f"{definition.norm_eps:g}"])
     return args
 
 

@@ -64,11 +64,19 @@ _QK_NORM_KEYS: dict[str, dict[str, Any]] = {
 }
 
 
+_ACTIVATION_NAMES = {"gelu_tanh": "gelu_pytorch_tanh"}
+"""``Definition.activation`` -> a Hugging Face name ``ACT2FN`` maps to it (the others are their own)."""
+
+
 def _definition_config(model: ModelSpec) -> dict[str, Any]:
-    """The keys ``autotune.definition`` reads back: RoPE, the Q/K norm (MiniMax's ``qk_norm_type`` names
-    either kind), the norms' epsilon."""
-    rope = model.rope
-    cfg: dict[str, Any] = {"rope_theta": rope.theta, "rms_norm_eps": model.norm_eps}
+    """The keys ``autotune.definition`` reads back: the activation (a gated GELU is ``geglu``), the norm
+    (StarCoder2's ``norm_type``), RoPE, the Q/K norm (MiniMax's ``qk_norm_type`` names either kind), the
+    norms' epsilon."""
+    d = model.definition
+    rope, act = d.rope, _ACTIVATION_NAMES.get(d.activation, d.activation)
+    cfg: dict[str, Any] = {"rope_theta": rope.theta, "rms_norm_eps": d.norm_eps, "norm_type": d.norm}
+    geglu = model.gated_mlp and d.activation.startswith("gelu") and model.num_layer_norms != 4
+    cfg["hidden_act"] = "geglu" if geglu else act  # Gemma's type gates its GELU whatever the name
     if rope.fraction != 1.0:
         cfg["partial_rotary_factor"] = rope.fraction
     if rope.scaling:
@@ -84,7 +92,7 @@ def _definition_config(model: ModelSpec) -> dict[str, Any]:
         }
         if rope.original_positions:
             cfg["rope_scaling"]["original_max_position_embeddings"] = rope.original_positions
-    return cfg | _QK_NORM_KEYS.get(model.qk_norm, {})
+    return cfg | _QK_NORM_KEYS.get(d.qk_norm, {})
 
 
 def _arch_config(model: ModelSpec) -> dict[str, Any]:

@@ -94,6 +94,8 @@ def megatron_parser() -> argparse.ArgumentParser:
         "squared-relu",
         "use-rope-scaling",
         "qk-layernorm",
+        "apply-layernorm-1p",
+        "openai-gelu",
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--recompute-modules", nargs="*", type=str)
@@ -120,15 +122,21 @@ def megatron_parser() -> argparse.ArgumentParser:
 
 def check_definition(a: argparse.Namespace, model) -> None:
     """What defines the model beyond its shape (``autotune.definition``) reaches Megatron's arguments."""
-    rope = model.rope
+    d = model.definition
+    rope = d.rope
     if a.position_embedding_type == "rope":
         assert (a.rotary_base or 10000) == rope.theta
         assert a.use_rope_scaling == (rope.scaling == "llama3")
         assert (a.rotary_scaling_factor or 1.0) == (rope.factor if model.uses_mla else 1.0)
-    assert a.qk_layernorm == (model.qk_norm == "head")
+    assert a.qk_layernorm == (d.qk_norm == "head")
+    assert (a.normalization, a.apply_layernorm_1p) == (
+        "LayerNorm" if d.norm.startswith("layer") else "RMSNorm",
+        d.norm.endswith("_1p"),
+    )
+    assert (a.squared_relu, a.openai_gelu) == (d.activation == "relu2", d.activation == "gelu_tanh")
     windowed = model.attention_window and model.num_local_layers == model.num_layers
     assert a.window_size == ((model.attention_window - 1, 0) if windowed else None)
-    assert (a.norm_epsilon or 1e-5) == model.norm_eps
+    assert (a.norm_epsilon or 1e-5) == d.norm_eps
 
 
 def _moe_freq_type(x: str):

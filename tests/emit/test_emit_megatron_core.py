@@ -91,10 +91,12 @@ def test_megatron_core_accepts_the_emitted_flags(name, emitted):
     flags = _flags((emitted(name) / "megatron_args.txt").read_text())
     config = _transformer_config(flags)
     assert (config.tensor_model_parallel_size, config.pipeline_model_parallel_size) == (plan.tp, plan.pp)
-    assert (config.layernorm_epsilon, config.qk_layernorm) == (model.norm_eps, model.qk_norm == "head")
+    d = model.definition
+    assert (config.layernorm_epsilon, config.qk_layernorm) == (d.norm_eps, d.qk_norm == "head")
+    assert config.normalization == ("LayerNorm" if d.norm.startswith("layer") else "RMSNorm")
     if model.uses_mla:  # MLATransformerConfig's RoPE: YaRN by default
         scaled = (config.rope_type, config.rotary_scaling_factor, config.mscale, config.mscale_all_dim)
-        rope = model.rope
+        rope = d.rope
         assert scaled == (
             ("yarn", rope.factor, rope.mscale, rope.mscale_all_dim)
             if rope.scaling
