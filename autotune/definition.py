@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Definition", "Rope", "read_rope", "read_definition"]
+__all__ = ["Definition", "Rope", "Router", "read_rope", "read_definition"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,6 +45,32 @@ class Rope:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Router:
+    """How an MoE layer turns router logits into the weights of its top-k experts (which experts, not how
+    many: the cost is the same). The defaults are Mixtral's: softmax over the chosen experts' logits."""
+
+    kind: str = "topk"
+    """``topk``, or a router Megatron-Core has no form of: ``sparsemixer`` (PhiMoE), ``llama4``."""
+    score: str = "softmax"
+    """``softmax`` or ``sigmoid`` (DeepSeek-V3, GLM-4.5, Nemotron-H): ``scoring_func``."""
+    pre_softmax: bool = False
+    """Softmax over every expert before the top-k, not renormalised (``norm_topk_prob: false``)."""
+    normalized: bool = True
+    """The chosen weights sum to one (``norm_topk_prob``)."""
+    scale: float = 1.0
+    """``routed_scaling_factor`` on the chosen weights (DeepSeek-V3 2.5)."""
+    groups: int = 0
+    """Group-limited routing: ``n_group`` groups of experts, the best ``topk_group`` of them (0: none)."""
+    group_topk: int = 0
+    expert_bias: bool = False
+    """A per-expert bias on the scores that pick the experts, for balance without an auxiliary loss
+    (``e_score_correction_bias``: DeepSeek-V3's ``noaux_tc``, GLM-4.5, Nemotron-H, MiniMax-M2)."""
+    shared_gate: bool = False
+    """The shared expert's output scaled by a sigmoid of ``h x 1`` (``shared_expert_gate``: Qwen2-MoE,
+    Qwen3-Next, Qwen3.5)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Definition:
     """What defines a model beyond the shape the cost model prices (the defaults are Llama's)."""
 
@@ -56,10 +82,13 @@ class Definition:
     norm_eps: float = 1e-5
     activation: str = "silu"
     """The MLP's activation: ``silu``, ``gelu``, ``gelu_tanh``, ``relu2``, ``relu``, ``quick_gelu``."""
+    router: Router = Router()
 
     def __post_init__(self) -> None:
         if isinstance(self.rope, dict):  # JSON round trips (trial.json, a study's setup)
             object.__setattr__(self, "rope", Rope(**self.rope))
+        if isinstance(self.router, dict):
+            object.__setattr__(self, "router", Router(**self.router))
 
 
 def _number(value: Any, key: str, where: str, *, positive: bool = True) -> float:
@@ -183,7 +212,43 @@ def _activation(cfg: dict[str, Any]) -> str:
     return _ACTIVATIONS.get(str(name), str(name))
 
 
-def read_definition(cfg: dict[str, Any], where: str) -> Definition:
+_SIGMOID_TYPES = frozenset({"deepseek_v3", "glm4_moe", "nemotron_h", "llama4_text"})
+"""Model types that score experts with a sigmoid without a ``scoring_func`` key (transformers' routers)."""
+_NORMALIZED_TYPES = frozenset({"mixtral", "gpt_oss", "deepseek_v3", "minimax_m2"})
+"""Model types that renormalise the chosen weights without a ``norm_topk_prob`` key (their routers)."""
+_BIAS_TYPES = frozenset({"glm4_moe", "nemotron_h"})
+_OTHER_ROUTERS = {"phimoe": "sparsemixer", "llama4_text": "llama4"}
+
+
+def _router(cfg: dict[str, Any], where: str) -> Router:
+    """Read as Megatron-Bridge reads the same keys (``conversion/model_bridge.py`` ``CONFIG_MAPPING`` and the
+    model bridges: ``moe_router_pre_softmax = not norm_topk_prob``, sigmoid and expert bias for DeepSeek-V3,
+    GLM-4.5 and Nemotron-H)."""
+    kind = str(cfg.get("model_type", ""))
+    score = str(cfg.get("scoring_func") or ("sigmoid" if kind in _SIGMOID_TYPES else "softmax"))
+    normalized = bool(cfg.get("norm_topk_prob", kind in _NORMALIZED_TYPES or score == "sigmoid"))
+    groups = int(cfg.get("n_group") or 0)
+    bias_keys = (
+        cfg.get("topk_method") == "noaux_tc" or cfg.get("use_routing_bias") or cfg.get("moe_use_aux_free")
+    )
+    return Router(
+        kind=_OTHER_ROUTERS.get(kind, "topk"),
+        score=score,
+        pre_softmax=score == "softmax" and not normalized,
+        normalized=normalized,
+        scale=_number(cfg.get("routed_scaling_factor") or 1.0, "routed_scaling_factor", where),
+        groups=groups if groups > 1 else 0,
+        group_topk=int(cfg.get("topk_group") or 0) if groups > 1 else 0,
+        expert_bias=bool(bias_keys) or kind in _BIAS_TYPES,
+        shared_gate=kind.startswith(("qwen2_moe", "qwen3_next", "qwen3_5")) and bool(_shared_width(cfg)),
+    )
+
+
+def _shared_width(cfg: dict[str, Any]) -> int:
+    return int(cfg.get("shared_expert_intermediate_size") or 0)
+
+
+def read_definition(cfg: dict[str, Any], where: str, *, moe: bool = False) -> Definition:
     """The ``Definition`` a config describes; a malformed value is a one-line ``ConfigError`` naming it."""
     key = next((k for k in _EPS_KEYS if cfg.get(k) is not None), None)
     eps = cfg[key] if key is not None else 1e-5
@@ -195,4 +260,5 @@ def read_definition(cfg: dict[str, Any], where: str) -> Definition:
         norm=_norm(cfg, where),
         norm_eps=float(eps),
         activation=_activation(cfg),
+        router=_router(cfg, where) if moe else Router(),
     )

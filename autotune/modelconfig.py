@@ -363,5 +363,5 @@ def arch_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str, A
     )
     if mtp:
         fields["mtp_layers"] = mtp
-    definition = read_definition(cfg, where)
+    definition = read_definition(cfg, where, moe=bool(fields.get("num_experts")))
     return fields | ({"definition": definition} if definition != Definition() else {})

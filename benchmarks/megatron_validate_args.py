@@ -71,6 +71,16 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         8,
         dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
     ),
+    "deepseek-v2-lite-ep8-dp8-pre-softmax": (
+        "tests/data/hf_configs/deepseek-v2-lite.json",
+        8,
+        dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
+    ),
+    "qwen3-next-80b-a3b-ep8-dp8": (
+        "qwen3-next-80b-a3b",
+        8,
+        dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
+    ),
     "mistral-7b-dp8-sliding-window": (
         "mistral-7b",
         8,
@@ -104,6 +114,13 @@ _DEFINITION = [
     "swiglu",
     "openai_gelu",
     "squared_relu",
+    "moe_router_score_function",
+    "moe_router_pre_softmax",
+    "moe_router_topk_scaling_factor",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
+    "moe_router_enable_expert_bias",
+    "moe_shared_expert_gate",
 ]
 """The arguments the model's definition sets, read back after ``validate_args``."""
 _CHILD = """

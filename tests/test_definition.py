@@ -141,15 +141,21 @@ def test_megatron_flags_build_the_model_the_config_describes():
     gpt3 = _flags(load_model("gpt3-175b"), tp=8, dp=2, global_batch=8, seq_len=2048)
     assert (gpt3["--normalization"], "--swiglu" in gpt3) == ("LayerNorm", False)  # exact GELU: no flag
     flags = _flags(load_model(f"{FIXTURES}/nemotron-4-340b.json"), tp=8, pp=4, dp=2, sequence_parallel=True)
-    assert flags["--rotary-percent"] == "0.5" and (
-        flags["--normalization"],
-        flags["--apply-layernorm-1p"],
-        flags["--squared-relu"],
-    ) == (
-        "LayerNorm",
-        True,
-        True,
-    )
+    assert (flags["--rotary-percent"], flags["--normalization"]) == ("0.5", "LayerNorm")
+    assert flags["--apply-layernorm-1p"] and flags["--squared-relu"]
+
+
+def test_moe_routers_read_and_written_as_megatron_bridge_maps_them():
+    """``conversion/model_bridge.py`` and the DeepSeek-V3 / Qwen3-MoE bridges of Megatron-Bridge."""
+    ds = _flags(load_model("deepseek-v3"), dp=64, global_batch=512)
+    assert (ds["--moe-router-score-function"], ds["--moe-router-topk-scaling-factor"]) == ("sigmoid", "2.5")
+    assert (ds["--moe-router-num-groups"], ds["--moe-router-group-topk"]) == ("8", "4")
+    assert ds["--moe-router-enable-expert-bias"] and "--moe-router-pre-softmax" not in ds
+    qwen15 = _flags(load_model(f"{FIXTURES}/qwen1.5-moe-a2.7b.json"))  # norm_topk_prob: false
+    assert qwen15["--moe-router-pre-softmax"] and qwen15["--moe-shared-expert-gate"]
+    assert "--moe-router-score-function" not in _flags(load_model("qwen3-30b-a3b"))  # softmax, renormalised
+    nano = load_model("nemotron-3-nano-30b-a3b").definition.router
+    assert (nano.score, nano.scale, nano.expert_bias) == ("sigmoid", 2.5, True)
 
 
 @pytest.mark.parametrize(
@@ -169,6 +175,9 @@ def test_megatron_flags_build_the_model_the_config_describes():
         (f"{FIXTURES}/gpt-oss-120b.json", {}, "expert and router biases"),
         (f"{FIXTURES}/llama4-scout-text.json", {}, "chunked attention layers"),
         ("gemma2-27b", {}, "Gemma's four norms per block and GeGLU"),
+        ("70b", {"activation": "relu"}, "a gated relu MLP: Megatron-LM 0.16 has SwiGLU"),
+        (f"{FIXTURES}/phi-3.5-moe.json", {}, "its sparsemixer router"),
+        (f"{FIXTURES}/ernie-4.5-21b-a3b.json", {}, "an expert bias on softmax scores"),
     ],
 )
 def test_what_megatron_cannot_spell_is_refused_in_one_line(name, change, reason):

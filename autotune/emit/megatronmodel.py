@@ -8,10 +8,11 @@ dispatcher the cost model prices: ``alltoall``, or ``flex`` with the plan's Deep
 part), Gated DeltaNet (``--experimental-attention-variant gated_delta_net``, ``_gdn_args``) and hybrid
 Mamba-2 models (Nemotron-H, Nemotron 3: their pattern, Mamba-2 heads and ``--spec`` for
 ``pretrain_mamba.py``, ``_hybrid_args``, ``megatron_entry``), and what defines the model without costing a
-step (``autotune.definition``): the activation and the norm, RoPE base, share and long-context scaling, the
-Q/K norm, the norms' epsilon, a sliding window on every layer (``--window-size``: Megatron-Bridge writes HF's
-window ``W`` as ``(W - 1, 0)``), as Megatron-LM core_v0.16.1 spells them (``_definition_args``); what it
-cannot spell leaves the file out with the reason (``megatron_model_unsupported``).
+step (``autotune.definition``): the activation, the norm, the MoE router, RoPE base, share and long-context
+scaling, the Q/K norm, the norms' epsilon, a sliding window on every layer (``--window-size``:
+Megatron-Bridge writes HF's window ``W`` as ``(W - 1, 0)``), as Megatron-LM core_v0.16.1 spells them
+(``_definition_args``, ``_router_args``); what it cannot spell leaves the file out with the reason
+(``megatron_model_unsupported``).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def _layers_unsupported(model: ModelSpec) -> list[str]:
         reasons.append("Gemma's four norms per block and GeGLU: Megatron-LM 0.16 has no flags for them")
     if model.expert_bias:
         reasons.append("gpt-oss's expert and router biases: Megatron-LM 0.16 has no flag for them")
+    reasons += _router_unsupported(model)
     act = model.definition.activation
     if (model.gated_mlp, act) not in _ACTIVATION_FLAGS:
         kind = f"gated {act}" if model.gated_mlp else act
@@ -289,4 +291,40 @@ def _moe_args(model: ModelSpec, dispatcher: MoeDispatcher) -> list[list[str]]:
         args.append(["--moe-shared-expert-intermediate-size", str(model.shared_ffn_hidden_size)])
     if model.moe_latent_size:  # TransformerConfig.moe_latent_size (megatron-core moe_layer.py)
         args.append(["--moe-latent-size", str(model.moe_latent_size)])
+    return args + _router_args(model)
+
+
+def _router_args(model: ModelSpec) -> list[list[str]]:
+    """The router as Megatron-Core's ``topk_routing_with_score_function`` computes it (megatron-core 0.16.1
+    ``moe_utils.py``): softmax over the chosen logits by default, or over all (``--moe-router-pre-softmax``),
+    or sigmoid scores renormalised; a scaling factor, group-limited choice, an expert bias."""
+    r, args = model.definition.router, []
+    if r.score == "sigmoid":
+        args.append(["--moe-router-score-function", "sigmoid"])
+    if r.pre_softmax:
+        args.append(["--moe-router-pre-softmax"])
+    if r.scale != 1.0:
+        args.append(["--moe-router-topk-scaling-factor", f"{r.scale:g}"])
+    if r.groups:
+        args += [["--moe-router-num-groups", str(r.groups)], ["--moe-router-group-topk", str(r.group_topk)]]
+    if r.expert_bias:
+        args.append(["--moe-router-enable-expert-bias"])
+    if r.shared_gate:
+        args.append(["--moe-shared-expert-gate"])
     return args
+
+
+def _router_unsupported(model: ModelSpec) -> list[str]:
+    r = model.definition.router
+    if not model.is_moe:
+        return []
+    if r.kind != "topk":
+        return [f"its {r.kind} router: Megatron-Core routes by top-k scores"]
+    if r.score not in ("softmax", "sigmoid"):
+        return [f"scoring_func {r.score}: Megatron-Core scores experts by softmax or sigmoid"]
+    reasons = []
+    if r.score == "sigmoid" and not r.normalized and model.experts_per_token > 1:
+        reasons.append("sigmoid routing without renormalisation: Megatron-Core renormalises the top-k")
+    if r.expert_bias and r.score != "sigmoid":
+        reasons.append("an expert bias on softmax scores: Megatron-Core adds it to sigmoid scores only")
+    return reasons

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune import __version__
 from autotune.catalog import make_cluster, model_from_dict
+from autotune.definition import Router
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
@@ -54,7 +55,14 @@ def model_to_config(model: ModelSpec) -> dict[str, Any]:
         "tie_word_embeddings": model.tie_embeddings,
         "hidden_act": "silu" if model.gated_mlp else "gelu",
     }
-    return {**cfg, **_arch_config(model), **_definition_config(model)}
+    cfg = {**cfg, **_arch_config(model), **_definition_config(model)}
+    router = model.definition.router
+    if model.is_moe and cfg["model_type"] == "llama":  # what only a family's type says of its router
+        family = {"sparsemixer": "phimoe", "llama4": "llama4_text"}.get(router.kind)
+        family = family or ("qwen2_moe" if router.shared_gate else None)  # gates its shared expert
+        if family:
+            cfg.update(model_type=family, attention_bias=model.attention_bias)
+    return cfg
 
 
 _QK_NORM_KEYS: dict[str, dict[str, Any]] = {
@@ -92,7 +100,20 @@ def _definition_config(model: ModelSpec) -> dict[str, Any]:
         }
         if rope.original_positions:
             cfg["rope_scaling"]["original_max_position_embeddings"] = rope.original_positions
-    return cfg | _QK_NORM_KEYS.get(d.qk_norm, {})
+    return cfg | _QK_NORM_KEYS.get(d.qk_norm, {}) | (_router_config(d.router) if model.is_moe else {})
+
+
+def _router_config(r: Router) -> dict[str, Any]:
+    """The router keys ``definition._router`` reads back (the rest by the model type: ``model_to_config``)."""
+    cfg = {
+        "scoring_func": r.score,
+        "norm_topk_prob": r.normalized,
+        "routed_scaling_factor": r.scale,
+        "n_group": r.groups or 1,
+        "topk_group": r.group_topk or 1,
+        "topk_method": "noaux_tc" if r.expert_bias else "greedy",
+    }
+    return cfg
 
 
 def _arch_config(model: ModelSpec) -> dict[str, Any]:

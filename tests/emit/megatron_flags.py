@@ -50,6 +50,8 @@ def megatron_parser() -> argparse.ArgumentParser:
         "mamba-num-groups",
         "rotary-base",  # an int in Megatron-LM (core_v0.16.1 arguments.py)
         "rotary-seq-len-interpolation-factor",
+        "moe-router-num-groups",
+        "moe-router-group-topk",
     ):
         p.add_argument(f"--{flag}", type=int)
     p.add_argument("--hybrid-override-pattern")  # pretrain_mamba.py's model arguments
@@ -64,8 +66,10 @@ def megatron_parser() -> argparse.ArgumentParser:
         "mscale",
         "mscale-all-dim",
         "norm-epsilon",
+        "moe-router-topk-scaling-factor",
     ):
         p.add_argument(f"--{flag}", type=float)
+    p.add_argument("--moe-router-score-function", choices=["softmax", "sigmoid"], default="softmax")
     p.add_argument("--rope-type", choices=["rope", "yarn"])
     p.add_argument("--window-size", type=lambda x: tuple(int(v) for v in x.strip("()").split(",")))
     for flag in (
@@ -96,6 +100,9 @@ def megatron_parser() -> argparse.ArgumentParser:
         "qk-layernorm",
         "apply-layernorm-1p",
         "openai-gelu",
+        "moe-router-pre-softmax",
+        "moe-router-enable-expert-bias",
+        "moe-shared-expert-gate",
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--recompute-modules", nargs="*", type=str)
@@ -137,6 +144,10 @@ def check_definition(a: argparse.Namespace, model) -> None:
     windowed = model.attention_window and model.num_local_layers == model.num_layers
     assert a.window_size == ((model.attention_window - 1, 0) if windowed else None)
     assert (a.norm_epsilon or 1e-5) == d.norm_eps
+    r = d.router  # Megatron's defaults for a dense model
+    assert (a.moe_router_score_function, a.moe_router_pre_softmax) == (r.score, r.pre_softmax)
+    assert (a.moe_router_topk_scaling_factor or 1.0, a.moe_router_num_groups or 0) == (r.scale, r.groups)
+    assert (a.moe_router_enable_expert_bias, a.moe_shared_expert_gate) == (r.expert_bias, r.shared_gate)
 
 
 def _moe_freq_type(x: str):
