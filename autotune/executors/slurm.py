@@ -265,7 +265,7 @@ class SlurmExecutor:
             fields, stop, started = self._watch(job_id, request.timeout_s, progress)
         finally:
             if fields.get("JobState", "PENDING") in ACTIVE:  # stopped by autotune, or interrupted
-                fields = cancel_job(job_id, self.poll_s) or fields
+                fields = cancel_job(job_id, self.poll_s) or {**fields, "JobState": "CANCELLED"}
         end = time.monotonic()
         progress.poll()
         result = job_result(

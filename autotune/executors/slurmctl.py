@@ -56,7 +56,9 @@ def job_fields(job_id: str) -> dict[str, str] | None:
 
 
 def cancel_job(job_id: str, poll_s: float, wait_s: float = 120.0) -> dict[str, str] | None:
-    """``scancel`` and wait until Slurm has stopped the job's processes (it leaves ``COMPLETING``)."""
+    """``scancel`` and wait until Slurm has stopped the job's processes (it leaves ``COMPLETING``); None when
+    Slurm purged the record before a poll saw it end (``MinJobAge`` shorter than the poll): the job was
+    running when ``scancel`` ran and is gone, which the caller records as ``CANCELLED``."""
     _slurm("scancel", job_id)
     deadline, fields = time.monotonic() + wait_s, None
     while time.monotonic() < deadline:

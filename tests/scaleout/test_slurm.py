@@ -120,6 +120,26 @@ def test_job_outcomes_keep_the_local_failure_classes(tmp_path, state, files, sto
     assert error is None or error in result.error
 
 
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        ([{"JobState": "RUNNING"}, {"JobState": "COMPLETING"}, {"JobState": "CANCELLED"}], "CANCELLED"),
+        ([{"JobState": "RUNNING"}, None], None),  # purged between two polls (MinJobAge 0)
+        ([None], None),
+    ],
+)
+def test_a_cancelled_job_whose_record_slurm_purged_is_none(monkeypatch, answers, expected):
+    """``cancel_job`` against fabricated ``scontrol`` answers; the executor records None as CANCELLED (the
+    real purge is ``test_a_hanging_trial_is_cancelled_at_its_timeout`` under ``MinJobAge=0``)."""
+    from autotune.executors import slurmctl
+
+    asked = iter(answers)
+    monkeypatch.setattr(slurmctl, "_slurm", lambda *argv: None)
+    monkeypatch.setattr(slurmctl, "job_fields", lambda job_id: next(asked))
+    fields = slurmctl.cancel_job("9", poll_s=0.0)
+    assert (fields or {}).get("JobState") == expected
+
+
 @pytest.mark.dist(timeout=150)
 def test_search_cli_runs_a_two_node_trial_as_its_own_job(slurm, tmp_path):
     cmd = [
