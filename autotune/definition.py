@@ -1,8 +1,8 @@
 """What a model's config says that defines the model but costs a step nothing: rotary position embeddings
 (the base, the share of each head they rotate, the long-context scaling), the norm on queries and keys, the
-norms' epsilon. A few elementwise operations fused into kernels autotune prices already; they are read so
-that the Megatron emitter (``emit/megatronmodel.py``) writes arguments that build the model the config
-describes.
+norms' kind and epsilon, the MLP's activation, how an MoE router weighs its experts. A few elementwise
+operations inside kernels autotune prices already; they are read so that the Megatron emitter
+(``emit/megatronmodel.py``) writes arguments that build the model the config describes.
 
 RoPE is read from Hugging Face keys: ``rope_theta`` (GPT-NeoX ``rotary_emb_base``; transformers 5's
 ``rope_parameters``), ``partial_rotary_factor`` (GPT-NeoX ``rotary_pct``; MiniMax ``rotary_dim``) and
@@ -227,7 +227,7 @@ def _router(cfg: dict[str, Any], where: str) -> Router:
     kind = str(cfg.get("model_type", ""))
     score = str(cfg.get("scoring_func") or ("sigmoid" if kind in _SIGMOID_TYPES else "softmax"))
     normalized = bool(cfg.get("norm_topk_prob", kind in _NORMALIZED_TYPES or score == "sigmoid"))
-    groups = int(cfg.get("n_group") or 0)
+    groups = int(_number(cfg.get("n_group") or 1, "n_group", where))
     bias_keys = (
         cfg.get("topk_method") == "noaux_tc" or cfg.get("use_routing_bias") or cfg.get("moe_use_aux_free")
     )
@@ -238,7 +238,7 @@ def _router(cfg: dict[str, Any], where: str) -> Router:
         normalized=normalized,
         scale=_number(cfg.get("routed_scaling_factor") or 1.0, "routed_scaling_factor", where),
         groups=groups if groups > 1 else 0,
-        group_topk=int(cfg.get("topk_group") or 0) if groups > 1 else 0,
+        group_topk=int(_number(cfg.get("topk_group") or 1, "topk_group", where)) if groups > 1 else 0,
         expert_bias=bool(bias_keys) or kind in _BIAS_TYPES,
         shared_gate=kind.startswith(("qwen2_moe", "qwen3_next", "qwen3_5")) and bool(_shared_width(cfg)),
     )

@@ -99,6 +99,10 @@ def test_other_spellings_of_the_same_settings():
         ({"rope_scaling": "yarn"}, "key 'rope_scaling' must be a mapping or null"),
         ({"rms_norm_eps": 2}, "key 'rms_norm_eps' must be a number in (0, 1), got 2"),
         ({"norm_type": "batch_norm"}, "key 'norm_type' must be one of rms_norm, layer_norm"),
+        (
+            {"num_local_experts": 8, "num_experts_per_tok": 2, "n_group": "eight"},
+            "key 'n_group' must be a positive",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_naming_its_key(extra, message):
