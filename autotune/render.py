@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from autotune.costmodel import Estimate
@@ -66,6 +67,7 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
         "attention": "mla" if model.uses_mla else "gqa" if model.num_kv_heads < model.num_heads else "mha",
         "mlp": "gated" if model.gated_mlp else "gelu",
         "tie_embeddings": model.tie_embeddings,
+        **_definition_info(model),
     }
     if model.num_local_layers:
         info.update(
@@ -100,6 +102,20 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             info["moe_latent_size"] = model.moe_latent_size
     if model.mtp_layers:
         info.update(mtp_layers=model.mtp_layers, mtp_params=model.mtp_params)
+    return info
+
+
+def _definition_info(model: ModelSpec) -> dict[str, Any]:
+    """What was read of the model's definition (``autotune.definition``): costless, but what the Megatron
+    arguments build."""
+    d = model.definition
+    rope = {"theta": d.rope.theta, "fraction": d.rope.fraction}
+    if d.rope.scaling:
+        rope |= {"scaling": d.rope.scaling, "factor": d.rope.factor}
+    info: dict[str, Any] = {"activation": d.activation, "norm": d.norm, "norm_eps": d.norm_eps}
+    info |= {"qk_norm": d.qk_norm or None, "rope": None if model.learned_positions else rope}
+    if model.is_moe:
+        info["router"] = asdict(d.router)
     return info
 
 

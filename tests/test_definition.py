@@ -200,3 +200,11 @@ def test_emit_skips_megatron_args_and_says_why(tmp_path):
     assert main([*argv, "--gpus", "8", "--out", str(tmp_path / "out")]) == 0
     assert not (tmp_path / "out" / "megatron_args.txt").exists()
     assert "Q/K norm over all heads" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_estimate_json_says_what_was_read(capsys):
+    argv = ["estimate", "--model", "deepseek-v3", "--gpus", "256", "--ep", "8", "--framework", "megatron"]
+    assert main([*argv, "--sharding", "zero1", "--json"]) == 0
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert (model["rope"]["scaling"], model["rope"]["factor"], model["norm_eps"]) == ("yarn", 40.0, 1e-6)
+    assert model["router"]["score"] == "sigmoid" and model["router"]["groups"] == 8
