@@ -81,6 +81,11 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         8,
         dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
     ),
+    "nemotron-3-nano-tp2-ep8-hybrid": (
+        "nemotron-3-nano-30b-a3b",
+        16,
+        dict(tp=2, dp=8, ep=8, global_batch=128, seq_len=8192, sharding="zero1", sequence_parallel=True),
+    ),
     "mistral-7b-dp8-sliding-window": (
         "mistral-7b",
         8,
