@@ -187,7 +187,7 @@ def test_moe_routers_read_and_written_as_megatron_bridge_maps_them():
 def test_what_megatron_cannot_spell_is_refused_in_one_line(name, change, reason):
     model = _with(load_model(name), **change)
     reasons = megatron_model_unsupported(model)
-    assert any(reason in r for r in reasons) and all(r.startswith(f"{model.name}: ") for r in reasons)
+    assert any(reason in r for r in reasons) and all("\n" not in r for r in reasons)
     with pytest.raises(ConfigError, match="^" + model.name):
         megatron_args_text(ParallelPlan(dp=8, global_batch=64, seq_len=4096, framework="megatron"), model)
 

@@ -145,14 +145,14 @@ def megatron_model_unsupported(model: ModelSpec) -> list[str]:
         reasons.append(scaling)
     if model.definition.qk_norm in _QK_NORM_UNSUPPORTED:
         reasons.append(_QK_NORM_UNSUPPORTED[model.definition.qk_norm])
-    return [f"{model.name}: {r}" for r in reasons]
+    return reasons
 
 
 def _definition_args(model: ModelSpec) -> list[list[str]]:
     """RoPE, the window, the Q/K norm and the norms' epsilon where they differ from Megatron's defaults."""
     unsupported = megatron_model_unsupported(model)
     if unsupported:
-        raise ConfigError(unsupported[0])
+        raise ConfigError(f"{model.name}: {unsupported[0]}")
     definition, args = model.definition, []
     rope = definition.rope
     if _uses_rope(model):
