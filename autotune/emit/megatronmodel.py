@@ -127,17 +127,17 @@ def _layers_unsupported(model: ModelSpec) -> list[str]:
         reasons.append("Gemma's four norms per block and GeGLU: Megatron-LM 0.16 has no flags for them")
     if model.expert_bias:
         reasons.append("gpt-oss's expert and router biases: Megatron-LM 0.16 has no flag for them")
-    reasons += _router_unsupported(model)
-    act = model.definition.activation
-    if (model.gated_mlp, act) not in _ACTIVATION_FLAGS:
-        kind = f"gated {act}" if model.gated_mlp else act
-        reasons.append(f"a {kind} MLP: Megatron-LM 0.16 has SwiGLU, GELU (exact or tanh) and squared ReLU")
     return reasons
 
 
 def megatron_model_unsupported(model: ModelSpec) -> list[str]:
-    """What of ``model``'s definition Megatron-LM core_v0.16.1 has no flag for ([]: its flags build it)."""
-    reasons = _layers_unsupported(model)
+    """What of ``model``'s definition Megatron-LM core_v0.16.1 has no flag for ([]: its flags build it): the
+    blocks' structure, the MoE router, the activation, RoPE, the Q/K norm."""
+    reasons = _layers_unsupported(model) + _router_unsupported(model)
+    act = model.definition.activation
+    if (model.gated_mlp, act) not in _ACTIVATION_FLAGS:
+        kind = f"gated {act}" if model.gated_mlp else act
+        reasons.append(f"a {kind} MLP: Megatron-LM 0.16 has SwiGLU, GELU (exact or tanh) and squared ReLU")
     theta = model.definition.rope.theta
     if _uses_rope(model) and theta != int(theta):
         reasons.append(f"rope_theta {theta:g}: Megatron's --rotary-base takes an integer")
