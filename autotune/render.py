@@ -109,7 +109,7 @@ def _definition_info(model: ModelSpec) -> dict[str, Any]:
     """What was read of the model's definition (``autotune.definition``): costless, but what the Megatron
     arguments build."""
     d = model.definition
-    rope = {"theta": d.rope.theta, "fraction": d.rope.fraction}
+    rope: dict[str, Any] = {"theta": d.rope.theta, "fraction": d.rope.fraction}
     if d.rope.scaling:
         rope |= {"scaling": d.rope.scaling, "factor": d.rope.factor}
     info: dict[str, Any] = {"activation": d.activation, "norm": d.norm, "norm_eps": d.norm_eps}

@@ -105,7 +105,7 @@ def _definition_config(model: ModelSpec) -> dict[str, Any]:
 
 def _router_config(r: Router) -> dict[str, Any]:
     """The router keys ``definition._router`` reads back (the rest by the model type: ``model_to_config``)."""
-    cfg = {
+    return {
         "scoring_func": r.score,
         "norm_topk_prob": r.normalized,
         "routed_scaling_factor": r.scale,
@@ -113,7 +113,6 @@ def _router_config(r: Router) -> dict[str, Any]:
         "topk_group": r.group_topk or 1,
         "topk_method": "noaux_tc" if r.expert_bias else "greedy",
     }
-    return cfg
 
 
 def _arch_config(model: ModelSpec) -> dict[str, Any]:
