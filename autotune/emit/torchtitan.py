@@ -74,6 +74,13 @@ MOE_FLAVORS = {
 """torchtitan 0.2.2's registered MoE flavors (``models/deepseek_v3/__init__.py::deepseekv3_args``,
 ``models/qwen3/__init__.py::qwen3_args``): (model, flavor) -> (dim, layers, heads, KV heads (MLA: the heads),
 routed expert width, routed experts, top-k, vocabulary)."""
+FLAVOR_DEFINITIONS = {
+    "llama3": (500000.0, "", "rms_norm", "silu"),
+    "qwen3": (1000000.0, "head", "rms_norm", "silu"),
+    "deepseek_v3": (10000.0, "", "rms_norm", "silu"),
+}
+"""What every flavor of a torchtitan 0.2.2 model builds beyond its shape (``model/args.py``: ``rope_theta``,
+Qwen3's ``qk_norm``, RMSNorm, SwiGLU): a model of a flavor's shape that differs here is not that flavor."""
 REGISTRIES = {"llama3": "llama3_args", "deepseek_v3": "deepseekv3_args", "qwen3": "qwen3_args"}
 """Where a flavor of each torchtitan model is registered (``torchtitan/models/<model>/__init__.py``)."""
 
@@ -193,9 +200,13 @@ def torchtitan_model(model: ModelSpec) -> str:
 
 
 def torchtitan_flavor(model: ModelSpec) -> str | None:
-    """The registered flavor of ``torchtitan_model(model)`` with ``model``'s shape, or None: the fragment then
+    """The registered flavor of ``torchtitan_model(model)`` with ``model``'s shape and definition
+    (``FLAVOR_DEFINITIONS``), or None: the fragment then
     gives the model's name as flavor and torchtitan stops on an unknown flavor until one is registered,
     instead of training its debug model."""
+    d = model.definition
+    if (d.rope.theta, d.qk_norm, d.norm, d.activation) != FLAVOR_DEFINITIONS[torchtitan_model(model)]:
+        return None
     base = (model.hidden_size, model.num_layers, model.num_heads, model.num_kv_heads)
     if model.is_moe:
         experts = (model.expert_ffn_hidden_size, model.num_experts, model.experts_per_token)

@@ -11,6 +11,7 @@ When torchtitan 0.2.x is importable, its own ``ConfigManager`` and ``ParallelDim
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -329,6 +330,19 @@ def test_moe_presets_name_torchtitans_own_model_and_flavor():
         assert (torchtitan_model(model), torchtitan_flavor(model)) == expected, preset
     mixtral = load_model("mixtral-8x7b")
     assert (torchtitan_model(mixtral), torchtitan_flavor(mixtral)) == ("qwen3", None)
+
+
+def test_a_flavors_shape_with_another_definition_is_not_that_flavor():
+    """A Llama 3 shape with another RoPE base (a long-context fine-tune) or a Qwen3-MoE shape without its
+    Q/K norm would train as another model under the registered flavor: they get none."""
+    from autotune.catalog import load_model
+
+    llama, qwen = load_model("llama3-8b"), load_model("qwen3-30b-a3b")
+    assert (torchtitan_flavor(llama), torchtitan_flavor(qwen)) == ("8B", "30B-A3B")
+    longer = dataclasses.replace(llama.definition, rope=dataclasses.replace(llama.definition.rope, theta=4e6))
+    assert torchtitan_flavor(dataclasses.replace(llama, definition=longer)) is None
+    plain = dataclasses.replace(qwen, definition=dataclasses.replace(qwen.definition, qk_norm=""))
+    assert torchtitan_flavor(plain) is None
 
 
 @pytest.mark.slow
