@@ -240,12 +240,9 @@ def _router(cfg: dict[str, Any], where: str) -> Router:
         groups=groups if groups > 1 else 0,
         group_topk=int(_number(cfg.get("topk_group") or 1, "topk_group", where)) if groups > 1 else 0,
         expert_bias=bool(bias_keys) or kind in _BIAS_TYPES,
-        shared_gate=kind.startswith(("qwen2_moe", "qwen3_next", "qwen3_5")) and bool(_shared_width(cfg)),
+        shared_gate=kind.startswith(("qwen2_moe", "qwen3_next", "qwen3_5"))
+        and bool(cfg.get("shared_expert_intermediate_size")),
     )
-
-
-def _shared_width(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("shared_expert_intermediate_size") or 0)
 
 
 def read_definition(cfg: dict[str, Any], where: str, *, moe: bool = False) -> Definition:

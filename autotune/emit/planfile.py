@@ -53,8 +53,7 @@ def model_to_config(model: ModelSpec) -> dict[str, Any]:
         "vocab_size": model.vocab_size,
         "max_position_embeddings": model.max_seq_len,
         "tie_word_embeddings": model.tie_embeddings,
-        "hidden_act": "silu" if model.gated_mlp else "gelu",
-    }
+    }  # the activation is the definition's (``_definition_config``)
     cfg = {**cfg, **_arch_config(model), **_definition_config(model)}
     router = model.definition.router
     if model.is_moe and cfg["model_type"] == "llama":  # what only a family's type says of its router
@@ -161,8 +160,6 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
         )
     if model.layer_pattern:  # NemotronH's keys (``modelconfig._hybrid_fields``)
         cfg.update(model_type="nemotron_h", hybrid_override_pattern=model.layer_pattern)
-        if not model.gated_mlp:
-            cfg["hidden_act"] = "relu2"  # NemotronH's squared ReLU: a two-matrix MLP, as priced
         if model.is_moe:
             cfg["n_routed_experts"] = cfg.pop("num_experts")
         if model.mamba_heads:
