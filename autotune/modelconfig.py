@@ -72,8 +72,19 @@ def check_keys(cfg: dict[str, Any], where: str) -> None:
     _check_hybrid_keys(cfg, where)
 
 
-_PATTERN_KINDS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
-"""``layers_block_type`` entries -> ``hybrid_override_pattern`` characters (transformers NemotronH)."""
+_PATTERN_KINDS = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+"""``layers_block_type`` entries -> ``hybrid_override_pattern`` characters (transformers NemotronH; 5.x names
+Mamba-2 ``linear_attention`` and attention ``full_attention``, ``_LEGACY_LAYER_TYPE_REMAP``)."""
+MTP_DEFAULT_PATTERN = "*E"
+"""transformers ``NemotronHConfig``'s ``mtp_layers_block_type`` default, ``["full_attention", "moe"]``: a
+saved config leaves it out when it is the default."""
 
 
 def _check_hybrid_keys(cfg: dict[str, Any], where: str) -> None:
@@ -86,31 +97,43 @@ def _check_hybrid_keys(cfg: dict[str, Any], where: str) -> None:
         return
     if cfg.get("chunk_size", MAMBA_CHUNK) != MAMBA_CHUNK:
         raise ConfigError(f"{where}: key 'chunk_size' must be {MAMBA_CHUNK}, the SSD chunk autotune prices")
-    if cfg.get("num_nextn_predict_layers") or cfg.get("mtp_layers_block_type"):
-        raise ConfigError(
-            f"{where}: multi-token prediction of a hybrid Mamba-2 model is not priced (Megatron-Core 0.16's "
-            "MambaModel has none); remove 'num_nextn_predict_layers' / 'mtp_layers_block_type'"
-        )
+    if not isinstance(cfg.get("mtp_use_repeated_layer", True), bool):
+        raise ConfigError(f"{where}: key 'mtp_use_repeated_layer' must be true or false")
 
 
-def _pattern(cfg: dict[str, Any], where: str) -> str:
-    """The hybrid layer pattern of a NemotronH config ("" for other models), checked."""
-    pattern = cfg.get("hybrid_override_pattern")
-    kinds = cfg.get("layers_block_type")
-    if pattern is None and isinstance(kinds, list):
-        if any(k not in _PATTERN_KINDS for k in kinds):
-            raise ConfigError(
-                f"{where}: key 'layers_block_type' entries must be one of {sorted(_PATTERN_KINDS)}"
-            )
+def _pattern(
+    cfg: dict[str, Any], where: str, key: str = "hybrid_override_pattern", kinds_key: str = ""
+) -> str:
+    """The hybrid layer pattern of a NemotronH config ("" for other models), checked; ``key`` /
+    ``kinds_key``: the MTP block's (``mtp_hybrid_override_pattern`` / ``mtp_layers_block_type``)."""
+    pattern = cfg.get(key)
+    kinds_key = kinds_key or "layers_block_type"
+    kinds = cfg.get(kinds_key)
+    if pattern is None and kinds is not None:
+        if not isinstance(kinds, list) or any(k not in _PATTERN_KINDS for k in kinds):
+            raise ConfigError(f"{where}: key '{kinds_key}' entries must be one of {sorted(_PATTERN_KINDS)}")
         pattern = "".join(_PATTERN_KINDS[k] for k in kinds)
     if pattern is None:
         return ""
     if not isinstance(pattern, str) or not pattern or set(pattern) - set("M*-E"):
         raise ConfigError(
-            f"{where}: key 'hybrid_override_pattern' must be a string of M (Mamba-2), * (attention), "
-            "- (MLP) and E (MoE)"
+            f"{where}: key '{key}' must be a string of M (Mamba-2), * (attention), - (MLP) and E (MoE)"
         )
     return pattern
+
+
+def _hybrid_mtp(cfg: dict[str, Any], where: str) -> dict[str, Any]:
+    """A NemotronH config's MTP block, as Megatron-Bridge's ``NemotronHBridge`` reads it
+    (``num_nextn_predict_layers`` depths of ``mtp_hybrid_override_pattern``, ``mtp_use_repeated_layer``
+    default true: one module run at every depth), or transformers' ``mtp_layers_block_type``."""
+    if not _int(cfg, "num_nextn_predict_layers", where):
+        return {}
+    pattern = (
+        _pattern(cfg, where, "mtp_hybrid_override_pattern", "mtp_layers_block_type") or MTP_DEFAULT_PATTERN
+    )
+    if "E" in pattern and not _num_experts(cfg, where):
+        raise ConfigError(f"{where}: the MTP pattern has MoE layers (E) but no key 'n_routed_experts'")
+    return {"mtp_pattern": pattern, "mtp_shared": cfg.get("mtp_use_repeated_layer", True)}
 
 
 def _int(cfg: dict[str, Any], key: str, where: str, default: int = 0) -> int:
@@ -301,8 +324,8 @@ def _hybrid_fields(cfg: dict[str, Any], where: str, num_layers: int) -> dict[str
         )
     if "E" in pattern and not _num_experts(cfg, where):
         raise ConfigError(f"{where}: the hybrid pattern has MoE layers (E) but no key 'n_routed_experts'")
-    fields: dict[str, Any] = {"layer_pattern": pattern, "num_layer_norms": 1}
-    if "M" not in pattern:
+    fields: dict[str, Any] = {"layer_pattern": pattern, "num_layer_norms": 1, **_hybrid_mtp(cfg, where)}
+    if "M" not in pattern + fields.get("mtp_pattern", ""):
         return fields
     mamba = _positive_ints(
         cfg,

@@ -79,7 +79,7 @@ PRICED_KEYS = frozenset(
         "num_mtp_modules",
         "mtp_transformer_layers",
         "hybrid_override_pattern",  # Nemotron-H / Nemotron 3 (NemotronHConfig): ModelSpec.layer_pattern
-        "layers_block_type",  # the same pattern as a list of "mamba", "attention", "mlp", "moe"
+        "layers_block_type",  # the same as a list: "mamba" / "linear_attention", "attention" / ..., "moe"
         "mamba_num_heads",
         "mamba_head_dim",
         "ssm_state_size",
@@ -91,7 +91,9 @@ PRICED_KEYS = frozenset(
         "mamba_proj_bias",
         "use_conv_bias",
         "moe_latent_size",  # Nemotron 3 Super / Ultra's LatentMoE: ModelSpec.moe_latent_size
-        "mtp_layers_block_type",  # NemotronH's MTP modules: refused with a hybrid pattern
+        "mtp_layers_block_type",  # NemotronH's MTP block: ModelSpec.mtp_pattern (modelconfig._hybrid_mtp)
+        "mtp_hybrid_override_pattern",
+        "mtp_use_repeated_layer",  # one MTP module run at every depth: ModelSpec.mtp_shared
         # refused unless they leave the cost unchanged (``_REFUSED``):
         "mlp_bias",
         "text_config",

@@ -29,6 +29,8 @@ Counts follow the modules as Hugging Face and Megatron-Core build them:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -58,6 +60,8 @@ __all__ = [
     "mamba_activation_width",
     "MAMBA_CHUNK",
     "latent_projection_params",
+    "mtp_block_model",
+    "mtp_module_params",
 ]
 
 
@@ -263,12 +267,37 @@ def block_params_sum(model: ModelSpec) -> int:
 def mtp_module_params(model: ModelSpec) -> int:
     """One multi-token prediction module (``ModelSpec.mtp_layers``; Megatron-Core
     ``multi_token_prediction.py`` ``MultiTokenPredictionLayer``, DeepSeek-V3 report Sec. 2.2): a block of the
-    last layer's type (MoE when it is an MoE layer), ``enorm``, ``hnorm`` and its final norm, and
-    ``eh_proj`` (2h x h); embedding and output head are the main model's."""
+    last layer's type (MoE when it is an MoE layer) or a hybrid's ``mtp_pattern`` layers
+    (``mtp_block_model``), ``enorm``, ``hnorm`` and its final norm, and ``eh_proj`` (2h x h); embedding and
+    head are the main model's."""
     h = model.hidden_size
+    block = mtp_block_model(model)
+    if block is not None:
+        return block_params_sum(block) + 2 * h * h + 3 * h
     last_is_moe = model.is_moe and model.num_layers - 1 in model.moe_layers
     mlp = moe_mlp_params(model) if last_is_moe else dense_mlp_params(model) + _gpt_biases(model)
     return _attention_part_params(model) + mlp + 2 * h * h + 3 * h
+
+
+@functools.lru_cache(maxsize=64)
+def mtp_block_model(model: ModelSpec) -> ModelSpec | None:
+    """A hybrid model's MTP block as a model of its own: the ``mtp_pattern`` layers (Nemotron 3's ``*E``: an
+    attention and an MoE layer; megatron-core 0.17 ``MultiTokenPredictionBlock`` builds them as a
+    ``MambaStack`` of that pattern), so that every per-layer term prices that block's mean layer; None
+    without a pattern (the MTP block is then priced as the main model's mean block)."""
+    pattern = model.mtp_pattern
+    if not (model.mtp_layers and pattern):
+        return None
+    return dataclasses.replace(
+        model,
+        name=f"{model.name} MTP block",
+        num_layers=len(pattern),
+        layer_pattern=pattern,
+        moe_layers=tuple(i for i, kind in enumerate(pattern) if kind == "E"),
+        mtp_layers=0,
+        mtp_pattern="",
+        mtp_shared=False,
+    )
 
 
 def gemm_params_per_layer(model: ModelSpec) -> float:

@@ -102,6 +102,8 @@ def model_info(model: ModelSpec) -> dict[str, Any]:
             info["moe_latent_size"] = model.moe_latent_size
     if model.mtp_layers:
         info.update(mtp_layers=model.mtp_layers, mtp_params=model.mtp_params)
+        if model.mtp_pattern:
+            info.update(mtp_pattern=model.mtp_pattern, mtp_shared=model.mtp_shared)
     return info
 
 
@@ -121,7 +123,11 @@ def _definition_info(model: ModelSpec) -> dict[str, Any]:
 
 def params_line(model: ModelSpec) -> str:
     """``46.7B total, 12.9B active`` for MoE models, ``8.03B parameters`` for dense ones."""
-    mtp = f" + {model.mtp_layers} MTP module ({_one_decimal(model.mtp_params)})" if model.mtp_layers else ""
+    n, mtp = model.mtp_layers, ""
+    if n:
+        what = f"{n} MTP depths of one module" if model.mtp_shared and n > 1 else f"{n} MTP module"
+        block = f", {model.mtp_pattern}" if model.mtp_pattern else ""
+        mtp = f" + {what} ({_one_decimal(model.mtp_params)}{block})"
     if model.is_moe:
         return f"{_one_decimal(model.total_params)} total, {_one_decimal(model.active_params)} active{mtp}"
     return f"{param_count(model.num_params)} parameters{mtp}"

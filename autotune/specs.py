@@ -100,9 +100,12 @@ class ModelSpec:
     mamba_groups: int = 0
     mamba_conv_kernel: int = 0
     mtp_layers: int = 0
-    """Multi-token prediction modules (DeepSeek-V3 report Sec. 2.2; ``--mtp-num-layers``): each one more block
-    of the last layer's type on the last stage, behind two norms and an ``eh_proj`` (2h -> h), sharing the
-    embedding and head, with a head pass and loss of its own. Not in ``num_params``: ``mtp_params``."""
+    """Multi-token prediction depths (DeepSeek-V3 Sec. 2.2; ``--mtp-num-layers``) on the last stage, each a
+    block behind two norms and an ``eh_proj`` (2h -> h) with a head pass and loss (``costmodel.mtp``)."""
+    mtp_pattern: str = ""
+    """A hybrid model's MTP block in ``layer_pattern`` characters (Nemotron 3: ``*E``); "": one mean block."""
+    mtp_shared: bool = False
+    """One MTP module run at every depth (Megatron ``mtp_use_repeated_layer``): its parameters count once."""
     definition: Definition = Definition()
     """RoPE, norms, activation (``autotune.definition``): nothing a step prices; they define the model."""
 
@@ -217,10 +220,11 @@ class ModelSpec:
 
     @cached_property
     def mtp_params(self) -> int:
-        """Parameters of the multi-token prediction modules (``modelshape.mtp_module_params`` each)."""
+        """Parameters of the multi-token prediction modules (``modelshape.mtp_module_params`` each; not in
+        ``num_params``); one module when ``mtp_shared``."""
         from autotune.modelshape import mtp_module_params
 
-        return self.mtp_layers * mtp_module_params(self)
+        return (min(1, self.mtp_layers) if self.mtp_shared else self.mtp_layers) * mtp_module_params(self)
 
     @cached_property
     def num_non_embedding_params(self) -> int:
@@ -367,9 +371,8 @@ class ClusterSpec:
     own ring latency and bus bandwidth inside a node as multiples of the all-reduce's, which sets
     ``intra_link`` (``costmodel.comm``). Empty: every collective runs at the link's numbers."""
     cores_per_node: int | None = None
-    """CPU cores the ranks of a node share when the "GPU" is a CPU rank (CPU trials; ``autotune probe``
-    records it). None: every rank has its own device. Fewer cores than ranks: idle ranks give their cores
-    to the others (``pipeline.shared_core_bubble_fraction``)."""
+    """CPU cores the ranks of a node share when the "GPU" is a CPU rank (CPU trials, ``autotune probe``);
+    None: a device per rank. Fewer cores than ranks: ``pipeline.shared_core_bubble_fraction``."""
     profile: str | None = None
     """Where the numbers above came from when not the catalog: a probe profile and/or a calibration,
     e.g. ``profile: cpu-2rank (measured 2026-11-30)``."""

@@ -151,14 +151,23 @@ def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:
     + LM head)``. This is the MFU numerator of PaLM (App. B) and Megatron (Korthikanti Eq. 7). Each
     multi-token prediction module adds a block (the mean block), its ``eh_proj`` (``2 x 2h x h``) and a head
     pass, as Megatron counts them (``megatron/training/training.py`` ``num_floating_point_operations``:
-    ``mtp_num_layers`` more layers, "MTP eh proj", logits x ``(mtp_num_layers + 1)``)."""
-    per_layer = (
+    ``mtp_num_layers`` more layers, "MTP eh proj", logits x ``(mtp_num_layers + 1)``); a hybrid's MTP block
+    is its ``mtp_pattern`` layers (``modelshape.mtp_block_model``)."""
+    hybrid = modelshape.mtp_block_model(model)
+    block = (
+        _layer_flops(model, seq_len) if hybrid is None else hybrid.num_layers * _layer_flops(hybrid, seq_len)
+    )
+    mtp = model.mtp_layers * (block + 4.0 * model.hidden_size**2 + lm_head_flops_per_token(model))
+    return 3.0 * (model.num_layers * _layer_flops(model, seq_len) + lm_head_flops_per_token(model) + mtp)
+
+
+def _layer_flops(model: ModelSpec, seq_len: int) -> float:
+    """Forward FLOPs per token of the mean block: GEMMs, full attention, linear-attention / SSD scans."""
+    return (
         layer_gemm_flops_per_token(model)
         + attention_flops_per_token(model, seq_len)
         + linear_attention_flops_per_token(model)
     )
-    mtp = model.mtp_layers * (per_layer + 4.0 * model.hidden_size**2 + lm_head_flops_per_token(model))
-    return 3.0 * (model.num_layers * per_layer + lm_head_flops_per_token(model) + mtp)
 
 
 def recompute_flops_per_token(

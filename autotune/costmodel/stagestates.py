@@ -27,6 +27,7 @@ from autotune.costmodel.states import (
     model_state_bytes,
     stage_params_per_gpu,
 )
+from autotune.modelshape import mtp_block_model
 from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import head_rank, split_layers_of
@@ -80,11 +81,25 @@ def stage_states(model: ModelSpec, plan: ParallelPlan, numerics: Numerics, *, ra
     found = kept.get(key)
     if found is None:
         first, last = rank == 0, rank == head_rank(plan)
-        # the last stage also holds the multi-token prediction modules, a block each (``costmodel.mtp``)
-        layers = rank_layers(model, plan)[rank] + (model.mtp_layers if last else 0)
-        params = stage_params_per_gpu(model, plan, first=first, last=last, layers=layers)
-        found = kept[key] = (layers, params, _states(model, plan, params, numerics, layers=layers))
+        main = rank_layers(model, plan)[rank]
+        # the last stage also holds the multi-token prediction modules (``costmodel.mtp``): a block each, or
+        # a hybrid's MTP layers, whose states are those layers' (once when shared), activations a depth's each
+        hybrid = mtp_block_model(model) if last else None
+        layers = main + (model.mtp_layers * (1 if hybrid is None else hybrid.num_layers) if last else 0)
+        blocks = layers if hybrid is None else main
+        params = stage_params_per_gpu(model, plan, first=first, last=last, layers=blocks)
+        states = _states(model, plan, params, numerics, layers=blocks)
+        if hybrid is not None:
+            n = hybrid.num_layers * (1 if model.mtp_shared else model.mtp_layers)
+            extra = stage_params_per_gpu(hybrid, plan, first=False, last=False, layers=n)
+            states = _add(states, _states(hybrid, plan, extra, numerics, layers=n))
+            params += extra
+        found = kept[key] = (layers, params, states)
     return found
+
+
+def _add(a: ModelStates, b: ModelStates) -> ModelStates:
+    return ModelStates(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(ModelStates)})
 
 
 def _states(
@@ -96,9 +111,7 @@ def _states(
     dense = model_state_bytes(params - experts, plan, numerics)
     if not experts:
         return dense
-    ex = model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_dp)
-    names = [f.name for f in fields(ModelStates)]
-    return ModelStates(**{n: getattr(dense, n) + getattr(ex, n) for n in names})
+    return _add(dense, model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_dp))
 
 
 def states_floor_bytes(

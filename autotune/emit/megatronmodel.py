@@ -127,6 +127,15 @@ def _layers_unsupported(model: ModelSpec) -> list[str]:
         reasons.append("Gemma's four norms per block and GeGLU: Megatron-LM 0.16 has no flags for them")
     if model.expert_bias:
         reasons.append("gpt-oss's expert and router biases: Megatron-LM 0.16 has no flag for them")
+    if model.mtp_layers and model.mtp_pattern:
+        depths = "/".join([model.mtp_pattern] * model.mtp_layers)
+        reasons.append(
+            f"multi-token prediction of a hybrid model ({model.mtp_layers} x {model.mtp_pattern}): "
+            f"Megatron-LM 0.16's MambaModel has none (0.17: --hybrid-layer-pattern MAIN/{depths}"
+            f"{' --mtp-use-repeated-layer' * model.mtp_shared})"
+        )
+    elif model.mtp_layers and model.mtp_shared:
+        reasons.append("one MTP module run at every depth: Megatron-LM 0.16 has no --mtp-use-repeated-layer")
     return reasons
 
 

@@ -160,6 +160,8 @@ def _arch_config(model: ModelSpec) -> dict[str, Any]:
         )
     if model.layer_pattern:  # NemotronH's keys (``modelconfig._hybrid_fields``)
         cfg.update(model_type="nemotron_h", hybrid_override_pattern=model.layer_pattern)
+        if model.mtp_pattern:
+            cfg.update(mtp_hybrid_override_pattern=model.mtp_pattern, mtp_use_repeated_layer=model.mtp_shared)
         if model.is_moe:
             cfg["n_routed_experts"] = cfg.pop("num_experts")
         if model.mamba_heads:

@@ -177,7 +177,6 @@ def test_megatron_selective_recompute_with_modules_is_priced(nano):
         ),
         (dict(hybrid_override_pattern="MEX" * 17 + "M"), r"string of M \(Mamba-2\)"),
         (dict(hybrid_override_pattern="M*" * 26), "the expert keys need MoE layers"),
-        (dict(num_nextn_predict_layers=1), "multi-token prediction of a hybrid"),
         (dict(chunk_size=256), "'chunk_size' must be 128"),
         (dict(use_conv_bias=False), "use_conv_bias"),
         (dict(mamba_proj_bias=True), "mamba_proj_bias"),
