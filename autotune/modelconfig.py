@@ -87,6 +87,9 @@ MTP_DEFAULT_PATTERN = "*E"
 saved config leaves it out when it is the default."""
 
 
+_HYBRID_MTP_KEYS = ("mtp_hybrid_override_pattern", "mtp_layers_block_type", "mtp_use_repeated_layer")
+
+
 def _check_hybrid_keys(cfg: dict[str, Any], where: str) -> None:
     """NemotronH values the Mamba-2 pricing does not cover (``modelshape``'s Megatron layer)."""
     if cfg.get("use_conv_bias") is False:
@@ -94,6 +97,11 @@ def _check_hybrid_keys(cfg: dict[str, Any], where: str) -> None:
             f"{where}: key 'use_conv_bias' = false is not priced (Megatron's conv1d has a bias)"
         )
     if not _pattern(cfg, where):
+        for key in _HYBRID_MTP_KEYS:
+            if cfg.get(key) is not None:
+                raise ConfigError(
+                    f"{where}: key '{key}' is priced for hybrid (NemotronH) models only; remove it"
+                )
         return
     if cfg.get("chunk_size", MAMBA_CHUNK) != MAMBA_CHUNK:
         raise ConfigError(f"{where}: key 'chunk_size' must be {MAMBA_CHUNK}, the SSD chunk autotune prices")

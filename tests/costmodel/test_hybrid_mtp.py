@@ -118,6 +118,15 @@ def test_a_bad_mtp_block_is_a_one_line_error(changes, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "key", ["mtp_hybrid_override_pattern", "mtp_layers_block_type", "mtp_use_repeated_layer"]
+)
+def test_a_hybrid_mtp_key_on_a_transformer_is_refused_not_ignored(key):
+    ds = {k: v for k, v in yaml.safe_load(DATA.read_text())["deepseek-v3"].items() if k != "source"}
+    with pytest.raises(ConfigError, match=f"key '{key}' is priced for hybrid"):
+        model_from_dict({**ds, "num_nextn_predict_layers": 1, key: True}, name="ds")
+
+
 def test_transformers_5_layer_names_read_as_the_legacy_ones():
     """transformers 5 names Mamba-2 ``linear_attention`` and attention ``full_attention``
     (``configuration_utils._LEGACY_LAYER_TYPE_REMAP``); a config it saved lists the layers so."""
