@@ -8,8 +8,8 @@ def test_no_published_layout_that_ran_is_called_out_of_memory():
     results = [memory_published.predict(r) for r in memory_published.ROWS + rows]
     assert len(results) >= 190  # dense presets, rows read from their HF shape, and the MoE rows
     assert sum(r.spec is not None and r.plan.get("ep", 1) > 1 for r in rows) >= 60
-    # one exception, a layout that ran with a memory saver no plan expresses (moe_runs.MEMORY_SAVERS), 2 % over
-    # without it: Megatron-Bridge 26.04.01's Nemotron 3 Super on 64 B200 (MXFP8 weights gathered in fp8)
+    # one exception, a layout that ran with a memory saver no plan expresses (moe_runs.MEMORY_SAVERS), 2 %
+    # over without it: Megatron-Bridge 26.04.01's Nemotron 3 Super on 64 B200 (MXFP8 weights gathered in fp8)
     saver = "mb-260401-nemotron3-super-b200-64g-mxfp8-tp1pp1cp1ep64-mbs1"
     assert [r["name"] for r in results if r["called_oom"]] == [saver]
     assert "fp8 param gather" in next(r for r in rows if r.name == saver).note
