@@ -144,7 +144,7 @@ def predict(row: dict[str, Any]) -> dict[str, Any]:
         "mfu": est.mfu,
         "memory_gib": est.memory_bytes_per_gpu / 1024**3,
         "unpriced": unpriced_knobs(row),
-        "saves_memory": _saves_memory(unpriced_knobs(row), str(row.get("fp8_recipe"))),
+        "saves_memory": saves_memory(unpriced_knobs(row), str(row.get("fp8_recipe"))),
     }
 
 
@@ -204,7 +204,8 @@ def _called_oom(result: dict[str, Any]) -> bool:
     return any("out of memory" in x for x in result["reasons"])
 
 
-def _saves_memory(unpriced: list[str], fp8_recipe: str) -> bool:
+def saves_memory(unpriced: list[str], fp8_recipe: str) -> bool:
+    """Whether a row ran with a memory saver beyond the plan (``MEMORY_SAVERS``)."""
     mx = fp8_recipe.startswith("mx")
     return any(k in MEMORY_SAVERS and not (mx and k == "fp8 param gather") for k in unpriced)
 
