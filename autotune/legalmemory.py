@@ -40,11 +40,13 @@ def memory_option_errors(plan: ParallelPlan) -> list[str]:
 def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
     """bf16 weights or moments, a loss kernel other than eager fp32 (``legalrules.store_dtype_broken``)."""
     chosen = plan.numerics_flags
-    broken = store_dtype_broken(plan.framework, plan.precision, bool(chosen))
+    te_loss = chosen == [f"--loss-kernel {LossKernel.FUSED}"]
+    broken = store_dtype_broken(plan.framework, plan.precision, bool(chosen), te_loss=te_loss)
     if broken == "framework":
         return [
             f"{chosen[0]} needs --framework fsdp (Megatron and DeepSpeed keep fp32 master weights and "
-            "moments and run their own cross-entropy)"
+            "moments and run their own cross-entropy; Megatron takes --loss-kernel fused, Transformer "
+            "Engine's)"
         ]
     if broken == "fp16":
         return [f"{chosen[0]} needs --precision bf16 or fp8, not fp16"]

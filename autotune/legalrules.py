@@ -252,11 +252,14 @@ def ep_overlap_broken(
     return None
 
 
-def store_dtype_broken(fw: Framework, precision: Precision, custom: bool) -> str | None:
+def store_dtype_broken(
+    fw: Framework, precision: Precision, custom: bool, *, te_loss: bool = False
+) -> str | None:
     """bf16 weights or moments, or a loss kernel other than eager fp32 (``ParallelPlan.numerics_flags``):
-    "framework" unless fsdp (Megatron and DeepSpeed keep fp32 masters and run their own cross-entropy),
+    "framework" unless fsdp (Megatron and DeepSpeed keep fp32 masters and run their own cross-entropy) or,
+    ``te_loss``, the only such choice is Megatron's fused loss (Transformer Engine's, ``LossKernel.FUSED``);
     "fp16" beside fp16 compute; else None."""
-    if not custom:
+    if not custom or (te_loss and fw is Framework.MEGATRON):
         return None
     if fw is not Framework.FSDP:
         return "framework"

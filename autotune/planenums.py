@@ -163,12 +163,13 @@ class StoreDtype(_StrEnum):
 
 
 class LossKernel(_StrEnum):
-    """The cross-entropy a framework fsdp plan's train script runs (``costmodel.activations`` prices its
-    memory, ``costmodel.compute`` its traffic): the user's choice, never tuned."""
+    """The cross-entropy a plan runs (``costmodel.activations`` / ``lossmemory`` price its memory,
+    ``costmodel.compute`` / ``lossbytes`` its traffic): a framework fsdp train script's, or Megatron's (fp32:
+    its vocab-parallel fp32 cross-entropy; fused: Transformer Engine's); the user's choice, never tuned."""
 
-    FP32 = "fp32"  # eager on fp32-upcast logits (torchtitan, transformers' ForCausalLMLoss)
+    FP32 = "fp32"  # eager on fp32-upcast logits (torchtitan, transformers' loss; Megatron's default)
     BF16 = "bf16"  # eager on the bf16 logits (NeMo AutoModel's MaskedCrossEntropy(fp32_upcast=False))
-    FUSED = "fused"  # one kernel keeping the bf16 logits (flash-attn's CrossEntropyLoss, llm-foundry)
+    FUSED = "fused"  # one kernel keeping the bf16 logits (flash-attn's, llm-foundry's; Megatron: TE's)
     CHUNKED = "chunked"  # head GEMM + loss by token chunks, logits never whole (Liger's fused linear CE)
 
 

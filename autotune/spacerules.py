@@ -39,11 +39,13 @@ from autotune.planenums import (
     CpComm,
     Fp8Recipe,
     Framework,
+    LossKernel,
     MoeDispatcher,
     Precision,
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
 )
 from autotune.stagesplit import split_error
 
@@ -218,7 +220,11 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "multi-token prediction is priced for Megatron only"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
-    if broken_store := store_dtype_broken(fw, v.precision, ctx.custom_numerics):
+    te_loss = ctx.loss_kernel is LossKernel.FUSED and StoreDtype.BF16 not in (
+        ctx.weight_dtype,
+        ctx.adam_dtype,
+    )
+    if broken_store := store_dtype_broken(fw, v.precision, ctx.custom_numerics, te_loss=te_loss):
         return _STORE_DTYPE[broken_store]
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 
@@ -228,7 +234,7 @@ _ZERO_BUBBLE = {
     "compile": "torch's zero-bubble schedule refuses compiled stage modules",
 }
 _STORE_DTYPE = {
-    "framework": "bf16 weights or moments, or a loss kernel, are framework fsdp's (the others: fp32 masters)",
+    "framework": "bf16 weights or moments, or a loss kernel, are framework fsdp's (Megatron: a fused loss)",
     "fp16": "bf16 weights, moments or loss kernel do not go with fp16 compute",
 }
 _DEEPSPEED = {

@@ -240,7 +240,12 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     for flag, kind, default, what in (  # yours (they change convergence), never tuned
         ("--weight-dtype", StoreDtype, "fp32", "parameters and sharded gradients (bf16: no fp32 master)"),
         ("--adam-dtype", StoreDtype, None, "Adam's moments (default: the weights', as torch.optim.Adam)"),
-        ("--loss-kernel", LossKernel, "fp32", "cross-entropy: eager fp32 or bf16, fused, chunked (Liger)"),
+        (
+            "--loss-kernel",
+            LossKernel,
+            "fp32",
+            "cross-entropy: eager fp32 or bf16, fused, chunked (Liger); megatron: fused (TE's)",
+        ),
     ):
         g.add_argument(flag, choices=[x.value for x in kind], default=default, help=f"fsdp: {what}")
     if not pinning:

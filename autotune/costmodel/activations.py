@@ -74,6 +74,11 @@ class Kernels:
     """Megatron's fused SwiGLU: 3 ffn-wide tensors instead of eager PyTorch's 4."""
     fused_cross_entropy: bool = False
     """Megatron's vocab-parallel cross-entropy computes its fp32 softmax and gradient in place."""
+    te_cross_entropy: bool = False
+    """Transformer Engine's ``parallel_cross_entropy`` (Megatron ``--cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te``, ``plan.loss_kernel`` fused; transformer_engine/pytorch/cross_entropy.py
+    ``CrossEntropyFunction``): it saves the bf16 logits and per-token fp32 max / sum, and its backward writes
+    the gradient into the saved logits (``triton/cross_entropy.py`` ``cross_entropy_backward_kernel``)."""
     dropout: bool = DROPOUT
     mask_bytes: int = 1
     """Dropout masks are stored as 1-byte tensors (Korthikanti Sec. 4.1)."""
@@ -129,7 +134,8 @@ def kernels_for(plan: ParallelPlan) -> Kernels:
     return Kernels(
         fused_swiglu=megatron,
         fused_cross_entropy=megatron,
-        compiled_loss=torchtitan_compiled or plan.loss_kernel is LossKernel.FUSED,
+        te_cross_entropy=megatron and plan.loss_kernel is LossKernel.FUSED,
+        compiled_loss=torchtitan_compiled or (plan.loss_kernel is LossKernel.FUSED and not megatron),
         chunked_loss=plan.loss_kernel is LossKernel.CHUNKED,
         loss_bytes=2 if plan.loss_kernel is LossKernel.BF16 else 4,
         gathered_head_input=plan.framework is Framework.FSDP,

@@ -8,9 +8,9 @@ operands, as in ``flops.elementwise_bytes_per_token``.
 from __future__ import annotations
 
 from autotune.costmodel.flops import LOGITS_BYTES_PER_VOCAB
-from autotune.plan import Framework, ParallelPlan
+from autotune.plan import Framework, LossKernel, ParallelPlan
 
-__all__ = ["MEGATRON_LOSS_BYTES_PER_VOCAB", "loss_bytes_per_vocab"]
+__all__ = ["MEGATRON_LOSS_BYTES_PER_VOCAB", "TE_LOSS_BYTES_PER_VOCAB", "loss_bytes_per_vocab"]
 
 MEGATRON_LOSS_BYTES_PER_VOCAB = 54
 """Megatron-Core's vocab-parallel cross-entropy, unfused (megatron/core/tensor_parallel/cross_entropy.py
@@ -25,10 +25,20 @@ write 2). Total 40 forward + 14 backward. The fused variant (megatron/core/fusio
 ``jit_fuser``) merges the cast with the max and the subtraction with the exp: 42, not distinguished here."""
 
 
+TE_LOSS_BYTES_PER_VOCAB = 8
+"""Transformer Engine's ``parallel_cross_entropy`` (``plan.loss_kernel`` fused under Megatron;
+transformer_engine/pytorch/triton/cross_entropy.py at 02965d2e): the head GEMM writes bf16 logits (2);
+``online_softmax_kernel`` reads them once for the running max and sum (2); ``cross_entropy_forward_kernel``
+reads one logit per token; backward ``cross_entropy_backward_kernel`` reads them (2) and writes the gradient
+in place (2). Total 6 forward + 2 backward beyond the per-token terms."""
+
+
 def loss_bytes_per_vocab(plan: ParallelPlan) -> float:
     """Bytes per token and vocabulary entry of the loss: Megatron's eager fp32 cross-entropy
-    (``MEGATRON_LOSS_BYTES_PER_VOCAB``); other frameworks the fused count ``flops.LOGITS_BYTES_PER_VOCAB``
-    (a compiled torch loss or a fused kernel: logits written, softmax read and written, gradient written)."""
+    (``MEGATRON_LOSS_BYTES_PER_VOCAB``) or Transformer Engine's (``TE_LOSS_BYTES_PER_VOCAB``); other
+    frameworks the fused count ``flops.LOGITS_BYTES_PER_VOCAB`` (a compiled torch loss or a fused kernel:
+    logits written, softmax read and written, gradient written)."""
     if plan.framework is Framework.MEGATRON:
-        return float(MEGATRON_LOSS_BYTES_PER_VOCAB)
+        te = plan.loss_kernel is LossKernel.FUSED
+        return float(TE_LOSS_BYTES_PER_VOCAB if te else MEGATRON_LOSS_BYTES_PER_VOCAB)
     return float(LOGITS_BYTES_PER_VOCAB)

@@ -30,6 +30,8 @@ def loss_stored_bytes(x: LayerShape, *, tp: int, e: int = 2, k: Kernels | None =
     log-softmax (``Kernels.loss_bytes``)."""
     if k is None:
         return x.s * x.b * x.vocab / tp * 4.0
+    if k.te_cross_entropy:  # the bf16 logits, its backward's output (``Kernels.te_cross_entropy``)
+        return x.s * x.b * x.vocab / tp * e
     if k.chunked_loss:  # the head's weight gradient, made in forward (its input gradient replaces its input)
         return x.vocab * x.h / tp * e
     per_logit = float(e) if k.compiled_loss else float(k.loss_bytes)
@@ -47,6 +49,8 @@ def loss_transient_bytes(x: LayerShape, *, tp: int, e: int, k: Kernels) -> float
     saved log-softmax, ``zeros_like(x)``, ``exp(x)`` and their sum, then the product with the incoming
     gradient: 12 B per logit. A bf16 loss (``Kernels.loss_bytes`` 2) holds the same buffers in bf16."""
     b = k.loss_bytes
+    if k.te_cross_entropy:  # the gradient is written into the saved logits
+        return 0.0
     if k.chunked_loss:  # one chunk of logits, in place (``liger_chunk_tokens``)
         return liger_chunk_tokens(x.s * x.b, x.h, x.vocab) * x.vocab / tp * e
     if k.fused_cross_entropy or k.compiled_loss:  # compiled: the one e-byte gradient buffer Inductor writes

@@ -24,6 +24,7 @@ from autotune.errors import ConfigError
 from autotune.plan import (
     Framework,
     GradDtype,
+    LossKernel,
     ParallelPlan,
     Precision,
     Recompute,
@@ -196,6 +197,8 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
             args += [["--fp8-amax-history-len", "1024"], ["--fp8-amax-compute-algo", "max"]]
     if plan.megatron_grad_dtype is GradDtype.BF16:  # bf16 main_grad buffer and DP reduction (states.py)
         args.append(["--grad-reduce-in-bf16"])
+    if plan.loss_kernel is LossKernel.FUSED:  # Transformer Engine's cross-entropy (costmodel.lossmemory)
+        args += [["--cross-entropy-loss-fusion"], ["--cross-entropy-fusion-impl", "te"]]
     return args
 
 

@@ -103,8 +103,10 @@ def megatron_parser() -> argparse.ArgumentParser:
         "moe-router-pre-softmax",
         "moe-router-enable-expert-bias",
         "moe-shared-expert-gate",
+        "cross-entropy-loss-fusion",
     ):
         p.add_argument(f"--{flag}", action="store_true")
+    p.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native")
     p.add_argument("--recompute-modules", nargs="*", type=str)
     p.add_argument("--offload-modules", nargs="*", type=str)
     p.add_argument("--optimizer-offload-fraction", type=float)
