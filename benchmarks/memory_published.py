@@ -235,6 +235,8 @@ def _modern_row(entry: dict[str, Any], measured: float | None) -> Row:
         plan["offload_activation_layers"] = n
     if not torchtitan and entry.get("grad_reduce_dtype"):  # the recipe's gradient buffer dtype (data note)
         plan["grad_reduce_dtype"] = entry["grad_reduce_dtype"]
+    if fw == "megatron" and entry.get("cross_entropy") == "te":  # Transformer Engine's loss (data README)
+        plan["loss_kernel"] = "fused"
     if not torchtitan and "distributed_fused_adam" in str(entry):
         # Apex DistributedFusedAdam as NeMo 1.0 builds it: 16-bit master remainders (states.py)
         plan["precision_aware_optimizer"] = True

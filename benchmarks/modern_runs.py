@@ -158,6 +158,8 @@ def _plan(row: dict[str, Any], model: ModelSpec) -> ParallelPlan:
         extra["cp_comm"] = "allgather"
     if fw == "fsdp":  # llm-foundry's fused loss, AutoModel's bf16 model and loss (the row's numerics)
         extra.update(row_numerics(row))
+    if fw == "megatron" and row.get("cross_entropy") == "te":  # Transformer Engine's loss (data README)
+        extra["loss_kernel"] = "fused"
     if row.get("grad_reduce_dtype") and fw == "megatron":  # the recipe's gradient dtype (data note)
         extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
     if fw == "megatron" and (n := offload_layers(row)):  # Megatron --cpu-offloading-num-layers (activations)

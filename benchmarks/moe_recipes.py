@@ -56,6 +56,7 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         moe_capacity_factor=TOKEN_DROP_CAPACITY if token_drop(row) else None,
         moe_a2a_overlap=a2a_overlap(row),
         offload_modules=offload_modules(row),
+        loss_kernel="fused" if row.get("cross_entropy") == "te" else "fp32",  # TE's (data README)
         **overlap_knobs(row),
     )
 

@@ -8,11 +8,7 @@ def test_no_published_layout_that_ran_is_called_out_of_memory():
     results = [memory_published.predict(r) for r in memory_published.ROWS + rows]
     assert len(results) >= 190  # dense presets, rows read from their HF shape, and the MoE rows
     assert sum(r.spec is not None and r.plan.get("ep", 1) > 1 for r in rows) >= 60
-    # one known miss, not explained (docs/moe.md "Hybrid multi-token prediction"): Megatron-Bridge 26.04.01's
-    # Nemotron 3 Super on 64 B200, 182.6 GiB allocated against 179.1; its fp8 parameter gather is MXFP8, which
-    # stores about what the bf16 weights priced take (moe_runs.MEMORY_SAVERS)
-    miss = "mb-260401-nemotron3-super-b200-64g-mxfp8-tp1pp1cp1ep64-mbs1"
-    assert [r["name"] for r in results if r["called_oom"]] == [miss]
+    assert [r["name"] for r in results if r["called_oom"]] == []
     # the MoE model zoo's GB200 MXFP8 row ran only with its experts' inputs offloaded ("activation offloading
     # required"): priced with them (plan.offload_modules), not as a memory saver beyond the plan
     zoo = next(r for r in rows if r.name == "zoo-qwen3-235b-gb200-256g-tp1pp4vp6ep64-hybridep-mxfp8-mbs3")
