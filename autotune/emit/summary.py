@@ -10,7 +10,7 @@ from autotune.emit.fsdp import transformer_layer_cls
 from autotune.emit.megatron import megatron_entry
 from autotune.emit.summarynotes import deepspeed_notes, stored_dtype_note
 from autotune.emit.torchtitan import REGISTRIES, torchtitan_flavor, torchtitan_model
-from autotune.plan import Framework, ParallelPlan
+from autotune.plan import Framework, LossKernel, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["render_summary"]
@@ -207,6 +207,12 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
             f"your data, tokenizer (vocabulary {model.vocab_size}), RoPE settings (base, scaling, partial "
             "rotary: config.json's, not priced), optimizer and schedule flags."
         )
+        if plan.loss_kernel is LossKernel.FUSED:
+            notes.append(
+                "- The loss is Transformer Engine's cross-entropy (--cross-entropy-fusion-impl te), as "
+                "priced; Megatron-LM core_v0.19 refuses it (stability): there drop both cross-entropy flags "
+                "and price the plan with --loss-kernel fp32."
+            )
         if model.mtp_layers:
             notes.append(
                 f"- Multi-token prediction: --mtp-num-layers {model.mtp_layers} is priced (a block, eh_proj "

@@ -61,6 +61,16 @@ def test_megatron_args_turn_on_the_te_loss():
     assert not plain.cross_entropy_loss_fusion
 
 
+def test_the_summary_says_newer_megatron_refuses_it(tmp_path):
+    """Megatron-LM core_v0.19 asserts against TE's cross-entropy (arguments.py: "disabled due to stability
+    issues"); the summary says what to do there."""
+    from autotune.emit import emit_all
+
+    emit_all(_plan(loss_kernel="fused"), MODEL, make_cluster(num_gpus=8), None, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "core_v0.19 refuses it" in summary and "--loss-kernel fp32" in summary
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
