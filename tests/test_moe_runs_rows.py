@@ -75,3 +75,20 @@ def test_torchtitan_moe_rows_are_priced_with_the_attention_kernel_their_code_ran
     assert (str(deepep.moe_dispatcher), deepep.compile) == ("deepep", True)
     assert deepep.sharding.value == "fsdp-grad-op"  # torchtitan keeps parameters gathered under PP
     assert moe_recipes.row_plan(rows["tt-2510-dsv3-16b-h100-8g-ep8-opsac"]).recompute.value == "selective"
+
+
+def test_megatron_rows_say_which_cross_entropy_ran_and_agree_with_their_knob():
+    """``cross_entropy`` (benchmarks/data/README.md): Transformer Engine's on every Megatron-Bridge row, read
+    per release; a row whose knobs say the loss was fused ran ``te`` or ``native``, never ``unfused``; the TE
+    rows are priced with ``--loss-kernel fused``."""
+    rows = [r for r in yaml.safe_load(moe_runs.DATA.read_text()) if str(r.get("framework")) == "megatron"]
+    assert all(r.get("cross_entropy") in (None, "te", "native", "unfused") for r in rows)
+    assert all(r["cross_entropy"] == "te" for r in rows if r["id"].startswith("mb-"))
+    for r in rows:
+        fused = (r.get("knobs") or {}).get("fused_cross_entropy")
+        if fused is not None:
+            assert (r.get("cross_entropy") != "unfused") == bool(fused), r["id"]
+    moe = [r for r in rows if r.get("moe") and r.get("cross_entropy") == "te"]
+    assert moe and all(str(moe_recipes.row_plan(r).loss_kernel) == "fused" for r in moe)
+    dense = next(r for r in rows if not r.get("moe") and r.get("cross_entropy") == "te")
+    assert str(modern_runs._plan(dense, modern_runs.row_model(dense)).loss_kernel) == "fused"
