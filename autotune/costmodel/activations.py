@@ -77,8 +77,8 @@ class Kernels:
     te_cross_entropy: bool = False
     """Transformer Engine's ``parallel_cross_entropy`` (Megatron ``--cross-entropy-loss-fusion
     --cross-entropy-fusion-impl te``, ``plan.loss_kernel`` fused; transformer_engine/pytorch/cross_entropy.py
-    ``CrossEntropyFunction``): it saves the bf16 logits and per-token fp32 max / sum, and its backward writes
-    the gradient into the saved logits (``triton/cross_entropy.py`` ``cross_entropy_backward_kernel``)."""
+    ``CrossEntropyFunction``, TE v2.5-v2.17): its forward writes the gradient into the bf16 logits and saves
+    them, its backward scales them in place (``lossbytes.TE_LOSS_BYTES_PER_VOCAB``)."""
     dropout: bool = DROPOUT
     mask_bytes: int = 1
     """Dropout masks are stored as 1-byte tensors (Korthikanti Sec. 4.1)."""

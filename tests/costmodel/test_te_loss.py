@@ -1,6 +1,6 @@
 """Megatron's fused loss, ``--loss-kernel fused``: Transformer Engine's ``parallel_cross_entropy``
 (``--cross-entropy-loss-fusion --cross-entropy-fusion-impl te``), which Megatron-Bridge's performance recipes
-run: it keeps the bf16 logits (no fp32 softmax), writes the gradient into them, and moves 8 B per logit."""
+run: it keeps the bf16 logits (no fp32 softmax), writes the gradient into them, and moves 12 B per logit."""
 
 from __future__ import annotations
 
