@@ -26,13 +26,13 @@ write 2). Total 40 forward + 14 backward. The fused variant (megatron/core/fusio
 
 
 TE_LOSS_BYTES_PER_VOCAB = 12
-"""Transformer Engine's ``parallel_cross_entropy`` (``plan.loss_kernel`` fused under Megatron) as TE v2.5-v2.17
-run it (transformer_engine/common/triton/cross_entropy.py at v2.17.1, pytorch/triton/ before v2.10): the head
-GEMM writes bf16 logits (2); ``online_softmax_kernel`` reads them for the running max and sum (2);
-``cross_entropy_kernel`` reads them (2) and writes the gradient into them (2); backward ``element_mul_kernel``
-scales it in place by the per-token loss gradient Megatron passes (read 2, write 2). Total 8 forward + 4
-backward. TE v2.18 (01bbe3eea, 2026-07) keeps an fp32 gradient instead (24 B and 4 B kept per logit), not
-priced here; Megatron-LM core_v0.19 refuses the TE loss."""
+"""Transformer Engine's ``parallel_cross_entropy`` (``plan.loss_kernel`` fused under Megatron) as TE
+v2.5-v2.17 run it (transformer_engine/common/triton/cross_entropy.py at v2.17.1, pytorch/triton/ before
+v2.10): the head GEMM writes bf16 logits (2); ``online_softmax_kernel`` reads them for the running max and sum
+(2); ``cross_entropy_kernel`` reads them (2) and writes the gradient into them (2); backward
+``element_mul_kernel`` scales it in place by the per-token loss gradient Megatron passes (read 2, write 2).
+Total 8 forward + 4 backward. TE v2.18 (01bbe3eea, 2026-07) keeps an fp32 gradient instead (24 B and 4 B kept
+per logit), not priced here; Megatron-LM core_v0.19 refuses the TE loss."""
 
 
 def loss_bytes_per_vocab(plan: ParallelPlan) -> float:
