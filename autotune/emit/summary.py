@@ -209,10 +209,10 @@ def _notes(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> list[str]
         )
         if plan.loss_kernel is LossKernel.FUSED:
             notes.append(
-                "- The loss is Transformer Engine's cross-entropy (--cross-entropy-fusion-impl te), priced as "
-                "TE 2.5-2.17 run it (bf16 logits, gradient in place); TE 2.18 keeps an fp32 gradient and "
-                "Megatron-LM core_v0.19 refuses it (stability): there price with --loss-kernel fp32 (and drop "
-                "both cross-entropy flags for core_v0.19)."
+                "- The loss is Transformer Engine's cross-entropy (--cross-entropy-fusion-impl te), priced "
+                "as TE 2.5-2.17 run it (bf16 logits, gradient in place); TE 2.18 keeps an fp32 gradient "
+                "and Megatron-LM core_v0.19 refuses it (stability): there price with --loss-kernel fp32 "
+                "(and drop both cross-entropy flags for core_v0.19)."
             )
         if model.mtp_layers:
             notes.append(
