@@ -5,9 +5,7 @@ Each row becomes (ModelSpec, ClusterSpec, ParallelPlan) from its own fields only
 filled by the row's ``assumed`` text (the framework's published recipe), never by a fitted factor. Rows with a
 ``reason`` are predicted and shown; the reason names the published cause when one is beyond 30 %. MoE rows are
 listed (moe_runs.py prices them). Statistics: median |error|, rows beyond 30 %, Kendall tau inside each group
-of rows sharing model and cluster.
-
-Usage:  python benchmarks/modern_runs.py [--out benchmarks/results]
+of rows sharing model and cluster. Usage:  python benchmarks/modern_runs.py [--out benchmarks/results]
 """
 
 from __future__ import annotations
