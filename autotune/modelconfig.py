@@ -140,7 +140,10 @@ def _hybrid_mtp(cfg: dict[str, Any], where: str) -> dict[str, Any]:
         _pattern(cfg, where, "mtp_hybrid_override_pattern", "mtp_layers_block_type") or MTP_DEFAULT_PATTERN
     )
     if "E" in pattern and not _num_experts(cfg, where):
-        raise ConfigError(f"{where}: the MTP pattern has MoE layers (E) but no key 'n_routed_experts'")
+        raise ConfigError(
+            f"{where}: the MTP block '{pattern}' has an MoE layer (E) but the model has no experts; set key "
+            "'mtp_hybrid_override_pattern' to its layers (e.g. '*-')"
+        )
     return {"mtp_pattern": pattern, "mtp_shared": cfg.get("mtp_use_repeated_layer", True)}
 
 

@@ -118,6 +118,21 @@ def test_a_bad_mtp_block_is_a_one_line_error(changes, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_dense_hybrid_takes_transformers_default_block_only_if_it_says_its_own():
+    """transformers' default MTP block (``*E``) has an MoE layer; a dense hybrid (Nemotron-H) must name its
+    block, and then prices it."""
+    dense = {**NANO, "hybrid_override_pattern": NANO["hybrid_override_pattern"].replace("E", "-")}
+    for key in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts"):
+        dense.pop(key, None)
+    dense.pop("moe_shared_expert_intermediate_size", None)
+    with pytest.raises(ConfigError, match="set key 'mtp_hybrid_override_pattern'"):
+        model_from_dict({**dense, "num_nextn_predict_layers": 1}, name="h")
+    ok = model_from_dict(
+        {**dense, "num_nextn_predict_layers": 1, "mtp_hybrid_override_pattern": "*-"}, name="h"
+    )
+    assert ok.mtp_pattern == "*-" and ok.mtp_params > 0
+
+
 @pytest.mark.parametrize(
     "key", ["mtp_hybrid_override_pattern", "mtp_layers_block_type", "mtp_use_repeated_layer"]
 )
