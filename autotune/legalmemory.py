@@ -17,6 +17,7 @@ from autotune.planenums import (
     LossKernel,
     Recompute,
     Sharding,
+    StoreDtype,
 )
 
 if TYPE_CHECKING:
@@ -40,13 +41,22 @@ def memory_option_errors(plan: ParallelPlan) -> list[str]:
 def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
     """bf16 weights or moments, a loss kernel other than eager fp32 (``legalrules.store_dtype_broken``)."""
     chosen = plan.numerics_flags
-    te_loss = chosen == [f"--loss-kernel {LossKernel.FUSED}"]
-    broken = store_dtype_broken(plan.framework, plan.precision, bool(chosen), te_loss=te_loss)
+    megatron = {f"--loss-kernel {LossKernel.FUSED}"} | (
+        {f"--adam-dtype {StoreDtype.BF16}"} if plan.precision_aware_optimizer else set()
+    )
+    broken = store_dtype_broken(
+        plan.framework, plan.precision, bool(chosen), megatron_ok=set(chosen) <= megatron
+    )
     if broken == "framework":
+        first = (
+            next(c for c in chosen if c not in megatron)
+            if plan.framework is Framework.MEGATRON
+            else chosen[0]
+        )
         return [
-            f"{chosen[0]} needs --framework fsdp (Megatron and DeepSpeed keep fp32 master weights and "
+            f"{first} needs --framework fsdp (Megatron and DeepSpeed keep fp32 master weights and "
             "moments and run their own cross-entropy; Megatron takes --loss-kernel fused, Transformer "
-            "Engine's)"
+            "Engine's, and --adam-dtype bf16 with --precision-aware-optimizer)"
         ]
     if broken == "fp16":
         return [f"{chosen[0]} needs --precision bf16 or fp8, not fp16"]

@@ -253,13 +253,13 @@ def ep_overlap_broken(
 
 
 def store_dtype_broken(
-    fw: Framework, precision: Precision, custom: bool, *, te_loss: bool = False
+    fw: Framework, precision: Precision, custom: bool, *, megatron_ok: bool = False
 ) -> str | None:
     """bf16 weights or moments, or a loss kernel other than eager fp32 (``ParallelPlan.numerics_flags``):
     "framework" unless fsdp (Megatron and DeepSpeed keep fp32 masters and run their own cross-entropy) or,
-    ``te_loss``, the only such choice is Megatron's fused loss (Transformer Engine's, ``LossKernel.FUSED``);
-    "fp16" beside fp16 compute; else None."""
-    if not custom or (te_loss and fw is Framework.MEGATRON):
+    ``megatron_ok``, every such choice is one Megatron runs (Transformer Engine's loss, ``LossKernel.FUSED``;
+    bf16 Adam moments under its precision-aware optimizer); "fp16" beside fp16 compute; else None."""
+    if not custom or (megatron_ok and fw is Framework.MEGATRON):
         return None
     if fw is not Framework.FSDP:
         return "framework"

@@ -223,8 +223,8 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     te_loss = ctx.loss_kernel is LossKernel.FUSED and StoreDtype.BF16 not in (
         ctx.weight_dtype,
         ctx.adam_dtype,
-    )
-    if broken_store := store_dtype_broken(fw, v.precision, ctx.custom_numerics, te_loss=te_loss):
+    )  # the space has no precision-aware optimizer, so no bf16 moments under Megatron
+    if broken_store := store_dtype_broken(fw, v.precision, ctx.custom_numerics, megatron_ok=te_loss):
         return _STORE_DTYPE[broken_store]
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 

@@ -54,10 +54,19 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         8,
         dict(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero1"),
     ),
-    "llama3-8b-tp2-dp4-zero1-te-loss": (
+    "llama3-8b-tp2-dp4-zero1-te-loss-bf16-moments": (
         "llama3-8b",
         8,
-        dict(tp=2, dp=4, global_batch=64, seq_len=4096, sharding="zero1", loss_kernel="fused"),
+        dict(
+            tp=2,
+            dp=4,
+            global_batch=64,
+            seq_len=4096,
+            sharding="zero1",
+            loss_kernel="fused",
+            precision_aware_optimizer=True,
+            adam_dtype="bf16",
+        ),
     ),
     "llama3-8b-cp2-dp4-zero1": (
         "llama3-8b",
@@ -149,6 +158,8 @@ try:
            "overlap_grad_reduce": args.overlap_grad_reduce, "overlap_param_gather": args.overlap_param_gather,
            "attention_dropout": args.attention_dropout, "hidden_dropout": args.hidden_dropout,
            "cross_entropy": [args.cross_entropy_loss_fusion, args.cross_entropy_fusion_impl],
+           "optimizer": [args.use_precision_aware_optimizer, str(args.exp_avg_dtype),
+                         str(args.exp_avg_sq_dtype)],
            "definition": {k: getattr(args, k, None) for k in json.loads(os.environ["DEFINITION"])}}
 except AssertionError as e:
     out = {"ok": False, "error": str(e)}

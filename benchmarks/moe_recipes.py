@@ -57,6 +57,7 @@ def row_plan(row: dict[str, Any]) -> ParallelPlan:
         moe_a2a_overlap=a2a_overlap(row),
         offload_modules=offload_modules(row),
         loss_kernel="fused" if row.get("cross_entropy") == "te" else "fp32",  # TE's (data README)
+        **optimizer_fields(row),
         **overlap_knobs(row),
     )
 
@@ -154,7 +155,22 @@ def unpriced_knobs(row: dict[str, Any]) -> list[str]:
     priced = {"EP a2a overlap", "delayed wgrad"} if a2a_overlap(row) else set()
     if offload_modules(row):  # a plan field (``offload_modules``)
         priced.add("activation offload")
+    if optimizer_fields(row):  # plan fields (``precision_aware_optimizer``, ``adam_dtype``)
+        priced.add("precision-aware optimizer")
     return [k for k in _recipe_knobs(row) if k not in priced]
+
+
+def optimizer_fields(row: dict[str, Any]) -> dict[str, Any]:
+    """Megatron's precision-aware optimizer and its Adam moments' dtype as the row's recipe sets them (its
+    notes: the recipe's ``use_precision_aware_optimizer`` / ``exp_avg_dtype``; Megatron-Bridge's DeepSeek
+    recipe, "bf16 main grads and Adam moments"; its ``set_post_overrides`` for a bf16 run); moments not
+    stated are Megatron's fp32 default."""
+    text = str(row.get("notes", ""))
+    on = re.search(r"'use_precision_aware_optimizer': True|runs the precision-aware optimizer with", text)
+    if not (on or row["precision"] == "bf16" and "turns on the precision-aware optimizer for bf16" in text):
+        return {}
+    bf16 = re.search(r"'exp_avg_dtype': 'bf16'|--exp-avg-dtype bf16|bf16 main grads and Adam moments", text)
+    return {"precision_aware_optimizer": True, **({"adam_dtype": "bf16"} if bf16 else {})}
 
 
 def _recipe_knobs(row: dict[str, Any]) -> list[str]:

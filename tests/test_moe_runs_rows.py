@@ -92,3 +92,18 @@ def test_megatron_rows_say_which_cross_entropy_ran_and_agree_with_their_knob():
     assert moe and all(str(moe_recipes.row_plan(r).loss_kernel) == "fused" for r in moe)
     dense = next(r for r in rows if not r.get("moe") and r.get("cross_entropy") == "te")
     assert str(modern_runs._plan(dense, modern_runs.row_model(dense)).loss_kernel) == "fused"
+
+
+def test_the_precision_aware_optimizer_and_bf16_moments_reach_the_plans_of_the_rows_that_ran_them():
+    """Megatron-LM's MoE recipes set ``use_precision_aware_optimizer`` with ``exp_avg_dtype: bf16``;
+    Megatron-Bridge's DeepSeek-V3 recipe "bf16 main grads and Adam moments"; moments not stated stay fp32."""
+    recipe = _row("mlm-moerecipe-deepseek-v3-gb200-mxfp8-256gpu-tp1pp4ep64")
+    plan = moe_recipes.row_plan(recipe)
+    assert plan.precision_aware_optimizer and str(plan.adam_dtype) == "bf16"
+    assert "precision-aware optimizer" not in moe_recipes.unpriced_knobs(recipe)
+    zoo = moe_recipes.row_plan(_row("zoo-qwen3-235b-gb300-256g-tp1pp4ep32-hybridep-mxfp8-mbs2"))
+    assert zoo.precision_aware_optimizer and zoo.adam_dtype is None
+    bridge = moe_recipes.row_plan(_row("mb-260401-deepseekv3-b300-256g-mxfp8-tp1pp8cp1ep8"))
+    assert bridge.precision_aware_optimizer and str(bridge.adam_dtype) == "bf16"
+    off = moe_recipes.row_plan(_row("mb-2608-qwen3-30b-a3b-gb300-8g-mxfp8-tp1pp1cp1ep8-mbs8"))
+    assert not off.precision_aware_optimizer  # "use_precision_aware_optimizer False"

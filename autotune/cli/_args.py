@@ -239,7 +239,12 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
     )
     for flag, kind, default, what in (  # yours (they change convergence), never tuned
         ("--weight-dtype", StoreDtype, "fp32", "parameters and sharded gradients (bf16: no fp32 master)"),
-        ("--adam-dtype", StoreDtype, None, "Adam's moments (default: the weights', as torch.optim.Adam)"),
+        (
+            "--adam-dtype",
+            StoreDtype,
+            None,
+            "Adam's moments (default: the weights'); megatron: bf16 with --precision-aware-optimizer",
+        ),
         (
             "--loss-kernel",
             LossKernel,

@@ -161,8 +161,12 @@ def megatron_optimizer_bytes(plan: ParallelPlan) -> float:
     ``store_param_remainders``, default True; transformer_engine/pytorch/optimizers/fused_adam.py
     ``_initialize_state(..., store_param_remainders)``): 2 + 8 = 10 B. Apex ``DistributedFusedAdam``, which
     NeMo 1.0 runs, does the same (nemo/collections/nlp/models/language_modeling/megatron_base_model.py sets
-    ``store_param_remainders=True`` for a bf16 model with an fp32 optimizer)."""
-    return 10.0 if plan.precision_aware_optimizer and plan.precision is not Precision.FP16 else 12.0
+    ``store_param_remainders=True`` for a bf16 model with an fp32 optimizer). ``plan.adam_dtype`` bf16
+    (``--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``, what Megatron-LM's MoE recipes and the MoE model zoo
+    run; ``FusedAdam(exp_avg_dtype=, exp_avg_sq_dtype=)``) stores the moments in 2 B each: 2 + 4 = 6 B."""
+    if not plan.precision_aware_optimizer or plan.precision is Precision.FP16:
+        return 12.0
+    return 2.0 + 2 * _STORE_BYTES[plan.moment_dtype]
 
 
 def state_shard_degree(plan: ParallelPlan) -> int:

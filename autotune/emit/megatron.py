@@ -30,6 +30,7 @@ from autotune.plan import (
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
     expert_errors,
 )
 from autotune.specs import GPUSpec, ModelSpec
@@ -215,6 +216,8 @@ def _memory_args(plan: ParallelPlan) -> list[list[str]]:
         args += [["--fine-grained-activation-offloading"], ["--offload-modules", *plan.offload_modules]]
     if plan.precision_aware_optimizer and not plan.offload:  # offload emits it with the hybrid optimizer
         args.append(["--use-precision-aware-optimizer"])
+        if plan.moment_dtype is StoreDtype.BF16:  # bf16 Adam moments (states.megatron_optimizer_bytes)
+            args += [["--exp-avg-dtype", "bf16"], ["--exp-avg-sq-dtype", "bf16"]]
         if plan.sharding is Sharding.NONE:  # DP x CP = 1: the distributed optimizer shards over one rank
             args.append(["--use-distributed-optimizer"])
     return args

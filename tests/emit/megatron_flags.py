@@ -107,6 +107,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(f"--{flag}", action="store_true")
     p.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native")
+    for flag in ("exp-avg-dtype", "exp-avg-sq-dtype"):  # with --use-precision-aware-optimizer only
+        p.add_argument(f"--{flag}", choices=["fp32", "fp16", "bf16", "fp8"], default="fp32")
     p.add_argument("--recompute-modules", nargs="*", type=str)
     p.add_argument("--offload-modules", nargs="*", type=str)
     p.add_argument("--optimizer-offload-fraction", type=float)
