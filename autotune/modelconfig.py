@@ -136,9 +136,8 @@ def _hybrid_mtp(cfg: dict[str, Any], where: str) -> dict[str, Any]:
     default true: one module run at every depth), or transformers' ``mtp_layers_block_type``."""
     if not _int(cfg, "num_nextn_predict_layers", where):
         return {}
-    pattern = (
-        _pattern(cfg, where, "mtp_hybrid_override_pattern", "mtp_layers_block_type") or MTP_DEFAULT_PATTERN
-    )
+    pattern = _pattern(cfg, where, "mtp_hybrid_override_pattern", "mtp_layers_block_type")
+    pattern = pattern or MTP_DEFAULT_PATTERN
     if "E" in pattern and not _num_experts(cfg, where):
         raise ConfigError(
             f"{where}: the MTP block '{pattern}' has an MoE layer (E) but the model has no experts; set key "
