@@ -243,7 +243,8 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "--adam-dtype",
             StoreDtype,
             None,
-            "Adam's moments (default: the weights'); megatron: bf16 with estimate's --precision-aware-optimizer",
+            "Adam's moments (default: the weights'); megatron: bf16 with estimate's --precision-aware-"
+            "optimizer",
         ),
         (
             "--loss-kernel",
