@@ -51,6 +51,16 @@ def model_names() -> list[str]:
     return sorted(_data("models.yaml"))
 
 
+def preset_config(name: str) -> dict[str, Any]:
+    """A preset's config.json keys: written in ``models.yaml``, or the published file its ``config`` names
+    (``data/hf_configs/``), with the preset's ``source``."""
+    preset = dict(_data("models.yaml")[name])
+    if "config" in preset:
+        text = resources.files("autotune.data").joinpath(preset.pop("config")).read_text()
+        preset = {**json.loads(text), **preset}
+    return preset
+
+
 def gpu_names() -> list[str]:
     return sorted(_data("hardware.yaml")["gpus"])
 
@@ -168,9 +178,8 @@ def model_from_dict(cfg: dict[str, Any], *, name: str) -> ModelSpec:
 
 def load_model(name_or_path: str) -> ModelSpec:
     """A preset name (``70b``, ``llama3-8b``, ``tiny``, ...) or a path to ``config.json`` / ``*.yaml``."""
-    presets = _data("models.yaml")
-    if name_or_path in presets:
-        return model_from_dict(presets[name_or_path], name=name_or_path)
+    if name_or_path in _data("models.yaml"):
+        return model_from_dict(preset_config(name_or_path), name=name_or_path)
     path = Path(name_or_path)
     if path.is_dir():
         hint = (

@@ -86,7 +86,7 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
     ),
     "deepseek-v2-lite-ep8-dp8-pre-softmax": (
-        "tests/data/hf_configs/deepseek-v2-lite.json",
+        "autotune/data/hf_configs/deepseek-v2-lite.json",
         8,
         dict(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1"),
     ),
@@ -106,7 +106,7 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         dict(dp=8, global_batch=64, seq_len=8192, sharding="zero1"),
     ),
     "nemotron-4-340b-tp8-pp4-layernorm1p-relu2": (
-        "tests/data/hf_configs/nemotron-4-340b.json",
+        "autotune/data/hf_configs/nemotron-4-340b.json",
         64,
         dict(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096, sharding="zero1", sequence_parallel=True),
     ),

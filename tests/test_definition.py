@@ -18,7 +18,7 @@ from autotune.emit.planfile import model_to_config
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
 
-FIXTURES = "tests/data/hf_configs"
+FIXTURES = "autotune/data/hf_configs"
 LLAMA = {
     "model_type": "llama",
     "hidden_size": 256,
@@ -56,7 +56,7 @@ def test_published_configs_read_as_their_families_define_them():
     ds = load_model("deepseek-v3").definition.rope
     assert (ds.scaling, ds.factor, ds.original_positions, ds.mscale_all_dim) == ("yarn", 40.0, 4096, 1.0)
     assert _definition(f"{FIXTURES}/olmo-2-13b.json").qk_norm == "full"  # q_norm over all heads
-    assert _definition(f"{FIXTURES}/llama4-scout-text.json").qk_norm == "l2"
+    assert _definition(f"{FIXTURES}/llama4-scout-17b-16e.json").qk_norm == "l2"
     assert _definition(f"{FIXTURES}/glm-4.5.json").rope.fraction == 0.5
     assert _definition(f"{FIXTURES}/minimax-m2.json").rope.fraction == 0.5  # rotary_dim 64 of head_dim 128
     gpt3, gemma = load_model("gpt3-175b").definition, load_model("gemma2-27b").definition
@@ -167,7 +167,7 @@ def test_moe_routers_read_and_written_as_megatron_bridge_maps_them():
     [
         (f"{FIXTURES}/gpt-oss-120b.json", {}, "rope_scaling yarn: Megatron-LM 0.16 has no flag for it"),
         (f"{FIXTURES}/olmo-2-13b.json", {}, "Q/K norm over all heads"),
-        (f"{FIXTURES}/llama4-scout-text.json", {}, "frequency factors"),
+        (f"{FIXTURES}/llama4-scout-17b-16e.json", {}, "frequency factors"),
         (
             "70b",
             {"rope": Rope(theta=10000.5)},
@@ -177,7 +177,7 @@ def test_moe_routers_read_and_written_as_megatron_bridge_maps_them():
         ("deepseek-v3", {"rope": Rope(scaling="yarn", factor=40, beta_fast=16)}, "betas"),
         (f"{FIXTURES}/gpt-oss-120b.json", {}, "18 sliding-window layers of 36: which ones is not kept"),
         (f"{FIXTURES}/gpt-oss-120b.json", {}, "expert and router biases"),
-        (f"{FIXTURES}/llama4-scout-text.json", {}, "chunked attention layers"),
+        (f"{FIXTURES}/llama4-scout-17b-16e.json", {}, "chunked attention layers"),
         ("gemma2-27b", {}, "Gemma's four norms per block and GeGLU"),
         ("70b", {"activation": "relu"}, "a gated relu MLP: Megatron-LM 0.16 has SwiGLU"),
         (f"{FIXTURES}/phi-3.5-moe.json", {}, "its sparsemixer router"),

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.catalog import load_model, model_from_dict
+from autotune.catalog import load_model, model_from_dict, model_names, preset_config
 from autotune.errors import ConfigError
 from autotune.modelkeys import NEUTRAL_KEYS, PRICED_KEYS
 
-CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+CONFIGS = Path(__file__).parents[1] / "autotune" / "data" / "hf_configs"
 PRESETS = yaml.safe_load((Path(__file__).parents[1] / "autotune" / "data" / "models.yaml").read_text())
 
 
@@ -28,6 +28,12 @@ PRESETS = yaml.safe_load((Path(__file__).parents[1] / "autotune" / "data" / "mod
         ("gemma2-27b", 27.2, 27.2),
         ("mistral-7b", 7.24, 7.24),
         ("llama3.1-8b", 8.03, 8.03),
+        # published config files as presets: Mistral AI (Mixtral 8x22B: 141B / 39B), Phi-3.5-MoE card (42B /
+        # 6.6B), OLMoE-1B-7B card (6.9B / 1.3B), Nemotron-4 340B report (341B)
+        ("mixtral-8x22b", 141, 39),
+        ("phi-3.5-moe", 41.9, 6.6),
+        ("olmoe-1b-7b", 6.9, 1.3),
+        ("nemotron-4-340b", 341, 341),
     ],
 )
 def test_presets_match_published_total_and_active(name, total_b, active_b):
@@ -43,7 +49,7 @@ def test_published_configs_of_other_families():
     active = oss.active_params - oss.vocab_size * oss.hidden_size
     assert active / 1e9 == pytest.approx(5.13, rel=0.02)
     assert (oss.num_local_layers, oss.attention_window, oss.expert_bias) == (18, 128, True)
-    scout = load_model(str(CONFIGS / "llama4-scout-text.json"))  # 17B active; 109B with the vision tower
+    scout = load_model(str(CONFIGS / "llama4-scout-17b-16e.json"))  # 17B active; 109B with the vision tower
     assert scout.active_params / 1e9 == pytest.approx(17.0, rel=0.02)
     assert 105 < scout.total_params / 1e9 < 109
     assert (scout.num_local_layers, scout.chunked_attention, scout.shared_ffn_hidden_size) == (36, True, 8192)
@@ -134,7 +140,7 @@ def test_dense_layers_of_each_rule():
     assert ds.moe_layers == tuple(range(3, 61))
     cfg = {**PRESETS["qwen3-30b-a3b"], "decoder_sparse_step": 2, "mlp_only_layers": [1, 3]}
     assert model_from_dict(cfg, name="q").moe_layers == tuple(i for i in range(5, 48, 2))
-    scout = json.loads((CONFIGS / "llama4-scout-text.json").read_text())
+    scout = json.loads((CONFIGS / "llama4-scout-17b-16e.json").read_text())
     maverick = model_from_dict({**scout, "interleave_moe_layer_step": 2, "num_local_experts": 128}, name="m")
     assert maverick.moe_layers == tuple(range(1, 48, 2))  # Maverick: 400B total, 17B active
     assert maverick.active_params / 1e9 == pytest.approx(17.2, rel=0.02)
@@ -150,9 +156,16 @@ def test_dense_fixes_change_the_count():
 
 
 def _published_keys():
-    yield from PRESETS.items()
-    for path in sorted(CONFIGS.glob("*.json")):
-        yield path.stem, json.loads(path.read_text())
+    for name in PRESETS:
+        yield name, preset_config(name)
+
+
+def test_every_published_config_file_is_a_preset_by_its_name():
+    """``--model gpt-oss-120b`` reads the packaged config.json; no file in data/hf_configs/ is left out."""
+    files = {path.stem for path in CONFIGS.glob("*.json")}
+    assert files <= set(model_names())
+    assert {PRESETS[name]["config"] for name in files} == {f"hf_configs/{name}.json" for name in files}
+    assert load_model("gpt-oss-120b").num_experts == 128
 
 
 @pytest.mark.parametrize(("name", "cfg"), list(_published_keys()), ids=[n for n, _ in _published_keys()])
@@ -237,7 +250,7 @@ def test_attention_layer_types_still_read():
     """``layer_types`` of softmax-attention layers (gpt-oss, Gemma 3; newer Llama 4 configs write
     ``chunked_attention``) is not a refusal."""
     types = ["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"] * 12
-    scout = json.loads((CONFIGS / "llama4-scout-text.json").read_text())
+    scout = json.loads((CONFIGS / "llama4-scout-17b-16e.json").read_text())
     assert model_from_dict({**scout, "layer_types": types}, name="s").num_local_layers == 36
 
 
@@ -262,7 +275,7 @@ def test_spec_round_trips_through_asdict():
     assert ModelSpec(**data) == ds
 
 
-@pytest.mark.parametrize("name", [*PRESETS, *(str(p) for p in sorted(CONFIGS.glob("*.json")))])
+@pytest.mark.parametrize("name", list(PRESETS))
 def test_plan_file_config_rebuilds_the_spec(name):
     import dataclasses
 

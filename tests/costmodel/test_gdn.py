@@ -13,7 +13,8 @@ from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import compute, estimate, flops, gemms
 from autotune.plan import ParallelPlan
 
-QWEN3_NEXT = str(Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "qwen3-next-80b-a3b.json")
+CONFIGS = Path(__file__).resolve().parents[2] / "autotune" / "data" / "hf_configs"
+QWEN3_NEXT = str(CONFIGS / "qwen3-next-80b-a3b.json")
 
 
 @pytest.fixture(scope="module")

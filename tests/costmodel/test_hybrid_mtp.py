@@ -25,9 +25,8 @@ DATA = Path(__file__).resolve().parents[2] / "autotune" / "data" / "models.yaml"
 SUPER = {
     k: v for k, v in yaml.safe_load(DATA.read_text())["nemotron-3-super-120b-a12b"].items() if k != "source"
 }
-NANO = json.loads(
-    (Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "nemotron-3-nano-30b-a3b.json").read_text()
-)
+CONFIGS = Path(__file__).resolve().parents[2] / "autotune" / "data" / "hf_configs"
+NANO = json.loads((CONFIGS / "nemotron-3-nano-30b-a3b.json").read_text())
 MTP2 = {"num_nextn_predict_layers": 2, "mtp_hybrid_override_pattern": "*E"}
 
 

@@ -17,7 +17,8 @@ from autotune.costmodel.tpcomm import block_collectives
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
 
-NANO = Path(__file__).resolve().parents[1] / "data" / "hf_configs" / "nemotron-3-nano-30b-a3b.json"
+CONFIGS = Path(__file__).resolve().parents[2] / "autotune" / "data" / "hf_configs"
+NANO = CONFIGS / "nemotron-3-nano-30b-a3b.json"
 
 
 @pytest.fixture(scope="module")

@@ -191,7 +191,7 @@ def test_local_layers_visit_their_window_or_chunk():
     sliding = (4096 - 4096**2 / (2 * s)) / s
     assert attention_span_fraction(gemma, s, 0.5) == pytest.approx((23 * sliding + 23 * 0.5) / 46)
     assert attention_span_fraction(gemma, 4096, 0.5) == pytest.approx(0.5)
-    scout = load_model("tests/data/hf_configs/llama4-scout-text.json")  # 36 chunked layers of 8192
+    scout = load_model("autotune/data/hf_configs/llama4-scout-17b-16e.json")  # 36 chunked layers of 8192
     assert attention_span_fraction(scout, 32768, 0.5) == pytest.approx((36 * 4096 / 32768 + 12 * 0.5) / 48)
 
 

@@ -125,7 +125,7 @@ def test_qkv_bias_models_keep_their_qkv_bias():
 
     from autotune.catalog import load_model
 
-    config = Path(__file__).parents[1] / "data" / "hf_configs" / "qwen2.5-72b.json"
+    config = Path(__file__).parents[2] / "autotune" / "data" / "hf_configs" / "qwen2.5-72b.json"
     plan = ParallelPlan(tp=8, pp=4, dp=2, global_batch=64, seq_len=4096, framework="megatron")
     a = megatron_parser().parse_args(shlex.split(megatron_args_text(plan, load_model(str(config)))))
     assert a.disable_bias_linear and a.add_qkv_bias
