@@ -49,6 +49,9 @@ def test_published_configs_of_other_families():
     active = oss.active_params - oss.vocab_size * oss.hidden_size
     assert active / 1e9 == pytest.approx(5.13, rel=0.02)
     assert (oss.num_local_layers, oss.attention_window, oss.expert_bias) == (18, 128, True)
+    small = load_model("gpt-oss-20b")  # model card: 20.91B total, 3.61B active (the same convention)
+    assert small.total_params / 1e9 == pytest.approx(20.91, rel=0.01)
+    assert (small.active_params - small.vocab_size * small.hidden_size) / 1e9 == pytest.approx(3.61, rel=0.01)
     scout = load_model(str(CONFIGS / "llama4-scout-17b-16e.json"))  # 17B active; 109B with the vision tower
     assert scout.active_params / 1e9 == pytest.approx(17.0, rel=0.02)
     assert 105 < scout.total_params / 1e9 < 109
