@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.legalrules import store_dtype_broken
+from autotune.legalrules import megatron_optimizer_broken, store_dtype_broken
 from autotune.planenums import (
     MEGATRON_OFFLOAD_MODULES,
     OFFLOAD_MODULES,
@@ -16,7 +16,6 @@ from autotune.planenums import (
     Framework,
     LossKernel,
     Recompute,
-    Sharding,
     StoreDtype,
 )
 
@@ -114,14 +113,21 @@ def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
             "offload-activation-layers needs --framework megatron and --pp 1 (Megatron's "
             "--cpu-offloading-num-layers does not support pipeline parallelism)"
         )
-    distributed = plan.sharding in (Sharding.ZERO1, Sharding.FSDP_FULL) or plan.dp * plan.cp == 1
-    if plan.precision_aware_optimizer and (plan.framework is not Framework.MEGATRON or not distributed):
+    broken = megatron_optimizer_broken(
+        plan.framework,
+        plan.sharding,
+        plan.dp,
+        plan.cp,
+        precision_aware=plan.precision_aware_optimizer,
+        grad_reduce=plan.grad_reduce_dtype is not None,
+    )
+    if broken and plan.precision_aware_optimizer:
         errors.append(
             "precision-aware-optimizer needs --framework megatron and its distributed optimizer "
             "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
             "--use-precision-aware-optimizer"
         )
-    if plan.grad_reduce_dtype is not None and plan.framework is not Framework.MEGATRON:
+    if broken and plan.grad_reduce_dtype is not None and plan.framework is not Framework.MEGATRON:
         errors.append(
             "grad-reduce-dtype needs --framework megatron (Megatron's --grad-reduce-in-bf16); "
             "FSDP2 reduces in fp32 and DeepSpeed in the 16-bit model dtype"

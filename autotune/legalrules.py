@@ -40,6 +40,7 @@ __all__ = [
     "expert_fold_broken",
     "capacity_broken",
     "store_dtype_broken",
+    "megatron_optimizer_broken",
     "ep_overlap_broken",
     "linear_attention_broken",
     "mamba_broken",
@@ -264,6 +265,19 @@ def store_dtype_broken(
     if fw is not Framework.FSDP:
         return "framework"
     return "fp16" if precision is Precision.FP16 else None
+
+
+def megatron_optimizer_broken(
+    fw: Framework, sharding: Sharding, dp: int, cp: int, *, precision_aware: bool, grad_reduce: bool
+) -> str | None:
+    """Megatron's optimizer options: "framework" when the precision-aware optimizer or a gradient-reduce
+    dtype is asked of another framework; "distributed" when the precision-aware optimizer has no
+    distributed optimizer to ride on (Megatron's ``--use-precision-aware-optimizer`` needs
+    ``--use-distributed-optimizer``: zero1 or Megatron-FSDP here, or nothing to shard at DP x CP = 1)."""
+    if (precision_aware or grad_reduce) and fw is not Framework.MEGATRON:
+        return "framework"
+    distributed = sharding in (Sharding.ZERO1, Sharding.FSDP_FULL) or dp * cp == 1
+    return "distributed" if precision_aware and not distributed else None
 
 
 def linear_attention_broken(

@@ -36,6 +36,7 @@ from autotune.plan import (
     CpComm,
     Fp8Recipe,
     Framework,
+    GradDtype,
     LossKernel,
     MoeDispatcher,
     ParallelPlan,
@@ -138,6 +139,10 @@ class PlanContext:
     the batch: numerics that change convergence, never tuned."""
     adam_dtype: StoreDtype | None = None
     loss_kernel: LossKernel = LossKernel.FP32
+    precision_aware_optimizer: bool = False
+    """The user's Megatron optimizer (``--precision-aware-optimizer``, ``--grad-reduce-dtype``), on every
+    plan: only Megatron plans (with its distributed optimizer for the first) run them (``spacerules``)."""
+    grad_reduce_dtype: GradDtype | None = None
 
     def routing(self) -> dict[str, Any]:
         """The plan fields of the user's MoE routing, the same on every plan of the search."""
@@ -147,12 +152,18 @@ class PlanContext:
         }
 
     def stored(self) -> dict[str, Any]:
-        """The plan fields of the user's stored dtypes, the same on every plan of the search."""
-        return {name: getattr(self, name) for name in ("weight_dtype", "adam_dtype", "loss_kernel")}
+        """The plan fields of the user's stored dtypes and Megatron optimizer, the same on every plan."""
+        return {name: getattr(self, name) for name in _STORED}
 
-    def stored_json(self) -> dict[str, str | None]:
-        """``stored`` as a study's JSON holds it (``stored_fields`` reads it back)."""
-        return {k: None if v is None else str(v) for k, v in self.stored().items()}
+    def stored_json(self) -> dict[str, Any]:
+        """``stored`` as a study's JSON holds it (``stored_fields`` reads it back); the Megatron optimizer
+        only when set, so a study made before it keeps its identity."""
+        out: dict[str, Any] = {k: None if v is None else str(v) for k, v in self.stored().items()}
+        if not self.megatron_optimizer:
+            del out["precision_aware_optimizer"], out["grad_reduce_dtype"]
+        else:
+            out["precision_aware_optimizer"] = self.precision_aware_optimizer
+        return out
 
     @property
     def custom_numerics(self) -> bool:
@@ -161,11 +172,25 @@ class PlanContext:
             StoreDtype.BF16 in (self.weight_dtype, self.adam_dtype) or self.loss_kernel is not LossKernel.FP32
         )
 
+    @property
+    def megatron_optimizer(self) -> bool:
+        """The precision-aware optimizer or a gradient-reduce dtype asked for (Megatron plans only)."""
+        return self.precision_aware_optimizer or self.grad_reduce_dtype is not None
+
+
+_STORED = ("weight_dtype", "adam_dtype", "loss_kernel", "precision_aware_optimizer", "grad_reduce_dtype")
+_KINDS = {
+    "weight_dtype": StoreDtype,
+    "adam_dtype": StoreDtype,
+    "loss_kernel": LossKernel,
+    "grad_reduce_dtype": GradDtype,
+}
+
 
 def stored_fields(values: Mapping[str, Any]) -> dict[str, Any]:
-    """The user's stored dtypes and loss kernel as ``PlanContext`` takes them (flags, a study's JSON)."""
-    kinds = {"weight_dtype": StoreDtype, "adam_dtype": StoreDtype, "loss_kernel": LossKernel}
-    return {k: None if v is None else kinds[k](v) for k, v in values.items()}
+    """The user's stored dtypes, loss kernel and Megatron optimizer as ``PlanContext`` takes them (flags, a
+    study's JSON)."""
+    return {k: bool(v) if k not in _KINDS else None if v is None else _KINDS[k](v) for k, v in values.items()}
 
 
 # ---------------------------------------------------------------------------------------------- loading

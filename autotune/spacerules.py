@@ -25,6 +25,7 @@ from autotune.legalrules import (
     hsdp_group_bad,
     interleave_bad,
     megatron_fsdp_bad,
+    megatron_optimizer_broken,
     microbatch_broken,
     nothing_to_shard,
     offload_unsharded,
@@ -220,21 +221,45 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
         return "multi-token prediction is priced for Megatron only"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
-    te_loss = ctx.loss_kernel is LossKernel.FUSED and StoreDtype.BF16 not in (
-        ctx.weight_dtype,
-        ctx.adam_dtype,
-    )  # the space has no precision-aware optimizer, so no bf16 moments under Megatron
-    if broken_store := store_dtype_broken(fw, v.precision, ctx.custom_numerics, megatron_ok=te_loss):
+    if broken_store := store_dtype_broken(
+        fw, v.precision, ctx.custom_numerics, megatron_ok=_megatron_runs(ctx)
+    ):
         return _STORE_DTYPE[broken_store]
+    if broken_optimizer := megatron_optimizer_broken(
+        fw,
+        v.sharding,
+        dp,
+        cp,
+        precision_aware=ctx.precision_aware_optimizer,
+        grad_reduce=ctx.grad_reduce_dtype is not None,
+    ):
+        return _MEGATRON_OPTIMIZER[broken_optimizer]
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
 
 
+def _megatron_runs(ctx: PlanContext) -> bool:
+    """Every stored dtype the user chose is one Megatron runs (``legalmemory._store_dtype_errors``): fp32
+    weights, eager fp32 or Transformer Engine's fused loss, bf16 moments only under the precision-aware
+    optimizer."""
+    moments_ok = ctx.adam_dtype is not StoreDtype.BF16 or ctx.precision_aware_optimizer
+    return (
+        ctx.weight_dtype is not StoreDtype.BF16
+        and ctx.loss_kernel in (LossKernel.FP32, LossKernel.FUSED)
+        and moments_ok
+    )
+
+
+_MEGATRON_OPTIMIZER = {
+    "framework": "the precision-aware optimizer and the gradient-reduce dtype are Megatron's",
+    "distributed": "the precision-aware optimizer needs Megatron's distributed optimizer",
+}
 _ZERO_BUBBLE = {
     "framework": "the zero-bubble schedule is torch.distributed.pipelining's (framework fsdp)",
     "compile": "torch's zero-bubble schedule refuses compiled stage modules",
 }
 _STORE_DTYPE = {
-    "framework": "bf16 weights or moments, or a loss kernel, are framework fsdp's (Megatron: a fused loss)",
+    "framework": "bf16 weights or moments, or a loss kernel, are framework fsdp's (Megatron: a fused loss, "
+    "bf16 moments under the precision-aware optimizer)",
     "fp16": "bf16 weights, moments or loss kernel do not go with fp16 compute",
 }
 _DEEPSPEED = {

@@ -28,6 +28,7 @@ from autotune.space import (
     params_of,
     plan_from_params,
     resolve_choices,
+    stored_fields,
     suggest_plan,
 )
 
@@ -62,11 +63,21 @@ def _space(tmp_path, text):
     return load_space(str(path))
 
 
-def _wide_setup():
+def _wide_setup(**stored):
     model, cluster = load_model("small"), make_cluster(num_gpus=8, gpu="a100-80gb")
     space = SearchSpace(knobs={k: tuple(v) for k, v in _WIDE.items()}, source="wide")
     choices = resolve_choices(space, model, cluster)
-    return choices, PlanContext(model=model, cluster=cluster, global_batch=16, seq_len=512)
+    ctx = PlanContext(model=model, cluster=cluster, global_batch=16, seq_len=512, **stored_fields(stored))
+    return choices, ctx
+
+
+# The user's numerics on every plan: Megatron's bf16 moments under its precision-aware optimizer, and
+# framework fsdp's bf16 moments beside a gradient-reduce dtype only Megatron has.
+_STORED_CASES = [
+    {},
+    {"adam_dtype": "bf16", "precision_aware_optimizer": True, "loss_kernel": "fused"},
+    {"adam_dtype": "bf16", "grad_reduce_dtype": "bf16"},
+]
 
 
 def _normalised(combo):
@@ -102,7 +113,11 @@ def _legal_by_plan_rules(params, ctx):
         return None
     try:
         plan = ParallelPlan(
-            dp=ctx.cluster.num_gpus // world, global_batch=ctx.global_batch, seq_len=ctx.seq_len, **p
+            dp=ctx.cluster.num_gpus // world,
+            global_batch=ctx.global_batch,
+            seq_len=ctx.seq_len,
+            **ctx.stored(),
+            **p,
         )
     except ConfigError:
         return None
@@ -153,8 +168,9 @@ def test_rules_and_pins_resolve_to_candidates(tmp_path):
 
 
 @pytest.mark.slow
-def test_enumerator_agrees_with_parallel_plan_by_brute_force():
-    choices, ctx = _wide_setup()
+@pytest.mark.parametrize("stored", _STORED_CASES, ids=["fp32", "megatron-bf16-moments", "grad-reduce"])
+def test_enumerator_agrees_with_parallel_plan_by_brute_force(stored):
+    choices, ctx = _wide_setup(**stored)
     tally = Tally()
     ladders = list(enumerate_plans(choices, ctx, tally))
     enumerated = [ladder.plan(m) for ladder in ladders for m in ladder.micro_batches]
@@ -170,7 +186,20 @@ def test_enumerator_agrees_with_parallel_plan_by_brute_force():
         "the framework does not offer this sharding",
         "1F1B needs micro-batches per step >= PP",
     ):
-        assert tally.pruned[reason] > 0, reason
+        assert tally.pruned[reason] > 0 or stored.get("grad_reduce_dtype"), reason  # there: no variant
+    frameworks = {str(p.framework) for p in enumerated}
+    if stored.get("precision_aware_optimizer"):
+        assert frameworks == {"megatron"} and all(p.precision_aware_optimizer for p in enumerated)
+        assert tally.pruned["the precision-aware optimizer needs Megatron's distributed optimizer"] > 0
+    elif stored:  # bf16 moments are fsdp's without the precision-aware optimizer; the reduce dtype Megatron's
+        assert (
+            not enumerated
+            and tally.pruned[
+                "bf16 weights or moments, or a loss kernel, are framework fsdp's "
+                "(Megatron: a fused loss, bf16 moments under the precision-aware optimizer)"
+            ]
+            > 0
+        )
     assert all(list(ladder.micro_batches) == sorted(ladder.micro_batches) for ladder in ladders)
 
 

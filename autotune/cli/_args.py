@@ -243,8 +243,7 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             "--adam-dtype",
             StoreDtype,
             None,
-            "Adam's moments (default: the weights'); megatron: bf16 with estimate's --precision-aware-"
-            "optimizer",
+            "Adam's moments (default: the weights'); megatron: bf16 with --precision-aware-optimizer",
         ),
         (
             "--loss-kernel",
@@ -254,6 +253,20 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
         ),
     ):
         g.add_argument(flag, choices=[x.value for x in kind], default=default, help=f"fsdp: {what}")
+    g.add_argument(  # yours too: on every plan of a search, which keeps only Megatron plans then
+        "--precision-aware-optimizer",
+        action="store_true",
+        default=False,
+        help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer; with its "
+        "distributed optimizer)",
+    )
+    g.add_argument(
+        "--grad-reduce-dtype",
+        choices=[x.value for x in GradDtype],
+        default=None,
+        help="megatron: gradient buffer / DP reduction dtype (bf16: --grad-reduce-in-bf16); "
+        "default fp32, bf16 with --precision fp8",
+    )
     if not pinning:
         g.add_argument(
             "--moe-dispatcher",
@@ -281,19 +294,6 @@ def add_plan_args(p: argparse.ArgumentParser, *, pinning: bool = False) -> None:
             type=_positive_int,
             metavar="N",
             help="megatron: activations of N layers to host memory (--cpu-offloading-num-layers)",
-        )
-        g.add_argument(
-            "--precision-aware-optimizer",
-            action="store_true",
-            default=False,
-            help="megatron: 16-bit fp32-master remainders (--use-precision-aware-optimizer)",
-        )
-        g.add_argument(
-            "--grad-reduce-dtype",
-            choices=[x.value for x in GradDtype],
-            default=None,
-            help="megatron: gradient buffer / DP reduction dtype (bf16: --grad-reduce-in-bf16); "
-            "default fp32, bf16 with --precision fp8",
         )
 
 
@@ -353,8 +353,6 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
         recompute_modules=tuple(getattr(args, "recompute_modules", None) or ()),
         offload_activation_layers=getattr(args, "offload_activation_layers", None) or 0,
         offload_modules=tuple(getattr(args, "offload_modules", None) or ()),
-        precision_aware_optimizer=bool(getattr(args, "precision_aware_optimizer", False)),
-        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None),
         **store_dtypes(args),
         moe_capacity_factor=getattr(args, "moe_capacity_factor", None),
         moe_load_imbalance=getattr(args, "moe_load_imbalance", None) or 1.0,
@@ -362,11 +360,14 @@ def plan_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterS
 
 
 def store_dtypes(args: argparse.Namespace) -> dict[str, Any]:
-    """The plan's stored dtypes the user gave (``--weight-dtype``, ``--adam-dtype``, ``--loss-kernel``)."""
+    """The plan's stored dtypes and Megatron optimizer the user gave (``--weight-dtype``, ``--adam-dtype``,
+    ``--loss-kernel``, ``--precision-aware-optimizer``, ``--grad-reduce-dtype``): numerics, never tuned."""
     return {
         "weight_dtype": getattr(args, "weight_dtype", None) or "fp32",
         "adam_dtype": getattr(args, "adam_dtype", None),
         "loss_kernel": getattr(args, "loss_kernel", None) or "fp32",
+        "precision_aware_optimizer": bool(getattr(args, "precision_aware_optimizer", False)),
+        "grad_reduce_dtype": getattr(args, "grad_reduce_dtype", None),
     }
 
 

@@ -15,6 +15,7 @@ from autotune.costmodel import estimate
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM
 from autotune.modelshape import trial_model_gap
+from autotune.plan import Framework
 from autotune.probe.profile import with_profile
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -85,12 +86,18 @@ def choose_and_rank(
             "--moe-capacity-factor: the built-in trial MoE routes dropless; plan with --backend simulate, "
             "or run your own model (its own token dropping) with --workload / --script"
         )
-    custom = {k: v for k, v in store_dtypes(args).items() if v not in (None, "fp32")}
+    custom = {k: v for k, v in store_dtypes(args).items() if k in _STORE_FLAGS and v not in (None, "fp32")}
     if getattr(choice.backend, "measures", False) and custom and (options or args.device == "cpu"):
         where = "on your --workload (its own numerics)" if options else "in CPU trials (fp32)"
         raise ConfigError(
             f"--weight-dtype / --adam-dtype / --loss-kernel {'/'.join(custom.values())} cannot run {where}; "
             "plan with --backend simulate, or measure on GPUs with the built-in model"
+        )
+    megatron = [f"--{k.replace('_', '-')}" for k in _MEGATRON_FLAGS if store_dtypes(args)[k]]
+    if megatron and choice.frameworks is not None and Framework.MEGATRON not in choice.frameworks:
+        raise ConfigError(
+            f"{' / '.join(megatron)}: Megatron's optimizer, and --backend {args.backend} runs no Megatron "
+            "plan; plan with --backend simulate"
         )
     global_batch = _given_global_batch(args, cluster)
     pins = apply_pins({k: getattr(args, k) for k in _PIN_KEYS}, choice)
@@ -113,6 +120,10 @@ def choose_and_rank(
         stored=store_dtypes(args),
     )
     return choice, ranking
+
+
+_STORE_FLAGS = ("weight_dtype", "adam_dtype", "loss_kernel")
+_MEGATRON_FLAGS = ("precision_aware_optimizer", "grad_reduce_dtype")
 
 
 def _given_global_batch(args: argparse.Namespace, cluster: ClusterSpec) -> int | None:
@@ -154,7 +165,7 @@ def open_search_study(
     identity = {**_study_identity(model, cluster, ctx.global_batch, ctx.seq_len), "space": ranking.choices}
     if ctx.moe_capacity_factor is not None or ctx.moe_load_imbalance != 1.0:  # another run: another study
         identity["routing"] = ctx.routing()
-    if ctx.custom_numerics:  # other numerics: another study
+    if ctx.custom_numerics or ctx.megatron_optimizer:  # other numerics: another study
         identity["stored"] = ctx.stored_json()
     if getattr(args, "profile", None):  # a probe profile changes every prediction: part of the identity
         identity["profile"] = args.profile

@@ -52,3 +52,43 @@ def test_the_flags_are_emitted_and_bf16_moments_need_the_precision_aware_optimiz
         plan.replace(adam_dtype="bf16")
     with pytest.raises(ConfigError, match="--weight-dtype bf16 needs --framework fsdp"):
         plan.replace(precision_aware_optimizer=True, adam_dtype="bf16", weight_dtype="bf16")
+
+
+def test_a_search_runs_the_users_megatron_optimizer_on_every_plan():
+    """``search --precision-aware-optimizer --adam-dtype bf16``: the user's numerics, never tuned, so every
+    plan carries them and only Megatron plans with its distributed optimizer are left, each priced at 6 B of
+    optimizer state per parameter (a search that dropped them would price Megatron's fp32 state)."""
+    from autotune.ranking import plan_search
+    from autotune.space import load_space
+
+    model, cluster = load_model("qwen3-30b-a3b"), make_cluster(num_gpus=32)
+    stored = {"adam_dtype": "bf16", "precision_aware_optimizer": True, "grad_reduce_dtype": "bf16"}
+    kw = dict(pins={"pp": 1, "tp": 1}, global_batch=256, seq_len=4096)
+    ranking = plan_search(load_space(), model, cluster, stored=stored, **kw)
+    plans = [r.plan for r in ranking.feasible]
+    assert plans and all(str(p.framework) == "megatron" and p.precision_aware_optimizer for p in plans)
+    assert all((str(p.adam_dtype), str(p.grad_reduce_dtype)) == ("bf16", "bf16") for p in plans)
+    assert all(str(p.sharding) in ("zero1", "fsdp-full") or p.dp * p.cp == 1 for p in plans)
+    assert ranking.pruned["the precision-aware optimizer and the gradient-reduce dtype are Megatron's"] > 0
+    assert ranking.pruned["the precision-aware optimizer needs Megatron's distributed optimizer"] > 0
+    best = plans[0]
+    fp32 = estimate(model, cluster, best.replace(precision_aware_optimizer=False, adam_dtype=None)).memory
+    assert estimate(model, cluster, best).memory.optimizer_bytes == pytest.approx(0.5 * fp32.optimizer_bytes)
+
+
+def test_the_search_flags_reach_the_emitted_megatron_args_and_refuse_a_backend_without_megatron(
+    tmp_path, capsys
+):
+    from autotune.cli import main
+
+    args = ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--pp", "1", "--global-batch", "128"]
+    flags = ["--precision-aware-optimizer", "--adam-dtype", "bf16"]
+    assert main([*args, *flags, "--backend", "simulate", "--out", str(tmp_path), "--quiet"]) == 0
+    (text,) = [p.read_text() for p in tmp_path.glob("*/best/megatron_args.txt")]
+    parsed, _ = megatron_parser().parse_known_args(text.split())
+    assert parsed.use_precision_aware_optimizer and parsed.exp_avg_dtype == "bf16"
+    assert "pa-optimizer" in capsys.readouterr().out
+    torchrun = ["--backend", "torchrun", "--device", "cpu", "--model", "tiny", "--gpus", "2"]
+    assert main(["search", "--precision-aware-optimizer", *torchrun, "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "--precision-aware-optimizer: Megatron's optimizer, and --backend torchrun runs no Megatron" in err
