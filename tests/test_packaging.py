@@ -20,3 +20,14 @@ def test_search_spaces_resolve_through_the_package():
     from autotune.space import load_space
 
     assert load_space("deepspeed").source.endswith("deepspeed.yaml")
+
+
+def test_every_data_file_is_package_data():
+    """A preset's config.json (``data/hf_configs/``) ships with a wheel, not only with a checkout."""
+    from fnmatch import fnmatch
+
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = ROOT / "autotune" / "data"
+    files = [p.relative_to(data).as_posix() for p in data.rglob("*") if p.is_file() and p.suffix != ".py"]
+    assert files and any(f.startswith("hf_configs/") for f in files)
+    assert [f for f in files if not any(fnmatch(f, g) for g in globs["autotune.data"])] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from autotune.costmodel import Estimate
@@ -98,6 +99,7 @@ def search_report(out: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, r
     ]
     if out["emit_available"]:
         lines += [f"emitted   {path}" for path in out["emitted"]]
+        lines += _runnable_lines(out)
     else:
         lines.append("emitted   nothing yet: autotune.emit is not installed (launch files come with it)")
     if cluster.profile:
@@ -131,5 +133,23 @@ def _table(rows: list[dict[str, Any]], *, measured: bool) -> list[str]:
         lines.append(
             f"{i:>3}  {plan:<{width}}  {meas}{row['predicted_tokens_per_s']:>10,.0f} "
             f"{row['mfu']:>6.1%}  {mem:<21} {row['bottleneck']:<26} {row['status']}"
+        )
+    return lines
+
+
+def _runnable_lines(out: dict[str, Any]) -> list[str]:
+    """The best plan's own file not written, and the best ranked plan whose file is (``cli._runnable``)."""
+    lines = [f"not written  {name}: {'; '.join(why)}" for name, why in out.get("not_written", {}).items()]
+    runnable = out.get("runnable")
+    if lines and runnable is None:
+        lines.append(
+            "runnable  no ranked plan's own file can be written for this model (summary.md says why)"
+        )
+    elif runnable:
+        gap = runnable["predicted_tokens_per_s"] / out["tokens_per_s"] - 1
+        lines.append(
+            f"runnable  #{runnable['rank']} {runnable['summary']}  {runnable['predicted_tokens_per_s']:,.0f} "
+            f"tokens/s predicted ({gap:+.0%}), the best plan whose own files are written: "
+            f"{Path(runnable['emitted'][0]).parent}"
         )
     return lines

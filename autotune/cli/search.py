@@ -20,6 +20,7 @@ from typing import Any
 
 from autotune.cli._args import add_model_cluster_args, add_plan_args, implied_framework, resolve_model_cluster
 from autotune.cli._notes import batch_notes
+from autotune.cli._runnable import runnable_fallback
 from autotune.cli._searchplans import (
     CPU_SEQUENCES_PER_PROCESS,
     check_search_study,
@@ -240,6 +241,8 @@ class SearchCommand:
             [trial_row(t) for t in top] if measured else None,
         )
         out = search_summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
+        if emitted is not None:
+            out.update(runnable_fallback(best_plan, ranking, model, cluster, study_dir.root))
         out.update(
             model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, study_dir=str(study_dir.root)
         )

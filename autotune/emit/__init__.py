@@ -11,11 +11,13 @@ from autotune.emit.megatron import megatron_args, megatron_unsupported
 from autotune.emit.planfile import PlanDocument, plan_document, read_plan_document
 from autotune.emit.torchrun import torchrun_args, worker_args
 from autotune.emit.torchtitan import to_torchtitan_config, torchtitan_unsupported
-from autotune.emit.writer import ARTEFACT_FILES, emit_all
+from autotune.emit.writer import ARTEFACT_FILES, emit_all, own_file_unsupported, remove_emitted
 
 __all__ = [
     "emit_all",
     "ARTEFACT_FILES",
+    "own_file_unsupported",
+    "remove_emitted",
     "to_ds_config",
     "check_ds_config",
     "deepspeed_unsupported",

@@ -46,6 +46,11 @@ _LAUNCHERS = {
 }
 
 
+def primary_file(plan: ParallelPlan) -> str:
+    """The file that runs ``plan`` on the framework it was priced for (its launch file or config)."""
+    return _PRIMARY[plan.framework][0]
+
+
 def _priced_for(plan: ParallelPlan, written: set[str]) -> str:
     needed, start = _PRIMARY[plan.framework]
     if needed in written:  # the options that were written, in order

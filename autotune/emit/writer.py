@@ -26,7 +26,7 @@ from autotune.emit.fsdp import accelerate_unsupported, to_accelerate_config
 from autotune.emit.megatron import megatron_args_text, megatron_entry, megatron_unsupported
 from autotune.emit.megatronmodel import megatron_model_unsupported
 from autotune.emit.planfile import plan_document
-from autotune.emit.summary import render_summary
+from autotune.emit.summary import primary_file, render_summary
 from autotune.emit.torchrun import torchrun_args_text, trainer_unsupported
 from autotune.emit.torchtitan import (
     dumps_toml,
@@ -38,7 +38,7 @@ from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan, check_plan
 from autotune.specs import ClusterSpec, ModelSpec
 
-__all__ = ["emit_all", "ARTEFACT_FILES"]
+__all__ = ["emit_all", "ARTEFACT_FILES", "own_file_unsupported", "remove_emitted"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -184,6 +184,24 @@ _ARTEFACTS = (
 SUMMARY = "summary.md"
 ARTEFACT_FILES: tuple[str, ...] = (*(a.name for a in _ARTEFACTS), SUMMARY)
 """Every file ``emit_all`` owns in an output directory."""
+
+
+def own_file_unsupported(plan: ParallelPlan, model: ModelSpec) -> tuple[str, list[str]]:
+    """The file that runs ``plan`` on the framework it was priced for (``summary.primary_file``) and why
+    autotune cannot write it for ``model`` ([]: it can). A search whose best plan's file is missing also
+    writes the best plan whose file is not."""
+    name = primary_file(plan)
+    art = next(a for a in _ARTEFACTS if a.name == name)
+    return name, art.unsupported(plan) + art.model_unsupported(model)
+
+
+def remove_emitted(out_dir: Path) -> None:
+    """Delete what ``emit_all`` wrote in ``out_dir`` (its own files only), and the folders left empty."""
+    for name in ARTEFACT_FILES:
+        (out_dir / name).unlink(missing_ok=True)
+    for folder in (out_dir / "trial", out_dir):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _estimate_dict(estimate: Any) -> dict[str, Any] | None:
