@@ -28,6 +28,7 @@ PRESETS = yaml.safe_load((Path(__file__).parents[1] / "autotune" / "data" / "mod
         ("gemma2-27b", 27.2, 27.2),
         ("mistral-7b", 7.24, 7.24),
         ("llama3.1-8b", 8.03, 8.03),
+        ("llama3.1-70b", 70.6, 70.6),  # Llama 3.1 card
         # published config files as presets: Mistral AI (Mixtral 8x22B: 141B / 39B), Phi-3.5-MoE card (42B /
         # 6.6B), OLMoE-1B-7B card (6.9B / 1.3B), Nemotron-4 340B report (341B)
         ("mixtral-8x22b", 141, 39),
