@@ -190,9 +190,14 @@ def load_model(name_or_path: str) -> ModelSpec:
         raise ConfigError(f"--model {name_or_path}: is a directory; {hint}")
     if path.suffix in {".json", ".yaml", ".yml"} or path.exists():
         return model_from_dict(_read_mapping(path), name=str(path))
+    raise unknown_model(name_or_path)
+
+
+def unknown_model(name: str, field: str = "--model") -> ConfigError:
+    """The one-line error for a name that is no preset and no file, with the closest presets."""
     known = model_names()
-    raise ConfigError(
-        f"--model: unknown model {name_or_path!r}{_did_you_mean(name_or_path, known)}; known "
+    return ConfigError(
+        f"{field}: unknown model {name!r}{_did_you_mean(name, known)}; known "
         f"presets: {', '.join(known)}, or a path to a Hugging Face config.json / YAML"
     )
 

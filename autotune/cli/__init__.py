@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "calibrate": "autotune.cli.calibrate:CalibrateCommand",
     "worker": "autotune.cli.worker:WorkerCommand",
     "retune": "autotune.cli.retune:RetuneCommand",
+    "models": "autotune.cli.models:ModelsCommand",
 }
 """Subcommand name -> ``module:Class``; imported lazily so ``estimate`` never imports optuna."""
 

@@ -69,7 +69,9 @@ def positive_float(text: str, what: str = "a positive number") -> float:
 def add_model_cluster_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and cluster")
     g.add_argument(
-        "--model", required=True, help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path"
+        "--model",
+        required=True,
+        help="preset (7b, 70b, llama3-8b, ...: autotune models lists them) or a config.json/YAML path",
     )
     g.add_argument("--gpus", type=_positive_int, help="total GPUs (with --gpu and --gpus-per-node)")
     g.add_argument("--gpu", help=f"GPU type from the catalog (default: {DEFAULT_GPU}; cpu with --device cpu)")

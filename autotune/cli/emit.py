@@ -73,7 +73,10 @@ class EmitCommand:
             "it must hold torch, autotune and your training script",
         )
         g = p.add_argument_group("model and cluster (default: what plan.json records)")
-        g.add_argument("--model", help="preset (7b, 70b, llama3-8b, ..., tiny) or a config.json/YAML path")
+        g.add_argument(
+            "--model",
+            help="preset (7b, 70b, llama3-8b, ...: autotune models lists them) or a config.json/YAML path",
+        )
         g.add_argument("--gpus", type=_positive_int, help="total GPUs (with --gpu and --gpus-per-node)")
         g.add_argument("--gpu", help="GPU type from the catalog (default: h100-sxm)")
         g.add_argument("--gpus-per-node", type=_positive_int, help="GPUs per node (default: the GPU's usual)")
