@@ -4,6 +4,9 @@ and the MoE model zoo run it: 2 B of fp32-master remainder + 2 x 2 B of moments 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from autotune.catalog import load_model, make_cluster
@@ -92,3 +95,17 @@ def test_the_search_flags_reach_the_emitted_megatron_args_and_refuse_a_backend_w
     assert main(["search", "--precision-aware-optimizer", *torchrun, "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
     assert "--precision-aware-optimizer: Megatron's optimizer, and --backend torchrun runs no Megatron" in err
+
+
+def test_a_study_keeps_the_megatron_optimizer_in_its_identity_and_reads_it_back():
+    """``stored_json`` (a study's identity, a worker's setup) round-trips through ``stored_fields``; a study
+    made without the options keeps the three keys it had before them."""
+    from autotune.space import PlanContext, stored_fields
+
+    model, cluster = load_model("llama3-8b"), make_cluster(num_gpus=8)
+    base = PlanContext(model=model, cluster=cluster, global_batch=64, seq_len=4096)
+    assert set(base.stored_json()) == {"weight_dtype", "adam_dtype", "loss_kernel"}
+    chosen = {"adam_dtype": "bf16", "precision_aware_optimizer": True, "grad_reduce_dtype": "bf16"}
+    ctx = dataclasses.replace(base, **stored_fields(chosen))
+    again = stored_fields(json.loads(json.dumps(ctx.stored_json())))
+    assert again == ctx.stored() and ctx.megatron_optimizer and not base.megatron_optimizer
