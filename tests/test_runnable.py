@@ -14,7 +14,7 @@ def _search(tmp_path, model, *extra):
 
 
 def test_gpt_oss_gets_the_best_plan_it_can_launch_beside_the_fastest(tmp_path, capsys):
-    assert _search(tmp_path, "gpt-oss-20b") == 0
+    assert _search(tmp_path, "gpt-oss-20b", "--pp", "1", "--cp", "1") == 0
     text = capsys.readouterr().out
     (root,) = tmp_path.iterdir()
     out = json.loads((root / "summary.json").read_text())

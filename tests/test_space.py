@@ -71,12 +71,11 @@ def _wide_setup(**stored):
     return choices, ctx
 
 
-# The user's numerics on every plan: Megatron's bf16 moments under its precision-aware optimizer, and
-# framework fsdp's bf16 moments beside a gradient-reduce dtype only Megatron has.
+# The user's numerics on every plan: Megatron's bf16 moments under its precision-aware optimizer (a
+# gradient-reduce dtype on a non-Megatron plan: tests/costmodel/test_megatron_moments.py).
 _STORED_CASES = [
     {},
     {"adam_dtype": "bf16", "precision_aware_optimizer": True, "loss_kernel": "fused"},
-    {"adam_dtype": "bf16", "grad_reduce_dtype": "bf16"},
 ]
 
 
@@ -168,7 +167,7 @@ def test_rules_and_pins_resolve_to_candidates(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stored", _STORED_CASES, ids=["fp32", "megatron-bf16-moments", "grad-reduce"])
+@pytest.mark.parametrize("stored", _STORED_CASES, ids=["fp32", "megatron-bf16-moments"])
 def test_enumerator_agrees_with_parallel_plan_by_brute_force(stored):
     choices, ctx = _wide_setup(**stored)
     tally = Tally()
@@ -186,20 +185,11 @@ def test_enumerator_agrees_with_parallel_plan_by_brute_force(stored):
         "the framework does not offer this sharding",
         "1F1B needs micro-batches per step >= PP",
     ):
-        assert tally.pruned[reason] > 0 or stored.get("grad_reduce_dtype"), reason  # there: no variant
-    frameworks = {str(p.framework) for p in enumerated}
-    if stored.get("precision_aware_optimizer"):
-        assert frameworks == {"megatron"} and all(p.precision_aware_optimizer for p in enumerated)
+        assert tally.pruned[reason] > 0, reason
+    if stored:
+        assert {str(p.framework) for p in enumerated} == {"megatron"}
+        assert all(p.precision_aware_optimizer for p in enumerated)
         assert tally.pruned["the precision-aware optimizer needs Megatron's distributed optimizer"] > 0
-    elif stored:  # bf16 moments are fsdp's without the precision-aware optimizer; the reduce dtype Megatron's
-        assert (
-            not enumerated
-            and tally.pruned[
-                "bf16 weights or moments, or a loss kernel, are framework fsdp's "
-                "(Megatron: a fused loss, bf16 moments under the precision-aware optimizer)"
-            ]
-            > 0
-        )
     assert all(list(ladder.micro_batches) == sorted(ladder.micro_batches) for ladder in ladders)
 
 
