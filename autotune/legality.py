@@ -330,11 +330,21 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             f"TP x PP x DP x CP = {plan.tp} x {plan.pp} x {plan.dp} x {plan.cp} = "
             f"{plan.world_size} does not equal the {cluster.num_gpus} GPUs"
         )
-    split_by_tp = tp_split_broken(model, plan.tp)
+    megatron = plan.framework is Framework.MEGATRON
+    split_by_tp = tp_split_broken(model, plan.tp, kv_replicas=megatron)
     if "heads" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
     if "kv-heads" in split_by_tp:
-        errors.append(f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}")
+        errors.append(
+            f"TP {plan.tp} neither divides nor is a multiple of KV heads {model.num_kv_heads}"
+            if megatron
+            else f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}"
+            + (
+                " (Megatron replicates them over TP: --framework megatron)"
+                if plan.tp % model.num_kv_heads == 0
+                else ""
+            )
+        )
     if a2a_heads_bad(model, plan.tp, plan.cp, plan.cp_comm):
         errors.append(
             f"cp-comm a2a splits heads over TP x CP = {plan.tp * plan.cp}, which does not divide "

@@ -47,10 +47,16 @@ __all__ = [
 ]
 
 
-def tp_split_broken(model: ModelSpec, tp: int) -> list[str]:
-    """What TP does not divide: attention ``heads``, ``kv-heads``, the ``mlp`` width."""
+def tp_split_broken(model: ModelSpec, tp: int, *, kv_replicas: bool = False) -> list[str]:
+    """What TP does not divide: attention ``heads``, ``kv-heads``, the ``mlp`` width. ``kv_replicas``: a TP
+    that is a multiple of the KV heads is fine (Megatron-Core holds each K/V head on ``TP / KV heads`` ranks,
+    ``modelshape.kv_replicas``); torchtitan and DeepSpeed AutoTP split the K/V heads and need TP to divide
+    them."""
     sizes = {"heads": model.num_heads, "kv-heads": model.num_kv_heads, "mlp": model.ffn_hidden_size}
-    return [name for name, n in sizes.items() if n % tp]
+    broken = [name for name, n in sizes.items() if n % tp]
+    if kv_replicas and "kv-heads" in broken and tp % model.num_kv_heads == 0:
+        broken.remove("kv-heads")
+    return broken
 
 
 def cp_seq_bad(seq_len: int, cp: int) -> bool:

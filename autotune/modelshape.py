@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "attention_weight_params",
     "attention_activation_width",
+    "kv_replicas",
     "dense_mlp_params",
     "routed_expert_params",
     "moe_mlp_params",
@@ -161,13 +162,23 @@ GDN_CHUNK = 64
 al. 2024, "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", Sec. 3.3)."""
 
 
-def _softmax_activation_width(model: ModelSpec) -> int:
+def kv_replicas(model: ModelSpec, tp: int) -> int:
+    """How many TP ranks hold each K/V head: 1 while TP divides the KV heads; ``TP / KV heads`` when
+    Megatron-Core runs a TP that is a multiple of them (megatron/core/transformer/attention.py, core_v0.16.1,
+    ``num_query_groups < world_size``: the fused QKV output, split evenly, is all-gathered over TP and each
+    rank keeps its group's K and V and its share of that group's queries; ``TransformerConfig`` requires the
+    query groups to be a multiple or divisor of TP). MLA keeps a K/V head per query head."""
+    kv = model.num_kv_heads
+    return tp // kv if not model.uses_mla and kv < tp and tp % kv == 0 else 1
+
+
+def _softmax_activation_width(model: ModelSpec, tp: int) -> int:
     heads = model.num_heads
     if model.uses_mla:
         qk, v = qk_v_head_dims(model)
         return model.q_lora_rank + model.kv_lora_rank + heads * (2 * qk + 2 * v)
     gate = 2 * heads * model.head_dim if model.attention_output_gate else 0
-    return 2 * heads * model.head_dim + 2 * model.kv_hidden_size + gate
+    return 2 * heads * model.head_dim + 2 * model.kv_hidden_size * kv_replicas(model, tp) + gate
 
 
 def linear_activation_width(model: ModelSpec) -> int:
@@ -180,13 +191,14 @@ def linear_activation_width(model: ModelSpec) -> int:
     return 2 * (2 * k + v) + 3 * v + (4 + GDN_CHUNK) * model.linear_value_heads
 
 
-def attention_activation_width(model: ModelSpec) -> float:
-    """Elements per token that the token mixer saves for backward beyond its input, the mean over blocks:
-    Q, K, V and the output projection's input (``2h + 2kv`` for MHA/GQA, Korthikanti et al. 2022 Sec. 4.1);
+def attention_activation_width(model: ModelSpec, tp: int = 1) -> float:
+    """Elements per token that the token mixer saves for backward beyond its input, the mean over blocks,
+    before TP splits it: Q, K, V and the output projection's input (``2h + 2kv`` for MHA/GQA, Korthikanti et
+    al. 2022 Sec. 4.1; K/V heads held by several TP ranks counted on each, ``kv_replicas``);
     MLA also saves its two normed latents (the inputs of ``q_b_proj`` and ``kv_b_proj``); an output gate its
     pre-activation and the ungated output (``attn_output * sigmoid(gate)``); Gated DeltaNet layers
     ``linear_activation_width``."""
-    softmax = _softmax_activation_width(model)
+    softmax = _softmax_activation_width(model, tp)
     if not model.num_linear_layers and not model.layer_pattern:
         return softmax
     linear = linear_activation_width(model) if model.num_linear_layers else 0

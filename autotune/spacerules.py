@@ -154,7 +154,7 @@ def collapse(v: Variant, tp: int, cp: int) -> Variant:
 
 def layout_rule(ctx: PlanContext, tp: int, pp: int, cp: int) -> str | None:
     model = ctx.model
-    split = tp_split_broken(model, tp)
+    split = tp_split_broken(model, tp, kv_replicas=True)  # Megatron's K/V replicas: variant_rule
     if split:
         return _TP_SPLIT[split[0]]
     if pp > model.num_layers:
@@ -184,6 +184,8 @@ def offers(framework: Framework, sharding: Sharding) -> bool:
 
 def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
     sharding, fw = v.sharding, v.framework
+    if ctx.model.num_kv_heads % tp and fw is not Framework.MEGATRON:  # only Megatron replicates K/V heads
+        return _TP_SPLIT["kv-heads"]
     if not offers(fw, sharding):
         return SHARDING_RULE
     if nothing_to_shard(sharding, shard_ranks(dp, cp)):

@@ -100,6 +100,17 @@ PLANS = {  # name: (model, GPUs, plan fields); every one priced for Megatron
         16,
         dict(tp=2, dp=8, ep=8, global_batch=128, seq_len=8192, sharding="zero1", sequence_parallel=True),
     ),
+    # TP a multiple of the KV heads: each K/V head on TP / KV ranks (modelshape.kv_replicas)
+    "nemotron-3-super-tp8-ep64-kv-replicas": (
+        "nemotron-3-super-120b-a12b",
+        64,
+        dict(tp=8, dp=8, ep=64, global_batch=64, seq_len=8192, sharding="zero1", sequence_parallel=True),
+    ),
+    "qwen3-30b-a3b-tp8-ep8-kv-replicas": (
+        "qwen3-30b-a3b",
+        16,
+        dict(tp=8, dp=2, ep=8, global_batch=64, seq_len=4096, sharding="zero1", sequence_parallel=True),
+    ),
     "mistral-7b-dp8-sliding-window": (
         "mistral-7b",
         8,
@@ -161,6 +172,14 @@ try:
            "optimizer": [args.use_precision_aware_optimizer, str(args.exp_avg_dtype),
                          str(args.exp_avg_sq_dtype)],
            "definition": {k: getattr(args, k, None) for k in json.loads(os.environ["DEFINITION"])}}
+    try:  # the TransformerConfig the model is built from (its __post_init__ checks: TP against query groups);
+        # Transformer Engine is not installed here, and its fused RoPE kernel's presence is all it asks of TE
+        from megatron.core.models.common.embeddings import rope_utils
+        with mock.patch.object(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None):
+            config = A.core_transformer_config_from_args(args)
+        out["transformer_config"] = {"ok": True, "num_query_groups": config.num_query_groups}
+    except (AssertionError, ValueError) as e:
+        out["transformer_config"] = {"ok": False, "error": str(e)}
 except AssertionError as e:
     out = {"ok": False, "error": str(e)}
 print("RESULT " + json.dumps(out))

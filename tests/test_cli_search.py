@@ -141,7 +141,7 @@ def _contents(study_dir):
         pytest.param(
             ["--model", "70b", "--gpus", "1"], "70b fits nowhere on 1 h100-sxm", marks=pytest.mark.slow
         ),
-        (["--model", "70b", "--gpus", "16", "--tp", "16"], "TP does not divide the KV heads"),
+        (["--model", "13b", "--gpus", "16", "--tp", "16"], "TP does not divide the attention heads"),
         (["--model", "7b", "--gpus", "8", "--resume", "--force"], "pass one"),
         (["--model", "7b", "--gpus", "8", "--space", "SPACE"], "unknown knob 'zero_stage'; allowed: tp, pp"),
         (

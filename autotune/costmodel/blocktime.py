@@ -15,7 +15,13 @@ from autotune.costmodel.lossbytes import loss_bytes_per_vocab
 from autotune.costmodel.overlap import DP_OVERLAP_FRACTION, dp_overlap_fraction
 from autotune.costmodel.recompute_modules import rerun_s as modules_rerun_s
 from autotune.costmodel.states import vocab_split
-from autotune.costmodel.tpcomm import act_bytes, block_collectives, edge_collectives_s, reduction_s
+from autotune.costmodel.tpcomm import (
+    act_bytes,
+    block_collectives,
+    edge_collectives_s,
+    kv_replica_gather_s,
+    reduction_s,
+)
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -172,6 +178,7 @@ def block_times(
         )
         overlap = plan.framework is Framework.MEGATRON if tp_backward_overlap is None else tp_backward_overlap
         tp_s = _tp_exposed_s(one, model, cluster, plan, gemm_s, overlap, dp_overlap_fraction(cluster))
+        tp_s += kv_replica_gather_s(model, cluster, plan, tokens)
     loss_bytes = loss_bytes_per_vocab(plan) + compute.eager_loss_extra_bytes_per_vocab(cluster, plan)
     head_s = 3 * compute.head_gemm_s(
         model, cluster, vocab_split(plan), tokens

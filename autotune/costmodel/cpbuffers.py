@@ -20,7 +20,7 @@ layer's own Q, K, V and output (``tokens`` = this rank's ``seq_len / cp x micro_
 from __future__ import annotations
 
 from autotune.costmodel.cpcomm import sdpa_kv_width
-from autotune.modelshape import qk_v_head_dims
+from autotune.modelshape import kv_replicas, qk_v_head_dims
 from autotune.plan import CpComm, Framework, ParallelPlan
 from autotune.specs import ModelSpec
 
@@ -37,7 +37,11 @@ def cp_attention_bytes(model: ModelSpec, plan: ParallelPlan, e: int) -> float:
     tokens = plan.seq_len / plan.cp * plan.micro_batch / plan.tp
     qk, v = qk_v_head_dims(model)  # MLA: the unabsorbed per-head widths the core runs with
     q, out = model.num_heads * qk, model.num_heads * v
-    kv = model.num_kv_heads * (qk + v) if model.uses_mla else 2 * model.kv_hidden_size  # K and V together
+    kv = (
+        model.num_kv_heads * (qk + v)
+        if model.uses_mla
+        else 2 * model.kv_hidden_size * kv_replicas(model, plan.tp)
+    )
     if plan.cp_comm is CpComm.A2A:
         return tokens * (q + kv + out) * e
     if plan.framework is Framework.FSDP:

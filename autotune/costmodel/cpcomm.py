@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autotune.costmodel import comm, compute, ncclsm
 from autotune.costmodel.tpcomm import act_bytes
+from autotune.modelshape import kv_replicas
 from autotune.plan import CpComm, Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -73,7 +74,7 @@ def cp_exposed_s(
     if plan.framework is Framework.FSDP and plan.cp_comm is not CpComm.A2A:
         return torch_ring_s(model, cluster, plan, tokens, attn_fwd_s, attn_bwd_s)
     cp, link = plan.cp, comm.group_link(cluster, plan.cp, plan.tp)
-    kv_bytes = 2 * tokens * model.kv_hidden_size / plan.tp * act_bytes(cluster)
+    kv_bytes = 2 * tokens * model.kv_hidden_size * kv_replicas(model, plan.tp) / plan.tp * act_bytes(cluster)
     overlap = 1.0 if cluster.gpu.async_collectives else 0.0
     if plan.cp_comm is CpComm.A2A:
         width = 2 * model.hidden_size + 2 * model.kv_hidden_size  # q and out, k and v

@@ -36,6 +36,7 @@ micro-batch (counted: 9 per micro-batch on ``tiny`` at TP 2 x DP 2, tests/trials
 from __future__ import annotations
 
 from autotune.costmodel import comm
+from autotune.modelshape import kv_replicas
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -51,6 +52,7 @@ __all__ = [
     "norm_grad_tensors",
     "reduction_s",
     "sp_norm_grads",
+    "kv_replica_gather_s",
 ]
 
 ACT_BYTES = 2
@@ -122,6 +124,23 @@ def edge_collectives_s(
     if plan.framework is Framework.MEGATRON:
         return one, one + 3 * comm.allreduce_s(tokens * LOSS_BYTES, tp, link)
     return one, one + comm.allgather_s(tokens * model.vocab_size * act_bytes(cluster), tp, link)
+
+
+def kv_replica_gather_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, tokens: float) -> float:
+    """Seconds per block and micro-batch of Megatron's exchange for K/V heads held by several TP ranks
+    (``modelshape.kv_replicas`` > 1): the fused QKV output of ``tokens`` tokens all-gathered over TP in
+    forward (megatron-core 0.16.1 ``get_query_key_value_tensors``:
+    ``all_gather_last_dim_from_tensor_parallel_region``) and its gradient reduce-scattered in backward, each
+    between dependent kernels, so exposed;
+    softmax-attention blocks only (a hybrid pattern's share); a fully recomputed forward gathers again."""
+    if kv_replicas(model, plan.tp) == 1:
+        return 0.0
+    queries = model.num_heads * model.head_dim * (2 if model.attention_output_gate else 1)
+    nbytes = tokens * (queries + 2 * model.kv_hidden_size) * act_bytes(cluster)
+    link = comm.group_link(cluster, plan.tp, 1)
+    forwards = 2 if plan.recompute is Recompute.FULL else 1
+    gather, scatter = comm.allgather_s(nbytes, plan.tp, link), comm.reduce_scatter_s(nbytes, plan.tp, link)
+    return model.softmax_share * (forwards * gather + scatter)
 
 
 def norm_grad_tensors(model: ModelSpec, blocks: int, final_norm: bool) -> int:

@@ -201,6 +201,21 @@ CASES: dict[str, Case] = {
             framework="megatron",
         ),
     ),
+    "super_megatron_kv_replicas": Case(  # Nemotron 3 Super at TP 8 over 2 KV heads (NVIDIA H100 recipe)
+        "nemotron-3-super-120b-a12b",
+        64,
+        dict(
+            tp=8,
+            dp=8,
+            ep=16,
+            global_batch=1024,
+            seq_len=8192,
+            sharding="zero1",
+            sequence_parallel=True,
+            grad_reduce_dtype="bf16",
+            framework="megatron",
+        ),
+    ),
     "mixtral_megatron_allgather": Case(
         "mixtral-8x7b",
         16,

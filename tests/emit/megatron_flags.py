@@ -31,6 +31,7 @@ def megatron_parser() -> argparse.ArgumentParser:
         "moe-router-topk",
         "moe-ffn-hidden-size",
         "moe-shared-expert-intermediate-size",
+        "moe-latent-size",  # a TransformerConfig field Megatron-LM 0.16.1 turns into a flag (LatentMoE)
         "expert-model-parallel-size",
         "expert-tensor-parallel-size",
         "kv-lora-rank",

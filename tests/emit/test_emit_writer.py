@@ -52,6 +52,7 @@ EXPECTED = {  # the frameworks that can run each plan as priced
     "deepseek_v3_mtp_megatron": {"megatron_args.txt"},
     "gdn_megatron": {"megatron_args.txt"},
     "nemotron_megatron": {"megatron_args.txt"},
+    "super_megatron_kv_replicas": {"megatron_args.txt"},
 }
 
 
