@@ -38,6 +38,7 @@ __all__ = [
     "Layout",
     "Tally",
     "Variants",
+    "batch_blocks_every_layout",
     "enumerate_plans",
     "layout_candidates",
     "layout_dps",
@@ -262,6 +263,13 @@ def _variants(
 _HEAD = len(Variant._fields) - len(COLLAPSED_KNOBS)
 """The collapsed knobs are the last fields of ``Variant``: a variant is its head and a combination of them."""
 assert Variant._fields[_HEAD:] == COLLAPSED_KNOBS
+
+
+def batch_blocks_every_layout(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> bool:
+    """Whether the global batch is what leaves no plan: layouts pass the layout rules, and none of them has
+    a micro-batch that, times its DP, divides the batch (else other rules pruned the plans: say those)."""
+    dps = layout_dps(choices, ctx)
+    return bool(dps) and not any(ctx.global_batch % (d * m) == 0 for d in dps for m in choices["micro_batch"])
 
 
 def layout_dps(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> set[int]:

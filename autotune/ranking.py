@@ -24,14 +24,15 @@ from autotune.headroom import DEFAULT_MEMORY_HEADROOM, headroom_reason
 from autotune.plan import Framework, ParallelPlan
 from autotune.rankworkers import judged_space
 from autotune.space import (
-    BATCH_RULE,
     PlanContext,
     SearchSpace,
     Tally,
+    batch_blocks_every_layout,
     enumerate_plans,
     layout_dps,
     resolve_choices,
     stored_fields,
+    telling_reasons,
 )
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.verdicts import Miss, rule_of
@@ -150,10 +151,10 @@ def plan_search(
     ranking = rank_plans(choices, ctx, estimator, on_ladder=on_ladder, variants=variants)
     if ranking.feasible:
         return ranking
-    if ranking.num_legal == 0 and BATCH_RULE in ranking.pruned and layout_dps(choices, ctx):
+    if ranking.num_legal == 0 and batch_blocks_every_layout(choices, ctx):
         raise ConfigError(_batch_error(choices, ctx))
     if ranking.num_legal == 0:
-        top = "; ".join(f"{n:,} {r}" for r, n in list(ranking.pruned.items())[:3])
+        top = "; ".join(f"{n:,} {r}" for r, n in telling_reasons(ranking.pruned)[:3])
         raise ConfigError(f"no legal plan for {model.name} on {cluster.name} in {space.source}: {top}")
     raise ConfigError(_fits_nowhere(ranking, space, pins, global_batch, estimator, cluster_at, variants))
 

@@ -17,7 +17,7 @@ from autotune.errors import ConfigError
 from autotune.ranking import Estimator, rank_plans
 from autotune.render import plan_summary
 from autotune.report.data import time_groups
-from autotune.space import BATCH_RULE, PlanContext, SearchSpace, resolve_choices
+from autotune.space import PlanContext, SearchSpace, batch_blocks_every_layout, resolve_choices
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["ScalePoint", "ScaleResult", "scale", "parse_tokens"]
@@ -181,7 +181,7 @@ def _best_at(
             best=ranking.feasible[0],
             num_feasible=len(ranking.feasible),
         )
-    if ranking.num_legal == 0 and BATCH_RULE in ranking.pruned:
+    if ranking.num_legal == 0 and batch_blocks_every_layout(choices, ctx):
         return ScalePoint(
             num_gpus=n,
             status="batch",

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from autotune.enumeration import Ladder, Tally, enumerate_plans, layout_dps
+from autotune.enumeration import Ladder, Tally, batch_blocks_every_layout, enumerate_plans, layout_dps
 from autotune.errors import ConfigError
 from autotune.headroom import DEFAULT_MEMORY_HEADROOM
 from autotune.plan import (
@@ -54,6 +54,7 @@ from autotune.spacerules import (
     layout_rule,
     pipeline_rule,
     plain,
+    telling_reasons,
     variant_rule,
 )
 from autotune.specs import ClusterSpec, ModelSpec
@@ -63,6 +64,7 @@ from autotune.userfile import read_text
 __all__ = [
     "KNOBS",
     "BATCH_RULE",
+    "telling_reasons",
     "Rule",
     "SearchSpace",
     "PlanContext",
@@ -73,6 +75,7 @@ __all__ = [
     "stored_fields",
     "enumerate_plans",
     "layout_dps",
+    "batch_blocks_every_layout",
     "suggest_plan",
     "plan_from_params",
     "params_of",

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 __all__ = [
     "KNOBS",
     "BATCH_RULE",
+    "ARITHMETIC_RULES",
+    "telling_reasons",
     "Variant",
     "collapse",
     "SPEED_KNOBS",
@@ -361,3 +363,28 @@ def plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return "+".join(value) or "none"
     return value.value if isinstance(value, Enum) else value
+
+
+ARITHMETIC_RULES = frozenset(
+    {
+        BATCH_RULE,
+        SHARDING_RULE,
+        "PP exceeds the layers",
+        "TP x PP x CP does not divide the GPU count",
+        "seq-len is not divisible by 2 x CP",
+        "sharding needs DP > 1",
+        "the HSDP shard group must divide DP (1 < size < DP)",
+        "offload needs a sharded optimizer",
+        "zbv needs exactly 2 virtual stages",
+        "the interleaved schedule needs virtual stages >= 2",
+    }
+)
+"""Rules that prune combinations of a wide space by their arithmetic, whatever the model and numerics: when
+no plan is legal, the other reasons say why (``telling_reasons``)."""
+
+
+def telling_reasons(pruned: dict[str, int]) -> list[tuple[str, int]]:
+    """``pruned`` (reason -> combinations, most first) with the reasons that depend on the model, framework
+    or numerics ahead of ``ARITHMETIC_RULES``."""
+    items = list(pruned.items())
+    return [i for i in items if i[0] not in ARITHMETIC_RULES] + [i for i in items if i[0] in ARITHMETIC_RULES]

@@ -45,10 +45,17 @@ def test_bad_input_names_the_fix():
     with pytest.raises(ConfigError, match=r"--global-batch 3: no DP x micro-batch .*\(DP can be 2\); try"):
         fake_ranking(model="70b", gpus=16, gb=3, pins={"tp": 8, "pp": 1, "cp": 1})
     with pytest.raises(ConfigError, match="no legal plan.*TP does not divide the KV heads"):
-        fake_ranking(model="70b", gpus=16, pins={"tp": 16})
+        fake_ranking(model="70b", gpus=16, pins={"tp": 16, "framework": "fsdp"})  # Megatron replicates them
     cluster_at = lambda n: make_cluster(num_gpus=n)  # noqa: E731
     with pytest.raises(ConfigError, match=r"70b fits nowhere on 2 h100-sxm.*fit on (\d+) GPUs: --gpus \1"):
         fake_ranking(model="70b", gpus=2, cluster_at=cluster_at)
+
+
+def test_no_legal_plan_names_the_rule_of_the_model_not_the_arithmetic_of_the_space():
+    """MiniMax-M2's MTP modules are priced for Megatron only: pinned to fsdp, nothing is legal, and the error
+    says so first, not the global batch (some micro-batches divide it) nor the space's layout arithmetic."""
+    with pytest.raises(ConfigError, match=r"no legal plan for minimax-m2 .*: [\d,]+ multi-token prediction"):
+        fake_ranking(model="minimax-m2", gpus=64, gb=256, pins={"framework": "fsdp", "pp": 1, "cp": 1})
 
 
 def test_a_backend_limits_the_frameworks():
