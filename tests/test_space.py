@@ -65,7 +65,8 @@ def _space(tmp_path, text):
 
 def _wide_setup(**stored):
     model, cluster = load_model("small"), make_cluster(num_gpus=8, gpu="a100-80gb")
-    space = SearchSpace(knobs={k: tuple(v) for k, v in _WIDE.items()}, source="wide")
+    knobs = {**_WIDE, **(_STORED_NARROW if stored else {})}
+    space = SearchSpace(knobs={k: tuple(v) for k, v in knobs.items()}, source="wide")
     choices = resolve_choices(space, model, cluster)
     ctx = PlanContext(model=model, cluster=cluster, global_batch=16, seq_len=512, **stored_fields(stored))
     return choices, ctx
@@ -73,6 +74,16 @@ def _wide_setup(**stored):
 
 # The user's numerics on every plan: Megatron's bf16 moments under its precision-aware optimizer (a
 # gradient-reduce dtype on a non-Megatron plan: tests/costmodel/test_megatron_moments.py).
+_STORED_NARROW = {
+    "framework": ("fsdp", "megatron"),
+    "schedule": ("1f1b", "interleaved"),
+    "virtual_stages": (1, 2),
+    "precision": ("bf16",),
+    "compile": (False,),
+    "async_tp": (False,),
+    "cp_comm": ("p2p",),
+}
+"""The knobs the stored numerics' rules do not read, narrowed for that case (suite time)."""
 _STORED_CASES = [
     {},
     {"adam_dtype": "bf16", "precision_aware_optimizer": True, "loss_kernel": "fused"},
@@ -185,7 +196,7 @@ def test_enumerator_agrees_with_parallel_plan_by_brute_force(stored):
         "the framework does not offer this sharding",
         "1F1B needs micro-batches per step >= PP",
     ):
-        assert tally.pruned[reason] > 0, reason
+        assert tally.pruned[reason] > 0 or (stored and reason == "the GPU lacks this precision"), reason
     if stored:
         assert {str(p.framework) for p in enumerated} == {"megatron"}
         assert all(p.precision_aware_optimizer for p in enumerated)
