@@ -29,6 +29,8 @@ def test_gpt_oss_gets_the_best_plan_it_can_launch_beside_the_fastest(tmp_path, c
     plan = json.loads((root / "best_runnable" / "plan.json").read_text())
     assert plan["plan"] == runnable["plan"]
     assert "not written  megatron_args.txt: " in text and "runnable  #" in text
+    summary = (root / "best" / "summary.md").read_text()
+    assert "## Runnable instead" in summary and f"#{runnable['rank']}, `{runnable['summary']}`" in summary
 
 
 def test_a_best_plan_that_launches_leaves_no_runnable_folder(tmp_path, capsys):

@@ -20,11 +20,18 @@ _MAX_WALK = 100_000
 
 
 def runnable_fallback(
-    best: ParallelPlan, ranking: Any, model: ModelSpec, cluster: ClusterSpec, root: Path
+    best: ParallelPlan,
+    best_tokens_per_s: float,
+    ranking: Any,
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    root: Path,
 ) -> dict[str, Any]:
-    """``{}`` when ``best``'s own file is written; else ``not_written`` (file -> reasons) and, when a ranked
+    """``{}`` when ``best``'s own file is written (``best_tokens_per_s``: its prediction, what the fallback is
+    compared with); else ``not_written`` (file -> reasons) and, when a ranked
     plan's file can be written, ``runnable``: that plan, its prediction and the files written for it in
-    ``root/best_runnable`` (a stale folder from an earlier run is removed either way)."""
+    ``root/best_runnable`` (a stale folder from an earlier run is removed either way), which the best plan's
+    ``summary.md`` then names."""
     from autotune.emit import emit_all, own_file_unsupported, remove_emitted
 
     out_dir = root / RUNNABLE_DIR
@@ -44,4 +51,18 @@ def runnable_fallback(
             "predicted_tokens_per_s": found.tokens_per_s,
             "emitted": [str(p) for p in emit_all(found.plan, model, cluster, found, out_dir, force=True)],
         }
+        _note_in_summary(root / "best" / "summary.md", out["runnable"], best_tokens_per_s)
     return out
+
+
+def _note_in_summary(summary: Path, runnable: dict[str, Any], best_tokens_per_s: float) -> None:
+    """Point the best plan's ``summary.md`` (written by ``emit_all``) at the plan it can launch instead."""
+    if not summary.exists():
+        return
+    gap = runnable["predicted_tokens_per_s"] / best_tokens_per_s - 1
+    summary.write_text(
+        summary.read_text().rstrip("\n")
+        + f"\n\n## Runnable instead\n\nThe best ranked plan whose own launch file autotune writes is "
+        f"#{runnable['rank']}, `{runnable['summary']}`, {runnable['predicted_tokens_per_s']:,.0f} tokens/s "
+        f"predicted ({gap:+.0%}): its files are in `../{RUNNABLE_DIR}/`.\n"
+    )

@@ -242,7 +242,9 @@ class SearchCommand:
         )
         out = search_summary(best_est, top, study, url, ranking, emitted, launched, measured, choice.note)
         if emitted is not None:
-            out.update(runnable_fallback(best_plan, ranking, model, cluster, study_dir.root))
+            out.update(
+                runnable_fallback(best_plan, best_est.tokens_per_s, ranking, model, cluster, study_dir.root)
+            )
         out.update(
             model=model.name, cluster=cluster.name, num_gpus=cluster.num_gpus, study_dir=str(study_dir.root)
         )
