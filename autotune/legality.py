@@ -335,21 +335,21 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
     if "heads" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide attention heads {model.num_heads}")
     if "kv-heads" in split_by_tp:
-        errors.append(
-            f"TP {plan.tp} neither divides nor is a multiple of KV heads {model.num_kv_heads}"
-            if megatron
-            else f"TP {plan.tp} does not divide KV heads {model.num_kv_heads}"
-            + (
-                " (Megatron replicates them over TP: --framework megatron)"
-                if plan.tp % model.num_kv_heads == 0
-                else ""
-            )
+        verb = "neither divides nor is a multiple of" if megatron else "does not divide"
+        hint = (
+            " (Megatron replicates them over TP: --framework megatron)"
+            if plan.tp % model.num_kv_heads == 0
+            else ""
         )
+        errors.append(f"TP {plan.tp} {verb} KV heads {model.num_kv_heads}" + ("" if megatron else hint))
     if a2a_heads_bad(model, plan.tp, plan.cp, plan.cp_comm):
         errors.append(
             f"cp-comm a2a splits heads over TP x CP = {plan.tp * plan.cp}, which does not divide "
             f"{model.num_heads} heads; use --cp-comm p2p"
         )
+    elif a2a_heads_bad(model, plan.tp, plan.cp, plan.cp_comm, plan.framework):
+        kv = max(model.num_kv_heads // plan.tp, 1)
+        errors.append(f"cp-comm a2a: CP {plan.cp} does not divide a rank's {kv} KV head(s) (TE); use p2p")
     if "mlp" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
     split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers)

@@ -70,9 +70,16 @@ def a2a_unavailable(fw: Framework, cp: int, cp_comm: CpComm) -> bool:
     return cp > 1 and cp_comm is CpComm.A2A and fw is Framework.FSDP
 
 
-def a2a_heads_bad(model: ModelSpec, tp: int, cp: int, cp_comm: CpComm) -> bool:
-    """Ulysses all-to-all splits the heads over TP x CP."""
-    return cp > 1 and cp_comm is CpComm.A2A and model.num_heads % (tp * cp) != 0
+def a2a_heads_bad(model: ModelSpec, tp: int, cp: int, cp_comm: CpComm, fw: Framework | None = None) -> bool:
+    """Ulysses all-to-all splits the heads over TP x CP; under Megatron, Transformer Engine's also splits a
+    rank's K/V heads over CP (``AttnFuncWithCPAndQKVOA2A``: "The number of attention heads needs to be
+    divisible by CP size", q and k alike, transformer_engine/pytorch/attention/dot_product_attention/
+    context_parallel.py at v2.5), one head per rank where TP exceeds the KV heads."""
+    if cp <= 1 or cp_comm is not CpComm.A2A:
+        return False
+    kv_per_rank = max(model.num_kv_heads // tp, 1)
+    te_kv = fw is Framework.MEGATRON and not model.uses_mla and kv_per_rank % cp != 0
+    return model.num_heads % (tp * cp) != 0 or te_kv
 
 
 def fp8_recipe_missing(fw: Framework, precision: Precision, recipe: Fp8Recipe) -> bool:

@@ -62,3 +62,14 @@ def test_nvidias_h100_layout_of_nemotron_3_super_is_legal_and_fits_with_its_bf16
         framework="fsdp", sharding="fsdp-full", sequence_parallel=False, grad_reduce_dtype=None
     )
     assert "TP 8 does not divide KV heads 2" in check_plan(fsdp, super_, cluster)[0]
+
+
+def test_megatrons_ulysses_splits_a_ranks_kv_heads_over_cp():
+    """Transformer Engine's a2a context parallelism asserts a rank's K heads divide by CP (context_parallel.py
+    ``AttnFuncWithCPAndQKVOA2A``): Llama 3 8B at TP 4 holds 2 KV heads per rank (CP 2 fine), at TP 8 one."""
+    llama, cluster = load_model("llama3-8b"), make_cluster(num_gpus=16)
+    a2a = dict(dp=1, ep=1, cp=2, cp_comm="a2a", sequence_parallel=True)
+    assert check_plan(_plan(tp=4, **{**a2a, "dp": 2}), llama, cluster) == []
+    assert check_plan(_plan(tp=8, **a2a), llama, cluster) == [
+        "cp-comm a2a: CP 2 does not divide a rank's 1 KV head(s) (TE); use p2p"
+    ]
