@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.legalrules import megatron_optimizer_broken, store_dtype_broken
+from autotune.legalrules import megatron_optimizer_broken, megatron_runs_stores, store_dtype_broken
 from autotune.planenums import (
     MEGATRON_OFFLOAD_MODULES,
     OFFLOAD_MODULES,
@@ -40,12 +40,13 @@ def memory_option_errors(plan: ParallelPlan) -> list[str]:
 def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
     """bf16 weights or moments, a loss kernel other than eager fp32 (``legalrules.store_dtype_broken``)."""
     chosen = plan.numerics_flags
-    megatron = {f"--loss-kernel {LossKernel.FUSED}"} | (
+    megatron = {f"--loss-kernel {LossKernel.FUSED}"} | (  # to name the first flag Megatron does not run
         {f"--adam-dtype {StoreDtype.BF16}"} if plan.precision_aware_optimizer else set()
     )
-    broken = store_dtype_broken(
-        plan.framework, plan.precision, bool(chosen), megatron_ok=set(chosen) <= megatron
+    megatron_ok = megatron_runs_stores(
+        plan.weight_dtype, plan.adam_dtype, plan.loss_kernel, precision_aware=plan.precision_aware_optimizer
     )
+    broken = store_dtype_broken(plan.framework, plan.precision, bool(chosen), megatron_ok=megatron_ok)
     if broken == "framework":
         first = (
             next(c for c in chosen if c not in megatron)
@@ -127,7 +128,7 @@ def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
             "(--sharding zero1 or fsdp-full, or DP x CP = 1): Megatron's "
             "--use-precision-aware-optimizer"
         )
-    if broken and plan.grad_reduce_dtype is not None and plan.framework is not Framework.MEGATRON:
+    if broken == "framework" and plan.grad_reduce_dtype is not None:
         errors.append(
             "grad-reduce-dtype needs --framework megatron (Megatron's --grad-reduce-in-bf16); "
             "FSDP2 reduces in fp32 and DeepSpeed in the 16-bit model dtype"

@@ -12,11 +12,13 @@ from autotune.planenums import (
     CpComm,
     Fp8Recipe,
     Framework,
+    LossKernel,
     MoeDispatcher,
     Precision,
     Recompute,
     Schedule,
     Sharding,
+    StoreDtype,
     zero_stage,
 )
 from autotune.specs import ModelSpec
@@ -40,6 +42,7 @@ __all__ = [
     "expert_fold_broken",
     "capacity_broken",
     "store_dtype_broken",
+    "megatron_runs_stores",
     "megatron_optimizer_broken",
     "ep_overlap_broken",
     "linear_attention_broken",
@@ -278,6 +281,16 @@ def store_dtype_broken(
     if fw is not Framework.FSDP:
         return "framework"
     return "fp16" if precision is Precision.FP16 else None
+
+
+def megatron_runs_stores(
+    weight: StoreDtype, adam: StoreDtype | None, loss: LossKernel, *, precision_aware: bool
+) -> bool:
+    """Every stored dtype chosen is one Megatron runs (``store_dtype_broken``'s ``megatron_ok``): fp32
+    weights, eager fp32 or Transformer Engine's fused loss, bf16 Adam moments only under the precision-aware
+    optimizer (megatron-core 0.16.1 ``OptimizerConfig`` refuses them without it)."""
+    moments_ok = adam is not StoreDtype.BF16 or precision_aware
+    return weight is not StoreDtype.BF16 and loss in (LossKernel.FP32, LossKernel.FUSED) and moments_ok
 
 
 def megatron_optimizer_broken(

@@ -26,6 +26,7 @@ from autotune.legalrules import (
     interleave_bad,
     megatron_fsdp_bad,
     megatron_optimizer_broken,
+    megatron_runs_stores,
     microbatch_broken,
     nothing_to_shard,
     offload_unsharded,
@@ -40,13 +41,11 @@ from autotune.planenums import (
     CpComm,
     Fp8Recipe,
     Framework,
-    LossKernel,
     MoeDispatcher,
     Precision,
     Recompute,
     Schedule,
     Sharding,
-    StoreDtype,
 )
 from autotune.stagesplit import split_error
 
@@ -226,7 +225,12 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
         return "torchtitan's MoE has no capacity factor (dropless)"
     if broken_store := store_dtype_broken(
-        fw, v.precision, ctx.custom_numerics, megatron_ok=_megatron_runs(ctx)
+        fw,
+        v.precision,
+        ctx.custom_numerics,
+        megatron_ok=megatron_runs_stores(
+            ctx.weight_dtype, ctx.adam_dtype, ctx.loss_kernel, precision_aware=ctx.precision_aware_optimizer
+        ),
     ):
         return _STORE_DTYPE[broken_store]
     if broken_optimizer := megatron_optimizer_broken(
@@ -239,18 +243,6 @@ def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: in
     ):
         return _MEGATRON_OPTIMIZER[broken_optimizer]
     return _expert_rule(ctx, v, tp, cp, dp) or _knob_rule(ctx, v, tp, pp, cp)
-
-
-def _megatron_runs(ctx: PlanContext) -> bool:
-    """Every stored dtype the user chose is one Megatron runs (``legalmemory._store_dtype_errors``): fp32
-    weights, eager fp32 or Transformer Engine's fused loss, bf16 moments only under the precision-aware
-    optimizer."""
-    moments_ok = ctx.adam_dtype is not StoreDtype.BF16 or ctx.precision_aware_optimizer
-    return (
-        ctx.weight_dtype is not StoreDtype.BF16
-        and ctx.loss_kernel in (LossKernel.FP32, LossKernel.FUSED)
-        and moments_ok
-    )
 
 
 _MEGATRON_OPTIMIZER = {

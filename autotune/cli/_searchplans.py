@@ -86,14 +86,15 @@ def choose_and_rank(
             "--moe-capacity-factor: the built-in trial MoE routes dropless; plan with --backend simulate, "
             "or run your own model (its own token dropping) with --workload / --script"
         )
-    custom = {k: v for k, v in store_dtypes(args).items() if k in _STORE_FLAGS and v not in (None, "fp32")}
+    stored = store_dtypes(args)
+    custom = {k: v for k, v in stored.items() if k in _STORE_FLAGS and v not in (None, "fp32")}
     if getattr(choice.backend, "measures", False) and custom and (options or args.device == "cpu"):
         where = "on your --workload (its own numerics)" if options else "in CPU trials (fp32)"
         raise ConfigError(
             f"--weight-dtype / --adam-dtype / --loss-kernel {'/'.join(custom.values())} cannot run {where}; "
             "plan with --backend simulate, or measure on GPUs with the built-in model"
         )
-    megatron = [f"--{k.replace('_', '-')}" for k in _MEGATRON_FLAGS if store_dtypes(args)[k]]
+    megatron = [f"--{k.replace('_', '-')}" for k in _MEGATRON_FLAGS if stored[k]]
     if megatron and choice.frameworks is not None and Framework.MEGATRON not in choice.frameworks:
         raise ConfigError(
             f"{' / '.join(megatron)}: Megatron's optimizer, and --backend {args.backend} runs no Megatron "
@@ -117,7 +118,7 @@ def choose_and_rank(
             "moe_capacity_factor": getattr(args, "moe_capacity_factor", None),
             "moe_load_imbalance": getattr(args, "moe_load_imbalance", None) or 1.0,
         },
-        stored=store_dtypes(args),
+        stored=stored,
     )
     return choice, ranking
 
