@@ -10,7 +10,7 @@ group size unless HSDP, sequence parallel when TP = 1). ``autotune.space`` re-ex
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import product
 from typing import TYPE_CHECKING, Any
@@ -19,15 +19,17 @@ from autotune.plan import ParallelPlan, Schedule, Sharding
 from autotune.spacerules import (
     BATCH_RULE,
     COLLAPSED_KNOBS,
+    HEAD_FIELDS,
     KNOBS,
     SHARDING_RULE,
     Variant,
     collapse,
+    head_rule,
     layout_rule,
     offers,
     pipeline_rule,
     plain,
-    variant_rule,
+    rest_rule,
 )
 
 if TYPE_CHECKING:
@@ -36,7 +38,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Ladder",
     "Layout",
+    "Skip",
     "Tally",
+    "Variant",
     "Variants",
     "batch_blocks_every_layout",
     "enumerate_plans",
@@ -97,17 +101,25 @@ def enumerate_plans(
     ctx: PlanContext,
     tally: Tally | None = None,
     variants: Variants | None = None,
+    skip: Skip | None = None,
 ) -> Iterator[Ladder]:
     """Every legal plan of ``choices``, as micro-batch ladders; illegal combinations counted in ``tally``.
-    ``variants``: made before from choices that differ at most in layout degrees (``Variants.serves``)."""
+    ``variants``: made before from choices that differ at most in layout degrees (``Variants.serves``);
+    ``skip``: see ``Skip``."""
     tally = tally if tally is not None else Tally()
     variants = variants if variants is not None else Variants(choices)
     for layout in layouts(choices, ctx):
-        yield from layout_ladders(variants, ctx, layout, tally)
+        yield from layout_ladders(variants, ctx, layout, tally, skip=skip)
 
 
 Layout = tuple[int, int, int]
 """(TP, PP, CP); DP follows from the GPU count."""
+
+Skip = Callable[[tuple[int, int, int, int], int, Variant], bool]
+"""A caller's test of a variant before any rule, given (TP, PP, CP, DP) and the micro-batch its ladder would
+start at: True drops the variant, uncounted (a caller that asks only whether some plan fits and already
+knows this one cannot: ``rankworkers.judge``'s ``fits_only``). Given a skip, a variant whose every
+micro-batch the pipeline rule prunes is dropped uncounted too."""
 
 
 def layouts(choices: Mapping[str, tuple[Any, ...]], ctx: PlanContext) -> list[Layout]:
@@ -145,11 +157,18 @@ def _beyond_layout(choices: Mapping[str, tuple[Any, ...]]) -> dict[str, tuple[An
 
 
 def layout_ladders(
-    variants: Variants, ctx: PlanContext, layout: Layout, tally: Tally, part: tuple[int, int] | None = None
+    variants: Variants,
+    ctx: PlanContext,
+    layout: Layout,
+    tally: Tally,
+    part: tuple[int, int] | None = None,
+    *,
+    skip: Skip | None = None,
 ) -> Iterator[Ladder]:
     """The ladders of one layout, in ``enumerate_plans``' order; what it prunes counted in ``tally``.
     ``part``: only the ladders of the offered variants ``start:stop`` (``layout_candidates``), the
-    layout's own counts with the part that starts at 0: the parts of a layout make the whole."""
+    layout's own counts with the part that starts at 0: the parts of a layout make the whole. ``skip``:
+    see ``Skip``."""
     (tp, pp, cp), choices = layout, variants.choices
     kept, total = variants.of(tp, pp, cp)
     start, stop = part if part is not None else (0, len(kept))
@@ -164,7 +183,7 @@ def layout_ladders(
         tally.count(BATCH_RULE, total * (num_mbs - len(mbs)))
     if mbs:  # a sharding the framework lacks fails ``variant_rule`` first, whatever the layout
         tally.count(SHARDING_RULE, (total - len(kept)) * len(mbs) if start == 0 else 0)
-        yield from _ladders(ctx, kept[start:stop], (tp, pp, cp, dp), mbs, tally)
+        yield from _ladders(ctx, kept[start:stop], (tp, pp, cp, dp), mbs, tally, skip)
 
 
 def layout_candidates(variants: Variants, ctx: PlanContext, layout: Layout) -> int:
@@ -185,10 +204,23 @@ def _ladders(
     layout: tuple[int, int, int, int],
     mbs: tuple[int, ...],
     tally: Tally,
+    skip: Skip | None = None,
 ) -> Iterator[Ladder]:
     tp, pp, cp, dp = layout
+    starts: dict[Schedule, int | None] = {}  # where a schedule's ladders start: the rule below, uncounted
+    heads: dict[tuple[Any, ...], str | None] = {}  # ``variant_rule``'s first rules, asked once per head
     for v in variants:
-        reason = variant_rule(ctx, v, tp, pp, cp, dp)
+        head = v[:HEAD_FIELDS]
+        if head not in heads:
+            heads[head] = head_rule(ctx, head, tp, pp, cp, dp)
+        if skip is not None and not heads[head]:
+            if v.schedule not in starts:
+                ok = (m for m in mbs if not pipeline_rule(v.schedule, pp, ctx.global_batch // (dp * m)))
+                starts[v.schedule] = next(ok, None)
+            m0 = starts[v.schedule]
+            if m0 is None or skip(layout, m0, v):
+                continue
+        reason = heads[head] or rest_rule(ctx, v, tp, pp, cp, dp)
         if reason:
             tally.count(reason, len(mbs))
             continue

@@ -76,8 +76,9 @@ def rank_plans(
     variants: Variants | None = None,
 ) -> Ranking:
     """Estimate every legal plan (stop at the first ladder or worker's part with a plan that fits with
-    ``first_fit``, whose tallies then cover what was judged by then, only as far as fit or miss:
-    ``rankworkers.judge``'s ``fits_only``); large spaces are enumerated and judged across worker processes
+    ``first_fit``, whose tallies then cover what was judged by then, only as far as fit or miss, less the
+    variants dropped as holding states already found past the headroom: ``rankworkers.judge``'s
+    ``fits_only``, ``rankworkers.StatesPast``); large spaces are enumerated and judged across worker processes
     (``autotune.rankworkers``), with the same result. ``on_ladder`` hears of each judged ladder
     (``LadderJudged``); ``variants``: made before from choices it ``serves`` (a caller that ranks a space
     on several clusters)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import math
 import multiprocessing
+import operator
 import os
 import signal
 import sys
@@ -29,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.costmodel import Estimate, estimate, fit_check
 from autotune.costmodel.reserve import FRAGMENTATION_FRACTION
-from autotune.costmodel.stagestates import states_floor_bytes
+from autotune.costmodel.stagestates import NOT_READ, states_floor_bytes
 from autotune.enumeration import (
     Ladder,
     Layout,
     Tally,
+    Variant,
     Variants,
     enumerate_plans,
     layout_candidates,
@@ -73,6 +75,7 @@ def judge(
     *,
     fits_only: bool = False,
     closest: float = math.inf,
+    past: StatesPast | None = None,
 ) -> list[Verdict]:
     """A ladder's verdicts, smallest micro-batch first, up to the first that does not fit. With the catalog
     cost model a plan's memory is judged first and its step time is priced only if it fits (most plans of
@@ -81,7 +84,8 @@ def judge(
     is a miss without the rest of its memory, and its verdict has no ``overcommit``: with ``fits_only`` (a
     caller that asks only whether a plan fits, with no tally or closest miss to show) past the headroom;
     otherwise when it is surely out of memory (``_surely_out_of_memory``) and misses by more than
-    ``closest``, the least ``overcommit`` of a miss the caller has seen, so it cannot be the closest."""
+    ``closest``, the least ``overcommit`` of a miss the caller has seen, so it cannot be the closest.
+    ``past`` (with ``fits_only``) learns each ladder whose first plan's states alone pass the headroom."""
     out: list[Verdict] = []
     n = len(ladder.micro_batches)
     for i, micro_batch in enumerate(ladder.micro_batches):
@@ -95,6 +99,8 @@ def judge(
             above = peak_headroom_reason(floor, capacity, ctx.memory_headroom) if fits_only else None
             if above is not None:  # the total holds the floor: above the headroom, if not out of memory
                 out.append(Verdict(None, f"{above} (model states alone)", n - i, plan))
+                if past is not None and i == 0:
+                    past.add(ladder)
                 break
             if not fits_only and floor > closest * capacity and _surely_out_of_memory(floor, plan, ctx):
                 oom = f"out of memory: model states alone need {floor / GIB:.1f} GiB"
@@ -116,6 +122,30 @@ def judge(
         out.append(Verdict(est, above or est.reasons[0], n - i))  # larger ones cannot fit
         break
     return out
+
+
+class StatesPast:
+    """The model states a ``fits_only`` ranking found past the headroom, so that the enumeration drops the
+    variants that hold the same ones (``enumeration.Skip``) before their rules and plans are made. A
+    variant's states floor (``states_floor_bytes``) reads its layout, its ``num_microbatches`` (here: its
+    first micro-batch; the rest of the ranking's context is fixed) and the fields ``stage_states`` reads,
+    not ``NOT_READ``, which ``reserve_bytes`` and ``ranks_to_check`` do not read either. Variants that differ
+    in those fields only (recompute, sequence parallelism, the speed switches) are most of an MoE space:
+    DeepSeek-V3 on 32 A100-40GB, where nothing fits, judges 112k plans instead of 775k
+    (benchmarks/results/fits_nowhere_speed.md)."""
+
+    _READ = tuple(f for f in Variant._fields if f not in NOT_READ)
+    _of_variant = operator.attrgetter(*_READ)
+    _of_fields = operator.itemgetter("tp", "pp", "cp", "dp", *_READ)
+
+    def __init__(self) -> None:
+        self._keys: set[tuple[Any, ...]] = set()
+
+    def add(self, ladder: Ladder) -> None:
+        self._keys.add((ladder.micro_batches[0], *self._of_fields(ladder.fields)))
+
+    def skip(self, layout: tuple[int, int, int, int], micro_batch: int, v: Variant) -> bool:
+        return (micro_batch, *layout, *self._of_variant(v)) in self._keys
 
 
 def _surely_out_of_memory(floor: float, plan: ParallelPlan, ctx: PlanContext) -> bool:
@@ -153,15 +183,19 @@ def judged_space(
     ``tally``), in its order, as the ranking keeps them (``kept``; the misses are counted in each
     ``Kept.pruned``): one ``Kept`` per ladder judged here, or per part a worker enumerated and judged; the
     workers' tallies are merged here, in order, as their parts arrive. ``fits_only``: ``judge``'s, for a
-    caller that stops at the first plan that fits (closing the generator drops the parts not yet judged).
+    caller that stops at the first plan that fits (closing the generator drops the parts not yet judged),
+    which then drops the variants whose states it found past the headroom (``StatesPast``), uncounted.
     ``variants``: made before (``Variants.serves``)."""
+    global _SPACE, _CLOSEST, _PAST
     variants = variants if variants is not None else Variants(choices)
     order, n = layouts(choices, ctx), workers()
     forks = _forks(estimator, n)
     sizes = [layout_candidates(variants, ctx, layout) for layout in order] if forks else []  # before forking
+    past = StatesPast() if fits_only and estimator is estimate else None
+    skip = past.skip if past is not None else None
     if not forks or sum(sizes) < MIN_LADDERS:
-        ladders = enumerate_plans(choices, ctx, tally, variants)
-        for verdicts in judged_here(ladders, ctx, estimator, fits_only):
+        ladders = enumerate_plans(choices, ctx, tally, variants, skip)
+        for verdicts in judged_here(ladders, ctx, estimator, fits_only, past):
             yield kept([verdicts], ctx)
         return
     step = max(1, sum(sizes) // (n * _CHUNKS_PER_WORKER))
@@ -170,8 +204,7 @@ def judged_space(
         for layout, size in zip(order, sizes, strict=True)
         for a in range(0, max(size, 1), step)
     ]
-    global _SPACE, _CLOSEST
-    _SPACE, _CLOSEST = (variants, ctx, estimator, fits_only), math.inf  # each worker's own, from the fork
+    _SPACE, _CLOSEST, _PAST = (variants, ctx, estimator, fits_only), math.inf, past  # each worker's own copy
     done = 0
     pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork"), initializer=_quiet)
     try:
@@ -183,13 +216,13 @@ def judged_space(
         rest = (
             ladder
             for layout, part in parts[done:]
-            for ladder in layout_ladders(variants, ctx, layout, tally, part)
+            for ladder in layout_ladders(variants, ctx, layout, tally, part, skip=skip)
         )
-        for verdicts in judged_here(rest, ctx, estimator, fits_only):
+        for verdicts in judged_here(rest, ctx, estimator, fits_only, past):
             yield kept([verdicts], ctx)
     finally:  # also when the caller stops early or a stop signal comes: queued parts are dropped
         pool.shutdown(wait=True, cancel_futures=True)
-        _SPACE = None
+        _SPACE, _PAST = None, None
 
 
 def _forks(estimator: Callable[..., Estimate], n: int) -> bool:
@@ -215,12 +248,16 @@ def _quiet() -> None:
 
 
 def judged_here(
-    ladders: Iterable[Ladder], ctx: PlanContext, estimator: Callable[..., Estimate], fits_only: bool
+    ladders: Iterable[Ladder],
+    ctx: PlanContext,
+    estimator: Callable[..., Estimate],
+    fits_only: bool,
+    past: StatesPast | None = None,
 ) -> Generator[list[Verdict], None, None]:
     """``judge`` of each ladder in this process, telling it the closest miss so far."""
     closest = math.inf
     for ladder in ladders:
-        verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=closest)
+        verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=closest, past=past)
         closest = _closer(closest, verdicts)
         yield verdicts
 
@@ -236,13 +273,15 @@ _CLOSEST = math.inf
 
 _SPACE: tuple[Variants, PlanContext, Callable[..., Estimate], bool] | None = None
 """What forked workers enumerate and judge (``judged_space``; set in the parent before the fork)."""
+_PAST: StatesPast | None = None
+"""In a worker of a ``fits_only`` ranking: the states it found past the headroom (``StatesPast``)."""
 
 
 def _judge_part(part: tuple[Layout, tuple[int, int]]) -> tuple[Tally, Kept]:
     assert _SPACE is not None
     variants, ctx, _, _ = _SPACE
-    tally = Tally()
-    return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1])), ctx)
+    tally, skip = Tally(), _PAST.skip if _PAST is not None else None
+    return tally, kept(_judged_part(layout_ladders(variants, ctx, part[0], tally, part[1], skip=skip)), ctx)
 
 
 def _judged_part(ladders: Iterable[Ladder]) -> Generator[list[Verdict], None, None]:
@@ -251,6 +290,6 @@ def _judged_part(ladders: Iterable[Ladder]) -> Generator[list[Verdict], None, No
     assert _SPACE is not None
     _, ctx, estimator, fits_only = _SPACE
     for ladder in ladders:
-        verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=_CLOSEST)
+        verdicts = judge(ladder, ctx, estimator, fits_only=fits_only, closest=_CLOSEST, past=_PAST)
         _CLOSEST = _closer(_CLOSEST, verdicts)
         yield verdicts

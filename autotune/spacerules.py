@@ -53,12 +53,15 @@ if TYPE_CHECKING:
     from autotune.space import PlanContext
 
 __all__ = [
+    "HEAD_FIELDS",
     "KNOBS",
     "BATCH_RULE",
     "ARITHMETIC_RULES",
     "telling_reasons",
     "Variant",
     "collapse",
+    "head_rule",
+    "rest_rule",
     "SPEED_KNOBS",
     "COLLAPSED_KNOBS",
     "layout_rule",
@@ -176,6 +179,8 @@ _TP_SPLIT = {
 
 SHARDING_RULE = "the framework does not offer this sharding"
 """``variant_rule``'s first rule, which needs no layout (``enumeration`` counts it per layout at once)."""
+HEAD_FIELDS = 4  # what ``head_rule`` reads of a variant: framework, sharding, HSDP group, offload
+assert Variant._fields[:HEAD_FIELDS] == ("framework", "sharding", "hsdp_shard_size", "offload")
 
 
 def offers(framework: Framework, sharding: Sharding) -> bool:
@@ -184,19 +189,32 @@ def offers(framework: Framework, sharding: Sharding) -> bool:
 
 
 def variant_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
-    sharding, fw = v.sharding, v.framework
+    """The first rule a variant breaks on this layout: ``head_rule``'s, then the others'."""
+    return head_rule(ctx, v[:HEAD_FIELDS], tp, pp, cp, dp) or rest_rule(ctx, v, tp, pp, cp, dp)
+
+
+def head_rule(ctx: PlanContext, head: tuple[Any, ...], tp: int, pp: int, cp: int, dp: int) -> str | None:
+    """``variant_rule``'s first rules, which read the layout and ``head`` (a variant's first
+    ``HEAD_FIELDS``) only: every variant of a head breaks the same one first (``enumeration`` asks once)."""
+    fw, sharding, hsdp_shard_size, offload = head
     if ctx.model.num_kv_heads % tp and fw is not Framework.MEGATRON:  # only Megatron replicates K/V heads
         return _TP_SPLIT["kv-heads"]
     if not offers(fw, sharding):
         return SHARDING_RULE
     if nothing_to_shard(sharding, shard_ranks(dp, cp)):
         return "sharding needs DP > 1"
-    if sharding is Sharding.HSDP and hsdp_group_bad(v.hsdp_shard_size, dp):
+    if sharding is Sharding.HSDP and hsdp_group_bad(hsdp_shard_size, dp):
         return "the HSDP shard group must divide DP (1 < size < DP)"
-    if offload_unsharded(v.offload, sharding):
+    if offload_unsharded(offload, sharding):
         return "offload needs a sharded optimizer"
-    if megatron_fsdp_bad(fw, sharding, pp, v.offload):
+    if megatron_fsdp_bad(fw, sharding, pp, offload):
         return "Megatron-FSDP is priced without pipelining or offload"
+    return None
+
+
+def rest_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) -> str | None:
+    """``variant_rule``'s rules after ``head_rule``'s, for a variant whose head broke none."""
+    sharding, fw = v.sharding, v.framework
     if fw is Framework.DEEPSPEED and (
         broken := deepspeed_broken(
             tp=tp,
