@@ -32,18 +32,13 @@ def _scale(model, counts, *, global_batch=1024, pins=None, **link):
 
 
 @pytest.mark.slow
-def test_7b_over_1gbe_collapses_across_nodes_and_says_why():
-    result = _scale("7b", [8, 16], inter_node="1gbe", nics_per_node=1)  # one 1 GbE port per node
-    one_node, two_nodes = result.points
-    assert one_node.efficiency == pytest.approx(1.0) and two_nodes.efficiency < 0.3
-    assert result.first_below is two_nodes
-    assert "exposed DP comm grows" in two_nodes.why and "now crosses nodes over 1x eth-1g" in two_nodes.why
-
-
-@pytest.mark.slow
-def test_7b_over_infiniband_holds():
+def test_7b_over_infiniband_holds_with_the_users_global_batch_at_every_count_and_time_and_cost_follow():
     result = _scale("7b", [8, 16], inter_node="ib-200")
     assert result.points[1].efficiency > 0.7 and result.first_below is None
+    for p in result.points:
+        assert p.best.plan.global_batch == 1024
+        assert p.train_time_s == pytest.approx(1e12 / p.best.tokens_per_s)
+        assert p.cost_dollars == pytest.approx(p.train_time_s / 3600 * p.num_gpus * 2.0)
 
 
 @pytest.mark.slow
@@ -55,15 +50,6 @@ def test_70b_needs_the_gpus_whose_memory_holds_its_states():
     eight = result.points[0]
     assert eight.num_gpus == 8 and eight.status == "does not fit"
     assert re.match(r"out of (host )?memory", eight.detail)  # GPU memory, or host memory with offload
-
-
-@pytest.mark.slow
-def test_the_global_batch_is_the_users_at_every_count_and_time_and_cost_follow():
-    result = _scale("7b", [8, 16])
-    for p in result.points:
-        assert p.best.plan.global_batch == 1024
-        assert p.train_time_s == pytest.approx(1e12 / p.best.tokens_per_s)
-        assert p.cost_dollars == pytest.approx(p.train_time_s / 3600 * p.num_gpus * 2.0)
 
 
 def test_counts_the_batch_cannot_be_divided_for_are_reported_as_such():
@@ -80,7 +66,8 @@ def test_parse_tokens():
 
 
 @pytest.mark.slow
-def test_cli_json_and_plot(tmp_path, capsys):
+def test_7b_over_1gbe_collapses_across_nodes_and_says_why_in_json_and_plot(tmp_path, capsys):
+    """One 1 GbE port per node: data parallelism across two nodes collapses, and the CLI says why."""
     plot = tmp_path / "scale.png"
     code = main(
         [
@@ -104,8 +91,11 @@ def test_cli_json_and_plot(tmp_path, capsys):
     )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["smallest_fit"] == 8 and out["first_below"] == 16 and "exposed DP comm" in out["why"]
-    assert [p["num_gpus"] for p in out["points"]] == [8, 16]
+    assert out["smallest_fit"] == 8 and out["first_below"] == 16
+    assert "exposed DP comm grows" in out["why"] and "now crosses nodes over 1x eth-1g" in out["why"]
+    one_node, two_nodes = out["points"]
+    assert (one_node["num_gpus"], two_nodes["num_gpus"]) == (8, 16)
+    assert one_node["efficiency"] == pytest.approx(1.0) and two_nodes["efficiency"] < 0.3
     assert matplotlib.image.imread(io.BytesIO(plot.read_bytes()), format="png").shape[1] > 1000
 
 
