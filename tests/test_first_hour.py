@@ -103,7 +103,8 @@ def test_4_an_unusable_storage_url_is_one_line(capsys, tmp_path, url):
 @pytest.mark.dist(timeout=120)
 def test_5_two_searches_creating_one_new_study_at_once(tmp_path):
     """Was: the second died with an 80-line traceback ("table studies already exists"). Now it joins the
-    study, or is told in one line that the other run made it first."""
+    study, or is told in one line that the other run made it first. A small space (FSDP, TP 1, PP 1), so
+    that both reach the study with little planning between their starts."""
     argv = [
         "search",
         "--model",
@@ -112,6 +113,12 @@ def test_5_two_searches_creating_one_new_study_at_once(tmp_path):
         "8",
         "--global-batch",
         "64",
+        "--framework",
+        "fsdp",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
         *SIMULATE,
         "--study",
         "c",
