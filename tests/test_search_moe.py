@@ -128,7 +128,7 @@ def test_a_capacity_factor_is_the_users_and_set_on_every_plan(tmp_path):
     assert {str(r.plan.framework) for r in ranking.feasible} <= {"megatron", "deepspeed"}
     assert "torchtitan's MoE has no capacity factor (dropless)" in ranking.pruned
     args = ["search", "--model", "qwen3-30b-a3b", "--gpus", "16", "--backend", "simulate"]
-    args += ["--space", "megatron"]
+    args += ["--space", "megatron", "--pp", "1", "--cp", "1"]  # a small space: the flags are what is checked
     assert main([*args, "--moe-capacity-factor", "1.25", "--out", str(tmp_path)]) == 0
     (emitted,) = tmp_path.glob("*/best/megatron_args.txt")
     assert "--moe-expert-capacity-factor 1.25\n--moe-pad-expert-input-to-capacity" in emitted.read_text()
@@ -177,7 +177,11 @@ def test_a_measured_load_imbalance_slows_every_plan_and_makes_another_study(tmp_
         "simulate",
         "--space",
         "megatron",
-    ]
+        "--pp",
+        "1",
+        "--cp",
+        "1",
+    ]  # a small space: the study's record of the imbalance is what is checked
     assert main([*args, "--moe-load-imbalance", "1.3", "--out", str(tmp_path)]) == 0
     (plan_file,) = tmp_path.glob("*/best/plan.json")
     assert json.loads(plan_file.read_text())["plan"]["moe_load_imbalance"] == 1.3
