@@ -32,13 +32,7 @@ from autotune.legalrules import (
     tp_split_broken,
     zero_bubble_broken,
 )
-from autotune.planenums import (
-    FP8_RECIPES,
-    FRAMEWORK_SHARDING,
-    MOE_DISPATCHERS,
-    Framework,
-    Sharding,
-)
+from autotune.planenums import FP8_RECIPES, FRAMEWORK_SHARDING, MOE_DISPATCHERS, Framework, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import split_error
 
@@ -349,7 +343,11 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         )
     elif a2a_heads_bad(model, plan.tp, plan.cp, plan.cp_comm, plan.framework):
         kv = max(model.num_kv_heads // plan.tp, 1)
-        errors.append(f"cp-comm a2a: CP {plan.cp} does not divide a rank's {kv} KV head(s) (TE); use p2p")
+        errors.append(
+            f"DeepSpeed-Ulysses needs CP {plan.cp} <= KV heads {kv}; lower --cp"
+            if plan.framework is Framework.DEEPSPEED
+            else f"cp-comm a2a: CP {plan.cp} does not divide a rank's {kv} KV head(s) (TE); use p2p"
+        )
     if "mlp" in split_by_tp:
         errors.append(f"TP {plan.tp} does not divide the MLP width {model.ffn_hidden_size}")
     split = split_error(model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers)

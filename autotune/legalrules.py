@@ -77,12 +77,16 @@ def a2a_heads_bad(model: ModelSpec, tp: int, cp: int, cp_comm: CpComm, fw: Frame
     """Ulysses all-to-all splits the heads over TP x CP; under Megatron, Transformer Engine's also splits a
     rank's K/V heads over CP (``AttnFuncWithCPAndQKVOA2A``: "The number of attention heads needs to be
     divisible by CP size", q and k alike, transformer_engine/pytorch/attention/dot_product_attention/
-    context_parallel.py at v2.5), one head per rank where TP exceeds the KV heads."""
+    context_parallel.py at v2.5), one head per rank where TP exceeds the KV heads; DeepSpeed-Ulysses
+    partitions by KV group and asserts at least one KV head per rank (deepspeed/sequence/layer.py
+    ``_resolve_kv_heads``, 0.19.8: "Number of key-value heads ... must be at least the sequence parallel
+    size")."""
     if cp <= 1 or cp_comm is not CpComm.A2A:
         return False
     kv_per_rank = max(model.num_kv_heads // tp, 1)
     te_kv = fw is Framework.MEGATRON and not model.uses_mla and kv_per_rank % cp != 0
-    return model.num_heads % (tp * cp) != 0 or te_kv
+    ds_kv = fw is Framework.DEEPSPEED and model.num_kv_heads < cp
+    return model.num_heads % (tp * cp) != 0 or te_kv or ds_kv
 
 
 def fp8_recipe_missing(fw: Framework, precision: Precision, recipe: Fp8Recipe) -> bool:

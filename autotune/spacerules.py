@@ -322,7 +322,7 @@ def _knob_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int) -> str |
     if a2a_unavailable(v.framework, cp, v.cp_comm):
         return "cp-comm a2a runs in Megatron and DeepSpeed only"
     if a2a_heads_bad(ctx.model, tp, cp, v.cp_comm, v.framework):
-        return "cp-comm a2a needs TP x CP to divide the heads (and CP a rank's KV heads under Megatron)"
+        return "cp-comm a2a needs TP x CP to divide the heads (and CP to match a rank's KV heads)"
     if capacity_broken(v.framework, ctx.moe_capacity_factor, v.moe_dispatcher) == "dispatcher":
         return "Megatron's capacity factor needs the alltoall dispatcher"
     if v.moe_a2a_overlap and (

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+import torch
+
 from autotune.catalog import load_model, make_cluster
 from autotune.costmodel import estimate
 from autotune.costmodel.tpcomm import kv_replica_gather_s
@@ -73,3 +76,22 @@ def test_megatrons_ulysses_splits_a_ranks_kv_heads_over_cp():
     assert check_plan(_plan(tp=8, **a2a), llama, cluster) == [
         "cp-comm a2a: CP 2 does not divide a rank's 1 KV head(s) (TE); use p2p"
     ]
+
+
+def test_deepspeeds_ulysses_needs_a_kv_head_per_rank_as_its_own_check_says():
+    """DeepSpeed-Ulysses partitions by KV group and asserts at least one KV head per sequence-parallel rank
+    (``deepspeed.sequence.layer._resolve_kv_heads``): Llama 3 8B (32 heads, 8 KV) runs at CP 8, not 16,
+    though 16 divides its 32 query heads. The rule is asked of DeepSpeed itself."""
+    layer = pytest.importorskip("deepspeed.sequence.layer")
+    llama, cluster = load_model("llama3-8b"), make_cluster(num_gpus=16)
+    ds = dict(framework="deepspeed", sharding="zero1", tp=1, ep=1, cp_comm="a2a", sequence_parallel=False)
+    for cp, ok in ((8, True), (16, False)):
+        keys = torch.empty(1, 4, llama.num_kv_heads, 2)  # [batch, local sequence, KV heads, head dim]
+        try:
+            layer._resolve_kv_heads(keys, 2, cp, llama.num_kv_heads)
+            runs = True
+        except AssertionError:
+            runs = False
+        errors = check_plan(_plan(**ds, cp=cp, dp=16 // cp), llama, cluster)
+        assert runs is ok and (errors == []) is ok, (cp, errors)
+    assert errors == ["DeepSpeed-Ulysses needs CP 16 <= KV heads 8; lower --cp"]
