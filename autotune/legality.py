@@ -28,6 +28,7 @@ from autotune.legalrules import (
     microbatch_broken,
     nothing_to_shard,
     offload_unsharded,
+    seq_split_bad,
     shard_ranks,
     tp_split_broken,
     zero_bubble_broken,
@@ -69,11 +70,12 @@ def plan_errors(plan: ParallelPlan) -> list[str]:
     errors += _sharding_errors(plan) + _pipeline_errors(plan) + _framework_errors(plan) + expert_errors(plan)
     if plan.sequence_parallel and plan.tp == 1:
         errors.append("sequence parallel needs TP > 1 (it splits norms/dropout over the TP group)")
-    if cp_seq_bad(plan.seq_len, plan.cp):
-        errors.append(
-            f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} "
-            "(load-balanced ring attention splits each sequence into 2*CP chunks)"
-        )
+    if cp_seq_bad(plan.seq_len, plan.cp):  # load-balanced ring attention: 2 x CP chunks per sequence
+        errors.append(f"seq-len {plan.seq_len} is not divisible by 2 x CP = {2 * plan.cp} (ring chunks)")
+    elif seq_split_bad(plan.framework, plan.seq_len, plan.tp, plan.cp, plan.sequence_parallel):
+        x2 = " x 2" if plan.framework is Framework.FSDP else ""
+        n = plan.tp * plan.cp * (2 if x2 else 1)
+        errors.append(f"seq-len {plan.seq_len} is not divisible by TP x CP{x2} = {n}: it is split over TP")
     return errors
 
 

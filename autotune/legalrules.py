@@ -26,6 +26,7 @@ from autotune.specs import ModelSpec
 __all__ = [
     "tp_split_broken",
     "cp_seq_bad",
+    "seq_split_bad",
     "a2a_unavailable",
     "a2a_heads_bad",
     "fp8_recipe_missing",
@@ -65,6 +66,18 @@ def tp_split_broken(model: ModelSpec, tp: int, *, kv_replicas: bool = False) -> 
 def cp_seq_bad(seq_len: int, cp: int) -> bool:
     """Load-balanced ring attention splits each sequence into 2 x CP chunks."""
     return cp > 1 and seq_len % (2 * cp) != 0
+
+
+def seq_split_bad(fw: Framework, seq_len: int, tp: int, cp: int, sequence_parallel: bool) -> bool:
+    """The sequence split over TP as well as CP: torchtitan asserts that TP x 2 CP divides it whenever TP > 1
+    ("TP currently cannot handle uneven seq_len", ``ParallelDims.seq_len_divisor``, torchtitan 0.2.2);
+    Megatron's sequence parallelism splits a CP rank's ``seq_len / cp`` tokens over TP and asserts it divides
+    (megatron/core/tensor_parallel/mappings.py ``_split_along_first_dim``, core_v0.16.1)."""
+    if tp <= 1:
+        return False
+    if fw is Framework.FSDP:
+        return seq_len % (tp * 2 * cp) != 0
+    return fw is Framework.MEGATRON and sequence_parallel and seq_len % (tp * cp) != 0
 
 
 def a2a_unavailable(fw: Framework, cp: int, cp_comm: CpComm) -> bool:

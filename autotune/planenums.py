@@ -27,6 +27,7 @@ __all__ = [
     "RECOMPUTE_MODULES",
     "OFFLOAD_MODULES",
     "MEGATRON_OFFLOAD_MODULES",
+    "plain",
     "zero_stage",
 ]
 
@@ -240,3 +241,11 @@ MEGATRON_OFFLOAD_MODULES = (
 )
 """Every module Megatron accepts (``TransformerConfig.__post_init__`` ``allowed_modules``); those not in
 ``OFFLOAD_MODULES`` are refused as not priced."""
+
+
+def plain(value: object) -> object:
+    """An enum member as its value, a module list as its ``+``-joined names ("none" when empty): JSON and
+    Optuna take plain values."""
+    if isinstance(value, tuple):
+        return "+".join(value) or "none"
+    return value.value if isinstance(value, Enum) else value

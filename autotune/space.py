@@ -248,7 +248,7 @@ def _parse_value(key: str, value: Any, where: str) -> Any:
 
 def _parse_modules(value: Any, where: str) -> tuple[str, ...]:
     """An ``offload_modules`` candidate: a list of Megatron module names (the space file), or its plain form
-    (``spacerules.plain``: ``"expert_fc1+moe_act"``, ``"none"``) as Optuna stores it."""
+    (``planenums.plain``: ``"expert_fc1+moe_act"``, ``"none"``) as Optuna stores it."""
     names = ([] if value == "none" else value.split("+")) if isinstance(value, str) else value
     if not isinstance(names, (list, tuple)) or any(n not in OFFLOAD_MODULES for n in names):
         raise ConfigError(

@@ -9,7 +9,6 @@ the tally counts by.
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from autotune.legalrules import (
@@ -30,6 +29,7 @@ from autotune.legalrules import (
     microbatch_broken,
     nothing_to_shard,
     offload_unsharded,
+    seq_split_bad,
     shard_ranks,
     store_dtype_broken,
     tp_split_broken,
@@ -46,6 +46,7 @@ from autotune.planenums import (
     Recompute,
     Schedule,
     Sharding,
+    plain,
 )
 from autotune.stagesplit import split_error
 
@@ -83,8 +84,7 @@ SPEED_KNOBS = (
 )
 """The speed knobs (``collapse`` sets each to its default where it does not apply)."""
 COLLAPSED_KNOBS = (*SPEED_KNOBS, "offload_modules")
-"""Every knob ``collapse`` sets to its default where it does not apply: the speed knobs and Megatron's
-offload of the experts' activations."""
+"""Every knob ``collapse`` defaults where it does not apply: the speed knobs, Megatron's expert offload."""
 
 KNOBS = (
     "tp",
@@ -177,6 +177,7 @@ _TP_SPLIT = {
 }
 
 
+SEQ_SPLIT_RULE = "seq-len is not divisible by TP x CP (x 2 in torchtitan): the sequence is split over TP too"
 SHARDING_RULE = "the framework does not offer this sharding"
 """``variant_rule``'s first rule, which needs no layout (``enumeration`` counts it per layout at once)."""
 HEAD_FIELDS = 4  # what ``head_rule`` reads of a variant: framework, sharding, HSDP group, offload
@@ -238,6 +239,8 @@ def rest_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) 
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
+    if seq_split_bad(fw, ctx.seq_len, tp, cp, v.sequence_parallel):
+        return SEQ_SPLIT_RULE
     if ctx.model.mtp_layers and fw is not Framework.MEGATRON:
         return "multi-token prediction is priced for Megatron only"
     if capacity_broken(fw, ctx.moe_capacity_factor, MoeDispatcher.ALLTOALL) == "torchtitan":
@@ -367,14 +370,6 @@ _PIPELINE = {
 }
 
 
-def plain(value: Any) -> Any:
-    """An enum member as its value, a module list as its ``+``-joined names ("none" when empty): JSON and
-    Optuna take plain values."""
-    if isinstance(value, tuple):
-        return "+".join(value) or "none"
-    return value.value if isinstance(value, Enum) else value
-
-
 ARITHMETIC_RULES = frozenset(
     {
         BATCH_RULE,
@@ -382,6 +377,7 @@ ARITHMETIC_RULES = frozenset(
         "PP exceeds the layers",
         "TP x PP x CP does not divide the GPU count",
         "seq-len is not divisible by 2 x CP",
+        SEQ_SPLIT_RULE,
         "sharding needs DP > 1",
         "the HSDP shard group must divide DP (1 < size < DP)",
         "offload needs a sharded optimizer",

@@ -98,3 +98,30 @@ def test_deepspeed_context_parallelism_is_ulysses():
             plan.replace(**changes)
     with pytest.raises(ConfigError, match="needs --framework megatron or deepspeed"):
         plan.replace(framework="fsdp", sharding="fsdp-full")
+
+
+def test_the_sequence_split_over_tp_is_checked_as_torchtitan_and_megatron_check_it():
+    """torchtitan asserts that TP x 2 CP divides seq_len whenever TP > 1 (``ParallelDims.seq_len_divisor``,
+    asked here); Megatron's sequence parallelism splits a CP rank's ``seq_len / cp`` tokens over TP, which
+    megatron-core's ``_split_along_first_dim`` asserts divide. 4104 = 8 x 513: 2 x CP and TP x CP divide it,
+    TP x 2 CP does not; 4100: 2 x CP does, TP x CP does not."""
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    divisor = ParallelDims(dp_replicate=1, dp_shard=2, cp=2, tp=4, pp=1, ep=1, etp=1, world_size=16)
+    layout = {"tp": 4, "cp": 2, "dp": 2, "sequence_parallel": True}
+    assert (divisor.seq_len_divisor, 4096 % divisor.seq_len_divisor, 4104 % divisor.seq_len_divisor) == (
+        16,
+        0,
+        8,
+    )
+    assert _plan(**layout, framework="fsdp").seq_len == 4096
+    with pytest.raises(ConfigError, match="seq-len 4104 is not divisible by TP x CP x 2 = 16"):
+        _plan(**layout, framework="fsdp", seq_len=4104)
+    assert _plan(**layout, framework="megatron", seq_len=4104).tp == 4
+    with pytest.raises(
+        ConfigError, match="seq-len 4100 is not divisible by TP x CP = 8: it is split over TP"
+    ):
+        _plan(**layout, framework="megatron", seq_len=4100)
+    assert not _plan(
+        **{**layout, "sequence_parallel": False}, framework="megatron", seq_len=4100
+    ).sequence_parallel
