@@ -16,6 +16,7 @@ from autotune.legalrules import (
     capacity_broken,
     cp_seq_bad,
     deepspeed_broken,
+    dp_overlap_forced,
     ep_overlap_broken,
     expert_fold_broken,
     expert_model_broken,
@@ -233,11 +234,10 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
         )
     if plan.moe_a2a_overlap:
         errors += _ep_overlap_errors(plan)
-    if fw is not Framework.MEGATRON and not (plan.overlap_grad_reduce and plan.overlap_param_gather):
-        errors.append(
-            f"framework {fw} always overlaps its DP collectives; only megatron can turn "
-            "overlap-grad-reduce / overlap-param-gather off"
-        )
+    if forced := dp_overlap_forced(fw, plan.sharding, plan.overlap_grad_reduce, plan.overlap_param_gather):
+        who = f"framework {fw}" if forced == "framework" else "Megatron-FSDP"
+        off = "only megatron with --sharding zero1 or none turns overlap-grad-reduce / -param-gather off"
+        errors.append(f"{who} always overlaps its DP collectives; {off}")
     return errors
 
 

@@ -69,7 +69,17 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append("Megatron-FSDP is emitted without pipelining or optimizer offload")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
         reasons.append("Megatron schedules pipelines with 1F1B or interleaved 1F1B, not GPipe")
+    if _param_gather_overlapped(plan) and not plan.overlap_grad_reduce:
+        reasons.append(
+            "Megatron-LM's validate_args refuses --overlap-param-gather without --overlap-grad-reduce "
+            "(Megatron-Bridge's DDP config runs it)"
+        )
     return reasons
+
+
+def _param_gather_overlapped(plan: ParallelPlan) -> bool:
+    """The distributed optimizer gathers parameters bucket by bucket under the next forward."""
+    return plan.overlap_param_gather and plan.sharding is Sharding.ZERO1 and plan.dp * plan.cp > 1
 
 
 def _capacity_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
@@ -101,11 +111,13 @@ def _parallel_args(plan: ParallelPlan, model: ModelSpec) -> list[list[str]]:
     if plan.sharding is Sharding.ZERO1:
         args.append(["--use-distributed-optimizer"])
     args += _overlap_args(plan)
-    if plan.sharding is Sharding.FSDP_FULL:  # Megatron-FSDP, ZeRO-3 style (megatron/training/arguments.py)
-        args += [
+    if plan.sharding is Sharding.FSDP_FULL:  # Megatron-FSDP, ZeRO-3 style: the user guide's required flags
+        args += [  # (docs/discussions/megatron-fsdp-user-guide; validate_args asserts the checkpoint format)
             ["--use-megatron-fsdp"],
             ["--data-parallel-sharding-strategy", "optim_grads_params"],
+            ["--no-gradient-accumulation-fusion"],
             ["--use-distributed-optimizer"],
+            ["--ckpt-format", "fsdp_dtensor"],
         ]
     if plan.offload:  # Megatron's hybrid-device optimizer rides on the precision-aware optimizer path
         args += [
@@ -152,15 +164,16 @@ mxfp8, blockwise)."""
 
 def _overlap_args(plan: ParallelPlan) -> list[list[str]]:
     """The overlaps the cost model assumes, turned on (megatron/training/arguments.py): ``--tp-comm-overlap``
-    (TE userbuffers), ``--overlap-grad-reduce`` (DP > 1), ``--overlap-param-gather`` (needs the distributed
-    optimizer), the CP exchange ``--cp-comm-type``, and the EP overlap ``--overlap-moe-expert-parallel-comm
-    --delay-wgrad-compute`` (``costmodel.epoverlap``)."""
+    (TE userbuffers), ``--overlap-grad-reduce`` (DP x CP > 1, the group Megatron reduces gradients over;
+    ``validate_args`` asserts it beside ``--overlap-param-gather``), ``--overlap-param-gather`` (needs the
+    distributed optimizer), the CP exchange ``--cp-comm-type``, and the EP overlap
+    ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute`` (``costmodel.epoverlap``)."""
     args: list[list[str]] = []
     if plan.tp_comm_overlap:
         args.append(["--tp-comm-overlap"])
-    if plan.overlap_grad_reduce and plan.dp > 1:
+    if plan.overlap_grad_reduce and plan.dp * plan.cp > 1:  # Megatron reduces gradients over DP x CP
         args.append(["--overlap-grad-reduce"])
-    if plan.overlap_param_gather and plan.sharding is Sharding.ZERO1:
+    if _param_gather_overlapped(plan):
         args.append(["--overlap-param-gather"])
     if plan.cp > 1:
         args.append(["--cp-comm-type", _CP_COMM[str(plan.cp_comm)]])
@@ -237,13 +250,20 @@ def megatron_env(plan: ParallelPlan, gpu: GPUSpec | None = None) -> dict[str, st
     GPUs before Blackwell (compute capability < 10), so the TP/CP collectives are queued before the GEMMs
     they overlap with; on Blackwell the requirement is gone and the setting is harmless. The EP overlap
     (``plan.moe_a2a_overlap``) needs more than one connection (megatron/core/transformer/moe/README.md),
-    and with it ``validate_args`` only warns about TP/CP: 32, as its warning suggests. ``--tp-comm-overlap``
+    and with it ``validate_args`` only warns about TP/CP: 32, as its warning suggests; so does Megatron-FSDP,
+    which asserts more than one (its user guide unsets it: CUDA's default, 8). Fine-grained activation
+    offloading under Transformer Engine 2.10 or later needs ``NVTE_CPU_OFFLOAD_V1=1`` (asserted; with TE's
+    newer offload path weights would move too). ``--tp-comm-overlap``
     on a ``gpu`` below compute capability 9.0 (no CUDA multicast) also needs ``UB_SKIPMC=1``: Transformer
     Engine's ``initialize_ub`` asserts otherwise and falls back to CUDA IPC with it
     (examples/pytorch/comm_gemm_overlap/README.md)."""
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if plan.tp > 1 or plan.cp > 1 else {}
     if plan.moe_a2a_overlap:  # it runs two streams at once; validate_args then only warns on TP/CP
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
+    if plan.sharding is Sharding.FSDP_FULL:  # Megatron-FSDP: validate_args asserts it is not 1
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = "8"  # CUDA's default, what its user guide's `unset` leaves
+    if plan.offload_modules:  # validate_args (TE >= 2.10) asserts it; older TE ignores it
+        env["NVTE_CPU_OFFLOAD_V1"] = "1"
     cc = gpu.compute_capability if gpu is not None else None
     if plan.tp_comm_overlap and plan.tp > 1 and cc is not None and cc < 9.0:
         env["UB_SKIPMC"] = "1"

@@ -105,8 +105,15 @@ def megatron_parser() -> argparse.ArgumentParser:
         "moe-router-enable-expert-bias",
         "moe-shared-expert-gate",
         "cross-entropy-loss-fusion",
+        "use-megatron-fsdp",
     ):
         p.add_argument(f"--{flag}", action="store_true")
+    p.add_argument(
+        "--no-gradient-accumulation-fusion", action="store_false", dest="gradient_accumulation_fusion"
+    )
+    sharding = ["no_shard", "optim", "optim_grads", "optim_grads_params"]
+    p.add_argument("--data-parallel-sharding-strategy", choices=sharding, default="no_shard")
+    p.add_argument("--ckpt-format", choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"])
     p.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native")
     for flag in ("exp-avg-dtype", "exp-avg-sq-dtype"):  # with --use-precision-aware-optimizer only
         p.add_argument(f"--{flag}", choices=["fp32", "fp16", "bf16", "fp8"], default="fp32")
@@ -182,8 +189,11 @@ def check_megatron_rules(a: argparse.Namespace, world_size: int) -> None:
     assert not (a.bf16 and a.fp16)
     if a.fp8_format:
         assert a.bf16
-    if a.overlap_param_gather:  # megatron/training/arguments.py: needs the distributed optimizer
-        assert a.use_distributed_optimizer
+    if a.overlap_param_gather:  # megatron/training/arguments.py: the distributed optimizer, grad overlap
+        assert a.use_distributed_optimizer and a.overlap_grad_reduce
+    if a.use_megatron_fsdp:  # validate_args: its checkpoint format; its user guide's required flags
+        assert a.ckpt_format == "fsdp_dtensor" and not a.gradient_accumulation_fusion
+        assert a.data_parallel_sharding_strategy == "optim_grads_params" and a.use_distributed_optimizer
     if a.tp_comm_overlap:  # TE userbuffers overlap the sequence-parallel all-gather / reduce-scatter
         assert a.sequence_parallel
     if a.num_experts is not None:  # validate_args: MoE checks

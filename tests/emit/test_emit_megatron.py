@@ -14,8 +14,9 @@ import pytest
 from emit_cases import CASES
 from megatron_flags import check_definition, check_megatron_rules, megatron_parser
 
+from autotune.catalog import make_cluster
 from autotune.emit import megatron_args, megatron_unsupported
-from autotune.emit.megatron import megatron_args_text
+from autotune.emit.megatron import megatron_args_text, megatron_env
 from autotune.emit.megatronmodel import megatron_model_unsupported
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
@@ -244,3 +245,47 @@ def test_capacity_factor_is_emitted_dropped_and_padded():
     assert (dropless.moe_expert_capacity_factor, dropless.moe_pad_expert_input_to_capacity) == (None, False)
     plan = ParallelPlan(dp=8, ep=8, global_batch=64, seq_len=4096, sharding="zero1", framework="deepspeed")
     assert any("dropless" in r for r in torchtitan_unsupported(plan.replace(moe_capacity_factor=1.0)))
+
+
+def test_megatron_reduces_gradients_over_dp_x_cp():
+    """Megatron's gradients and distributed optimizer span DP x CP, so DP 1 x CP 4 still reduces and gathers
+    them, overlapped as priced; ``validate_args`` refuses ``--overlap-param-gather`` without
+    ``--overlap-grad-reduce`` (which autotune left out at DP 1 before)."""
+    model = CASES["autotp"].build()[1]
+    plan = ParallelPlan(
+        tp=2,
+        cp=4,
+        global_batch=64,
+        seq_len=8192,
+        framework="megatron",
+        sharding="zero1",
+        sequence_parallel=True,
+    )
+    a = megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
+    check_megatron_rules(a, plan.world_size)
+    assert a.overlap_grad_reduce and a.overlap_param_gather and a.use_distributed_optimizer
+    gather_only = plan.replace(overlap_grad_reduce=False)  # Megatron-Bridge's DDP config runs it; -LM refuses
+    assert any("--overlap-param-gather without" in r for r in megatron_unsupported(gather_only))
+    assert not megatron_unsupported(gather_only.replace(overlap_param_gather=False))
+
+
+def test_megatron_fsdp_gets_its_required_flags_and_more_than_one_connection():
+    """Megatron-FSDP's user guide requires ``--no-gradient-accumulation-fusion`` and ``--ckpt-format
+    fsdp_dtensor`` (which ``validate_args`` asserts), and ``validate_args`` asserts
+    CUDA_DEVICE_MAX_CONNECTIONS is not 1, TP or not; it always overlaps its DP collectives, so a plan that
+    turns them off is refused."""
+    model = CASES["autotp"].build()[1]
+    plan = ParallelPlan(tp=2, dp=4, global_batch=64, seq_len=4096, framework="megatron", sharding="fsdp-full")
+    plan = plan.replace(sequence_parallel=True)
+    a = megatron_parser().parse_args(shlex.split(megatron_args_text(plan, model)))
+    check_megatron_rules(a, plan.world_size)
+    assert megatron_env(plan, make_cluster(num_gpus=8).gpu)["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+    with pytest.raises(ValueError, match="Megatron-FSDP always overlaps its DP collectives"):
+        plan.replace(overlap_param_gather=False)
+
+
+def test_fine_grained_offload_sets_what_transformer_engine_2_10_asks():
+    plan = ParallelPlan(dp=8, ep=8, global_batch=64, seq_len=4096, framework="megatron", sharding="zero1")
+    assert "NVTE_CPU_OFFLOAD_V1" not in megatron_env(plan)
+    offloaded = plan.replace(offload_modules=("moe_act",))
+    assert megatron_env(offloaded)["NVTE_CPU_OFFLOAD_V1"] == "1"

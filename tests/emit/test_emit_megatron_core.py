@@ -78,11 +78,36 @@ def _transformer_config(flags: dict[str, object]) -> TransformerConfig:
         kwargs["moe_layer_freq"] = int(text) if text.isdigit() else _list_expression(text)
     dtype = torch.float16 if flags.get("fp16") else torch.bfloat16 if flags.get("bf16") else torch.float32
     kwargs["params_dtype"] = kwargs["pipeline_dtype"] = dtype  # validate_args' params_dtype
-    per_virtual = flags.get("num_layers_per_virtual_pipeline_stage")
-    if per_virtual:
-        per_stage = int(flags["num_layers"]) // int(flags["pipeline_model_parallel_size"])
-        kwargs["virtual_pipeline_model_parallel_size"] = per_stage // int(per_virtual)
+    for flag, field in _UNEVEN_RENAMES.items():  # core_transformer_config_from_args renames
+        if flag in flags:
+            kwargs[field] = int(str(flags[flag]))
+    kwargs["virtual_pipeline_model_parallel_size"] = _virtual_stages(flags)
     return cls(**kwargs)
+
+
+_UNEVEN_RENAMES = {
+    "decoder_first_pipeline_num_layers": "num_layers_in_first_pipeline_stage",
+    "decoder_last_pipeline_num_layers": "num_layers_in_last_pipeline_stage",
+}
+
+
+def _virtual_stages(flags: dict[str, object]) -> int | None:
+    """``validate_args``' virtual pipeline size: from ``--num-virtual-stages-per-pipeline-rank``, or layers
+    per stage over ``--num-layers-per-virtual-pipeline-stage`` (the layout's is ``TransformerConfig``'s own);
+    1 is None."""
+    if "num_virtual_stages_per_pipeline_rank" in flags:
+        size = int(str(flags["num_virtual_stages_per_pipeline_rank"]))
+    elif "num_layers_per_virtual_pipeline_stage" in flags:
+        layers = int(str(flags["num_layers"])) + sum(
+            bool(flags.get(f"account_for_{part}_in_pipeline_split")) for part in ("embedding", "loss")
+        )
+        per_stage, rest = divmod(layers, int(str(flags["pipeline_model_parallel_size"])))
+        assert rest == 0, "validate_args: layers must divide over PP"
+        size, rest = divmod(per_stage, int(str(flags["num_layers_per_virtual_pipeline_stage"])))
+        assert rest == 0, "validate_args: layers per stage must divide over the virtual stages"
+    else:
+        return None
+    return size if size > 1 else None
 
 
 @pytest.mark.parametrize("name", MEGATRON_CASES)
@@ -109,8 +134,9 @@ def test_megatron_core_accepts_the_emitted_flags(name, emitted):
             for k in ("overlap_grad_reduce", "overlap_param_gather", "use_distributed_optimizer")
         }
     )
-    assert ddp.overlap_grad_reduce == (plan.dp > 1)  # the estimate hides DP communication behind compute
-    assert ddp.overlap_param_gather == (plan.dp > 1 and ddp.use_distributed_optimizer)
+    reduced = plan.dp * plan.cp > 1  # Megatron reduces gradients over DP x CP; the estimate hides it
+    assert ddp.overlap_grad_reduce == reduced
+    assert ddp.overlap_param_gather == (reduced and ddp.use_distributed_optimizer)
 
 
 def test_megatron_core_rejects_what_it_should(emitted):
@@ -133,6 +159,8 @@ def test_the_launch_environment_has_what_validate_args_asserts(name, emitted):
     )
     needed = str(plan.framework) == "megatron" and (plan.tp > 1 or plan.cp > 1)
     expected = "32" if plan.moe_a2a_overlap else "1" if needed else ""  # the EP overlap needs > 1
+    if str(plan.framework) == "megatron" and str(plan.sharding) == "fsdp-full":
+        expected = "8"  # Megatron-FSDP asserts more than one
     assert printed.stdout.strip() == expected
 
 

@@ -1,0 +1,209 @@
+"""Megatron-LM's own ``parse_args`` + ``validate_args`` + ``core_transformer_config_from_args`` on the plans
+the search finds: a fixed-seed sample of the feasible Megatron plans of several models (dense, MoE, MLA, long
+context, uneven pipelines; Hopper and Blackwell), each emitted by ``emit_all`` and run with the environment
+its ``autotune_env.sh`` exports, as every launcher sources it.
+
+``benchmarks/megatron_validate_args.py`` checks hand-picked plans and reads the model definition back; this
+one asks whether a plan the search can recommend is one Megatron-LM refuses at start-up. Transformer Engine is
+not installed here: ``is_te_min_version`` answers as ``--te-version`` (the checks Megatron gates on TE's
+version are asked as that version would be), the device architecture as the plan's GPU (9 Hopper, 10
+Blackwell). Needs a checkout of Megatron-LM ``core_v0.16.1`` and ``megatron-core==0.16.1 six regex``:
+
+    python benchmarks/megatron_validate_sampled.py --megatron-lm /path/to/Megatron-LM \\
+        --out benchmarks/results/megatron_validate_sampled
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+
+from autotune.catalog import load_model, make_cluster  # noqa: E402
+from autotune.emit import emit_all, megatron_unsupported  # noqa: E402
+from autotune.emit.megatronmodel import megatron_model_unsupported  # noqa: E402
+from autotune.plan import Framework, ParallelPlan  # noqa: E402
+from autotune.ranking import plan_search  # noqa: E402
+from autotune.space import load_space  # noqa: E402
+from benchmarks.megatron_validate_args import _DATA_FLAGS, _launch_env  # noqa: E402
+
+CASES = (  # model, GPUs, GPU, sequence length
+    ("llama3-8b", 8, "h100-sxm", 8192),
+    ("llama3-70b", 64, "h100-sxm", 8192),
+    ("llama3-70b", 128, "h100-sxm", 32768),
+    ("llama3-405b", 512, "h100-sxm", 8192),
+    ("mixtral-8x7b", 64, "h100-sxm", 4096),
+    ("qwen3-30b-a3b", 16, "h100-sxm", 4096),
+    ("qwen3-235b-a22b", 64, "b200", 4096),
+    ("deepseek-v3", 256, "h100-sxm", 4096),
+    ("deepseek-v3", 512, "b200", 4096),
+)
+_CHILD = """
+import json, os, sys
+from unittest import mock
+from packaging.version import Version
+sys.path.insert(0, os.environ["MEGATRON_LM"])
+from megatron.training import arguments as A
+from megatron.core.models.common.embeddings import rope_utils
+te = Version(os.environ["TE_VERSION"])
+A.is_te_min_version = lambda v, check_equality=True: te >= Version(v)
+base = dict(os.environ)
+for job in json.loads(sys.stdin.read()):
+    os.environ.clear()
+    os.environ.update({**base, **job["env"], "WORLD_SIZE": str(job["world"]), "RANK": "0"})
+    try:
+        with mock.patch.object(sys, "argv", ["pretrain_gpt.py", *job["argv"]]):
+            args = A.parse_args()
+        arch = job["arch"]
+        with mock.patch.object(A, "get_device_arch_version", return_value=arch), \\
+                mock.patch.object(A.torch.cuda, "get_device_capability", return_value=(arch, 0)):
+            A.validate_args(args, {})
+        with mock.patch.object(rope_utils, "fused_apply_rotary_pos_emb", lambda *a, **k: None):
+            A.core_transformer_config_from_args(args)
+        out = {"ok": True}
+    except (AssertionError, ValueError, TypeError, SystemExit) as e:
+        out = {"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}
+    print("RESULT " + json.dumps({"id": job["id"], **out}), flush=True)
+"""
+
+
+def sample_plans(per_case: int, seed: int) -> list[tuple[str, str, ParallelPlan]]:
+    """(case, GPU, plan): the best 8 feasible Megatron plans of each case and ``per_case`` drawn from the
+    rest; plans Megatron-LM cannot express (``megatron_unsupported``: no args are written) left out."""
+    rng = random.Random(seed)
+    out = []
+    for name, gpus, gpu, seq in CASES:
+        model, cluster = load_model(name), make_cluster(num_gpus=gpus, gpu=gpu)
+        if megatron_model_unsupported(model):
+            continue
+        ranking = plan_search(
+            load_space("megatron"),
+            model,
+            cluster,
+            pins={},
+            global_batch=None,
+            seq_len=seq,
+            frameworks=[Framework.MEGATRON],
+        )
+        feasible = [e.plan for e in ranking.feasible]
+        picked = feasible[:8] + rng.sample(feasible[8:], min(per_case, len(feasible) - 8))
+        out += [(f"{name} on {gpus} {gpu}", gpu, p) for p in picked if not megatron_unsupported(p)]
+    return out
+
+
+def _job(i: int, case: str, gpu: str, plan: ParallelPlan) -> dict:
+    name, gpus = case.split(" on ")[0], plan.world_size
+    with tempfile.TemporaryDirectory() as tmp:
+        emit_all(plan, load_model(name), make_cluster(num_gpus=gpus, gpu=gpu), None, tmp)
+        argv = shlex.split((Path(tmp) / "megatron_args.txt").read_text()) + _DATA_FLAGS
+        env = {k: v for k, v in _launch_env(Path(tmp)).items() if k not in os.environ or os.environ[k] != v}
+    return {
+        "id": i,
+        "argv": argv,
+        "env": env,
+        "world": gpus,
+        "arch": 10 if gpu.startswith(("b", "gb")) else 9,
+    }
+
+
+def run(megatron_lm: Path, te_version: str, per_case: int, seed: int) -> list[dict]:
+    plans = sample_plans(per_case, seed)
+    jobs = [_job(i, case, gpu, p) for i, (case, gpu, p) in enumerate(plans)]
+    env = {
+        **os.environ,
+        "MEGATRON_LM": str(megatron_lm),
+        "TE_VERSION": te_version,
+        "PYTHONWARNINGS": "ignore",
+    }
+    halves = (jobs[::2], jobs[1::2])  # two interpreters: Megatron imports once per batch
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in halves
+    ]
+    results: dict[int, dict] = {}
+    for proc, half in zip(procs, halves, strict=True):
+        out, err = proc.communicate(json.dumps(half), timeout=1800)
+        got = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
+        if len(got) != len(half):
+            raise SystemExit(f"a validation child stopped early: {err[-800:]}")
+        results |= {g["id"]: g for g in got}
+    return [
+        {"case": case, "plan": _fields(p), **{k: v for k, v in results[i].items() if k != "id"}}
+        for i, (case, _, p) in enumerate(plans)
+    ]
+
+
+def _fields(plan: ParallelPlan) -> dict:
+    """The plan's fields that differ from the defaults (``ParallelPlan.from_dict`` reads them back)."""
+    default = ParallelPlan(global_batch=plan.global_batch, seq_len=plan.seq_len).to_dict()
+    return {k: v for k, v in plan.to_dict().items() if v != default[k] or k in ("global_batch", "seq_len")}
+
+
+def summary(rows: list[dict], te_version: str) -> str:
+    by_case = collections.defaultdict(lambda: [0, 0])
+    for r in rows:
+        by_case[r["case"]][0] += 1
+        by_case[r["case"]][1] += not r["ok"]
+    failed = [r for r in rows if not r["ok"]]
+    lines = [
+        "# Sampled search plans through Megatron-LM's validate_args",
+        "",
+        f"Generated by `python benchmarks/megatron_validate_sampled.py` (Megatron-LM core_v0.16.1, "
+        f"Transformer Engine answered as {te_version}): {len(rows)} feasible Megatron plans, {len(failed)} "
+        "refused.",
+        "",
+        "| case | plans | refused |",
+        "|---|---|---|",
+        *(f"| {case} | {n} | {bad} |" for case, (n, bad) in by_case.items()),
+    ]
+    errors = collections.Counter(r["error"] for r in failed)
+    if errors:
+        lines += [
+            "",
+            "| refusals | error |",
+            "|---|---|",
+            *(f"| {n} | {e} |" for e, n in errors.most_common()),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--megatron-lm", type=Path, required=True, help="Megatron-LM checkout (core_v0.16.1)")
+    p.add_argument(
+        "--te-version", default="2.10.0", help="the Transformer Engine version checks are asked as"
+    )
+    p.add_argument("--per-case", type=int, default=16, help="plans drawn per case beyond the best 8")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="write <out>.json and <out>.md")
+    args = p.parse_args()
+    if not (args.megatron_lm / "megatron" / "training" / "arguments.py").exists():
+        p.error(f"--megatron-lm {args.megatron_lm}: no megatron/training/arguments.py")
+    rows = run(args.megatron_lm, args.te_version, args.per_case, args.seed)
+    text = summary(rows, args.te_version)
+    print(text)
+    if args.out:
+        meta = {"megatron_lm": "core_v0.16.1", "te_version": args.te_version, "seed": args.seed}
+        args.out.with_suffix(".json").write_text(json.dumps({**meta, "plans": rows}) + "\n")
+        args.out.with_suffix(".md").write_text(text)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
