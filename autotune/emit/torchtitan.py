@@ -241,22 +241,24 @@ def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict
 
 
 def _float8(plan: ParallelPlan) -> dict[str, dict[str, Any]]:
-    """torchao float8 linears (``[quantize.linear.float8] recipe_name``) or MXFP8 (``[quantize.linear.mx]``);
-    only tensorwise scaling all-gathers fp8 weights under FSDP (torchtitan config/job_config.py)."""
+    """torchao float8 linears (``[quantize.linear.float8]``) or MXFP8 (``[quantize.linear.mx]``). Tensorwise
+    scaling is the converter's path without a ``recipe_name``, the only one that all-gathers fp8 weights under
+    FSDP: ``Float8LinearConverter`` asserts that a ``recipe_name`` comes without
+    ``enable_fsdp_float8_all_gather`` (torchtitan components/quantization/float8.py, v0.2.2)."""
     if str(plan.fp8_recipe) == "mx":
         return {
             "model": {"converters": ["quantize.linear.mx"]},
             "quantize.linear.mx": {"recipe_name": "mxfp8_cublas"},
         }
-    sharded = _dp_degrees(plan)[1] > 1 and str(plan.fp8_recipe) == "tensorwise"
-    return {
-        "model": {"converters": ["quantize.linear.float8"]},
-        "quantize.linear.float8": {
-            "recipe_name": str(plan.fp8_recipe),
+    if str(plan.fp8_recipe) != "tensorwise":
+        float8: dict[str, Any] = {"recipe_name": str(plan.fp8_recipe)}
+    else:
+        sharded = _dp_degrees(plan)[1] > 1
+        float8 = {
             "enable_fsdp_float8_all_gather": sharded,
             "precompute_float8_dynamic_scale_for_fsdp": sharded,
-        },
-    }
+        }
+    return {"model": {"converters": ["quantize.linear.float8"]}, "quantize.linear.float8": float8}
 
 
 def _toml_value(value: Any) -> str:

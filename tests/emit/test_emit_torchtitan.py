@@ -141,6 +141,8 @@ def test_keys_and_values_are_torchtitan_v0_2_2(name, emitted):
             if (section, key) in V0_2_2_LITERALS:
                 assert value in V0_2_2_LITERALS[section, key], f"{section}.{key} = {value!r}"
     assert set(sections.get("model", {}).get("converters", [])) <= CONVERTERS
+    float8 = sections.get("quantize.linear.float8", {})  # Float8LinearConverter (float8.py) asserts it
+    assert not ("recipe_name" in float8 and float8.get("enable_fsdp_float8_all_gather")), float8
 
 
 @pytest.mark.parametrize("name", _cases())
@@ -270,7 +272,8 @@ def test_catalog_llama3_models_get_their_flavor(emitted):
 
 def test_speed_knobs_are_written_as_torchtitan_keys():
     """compile, async TP, the float8 recipe and the CP rotation reach the TOML (v0.2.2 keys and literals);
-    rowwise scaling gets no fp8 FSDP all-gather (torchtitan supports it for tensorwise only)."""
+    rowwise scaling gets no fp8 FSDP all-gather (torchtitan supports it for tensorwise only, which is its
+    converter's path without a recipe name)."""
     model = CASES["fsdp_full"].build()[1]
     plan = ParallelPlan(
         tp=2,
@@ -296,8 +299,12 @@ def test_speed_knobs_are_written_as_torchtitan_keys():
     assert cfg["compile"] == {"enable": True, "components": ["model", "loss"]}
     assert cfg["parallelism"]["enable_async_tensor_parallel"] is True
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "allgather"
-    assert cfg["quantize.linear.float8"]["recipe_name"] == "rowwise"
-    assert cfg["quantize.linear.float8"]["enable_fsdp_float8_all_gather"] is False
+    assert cfg["quantize.linear.float8"] == {"recipe_name": "rowwise"}  # all-gathers in bf16
+    tensorwise = to_torchtitan_config(plan.replace(fp8_recipe="tensorwise"), model)["quantize.linear.float8"]
+    assert tensorwise == {
+        "enable_fsdp_float8_all_gather": True,
+        "precompute_float8_dynamic_scale_for_fsdp": True,
+    }
 
 
 def test_a_deepep_plan_sets_torchtitans_comm_backend():
