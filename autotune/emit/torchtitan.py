@@ -101,6 +101,8 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append(
             "the plan was priced with Megatron's EP all-to-all overlap, which torchtitan does not run"
         )
+    if plan.ep > 1 and plan.etp > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP:
+        reasons.append("torchtitan runs DeepEP with ETP 1 only (parallelize_deepseekv3 raises otherwise)")
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:
@@ -119,12 +121,18 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
     return reasons
 
 
-def torchtitan_model_unsupported(model: ModelSpec) -> list[str]:
-    """Why torchtitan 0.2.2 has no model for ``model``'s architecture; [] when it has."""
+def torchtitan_model_unsupported(model: ModelSpec, plan: ParallelPlan | None = None) -> list[str]:
+    """Why torchtitan 0.2.2 has no model for ``model``'s architecture, or (``plan``) does not run the plan's
+    dispatch in it: DeepEP is wired into its deepseek_v3 model only (``moe_impl`` from
+    ``expert_parallel_comm_backend``, models/deepseek_v3/model/args.py); its qwen3 MoE ignores the key and
+    dispatches all-to-all. [] when it runs."""
     if model.num_linear_layers:
         return ["torchtitan 0.2.2 has no Gated DeltaNet model (its models: llama3, qwen3, deepseek_v3, ...)"]
     if model.layer_pattern:
         return ["torchtitan 0.2.2 has no hybrid Mamba-2 model (its models: llama3, qwen3, deepseek_v3, ...)"]
+    deepep = plan is not None and plan.ep > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP
+    if deepep and torchtitan_model(model) != "deepseek_v3":
+        return [f"torchtitan 0.2.2 runs DeepEP in its deepseek_v3 model only, not {torchtitan_model(model)}"]
     return []
 
 
@@ -218,7 +226,7 @@ def torchtitan_flavor(model: ModelSpec) -> str | None:
 
 def to_torchtitan_config(plan: ParallelPlan, model: ModelSpec) -> dict[str, dict[str, Any]]:
     """``{section: {key: value}}`` for ``plan``; ``ConfigError`` if torchtitan cannot express it."""
-    reasons = torchtitan_unsupported(plan)
+    reasons = torchtitan_unsupported(plan) + torchtitan_model_unsupported(model, plan)
     if reasons:
         raise ConfigError(f"torchtitan cannot express this plan: {reasons[0]}")
     ac: dict[str, Any] = {"mode": str(plan.recompute)}

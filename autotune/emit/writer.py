@@ -58,8 +58,8 @@ class _Artefact:
     what: str
     render: Callable[[_Context], str]
     unsupported: Callable[[ParallelPlan], list[str]] = lambda plan: []
-    model_unsupported: Callable[[ModelSpec], list[str]] = lambda model: []
-    """Why the framework cannot build the model itself (the plan aside); [] when it can."""
+    model_unsupported: Callable[[ModelSpec, ParallelPlan], list[str]] = lambda model, plan: []
+    """Why the framework cannot build the model itself, or run it as the plan says; [] when it can."""
     executable: bool = False
 
 
@@ -146,7 +146,7 @@ _ARTEFACTS = (
         what="Megatron-LM `{entry}` flags, one per line",
         render=lambda c: megatron_args_text(c.plan, c.model),
         unsupported=megatron_unsupported,
-        model_unsupported=megatron_model_unsupported,
+        model_unsupported=lambda model, plan: megatron_model_unsupported(model),
     ),
     _Artefact(
         name=launchers.CONTRACT_ENV_FILE,
@@ -192,7 +192,7 @@ def own_file_unsupported(plan: ParallelPlan, model: ModelSpec) -> tuple[str, lis
     writes the best plan whose file is not."""
     name = primary_file(plan)
     art = next(a for a in _ARTEFACTS if a.name == name)
-    return name, art.unsupported(plan) + art.model_unsupported(model)
+    return name, art.unsupported(plan) + art.model_unsupported(model, plan)
 
 
 def remove_emitted(out_dir: Path) -> None:
@@ -214,7 +214,7 @@ def _render_all(ctx: _Context) -> tuple[dict[str, tuple[str, bool]], list[tuple[
     contents: dict[str, tuple[str, bool]] = {}
     skipped: list[tuple[str, list[str]]] = []
     for art in _ARTEFACTS:
-        reasons = art.unsupported(ctx.plan) + art.model_unsupported(ctx.model)
+        reasons = art.unsupported(ctx.plan) + art.model_unsupported(ctx.model, ctx.plan)
         if reasons:
             skipped.append((art.name, reasons))
         else:

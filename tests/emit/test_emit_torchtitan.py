@@ -18,6 +18,7 @@ import pytest
 from emit_cases import CASES
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
+from autotune.catalog import load_model
 from autotune.emit import to_torchtitan_config, torchtitan_unsupported
 from autotune.emit.torchtitan import (
     LLAMA3_FLAVORS,
@@ -25,6 +26,7 @@ from autotune.emit.torchtitan import (
     dumps_toml,
     torchtitan_flavor,
     torchtitan_model,
+    torchtitan_model_unsupported,
 )
 from autotune.errors import ConfigError
 from autotune.plan import ParallelPlan
@@ -259,8 +261,6 @@ def test_llama3_flavors_are_torchtitans():
 
 
 def test_catalog_llama3_models_get_their_flavor(emitted):
-    from autotune.catalog import load_model
-
     assert [torchtitan_flavor(load_model(m)) for m in ("llama3-8b", "llama3-70b", "llama3-405b", "7b")] == [
         "8B",
         "70B",
@@ -309,16 +309,22 @@ def test_speed_knobs_are_written_as_torchtitan_keys():
 
 def test_a_deepep_plan_sets_torchtitans_comm_backend():
     """torchtitan runs DeepEP for expert parallelism since v0.2.1 (``[parallelism]
-    expert_parallel_comm_backend``, 36a4b6942): a DeepEP plan of framework fsdp is emitted with it, an
-    all-to-all one leaves torchtitan's default ("standard")."""
-    plan, model, _ = CASES["qwen3_moe_fsdp_ep"].build()
-    deepep = plan.replace(moe_dispatcher="deepep")
-    assert not torchtitan_unsupported(deepep)
-    cfg = to_torchtitan_config(deepep, model)
+    expert_parallel_comm_backend``, 36a4b6942), in its deepseek_v3 model (the only one whose MoE reads the
+    key in 0.2.2) and with ETP 1 (``parallelize_deepseekv3`` raises otherwise): such a plan is emitted with
+    it, an all-to-all one leaves torchtitan's default ("standard"); DeepEP on its qwen3 MoE is not emitted."""
+    plan, qwen3, _ = CASES["qwen3_moe_fsdp_ep"].build()
+    deepep, deepseek = plan.replace(moe_dispatcher="deepep"), load_model("deepseek-v3")
+    assert not torchtitan_unsupported(deepep) and not torchtitan_model_unsupported(deepseek, deepep)
+    cfg = to_torchtitan_config(deepep, deepseek)
     sections = _flatten(tomllib.loads(dumps_toml(cfg)))
     assert set(sections["parallelism"]) <= V0_2_2_FIELDS["parallelism"]
     assert cfg["parallelism"]["expert_parallel_comm_backend"] == "deepep"
-    assert "expert_parallel_comm_backend" not in to_torchtitan_config(plan, model)["parallelism"]
+    assert "expert_parallel_comm_backend" not in to_torchtitan_config(plan, deepseek)["parallelism"]
+    assert "deepseek_v3 model only, not qwen3" in torchtitan_model_unsupported(qwen3, deepep)[0]
+    with pytest.raises(ConfigError, match="deepseek_v3 model only"):
+        to_torchtitan_config(deepep, qwen3)
+    sliced = deepep.replace(tp=2, dp=8, etp=2, sequence_parallel=True)
+    assert any("ETP 1 only" in r for r in torchtitan_unsupported(sliced))
 
 
 def test_moe_presets_name_torchtitans_own_model_and_flavor():
