@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.legalmemory import memory_option_errors
+from autotune.legalmixers import mixer_errors
 from autotune.legalrules import (
     a2a_heads_bad,
     a2a_unavailable,
@@ -23,8 +24,6 @@ from autotune.legalrules import (
     fp8_recipe_missing,
     hsdp_group_bad,
     interleave_bad,
-    linear_attention_broken,
-    mamba_broken,
     megatron_fsdp_bad,
     microbatch_broken,
     nothing_to_shard,
@@ -367,15 +366,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             "recompute-modules mla_up_proj needs a model with multi-latent attention "
             "(Megatron's transformer_config.py refuses it otherwise)"
         )
-    autotp = plan.framework is Framework.DEEPSPEED and plan.tp > 1
-    linear = linear_attention_broken(
-        model, plan.tp, plan.cp, str(plan.recompute), plan.recompute_modules, autotp
-    )
-    errors += [linear] if linear else []
-    mamba = mamba_broken(
-        model, plan.tp, plan.cp, plan.pp, plan.framework, str(plan.recompute), plan.virtual_stages
-    )
-    errors += [mamba] if mamba else []
+    errors += mixer_errors(plan, model)
     if model.moe_latent_size and plan.framework is not Framework.MEGATRON:  # moe_layer.py fc1_latent_proj
         errors.append(f"LatentMoE runs in Megatron-Core only: use --framework megatron, not {plan.framework}")
     return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
