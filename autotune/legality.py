@@ -26,6 +26,7 @@ from autotune.legalrules import (
     interleave_bad,
     megatron_fsdp_bad,
     microbatch_broken,
+    mxfp8_gpu_bad,
     nothing_to_shard,
     offload_unsharded,
     seq_split_bad,
@@ -356,6 +357,10 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         errors.append(split)
     if not cluster.gpu.supports(str(plan.precision)):
         errors.append(f"{cluster.gpu.key} has no {plan.precision} tensor cores")
+    elif mxfp8_gpu_bad(plan.precision, plan.fp8_recipe, cc := cluster.gpu.compute_capability):
+        errors.append(
+            f"fp8-recipe mx (MXFP8) needs Blackwell, compute capability 10.0+; {cluster.gpu.key} is {cc}"
+        )
     if plan.offload_modules and not model.is_moe:
         errors.append(
             f"offload-modules {' '.join(plan.offload_modules)} offloads routed-expert inputs; "

@@ -30,6 +30,7 @@ __all__ = [
     "a2a_unavailable",
     "a2a_heads_bad",
     "fp8_recipe_missing",
+    "mxfp8_gpu_bad",
     "hsdp_group_bad",
     "shard_ranks",
     "nothing_to_shard",
@@ -103,6 +104,15 @@ def a2a_heads_bad(model: ModelSpec, tp: int, cp: int, cp_comm: CpComm, fw: Frame
 
 def fp8_recipe_missing(fw: Framework, precision: Precision, recipe: Fp8Recipe) -> bool:
     return precision is Precision.FP8 and bool(FP8_RECIPES[fw]) and recipe not in FP8_RECIPES[fw]
+
+
+def mxfp8_gpu_bad(precision: Precision, recipe: Fp8Recipe, compute_capability: float | None) -> bool:
+    """MXFP8 needs Blackwell's block-scaled tensor cores (compute capability 10.0+): torchao's ``MXLinear``
+    converter and Transformer Engine's ``MXFP8BlockScaling`` assert it (torchtitan
+    components/quantization/mx.py: "MXFP8 is only supported on CUDA SM100 or later"). A GPU whose capability
+    is not known is not judged."""
+    mx = precision is Precision.FP8 and recipe is Fp8Recipe.MX
+    return mx and compute_capability is not None and compute_capability < 10.0
 
 
 def hsdp_group_bad(size: int | None, dp: int) -> bool:

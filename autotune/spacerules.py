@@ -27,6 +27,7 @@ from autotune.legalrules import (
     megatron_optimizer_broken,
     megatron_runs_stores,
     microbatch_broken,
+    mxfp8_gpu_bad,
     nothing_to_shard,
     offload_unsharded,
     seq_split_bad,
@@ -239,6 +240,8 @@ def rest_rule(ctx: PlanContext, v: Variant, tp: int, pp: int, cp: int, dp: int) 
         return "the framework cannot split the layers into PP x virtual stages"
     if not ctx.cluster.gpu.supports(str(v.precision)):
         return "the GPU lacks this precision"
+    if mxfp8_gpu_bad(v.precision, v.fp8_recipe, ctx.cluster.gpu.compute_capability):
+        return "MXFP8 needs Blackwell (compute capability 10.0+)"
     if seq_split_bad(fw, ctx.seq_len, tp, cp, v.sequence_parallel):
         return SEQ_SPLIT_RULE
     if ctx.model.mtp_layers and fw is not Framework.MEGATRON:

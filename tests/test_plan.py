@@ -125,3 +125,21 @@ def test_the_sequence_split_over_tp_is_checked_as_torchtitan_and_megatron_check_
     assert not _plan(
         **{**layout, "sequence_parallel": False}, framework="megatron", seq_len=4100
     ).sequence_parallel
+
+
+def test_mxfp8_needs_blackwell_as_torchao_and_transformer_engine_assert():
+    """MXFP8's block scales run on Blackwell's tensor cores only (torchtitan's MX converter: "MXFP8 is only
+    supported on CUDA SM100 or later"); on a Hopper the plan is refused with the GPU's capability, on a B200
+    it is legal, and the search space prunes it the same way."""
+    from autotune.ranking import plan_search
+    from autotune.space import SearchSpace, load_space
+
+    model, plan = load_model("llama3-8b"), _plan(dp=8, sharding="fsdp-full", precision="fp8", fp8_recipe="mx")
+    reasons = check_plan(plan, model, make_cluster(num_gpus=8, gpu="h100-sxm"))
+    assert reasons == ["fp8-recipe mx (MXFP8) needs Blackwell, compute capability 10.0+; h100-sxm is 9.0"]
+    assert check_plan(plan, model, make_cluster(num_gpus=8, gpu="b200")) == []
+    knobs = {**load_space("fsdp").knobs, "precision": ("fp8",), "fp8_recipe": ("tensorwise", "mx")}
+    space, pins = SearchSpace(knobs=knobs, source="test"), {"tp": 1, "pp": 1, "cp": 1}
+    hopper = plan_search(space, model, make_cluster(num_gpus=8), pins=pins, global_batch=64, seq_len=4096)
+    assert {str(e.plan.fp8_recipe) for e in hopper.feasible} == {"tensorwise"}
+    assert hopper.pruned["MXFP8 needs Blackwell (compute capability 10.0+)"] > 0
