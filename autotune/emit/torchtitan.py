@@ -103,6 +103,9 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         )
     if plan.ep > 1 and plan.etp > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP:
         reasons.append("torchtitan runs DeepEP with ETP 1 only (parallelize_deepseekv3 raises otherwise)")
+    mx = plan.precision is Precision.FP8 and str(plan.fp8_recipe) == "mx"
+    if mx and plan.tp > 1 and plan.compile:  # torchtitan components/quantization/mx.py asserts it
+        reasons.append("torchtitan's MXFP8 does not run TP under torch.compile (drop --compile or TP)")
     if plan.sharding in (Sharding.ZERO1, Sharding.ZERO2):
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:
@@ -122,17 +125,25 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
 
 
 def torchtitan_model_unsupported(model: ModelSpec, plan: ParallelPlan | None = None) -> list[str]:
-    """Why torchtitan 0.2.2 has no model for ``model``'s architecture, or (``plan``) does not run the plan's
-    dispatch in it: DeepEP is wired into its deepseek_v3 model only (``moe_impl`` from
-    ``expert_parallel_comm_backend``, models/deepseek_v3/model/args.py); its qwen3 MoE ignores the key and
-    dispatches all-to-all. [] when it runs."""
+    """Why torchtitan 0.2.2 has no model for ``model``'s architecture, or (``plan``) does not run the plan
+    in it: DeepEP is wired into its deepseek_v3 model only (``moe_impl`` from
+    ``expert_parallel_comm_backend``, models/deepseek_v3/model/args.py; its qwen3 MoE ignores the key and
+    dispatches all-to-all); its qwen3 has no pipelining function; ``parallelize_deepseekv3`` refuses float8
+    tensorwise with TP. [] when it runs."""
     if model.num_linear_layers:
         return ["torchtitan 0.2.2 has no Gated DeltaNet model (its models: llama3, qwen3, deepseek_v3, ...)"]
     if model.layer_pattern:
         return ["torchtitan 0.2.2 has no hybrid Mamba-2 model (its models: llama3, qwen3, deepseek_v3, ...)"]
-    deepep = plan is not None and plan.ep > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP
-    if deepep and torchtitan_model(model) != "deepseek_v3":
-        return [f"torchtitan 0.2.2 runs DeepEP in its deepseek_v3 model only, not {torchtitan_model(model)}"]
+    if plan is None:
+        return []
+    name = torchtitan_model(model)
+    if plan.ep > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP and name != "deepseek_v3":
+        return [f"torchtitan 0.2.2 runs DeepEP in its deepseek_v3 model only, not {name}"]
+    if plan.pp > 1 and name == "qwen3":  # models/qwen3/__init__.py: pipelining_fn=None
+        return ["torchtitan 0.2.2's qwen3 MoE model has no pipelining: use --pp 1"]
+    fp8_tensorwise = plan.precision is Precision.FP8 and str(plan.fp8_recipe) == "tensorwise"
+    if fp8_tensorwise and plan.tp > 1 and name == "deepseek_v3":  # parallelize_deepseekv3 raises it
+        return ["torchtitan 0.2.2's deepseek_v3 refuses float8 tensorwise with TP: use rowwise or TP 1"]
     return []
 
 

@@ -5,8 +5,7 @@ Always: ``tomllib`` parses the file; every key is a field of v0.2.2's ``JobConfi
 allowed value; the degrees multiply to the world size (``ParallelDims``); the batch passes the trainer's
 ``global % (local x DP) == 0``; the pipeline split follows ``pipeline_llm``'s stage count and the schedule
 name resolves with torch's own ``get_schedule_class``.
-When torchtitan 0.2.x is importable, its own ``ConfigManager`` and ``ParallelDims`` parse the file too
-(torchtitan is not a test dependency: 0.3 dropped TOML, and 0.2.2 pulls tokenizers/triton).
+torchtitan's own code runs on it in ``test_emit_torchtitan_itself.py``.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_s
 from autotune.catalog import load_model
 from autotune.emit import to_torchtitan_config, torchtitan_unsupported
 from autotune.emit.torchtitan import (
-    LLAMA3_FLAVORS,
-    MOE_FLAVORS,
     dumps_toml,
     torchtitan_flavor,
     torchtitan_model,
@@ -205,6 +202,10 @@ def test_interleaved_pipeline_maps_to_interleaved1f1b():
         ({"offload": True, "sharding": "fsdp-full"}, "parameters and gradients too"),
         ({"precision": "fp16"}, "fp16"),
         ({"ep": 8, "moe_dispatcher": "hybridep", "framework": "megatron", "sharding": "zero1"}, "hybridep"),
+        (
+            {"tp": 2, "dp": 4, "precision": "fp8", "fp8_recipe": "mx", "compile": True},
+            "MXFP8 does not run TP",
+        ),
     ],
 )
 def test_plans_torchtitan_cannot_run_get_no_config(changes, reason):
@@ -214,50 +215,14 @@ def test_plans_torchtitan_cannot_run_get_no_config(changes, reason):
         to_torchtitan_config(plan, CASES["zero0"].build()[1])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", _cases())
-def test_torchtitan_itself_parses_it_when_installed(name, emitted):
-    config = pytest.importorskip("torchtitan.config")
-    if not hasattr(config, "ConfigManager") or not hasattr(config, "JobConfig"):
-        pytest.skip("torchtitan >= 0.3 configures jobs in Python, not TOML")
-    from torchtitan.distributed.parallel_dims import ParallelDims
-
-    plan = CASES[name].build()[0]
-    job = config.ConfigManager().parse_args(["--job.config_file", str(emitted(name) / "torchtitan.toml")])
-    p = job.parallelism
-    ParallelDims(
-        dp_replicate=p.data_parallel_replicate_degree,
-        dp_shard=p.data_parallel_shard_degree,
-        cp=p.context_parallel_degree,
-        tp=p.tensor_parallel_degree,
-        pp=p.pipeline_parallel_degree,
-        ep=1,
-        etp=1,
-        world_size=plan.world_size,
+def test_deepseek_v3_float8_tensorwise_with_tp_is_not_written():
+    """``parallelize_deepseekv3`` (0.2.2) raises "float8 tensorwise TP is not tested for deepseekv3"."""
+    plan = ParallelPlan(
+        tp=2, dp=8, ep=8, global_batch=64, seq_len=4096, sharding="fsdp-full", precision="fp8"
     )
-    model = CASES[name].build()[1]
-    assert job.model.name == torchtitan_model(model)  # alone, the fragment no longer loads the debug model
-    assert job.model.flavor == (torchtitan_flavor(model) or model.name)
-
-
-@pytest.mark.slow
-def test_llama3_flavors_are_torchtitans():
-    """Each flavor's shape, FFN width as torchtitan's FeedForward rounds it, built on the meta device."""
-    import torch
-
-    llama3 = pytest.importorskip("torchtitan.models.llama3")
-    for flavor, (dim, layers, heads, kv_heads, ffn, vocab) in LLAMA3_FLAVORS.items():
-        args = llama3.llama3_args[flavor]
-        with torch.device("meta"):
-            block = llama3.Transformer(args).layers["0"]
-        assert (args.dim, args.n_layers, args.n_heads, args.n_kv_heads, args.vocab_size) == (
-            dim,
-            layers,
-            heads,
-            kv_heads,
-            vocab,
-        ), flavor
-        assert block.feed_forward.w1.out_features == ffn, flavor
+    deepseek = load_model("deepseek-v3")
+    assert "float8 tensorwise with TP" in torchtitan_model_unsupported(deepseek, plan)[0]
+    assert not torchtitan_model_unsupported(deepseek, plan.replace(fp8_recipe="rowwise"))
 
 
 def test_catalog_llama3_models_get_their_flavor(emitted):
@@ -331,8 +296,6 @@ def test_moe_presets_name_torchtitans_own_model_and_flavor():
     """torchtitan 0.2.2 trains DeepSeek-V3 as ``deepseek_v3`` (MLA) and Qwen3-MoE as ``qwen3``; a preset of a
     registered flavor's shape names it, another MoE shape names its family and its own name as flavor (and
     the summary says where to register it)."""
-    from autotune.catalog import load_model
-
     for preset, expected in (
         ("deepseek-v3", ("deepseek_v3", "671B")),
         ("qwen3-30b-a3b", ("qwen3", "30B-A3B")),
@@ -348,26 +311,9 @@ def test_moe_presets_name_torchtitans_own_model_and_flavor():
 def test_a_flavors_shape_with_another_definition_is_not_that_flavor():
     """A Llama 3 shape with another RoPE base (a long-context fine-tune) or a Qwen3-MoE shape without its
     Q/K norm would train as another model under the registered flavor: they get none."""
-    from autotune.catalog import load_model
-
     llama, qwen = load_model("llama3-8b"), load_model("qwen3-30b-a3b")
     assert (torchtitan_flavor(llama), torchtitan_flavor(qwen)) == ("8B", "30B-A3B")
     longer = dataclasses.replace(llama.definition, rope=dataclasses.replace(llama.definition.rope, theta=4e6))
     assert torchtitan_flavor(dataclasses.replace(llama, definition=longer)) is None
     plain = dataclasses.replace(qwen, definition=dataclasses.replace(qwen.definition, qk_norm=""))
     assert torchtitan_flavor(plain) is None
-
-
-@pytest.mark.slow
-def test_moe_flavors_are_torchtitans():
-    """Each registered MoE flavor's shape as torchtitan's own model args give it."""
-    ds = pytest.importorskip("torchtitan.models.deepseek_v3")
-    qwen3 = pytest.importorskip("torchtitan.models.qwen3")
-    registries = {"deepseek_v3": ds.deepseekv3_args, "qwen3": qwen3.qwen3_args}
-    for (name, flavor), dims in MOE_FLAVORS.items():
-        dim, layers, heads, kv_heads, expert_ffn, experts, top_k, vocab = dims
-        args = registries[name][flavor]
-        kv = getattr(args, "n_kv_heads", None) or args.n_heads
-        shape = (args.dim, args.n_layers, args.n_heads, kv, args.moe_inter_dim)
-        assert shape == (dim, layers, heads, kv_heads, expert_ffn), (name, flavor)
-        assert (args.moe_args.num_experts, args.moe_args.top_k, args.vocab_size) == (experts, top_k, vocab)
