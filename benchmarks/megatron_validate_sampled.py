@@ -5,8 +5,8 @@ its ``autotune_env.sh`` exports, as every launcher sources it.
 
 ``benchmarks/megatron_validate_args.py`` checks hand-picked plans and reads the model definition back; this
 one asks whether a plan the search can recommend is one Megatron-LM refuses at start-up. Transformer Engine is
-not installed here: ``is_te_min_version`` answers as ``--te-version`` (the checks Megatron gates on TE's
-version are asked as that version would be), the device architecture as the plan's GPU (9 Hopper, 10
+not installed here: ``megatron.core.utils.get_te_version`` answers ``--te-version`` (the checks Megatron gates
+on TE's version are asked as that version would be), the device architecture as the plan's GPU (9 Hopper, 10
 Blackwell). Needs a checkout of Megatron-LM ``core_v0.16.1`` and ``megatron-core==0.16.1 six regex``:
 
     python benchmarks/megatron_validate_sampled.py --megatron-lm /path/to/Megatron-LM \\
@@ -33,19 +33,25 @@ from autotune.emit import emit_all, megatron_unsupported  # noqa: E402
 from autotune.emit.megatronmodel import megatron_model_unsupported  # noqa: E402
 from autotune.plan import Framework, ParallelPlan  # noqa: E402
 from autotune.ranking import plan_search  # noqa: E402
-from autotune.space import load_space  # noqa: E402
+from autotune.space import SearchSpace, load_space  # noqa: E402
 from benchmarks.megatron_validate_args import _DATA_FLAGS, _launch_env  # noqa: E402
 
-CASES = (  # model, GPUs, GPU, sequence length
-    ("llama3-8b", 8, "h100-sxm", 8192),
-    ("llama3-70b", 64, "h100-sxm", 8192),
-    ("llama3-70b", 128, "h100-sxm", 32768),
-    ("llama3-405b", 512, "h100-sxm", 8192),
-    ("mixtral-8x7b", 64, "h100-sxm", 4096),
-    ("qwen3-30b-a3b", 16, "h100-sxm", 4096),
-    ("qwen3-235b-a22b", 64, "b200", 4096),
-    ("deepseek-v3", 256, "h100-sxm", 4096),
-    ("deepseek-v3", 512, "b200", 4096),
+_HOPPER_FP8 = {"precision": ("fp8",), "fp8_recipe": ("tensorwise", "delayed", "blockwise")}
+_BLACKWELL_FP8 = {"precision": ("fp8",), "fp8_recipe": ("tensorwise", "mx")}
+CASES = (  # model, GPUs, GPU, sequence length, knobs that replace search_spaces/megatron.yaml's
+    ("llama3-8b", 8, "h100-sxm", 8192, {}),
+    ("llama3-70b", 64, "h100-sxm", 8192, {}),
+    ("llama3-70b", 128, "h100-sxm", 32768, {}),
+    ("llama3-405b", 512, "h100-sxm", 8192, {}),
+    ("mixtral-8x7b", 64, "h100-sxm", 4096, {}),
+    ("qwen3-30b-a3b", 16, "h100-sxm", 4096, {}),
+    ("qwen3-235b-a22b", 64, "b200", 4096, {}),
+    ("deepseek-v3", 256, "h100-sxm", 4096, {}),
+    ("deepseek-v3", 512, "b200", 4096, {}),
+    ("llama3-70b", 64, "h100-sxm", 8192, _HOPPER_FP8),
+    ("qwen3-30b-a3b", 16, "h100-sxm", 4096, _HOPPER_FP8),
+    ("llama3-405b", 256, "b200", 8192, _BLACKWELL_FP8),
+    ("deepseek-v3", 256, "gb200", 4096, _BLACKWELL_FP8),
 )
 _CHILD = """
 import json, os, sys
@@ -54,8 +60,9 @@ from packaging.version import Version
 sys.path.insert(0, os.environ["MEGATRON_LM"])
 from megatron.training import arguments as A
 from megatron.core.models.common.embeddings import rope_utils
+import megatron.core.utils as U
 te = Version(os.environ["TE_VERSION"])
-A.is_te_min_version = lambda v, check_equality=True: te >= Version(v)
+U.get_te_version = lambda: te  # every is_te_min_version (arguments.py, transformer_config.py) asks it
 base = dict(os.environ)
 for job in json.loads(sys.stdin.read()):
     os.environ.clear()
@@ -81,12 +88,13 @@ def sample_plans(per_case: int, seed: int) -> list[tuple[str, str, ParallelPlan]
     rest; plans Megatron-LM cannot express (``megatron_unsupported``: no args are written) left out."""
     rng = random.Random(seed)
     out = []
-    for name, gpus, gpu, seq in CASES:
+    for name, gpus, gpu, seq, knobs in CASES:
         model, cluster = load_model(name), make_cluster(num_gpus=gpus, gpu=gpu)
         if megatron_model_unsupported(model):
             continue
+        space = load_space("megatron")
         ranking = plan_search(
-            load_space("megatron"),
+            SearchSpace(knobs={**space.knobs, **knobs}, source=space.source),
             model,
             cluster,
             pins={},
@@ -96,7 +104,8 @@ def sample_plans(per_case: int, seed: int) -> list[tuple[str, str, ParallelPlan]
         )
         feasible = [e.plan for e in ranking.feasible]
         picked = feasible[:8] + rng.sample(feasible[8:], min(per_case, len(feasible) - 8))
-        out += [(f"{name} on {gpus} {gpu}", gpu, p) for p in picked if not megatron_unsupported(p)]
+        label = f"{name} on {gpus} {gpu}" + (", fp8 " + "/".join(knobs["fp8_recipe"]) if knobs else "")
+        out += [(label, gpu, p) for p in picked if not megatron_unsupported(p)]
     return out
 
 
