@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.legalmemory import memory_option_errors
+from autotune.legalmemory import memory_option_errors, recompute_modules_model_errors
 from autotune.legalmixers import mixer_errors
 from autotune.legalrules import (
     a2a_heads_bad,
@@ -366,11 +366,7 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
             f"offload-modules {' '.join(plan.offload_modules)} offloads routed-expert inputs; "
             f"{model.name} has no MoE layers"
         )
-    if "mla_up_proj" in plan.recompute_modules and not model.uses_mla:
-        errors.append(
-            "recompute-modules mla_up_proj needs a model with multi-latent attention "
-            "(Megatron's transformer_config.py refuses it otherwise)"
-        )
+    errors += recompute_modules_model_errors(plan, model)
     errors += mixer_errors(plan, model)
     if model.moe_latent_size and plan.framework is not Framework.MEGATRON:  # moe_layer.py fc1_latent_proj
         errors.append(f"LatentMoE runs in Megatron-Core only: use --framework megatron, not {plan.framework}")

@@ -1,4 +1,5 @@
-"""Legality of Megatron's memory options, stated once for ``legality.plan_errors``:
+"""Legality of Megatron's memory options, stated once for ``legality.plan_errors`` (and, where the model
+decides, ``recompute_modules_model_errors`` for ``legality.check_plan``):
 ``--recompute-num-layers``, ``--recompute-modules``, activation offload (whole layers or the listed modules),
 the precision-aware optimizer and the gradient dtype; and framework fsdp's stored dtypes (weights, Adam
 moments, loss). Each message names the flag and what would satisfy it.
@@ -13,16 +14,19 @@ from autotune.planenums import (
     MEGATRON_OFFLOAD_MODULES,
     OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
+    Fp8Recipe,
     Framework,
     LossKernel,
+    Precision,
     Recompute,
     StoreDtype,
 )
+from autotune.specs import ModelSpec
 
 if TYPE_CHECKING:
     from autotune.plan import ParallelPlan
 
-__all__ = ["memory_option_errors"]
+__all__ = ["memory_option_errors", "recompute_modules_model_errors"]
 
 
 def memory_option_errors(plan: ParallelPlan) -> list[str]:
@@ -66,6 +70,8 @@ def _store_dtype_errors(plan: ParallelPlan) -> list[str]:
 
 
 def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
+    """Megatron-Core 0.16.1's ``TransformerConfig.__post_init__``: known modules, selective granularity; no
+    ``moe_act`` or ``layernorm`` under fp8 delayed scaling ("Delayed scaling does not support ...")."""
     bad = [m for m in plan.recompute_modules if m not in RECOMPUTE_MODULES]
     if bad:
         return [f"recompute-modules: unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}"]
@@ -74,7 +80,30 @@ def _recompute_modules_errors(plan: ParallelPlan) -> list[str]:
             "recompute-modules needs --recompute selective and --framework megatron "
             "(Megatron's --recompute-granularity selective --recompute-modules)"
         ]
+    delayed = plan.precision is Precision.FP8 and plan.fp8_recipe is Fp8Recipe.DELAYED
+    if delayed and (quantized := {"moe_act", "layernorm"} & set(plan.recompute_modules)):
+        return [
+            f"recompute-modules {' '.join(sorted(quantized))} does not run with fp8 delayed scaling "
+            "(Megatron's TransformerConfig); use --fp8-recipe tensorwise"
+        ]
     return []
+
+
+def recompute_modules_model_errors(plan: ParallelPlan, model: ModelSpec) -> list[str]:
+    """Modules the model lacks, as ``TransformerConfig`` refuses them: ``mla_up_proj`` without multi-latent
+    attention, ``moe_act`` without MoE layers (it needs ``moe_grouped_gemm``, which autotune sets on MoE
+    models only)."""
+    errors = []
+    if "mla_up_proj" in plan.recompute_modules and not model.uses_mla:
+        errors.append(
+            "recompute-modules mla_up_proj needs a model with multi-latent attention "
+            "(Megatron's transformer_config.py refuses it otherwise)"
+        )
+    if "moe_act" in plan.recompute_modules and not model.is_moe:
+        errors.append(
+            f"recompute-modules moe_act needs MoE layers (Megatron's grouped GEMM); {model.name} has none"
+        )
+    return errors
 
 
 def _offload_modules_errors(plan: ParallelPlan) -> list[str]:
@@ -104,7 +133,7 @@ def _offload_modules_errors(plan: ParallelPlan) -> list[str]:
 
 def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
     """Activation offload and the precision-aware optimizer are Megatron options; Megatron's
-    ``TransformerConfig.__post_init__`` rejects CPU offloading with pipeline parallelism."""
+    ``TransformerConfig.__post_init__`` rejects CPU offloading with pipeline parallelism or recompute."""
     n = plan.offload_activation_layers
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         return [f"offload-activation-layers must be a non-negative integer, got {n!r}"]
@@ -113,6 +142,11 @@ def _megatron_memory_option_errors(plan: ParallelPlan) -> list[str]:
         errors.append(
             "offload-activation-layers needs --framework megatron and --pp 1 (Megatron's "
             "--cpu-offloading-num-layers does not support pipeline parallelism)"
+        )
+    elif n and plan.recompute is not Recompute.NONE:  # TransformerConfig.__post_init__ raises it
+        errors.append(
+            "offload-activation-layers needs --recompute none (Megatron: CPU offloading does not work "
+            "when activation recomputation is enabled)"
         )
     broken = megatron_optimizer_broken(
         plan.framework,

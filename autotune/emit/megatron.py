@@ -219,12 +219,13 @@ def _recompute_and_precision_args(plan: ParallelPlan) -> list[list[str]]:
 def _memory_args(plan: ParallelPlan) -> list[list[str]]:
     """Memory options of the plan (TransformerConfig / OptimizerConfig fields as flags): fine-grained
     activation offloading of the listed modules, activation CPU offload of N layers (the cost model prices
-    activations only, as NeMo's performance scripts run it with ``cpu_offloading_weights=False``; check that
-    field's default in your Megatron version) and the precision-aware optimizer
+    activations only, as NeMo's performance scripts run it with ``cpu_offloading_weights=False``, that field's
+    default at core_v0.16.1; ``--cpu-offloading-num-layers`` alone turns it on there, which has no
+    ``--cpu-offloading`` flag) and the precision-aware optimizer
     (``costmodel.states.megatron_optimizer_bytes``)."""
     args: list[list[str]] = []
     if plan.offload_activation_layers:
-        args += [["--cpu-offloading"], ["--cpu-offloading-num-layers", str(plan.offload_activation_layers)]]
+        args.append(["--cpu-offloading-num-layers", str(plan.offload_activation_layers)])  # turns it on
     if plan.offload_modules:  # fine-grained activation offloading (costmodel.actoffload)
         args += [["--fine-grained-activation-offloading"], ["--offload-modules", *plan.offload_modules]]
     if plan.precision_aware_optimizer and not plan.offload:  # offload emits it with the hybrid optimizer

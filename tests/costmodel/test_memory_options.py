@@ -77,8 +77,11 @@ def test_activation_offload_is_a_megatron_option_without_pipelining():
             sharding="zero1",
             offload_activation_layers=2,
         )
+    with pytest.raises(ConfigError, match="needs --recompute none"):  # TransformerConfig raises it too
+        _fsdp70b(offload_activation_layers=40, recompute="selective")
     args = megatron_args(_fsdp70b(offload_activation_layers=40), load_model("llama3-70b"))
-    assert ["--cpu-offloading-num-layers", "40"] in args and ["--cpu-offloading"] in args
+    # Megatron-LM 0.16.1 has no --cpu-offloading flag (argparse refuses it): validate_args turns it on from N
+    assert ["--cpu-offloading-num-layers", "40"] in args and ["--cpu-offloading"] not in args
     with pytest.raises(ConfigError, match="cpu-offloading-num-layers"):
         megatron_args(_fsdp70b(offload_activation_layers=80), load_model("llama3-70b"))
 

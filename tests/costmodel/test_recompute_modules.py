@@ -40,6 +40,20 @@ def test_modules_need_selective_megatron_and_known_names():
     assert any("multi-latent attention" in r for r in reasons)
 
 
+def test_modules_megatron_core_refuses_are_refused():
+    """megatron-core 0.16.1's ``TransformerConfig`` raises for ``moe_act`` without grouped GEMM (which a
+    dense model has not) and for ``moe_act`` / ``layernorm`` under fp8 delayed scaling
+    (``tests/emit/test_emit_megatron_core.py`` asks megatron-core itself)."""
+    dense = _plan(ep=1, recompute_modules=("core_attn", "moe_act"))
+    reasons = check_plan(dense, load_model("llama3-8b"), make_cluster(num_gpus=8))
+    assert reasons == [
+        "recompute-modules moe_act needs MoE layers (Megatron's grouped GEMM); llama3-8b has none"
+    ]
+    current = _plan(precision="fp8", fp8_recipe="tensorwise", recompute_modules=("layernorm", "moe_act"))
+    with pytest.raises(ConfigError, match="layernorm moe_act does not run with fp8 delayed scaling"):
+        current.replace(fp8_recipe="delayed")
+
+
 def test_each_moe_module_frees_more_than_the_one_inside_it():
     model = load_model("qwen3-30b-a3b")
     default = _activations(model, _plan())

@@ -31,6 +31,17 @@ pytestmark = pytest.mark.slow  # importing megatron.core takes ~10 s on 2 cores
 MEGATRON_CASES = [n for n in CASES if not megatron_unsupported(CASES[n].build()[0])]
 
 
+@pytest.fixture(autouse=True)
+def _transformer_engine_version(monkeypatch):
+    """Transformer Engine is not installed here; the checks megatron-core gates on its version (fp8 recipes,
+    recompute of quantized modules) are asked as 2.10.0 would answer them, as in
+    ``benchmarks/megatron_validate_sampled.py``."""
+    from megatron.core import utils
+    from packaging.version import Version
+
+    monkeypatch.setattr(utils, "get_te_version", lambda: Version("2.10.0"))
+
+
 _LIST_FLAGS = {"recompute_modules", "offload_modules"}
 """Megatron-LM's ``nargs="*"`` flags among those autotune emits (megatron/training/arguments.py)."""
 
@@ -69,6 +80,8 @@ def _transformer_config(flags: dict[str, object]) -> TransformerConfig:
     kwargs = {k: _typed(fields[k], v) for k, v in flags.items() if k in fields}
     if "norm_epsilon" in flags:  # the field's argparse_meta arg_names (megatron/training/argument_utils.py)
         kwargs["layernorm_epsilon"] = float(str(flags["norm_epsilon"]))
+    if "fp8_format" in flags:  # likewise: --fp8-format is the field fp8
+        kwargs["fp8"] = str(flags["fp8_format"])
     kwargs["gated_linear_unit"] = bool(flags.get("swiglu"))  # core_transformer_config_from_args renames
     kwargs["add_bias_linear"] = not flags.get("disable_bias_linear")
     if "num_experts" in flags:  # core_transformer_config_from_args: num_moe_experts = args.num_experts
@@ -240,3 +253,29 @@ def test_megatron_core_builds_the_emitted_hybrid_pattern(name, emitted):
     )
     tp = config.tensor_model_parallel_size
     assert config.mamba_num_heads % tp == 0 and config.mamba_num_groups % tp == 0
+
+
+def test_megatron_core_refuses_the_recompute_modules_the_plan_rules_do():
+    """``TransformerConfig`` raises for ``moe_act`` without grouped GEMM (a dense model's flags), for
+    ``moe_act`` / ``layernorm`` under fp8 delayed scaling and for layer-level CPU offload beside recompute
+    (``legalmemory`` refuses the three plans)."""
+    from autotune.catalog import load_model
+    from autotune.emit.megatron import megatron_args_text
+    from autotune.plan import ParallelPlan
+
+    base = dict(dp=8, global_batch=256, seq_len=4096, framework="megatron", sharding="zero1")
+    plan = ParallelPlan(**base, recompute="selective", recompute_modules=("core_attn",))
+    dense = _flags(megatron_args_text(plan, load_model("llama3-8b")))
+    _transformer_config(dense)
+    with pytest.raises(
+        ValueError, match="moe_act in recompute_modules is only supported with moe_grouped_gemm"
+    ):
+        _transformer_config({**dense, "recompute_modules": ["core_attn", "moe_act"]})
+    fp8 = plan.replace(ep=8, precision="fp8", recompute_modules=("layernorm", "moe_act"))
+    flags = _flags(megatron_args_text(fp8, load_model("qwen3-30b-a3b")))
+    _transformer_config(flags)
+    with pytest.raises(ValueError, match="Delayed scaling does not support moe_act and layernorm"):
+        _transformer_config({**flags, "fp8_recipe": "delayed"})
+    offload = {"cpu_offloading": True, "cpu_offloading_num_layers": "1"}  # legalmemory refuses it too
+    with pytest.raises(ValueError, match="CPU offloading does not work when activation recomputation"):
+        _transformer_config({**dense, **offload})
