@@ -54,6 +54,9 @@ CASES = (  # model, GPUs, GPU, sequence length, knobs that replace search_spaces
     ("qwen3-30b-a3b", 16, "h100-sxm", 4096, _HOPPER_FP8),
     ("llama3-405b", 256, "b200", 8192, _BLACKWELL_FP8),
     ("deepseek-v3", 256, "gb200", 4096, _BLACKWELL_FP8),
+    ("nemotron-3-nano-30b-a3b", 16, "h100-sxm", 8192, {}),  # hybrid Mamba-2 / MoE / attention
+    ("nemotron-3-super-120b-a12b", 64, "b200", 8192, {}),  # LatentMoE
+    ("nemotron-4-340b", 128, "h100-sxm", 4096, {}),  # squared ReLU, LayerNorm1P
 )
 _CHILD = """
 import json, os, sys
