@@ -17,7 +17,6 @@ from autotune.legalrules import (
     capacity_broken,
     cp_seq_bad,
     deepspeed_broken,
-    dp_overlap_forced,
     ep_overlap_broken,
     expert_fold_broken,
     expert_model_broken,
@@ -234,8 +233,12 @@ def _knob_errors(plan: ParallelPlan) -> list[str]:
         )
     if plan.moe_a2a_overlap:
         errors += _ep_overlap_errors(plan)
-    if forced := dp_overlap_forced(fw, plan.sharding, plan.overlap_grad_reduce, plan.overlap_param_gather):
-        who = f"framework {fw}" if forced == "framework" else "Megatron-FSDP"
+    # torchtitan and DeepSpeed always overlap; so does Megatron-FSDP (``MegatronFSDP.__init__`` turns both on
+    # under optim_grads_params: megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py, 0.16.1)
+    megatron_fsdp = fw is Framework.MEGATRON and plan.sharding is Sharding.FSDP_FULL
+    both = plan.overlap_grad_reduce and plan.overlap_param_gather
+    if not both and (fw is not Framework.MEGATRON or megatron_fsdp):
+        who = "Megatron-FSDP" if megatron_fsdp else f"framework {fw}"
         off = "only megatron with --sharding zero1 or none turns overlap-grad-reduce / -param-gather off"
         errors.append(f"{who} always overlaps its DP collectives; {off}")
     return errors

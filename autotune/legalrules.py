@@ -40,7 +40,6 @@ __all__ = [
     "microbatch_broken",
     "zero_bubble_broken",
     "deepspeed_broken",
-    "dp_overlap_forced",
     "expert_model_broken",
     "expert_fold_broken",
     "capacity_broken",
@@ -208,20 +207,6 @@ def deepspeed_broken(
         "sp": sequence_parallel,
     }
     return [name for name, broken in rules.items() if broken]
-
-
-def dp_overlap_forced(
-    fw: Framework, sharding: Sharding, grad_overlap: bool, param_overlap: bool
-) -> str | None:
-    """Who overlaps the DP collectives whatever the plan says: torchtitan and DeepSpeed ("framework"), and
-    Megatron-FSDP ("megatron-fsdp": ``MegatronFSDP.__init__`` turns both overlaps on under
-    ``optim_grads_params``, megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py at
-    core_v0.16.1)."""
-    if grad_overlap and param_overlap:
-        return None
-    if fw is not Framework.MEGATRON:
-        return "framework"
-    return "megatron-fsdp" if sharding is Sharding.FSDP_FULL else None
 
 
 def expert_model_broken(
