@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.plan import CpComm, ParallelPlan, Precision, Recompute, Sharding
+from autotune.plan import CpComm, Fp8Recipe, ParallelPlan, Precision, Recompute, Sharding
 from autotune.specs import ClusterSpec, ModelSpec
 
 __all__ = ["accelerate_unsupported", "to_accelerate_config", "transformer_layer_cls"]
@@ -51,6 +51,8 @@ def accelerate_unsupported(plan: ParallelPlan) -> list[str]:
             else f"FSDP has no {plan.sharding} (optimizer-only or gradient-only) sharding"
         )
         reasons.append(what)
+    if plan.precision is Precision.FP8 and plan.fp8_recipe is not Fp8Recipe.TENSORWISE:
+        reasons.append(f"accelerate's torchao fp8 (backend AO) scales tensorwise, not {plan.fp8_recipe}")
     if plan.pp > 1:
         reasons.append("accelerate's FSDP path has no pipeline parallelism (PP > 1)")
     if plan.offload:

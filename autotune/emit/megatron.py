@@ -22,6 +22,7 @@ from __future__ import annotations
 from autotune.emit.megatronmodel import megatron_entry, model_args
 from autotune.errors import ConfigError
 from autotune.plan import (
+    FP8_RECIPES,
     Framework,
     GradDtype,
     LossKernel,
@@ -69,6 +70,9 @@ def megatron_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append("Megatron-FSDP is emitted without pipelining or optimizer offload")
     if plan.pp > 1 and plan.schedule is Schedule.GPIPE:
         reasons.append("Megatron schedules pipelines with 1F1B or interleaved 1F1B, not GPipe")
+    if plan.precision is Precision.FP8 and plan.fp8_recipe not in FP8_RECIPES[Framework.MEGATRON]:
+        offered = ", ".join(_FP8_RECIPE.values())
+        reasons.append(f"Megatron has no {plan.fp8_recipe} fp8 recipe (--fp8-recipe: {offered})")
     if _param_gather_overlapped(plan) and not plan.overlap_grad_reduce:
         reasons.append(
             "Megatron-LM's validate_args refuses --overlap-param-gather without --overlap-grad-reduce "

@@ -33,6 +33,7 @@ from typing import Any
 from autotune.emit.deepspeed import GRADIENT_CLIPPING
 from autotune.errors import ConfigError
 from autotune.plan import (
+    FP8_RECIPES,
     MOE_DISPATCHERS,
     CpComm,
     Framework,
@@ -103,6 +104,8 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         )
     if plan.ep > 1 and plan.etp > 1 and plan.moe_dispatcher is MoeDispatcher.DEEPEP:
         reasons.append("torchtitan runs DeepEP with ETP 1 only (parallelize_deepseekv3 raises otherwise)")
+    if plan.precision is Precision.FP8 and plan.fp8_recipe not in FP8_RECIPES[Framework.FSDP]:
+        reasons.append(f"torchtitan has no {plan.fp8_recipe} fp8 recipe (float8 tensorwise / rowwise, MXFP8)")
     mx = plan.precision is Precision.FP8 and str(plan.fp8_recipe) == "mx"
     if mx and plan.tp > 1 and plan.compile:  # torchtitan components/quantization/mx.py asserts it
         reasons.append("torchtitan's MXFP8 does not run TP under torch.compile (drop --compile or TP)")
@@ -129,7 +132,7 @@ def torchtitan_model_unsupported(model: ModelSpec, plan: ParallelPlan | None = N
     in it: DeepEP is wired into its deepseek_v3 model only (``moe_impl`` from
     ``expert_parallel_comm_backend``, models/deepseek_v3/model/args.py; its qwen3 MoE ignores the key and
     dispatches all-to-all); its qwen3 has no pipelining function; ``parallelize_deepseekv3`` refuses float8
-    tensorwise with TP. [] when it runs."""
+    tensorwise with TP, and context parallelism beside the FlexAttention its flavors run. [] when it runs."""
     if model.num_linear_layers:
         return ["torchtitan 0.2.2 has no Gated DeltaNet model (its models: llama3, qwen3, deepseek_v3, ...)"]
     if model.layer_pattern:
@@ -144,6 +147,8 @@ def torchtitan_model_unsupported(model: ModelSpec, plan: ParallelPlan | None = N
     fp8_tensorwise = plan.precision is Precision.FP8 and str(plan.fp8_recipe) == "tensorwise"
     if fp8_tensorwise and plan.tp > 1 and name == "deepseek_v3":  # parallelize_deepseekv3 raises it
         return ["torchtitan 0.2.2's deepseek_v3 refuses float8 tensorwise with TP: use rowwise or TP 1"]
+    if plan.cp > 1 and name == "deepseek_v3":  # its flavors set attn_type "flex"; model/args.py raises
+        return ["torchtitan 0.2.2's deepseek_v3 flavors run FlexAttention, which its CP refuses: use --cp 1"]
     return []
 
 

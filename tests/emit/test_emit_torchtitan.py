@@ -225,6 +225,15 @@ def test_deepseek_v3_float8_tensorwise_with_tp_is_not_written():
     assert not torchtitan_model_unsupported(deepseek, plan.replace(fp8_recipe="rowwise"))
 
 
+def test_deepseek_v3_with_context_parallelism_is_not_written():
+    """Every deepseek_v3 flavor of 0.2.2 runs FlexAttention, and its model args raise "Context Parallel only
+    supports SDPA attention" at CP > 1 (benchmarks/torchtitan_validate_sampled.py found it); qwen3 is SDPA."""
+    plan = ParallelPlan(cp=2, dp=16, ep=8, global_batch=64, seq_len=4096, sharding="fsdp-full")
+    assert "FlexAttention" in torchtitan_model_unsupported(load_model("deepseek-v3"), plan)[0]
+    assert not torchtitan_model_unsupported(load_model("deepseek-v3"), plan.replace(cp=1, dp=32))
+    assert not torchtitan_model_unsupported(load_model("qwen3-30b-a3b"), plan)
+
+
 def test_catalog_llama3_models_get_their_flavor(emitted):
     assert [torchtitan_flavor(load_model(m)) for m in ("llama3-8b", "llama3-70b", "llama3-405b", "7b")] == [
         "8B",

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from emit_cases import CASES
 
-from autotune.catalog import make_cluster
+from autotune.catalog import load_model, make_cluster
 from autotune.emit import ARTEFACT_FILES, emit_all, read_plan_document
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan
+from autotune.plan import FP8_RECIPES, ParallelPlan
 
 ALWAYS = {
     "plan.json",
@@ -213,3 +213,42 @@ def test_no_file_names_the_folder_it_was_emitted_into(name, emitted):
     for path in out.rglob("*"):
         if path.is_file():
             assert str(out) not in path.read_text(), path.name
+
+
+@pytest.mark.parametrize(
+    ("framework", "recipe"),
+    [(fw, r) for fw, recipes in FP8_RECIPES.items() for r in sorted(recipes)],
+)
+@pytest.mark.parametrize("layout", [{"tp": 8, "sharding": "none"}, {"dp": 8, "sharding": "fsdp-full"}])
+def test_every_fp8_recipe_is_written_as_itself_or_not_written(framework, recipe, layout, tmp_path):
+    """An fp8 plan of one framework is emitted for the others too: each file either runs the plan's recipe or
+    is left out with the reason (a rowwise plan once crashed the Megatron emitter; a delayed one got
+    ``recipe_name = "delayed"``, which torchao does not know; accelerate's AO backend scales tensorwise)."""
+    plan = ParallelPlan(
+        global_batch=64, seq_len=8192, framework=framework, precision="fp8", fp8_recipe=recipe, **layout
+    )
+    if framework == "megatron" and layout["sharding"] == "fsdp-full":
+        plan = plan.replace(overlap_grad_reduce=True, overlap_param_gather=True)
+    emit_all(plan, load_model("llama3-8b"), make_cluster(num_gpus=8, gpu="b200"), None, tmp_path)
+    written = {p.name: p.read_text() for p in tmp_path.iterdir() if p.is_file()}
+    summary = written["summary.md"]
+    runs = {fw: {str(r) for r in recipes} for fw, recipes in FP8_RECIPES.items()}
+    expected = {  # what each file says for the recipe; None: it has no such recipe and must be left out
+        "megatron_args.txt": f"--fp8-recipe {'mxfp8' if recipe == 'mx' else recipe}",
+        "torchtitan.toml": {"tensorwise": "enable_fsdp_float8_all_gather", "mx": '"mxfp8_cublas"'}.get(
+            recipe, f'recipe_name = "{recipe}"'
+        ),
+        "accelerate_fsdp.yaml": "backend: AO" if recipe == "tensorwise" else None,
+    }
+    for name, fw in (("megatron_args.txt", "megatron"), ("torchtitan.toml", "fsdp")):
+        if recipe not in runs[fw]:
+            expected[name] = None
+    for name, marker in expected.items():
+        if name in written:
+            assert marker and marker in written[name], (name, written[name])
+        elif marker is not None and name == {"fsdp": "torchtitan.toml", "megatron": "megatron_args.txt"}.get(
+            framework
+        ):
+            pytest.fail(f"{name} not written for its own framework's {recipe} plan")
+        else:
+            assert f"`{name}`" in summary, name  # left out, with the reason
