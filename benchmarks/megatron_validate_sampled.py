@@ -16,12 +16,8 @@ Blackwell). Needs a checkout of Megatron-LM ``core_v0.16.1`` and ``megatron-core
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import os
-import random
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,11 +27,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from autotune.catalog import load_model, make_cluster  # noqa: E402
 from autotune.emit import emit_all, megatron_unsupported  # noqa: E402
 from autotune.emit.megatronmodel import megatron_model_unsupported  # noqa: E402
-from autotune.errors import ConfigError  # noqa: E402
-from autotune.legality import check_plan  # noqa: E402
 from autotune.plan import Framework, ParallelPlan  # noqa: E402
-from autotune.ranking import plan_search  # noqa: E402
-from autotune.space import SearchSpace, load_space  # noqa: E402
+from autotune.specs import ModelSpec  # noqa: E402
+from benchmarks._sampled_plans import (  # noqa: E402
+    fields,
+    option_variants,
+    run_children,
+    sample_plans,
+    summary,
+    write_results,
+)
 from benchmarks.megatron_validate_args import _DATA_FLAGS, _launch_env  # noqa: E402
 
 _HOPPER_FP8 = {"precision": ("fp8",), "fp8_recipe": ("tensorwise", "delayed", "blockwise")}
@@ -88,30 +89,8 @@ for job in json.loads(sys.stdin.read()):
 """
 
 
-def sample_plans(per_case: int, seed: int) -> list[tuple[str, str, ParallelPlan]]:
-    """(case, GPU, plan): the best 8 feasible Megatron plans of each case and ``per_case`` drawn from the
-    rest; plans Megatron-LM cannot express (``megatron_unsupported``: no args are written) left out."""
-    rng = random.Random(seed)
-    out = []
-    for name, gpus, gpu, seq, knobs in CASES:
-        model, cluster = load_model(name), make_cluster(num_gpus=gpus, gpu=gpu)
-        if megatron_model_unsupported(model):
-            continue
-        space = load_space("megatron")
-        ranking = plan_search(
-            SearchSpace(knobs={**space.knobs, **knobs}, source=space.source),
-            model,
-            cluster,
-            pins={},
-            global_batch=None,
-            seq_len=seq,
-            frameworks=[Framework.MEGATRON],
-        )
-        feasible = [e.plan for e in ranking.feasible]
-        picked = feasible[:8] + rng.sample(feasible[8:], min(per_case, len(feasible) - 8))
-        label = f"{name} on {gpus} {gpu}" + (", fp8 " + "/".join(knobs["fp8_recipe"]) if knobs else "")
-        out += [(label, gpu, p) for p in picked if not megatron_unsupported(p)]
-    return out
+def _unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    return megatron_model_unsupported(model) + megatron_unsupported(plan)
 
 
 OPTIONS: dict[str, dict] = {  # plan fields no bundled space searches, set on a sampled plan where legal
@@ -131,26 +110,6 @@ OPTIONS: dict[str, dict] = {  # plan fields no bundled space searches, set on a 
 }
 
 
-def option_variants(plans: list[tuple[str, str, ParallelPlan]]) -> list[tuple[str, str, ParallelPlan]]:
-    """Each plan with each of ``OPTIONS`` set, where the plan stays legal for its model and cluster and
-    Megatron-LM can express it (memory is not judged: ``validate_args`` does not see it)."""
-    out = []
-    for case, gpu, plan in plans:
-        model, cluster = load_model(case.split(" on ")[0]), make_cluster(num_gpus=plan.world_size, gpu=gpu)
-        for option, fields in OPTIONS.items():
-            try:
-                variant = plan.replace(**fields)
-            except ConfigError:
-                continue
-            if (
-                variant != plan
-                and not check_plan(variant, model, cluster)
-                and not megatron_unsupported(variant)
-            ):
-                out.append((f"{case}; {option}", gpu, variant))
-    return out
-
-
 def _job(i: int, case: str, gpu: str, plan: ParallelPlan) -> dict:
     name, gpus = case.split(" on ")[0], plan.world_size
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,8 +126,8 @@ def _job(i: int, case: str, gpu: str, plan: ParallelPlan) -> dict:
 
 
 def run(megatron_lm: Path, te_version: str, per_case: int, seed: int) -> list[dict]:
-    plans = sample_plans(per_case, seed)
-    plans += option_variants(plans)
+    plans = sample_plans(CASES, "megatron", Framework.MEGATRON, _unsupported, per_case, seed)
+    plans += option_variants(plans, OPTIONS, _unsupported)
     jobs = [_job(i, case, gpu, p) for i, (case, gpu, p) in enumerate(plans)]
     env = {
         **os.environ,
@@ -176,68 +135,11 @@ def run(megatron_lm: Path, te_version: str, per_case: int, seed: int) -> list[di
         "TE_VERSION": te_version,
         "PYTHONWARNINGS": "ignore",
     }
-    halves = (jobs[::2], jobs[1::2])  # two interpreters: Megatron imports once per batch
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for _ in halves
-    ]
-    results: dict[int, dict] = {}
-    for proc, half in zip(procs, halves, strict=True):
-        out, err = proc.communicate(json.dumps(half), timeout=1800)
-        got = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
-        if len(got) != len(half):
-            raise SystemExit(f"a validation child stopped early: {err[-800:]}")
-        results |= {g["id"]: g for g in got}
+    results = run_children(_CHILD, jobs, env)
     return [
-        {"case": case, "plan": _fields(p), **{k: v for k, v in results[i].items() if k != "id"}}
+        {"case": case, "plan": fields(p), **{k: v for k, v in results[i].items() if k != "id"}}
         for i, (case, _, p) in enumerate(plans)
     ]
-
-
-def _fields(plan: ParallelPlan) -> dict:
-    """The plan's fields that differ from the defaults (``ParallelPlan.from_dict`` reads them back)."""
-    default = ParallelPlan(global_batch=plan.global_batch, seq_len=plan.seq_len).to_dict()
-    return {k: v for k, v in plan.to_dict().items() if v != default[k] or k in ("global_batch", "seq_len")}
-
-
-def summary(rows: list[dict], te_version: str) -> str:
-    def table(title: str, key) -> list[str]:
-        tally: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-        for r in rows:
-            tally[key(r)][0] += 1
-            tally[key(r)][1] += not r["ok"]
-        return ["", f"| {title} | plans | refused |", "|---|---|---|"] + [
-            f"| {k} | {n} | {bad} |" for k, (n, bad) in tally.items()
-        ]
-
-    failed = [r for r in rows if not r["ok"]]
-    searched = sum("; " not in r["case"] for r in rows)
-    lines = [
-        "# Sampled search plans through Megatron-LM's validate_args",
-        "",
-        f"Generated by `python benchmarks/megatron_validate_sampled.py` (Megatron-LM core_v0.16.1, "
-        f"Transformer Engine answered as {te_version}): {searched} feasible Megatron plans of the search and "
-        f"{len(rows) - searched} legal variants of them with one more option set ({len(rows)} in all), "
-        f"{len(failed)} refused.",
-        *table("case", lambda r: r["case"].split("; ")[0]),
-        *table("option", lambda r: r["case"].split("; ")[1] if "; " in r["case"] else "as searched"),
-    ]
-    errors = collections.Counter(r["error"] for r in failed)
-    if errors:
-        lines += [
-            "",
-            "| refusals | error |",
-            "|---|---|",
-            *(f"| {n} | {e} |" for e, n in errors.most_common()),
-        ]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
@@ -253,16 +155,15 @@ def main() -> int:
     if not (args.megatron_lm / "megatron" / "training" / "arguments.py").exists():
         p.error(f"--megatron-lm {args.megatron_lm}: no megatron/training/arguments.py")
     rows = run(args.megatron_lm, args.te_version, args.per_case, args.seed)
-    text = summary(rows, args.te_version)
+    what = (
+        "`python benchmarks/megatron_validate_sampled.py` (Megatron-LM core_v0.16.1, Transformer Engine "
+        f"answered as {args.te_version})"
+    )
+    text = summary(rows, "Sampled search plans through Megatron-LM's validate_args", what, "Megatron")
     print(text)
     if args.out:
         meta = {"megatron_lm": "core_v0.16.1", "te_version": args.te_version, "seed": args.seed}
-        searched = [r for r in rows if "; " not in r["case"]]  # the variants: counted, listed if refused
-        variants = collections.Counter(r["case"].split("; ")[1] for r in rows if "; " in r["case"])
-        refused = [r for r in rows if "; " in r["case"] and not r["ok"]]
-        doc = {**meta, "plans": searched, "variants_per_option": variants, "refused_variants": refused}
-        args.out.with_suffix(".json").write_text(json.dumps(doc) + "\n")
-        args.out.with_suffix(".md").write_text(text)
+        write_results(args.out, text, rows, meta)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

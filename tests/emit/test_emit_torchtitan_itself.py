@@ -6,6 +6,7 @@ seconds: all slow.
 
 from __future__ import annotations
 
+import os
 from unittest import mock
 
 import pytest
@@ -117,3 +118,76 @@ def test_qwen3_has_no_pipelining_in_torchtitan_so_no_toml_is_written():
     assert get_train_spec("deepseek_v3").pipelining_fn is not None
     assert "no pipelining" in torchtitan_model_unsupported(qwen3, piped)[0]
     assert not torchtitan_model_unsupported(load_model("deepseek-v3"), piped)
+
+
+STARTS = {  # model, GPU, plan: one of each path torchtitan's start-up takes (not MXFP8: torchtitan 0.2.2
+    # imports torchao's MXLinearConfig, which the pinned torchao 0.18 no longer has)
+    "8B FSDP, compile, float8 tensorwise": (
+        "llama3-8b",
+        "h100-sxm",
+        dict(dp=8, sharding="fsdp-full", compile=True, precision="fp8", fp8_recipe="tensorwise"),
+    ),
+    "8B TP2 x FSDP4, async TP, rowwise, op SAC": (
+        "llama3-8b",
+        "h100-sxm",
+        dict(
+            tp=2,
+            dp=4,
+            sharding="fsdp-full",
+            sequence_parallel=True,
+            compile=True,
+            async_tp=True,
+            precision="fp8",
+            fp8_recipe="rowwise",
+            recompute="selective",
+        ),
+    ),
+    "70B HSDP x TP8 x CP4, all-gather rotation": (
+        "llama3-70b",
+        "h100-sxm",
+        dict(tp=8, cp=4, dp=4, sharding="hsdp", hsdp_shard_size=2, cp_comm="allgather", seq_len=32768),
+    ),
+    "405B TP8 x PP8 x 8 virtual stages (uneven), FSDP2": (
+        "llama3-405b",
+        "h100-sxm",
+        dict(tp=8, pp=8, dp=2, virtual_stages=8, schedule="interleaved", sharding="fsdp-full"),
+    ),
+    "Qwen3-30B-A3B EP8 x FSDP16": ("qwen3-30b-a3b", "h100-sxm", dict(dp=16, ep=8, sharding="fsdp-full")),
+    "DeepSeek-V3 PP4 x EP16 x FSDP64 (uneven), full AC, rowwise": (
+        "deepseek-v3",
+        "h100-sxm",
+        dict(
+            pp=4, dp=64, ep=16, sharding="fsdp-full", recompute="full", precision="fp8", fp8_recipe="rowwise"
+        ),
+    ),
+}
+
+
+def test_torchtitan_starts_the_emitted_plans_on_a_fake_process_group():
+    """What ``Trainer.__init__`` does before a device (``benchmarks/torchtitan_validate_sampled.py``'s child:
+    meshes, meta model, converters, batch asserts, parallelize or pipelining) on one plan of each path; and
+    the harness refuses what torchtitan refuses (qwen3 with PP, deepseek_v3 with CP, written by hand)."""
+    from benchmarks._sampled_plans import run_children
+    from benchmarks.torchtitan_validate_sampled import _CHILD
+
+    jobs = {}  # name: (TOML, world size, compute capability)
+    for name, (model_name, gpu, fields) in STARTS.items():
+        seq_len = fields.get("seq_len", 4096)
+        rest = {k: v for k, v in fields.items() if k != "seq_len"}
+        plan = ParallelPlan(global_batch=rest.get("dp", 1) * 16, seq_len=seq_len, **rest)
+        model = load_model(model_name)
+        assert not torchtitan_unsupported(plan) and not torchtitan_model_unsupported(model, plan), name
+        arch = (10, 0) if gpu == "b200" else (9, 0)
+        jobs[name] = (dumps_toml(to_torchtitan_config(plan, model)), plan.world_size, arch)
+    qwen3, world, arch = jobs["Qwen3-30B-A3B EP8 x FSDP16"]
+    qwen3 = qwen3.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
+    jobs["qwen3 with PP 2"] = (qwen3.replace("shard_degree = 16", "shard_degree = 8"), world, arch)
+    deepseek, world, arch = jobs["DeepSeek-V3 PP4 x EP16 x FSDP64 (uneven), full AC, rowwise"]
+    deepseek = deepseek.replace("context_parallel_degree = 1", "context_parallel_degree = 2")
+    jobs["deepseek_v3 with CP 2"] = (deepseek.replace("shard_degree = 64", "shard_degree = 32"), world, arch)
+    batch = [{"id": i, "toml": t, "world": w, "arch": a} for i, (t, w, a) in enumerate(jobs.values())]
+    results = run_children(_CHILD, batch, {**os.environ, "PYTHONWARNINGS": "ignore"}, procs=1)
+    verdicts = {name: results[i] for i, name in enumerate(jobs)}
+    assert [n for n in STARTS if verdicts[n]["ok"] is not True] == [], verdicts
+    assert "does not support pipelining" in verdicts["qwen3 with PP 2"]["error"]
+    assert "Context Parallel only supports SDPA" in verdicts["deepseek_v3 with CP 2"]["error"]
