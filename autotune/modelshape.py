@@ -233,6 +233,11 @@ def moe_mlp_params(model: ModelSpec) -> int:
     return routed_expert_params(model) + shared + router + latent_projection_params(model)
 
 
+def mlp_part_params(model: ModelSpec, *, moe: bool) -> int:
+    """What tells an MoE block from a dense-MLP one in ``block_params_sum``: its MLP terms."""
+    return moe_mlp_params(model) if moe else dense_mlp_params(model) + _gpt_biases(model)
+
+
 def latent_projection_params(model: ModelSpec) -> int:
     """LatentMoE's ``fc1_latent_proj`` (h -> latent) and ``fc2_latent_proj`` (latent -> h) of one MoE layer
     (megatron-core ``moe_layer.py``; no bias); 0 without a latent."""

@@ -201,12 +201,6 @@ class ParallelPlan:
         return self.tp * self.pp * self.dp * self.cp
 
     @property
-    def expert_dp(self) -> int:
-        """Ranks that hold the same experts of a stage (Megatron's expert-data-parallel group,
-        ``megatron/core/parallel_state.py`` ``initialize_model_parallel``: world / (pp x etp x ep))."""
-        return max(1, self.tp * self.dp * self.cp // (self.ep * self.etp))
-
-    @property
     def megatron_grad_dtype(self) -> GradDtype:
         """Megatron's gradient-buffer dtype: ``grad_reduce_dtype``, else bf16 for fp8 plans (NeMo's fp8
         recipes) and fp32 otherwise (``costmodel.states.megatron_grad_bytes``)."""
@@ -249,8 +243,10 @@ class ParallelPlan:
     @property
     def expert_shard_degree(self) -> int:
         """Ranks a routed expert's states are sharded and reduced over: the stage's sharded ranks re-tiled as
-        ``etp x ep x group``, ``shard x cp x tp / (ep x etp)`` (Megatron's ``expert_dp``; torchtitan's
-        ``efsdp``)."""
+        ``etp x ep x group``, ``shard x cp x tp / (ep x etp)``: Megatron's expert-data-parallel group
+        (``parallel_state.initialize_model_parallel``, world / (pp x etp x ep)), torchtitan's ``efsdp``
+        mesh (``parallel_dims.py``; under HSDP the ``dp_replicate`` copies are not sharded, as dense states
+        are not)."""
         return max(1, self.shard_degree * self.cp * self.tp // (self.ep * self.etp))
 
     @property

@@ -34,6 +34,7 @@ that the cost model prices, and the emitters write, the same split:
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -89,6 +90,13 @@ class StageSplit:
     def head_rank(self) -> int:
         """The rank of the last chunk (final norm, output layer, loss): the last rank, or the first in a V."""
         return 0 if self.v_shape else self.pp - 1
+
+    def rank_blocks(self, rank: int) -> tuple[range, ...]:
+        """The block indices of each chunk pipeline rank ``rank`` holds: chunks take the blocks in order."""
+        starts = [0, *itertools.accumulate(self.chunk_layers)]
+        pp = self.pp
+        chunks = (rank, 2 * pp - 1 - rank) if self.v_shape else range(rank, len(self.chunk_layers), pp)
+        return tuple(range(starts[c], starts[c + 1]) for c in chunks)
 
     def all_rank_layers(self) -> tuple[int, ...]:
         """``rank_layers`` of every rank, in rank order (remembered: a search asks for it per plan)."""

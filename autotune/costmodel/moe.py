@@ -8,9 +8,11 @@ per block). Dense models get 0 from every function here.
 Layout (Megatron-Core MoE parallel folding, ``megatron/core/parallel_state.py`` ``initialize_model_parallel``
 expert grid ``tp-ep-dp-pp`` with ``expert_tensor_parallel_size``; torchtitan ``parallel_dims.py`` sparse mesh
 ``pp, dp_replicate, efsdp, ep, etp``): a stage's ``tp x dp x cp`` ranks are re-tiled as ``etp x ep x
-expert_dp`` for the experts, EP ranks ``etp`` apart. Routed-expert weights are split over ``ep x etp`` (not
-TP); their gradients and optimizer states are sharded over the expert-data-parallel group (Megatron builds a
-separate distributed optimizer over ``expt_dp``, ``megatron/core/optimizer/__init__.py``).
+expert_dp`` for the experts, EP ranks ``etp`` apart (``expert_dp``: ``ParallelPlan.expert_shard_degree``;
+an HSDP plan's replicas each hold a copy, so it counts the shard group only). Routed-expert weights are
+split over ``ep x etp`` (not TP); their gradients and optimizer states are sharded over the
+expert-data-parallel group (Megatron builds a separate distributed optimizer over ``expt_dp``,
+``megatron/core/optimizer/__init__.py``).
 
 Token dispatch is the all-to-all of Megatron's ``MoEAlltoAllTokenDispatcher`` (``token_dispatcher.py``) and
 torchtitan's ``ExpertParallel`` (``all_to_all_single``): each rank sends its ``top-k`` token copies
@@ -41,7 +43,7 @@ from __future__ import annotations
 import math
 
 from autotune.costmodel import comm
-from autotune.modelshape import routed_width_per_layer
+from autotune.modelshape import routed_expert_params, routed_width_per_layer
 from autotune.plan import Framework, MoeDispatcher, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -111,8 +113,13 @@ def regroup_bytes_per_token(model: ModelSpec, plan: ParallelPlan) -> float:
     return 2 * 2 * 2 * routed_width_per_layer(model) * busiest_load(plan) / plan.tp
 
 
-def expert_params_per_gpu(model: ModelSpec, plan: ParallelPlan, num_blocks: float) -> float:
-    """Routed-expert parameters of ``num_blocks`` blocks on one GPU: split over ``ep x etp``."""
+def expert_params_per_gpu(
+    model: ModelSpec, plan: ParallelPlan, num_blocks: float, moe_blocks: float | None = None
+) -> float:
+    """Routed-expert parameters of ``num_blocks`` blocks on one GPU: split over ``ep x etp``; ``moe_blocks``
+    of them MoE blocks where known (``stagestates.rank_moe_blocks``), else the model's share."""
+    if moe_blocks is not None:
+        return moe_blocks * routed_expert_params(model) / (plan.ep * plan.etp)
     return num_blocks * model.expert_params_per_layer / (plan.ep * plan.etp)
 
 
@@ -122,7 +129,7 @@ def optimizer_shard_params(model: ModelSpec, plan: ParallelPlan, params: float, 
     if plan.zero_stage < 1:
         return params
     experts = expert_params_per_gpu(model, plan, model.num_layers if plan.pp == 1 else num_blocks)
-    return (params - experts) / (plan.shard_degree * plan.cp) + experts / plan.expert_dp
+    return (params - experts) / (plan.shard_degree * plan.cp) + experts / plan.expert_shard_degree
 
 
 def tokens_per_expert(model: ModelSpec, plan: ParallelPlan, tokens: float) -> float:

@@ -32,7 +32,14 @@ from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
 from autotune.stagesplit import head_rank, split_layers_of
 
-__all__ = ["NOT_READ", "rank_layers", "ranks_to_check", "stage_states", "states_floor_bytes"]
+__all__ = [
+    "NOT_READ",
+    "rank_layers",
+    "rank_moe_blocks",
+    "ranks_to_check",
+    "stage_states",
+    "states_floor_bytes",
+]
 
 NOT_READ = frozenset(
     {
@@ -82,13 +89,20 @@ def stage_states(model: ModelSpec, plan: ParallelPlan, numerics: Numerics, *, ra
     if found is None:
         first, last = rank == 0, rank == head_rank(plan)
         main = rank_layers(model, plan)[rank]
+        moe_main = rank_moe_blocks(model, plan)
         # the last stage also holds the multi-token prediction modules (``costmodel.mtp``): a block each, or
         # a hybrid's MTP layers, whose states are those layers' (once when shared), activations a depth's each
         hybrid = mtp_block_model(model) if last else None
         layers = main + (model.mtp_layers * (1 if hybrid is None else hybrid.num_layers) if last else 0)
         blocks = layers if hybrid is None else main
-        params = stage_params_per_gpu(model, plan, first=first, last=last, layers=blocks)
-        states = _states(model, plan, params, numerics, layers=blocks)
+        moe_blocks = None
+        if moe_main is not None:  # MTP blocks are of the last layer's kind
+            mtp_moe = last and hybrid is None and model.num_layers - 1 in model.moe_layers
+            moe_blocks = moe_main[rank] + (model.mtp_layers if mtp_moe else 0)
+        params = stage_params_per_gpu(
+            model, plan, first=first, last=last, layers=blocks, moe_blocks=moe_blocks
+        )
+        states = _states(model, plan, params, numerics, layers=blocks, moe_blocks=moe_blocks)
         if hybrid is not None:
             n = hybrid.num_layers * (1 if model.mtp_shared else model.mtp_layers)
             extra = stage_params_per_gpu(hybrid, plan, first=False, last=False, layers=n)
@@ -103,15 +117,21 @@ def _add(a: ModelStates, b: ModelStates) -> ModelStates:
 
 
 def _states(
-    model: ModelSpec, plan: ParallelPlan, params: float, numerics: Numerics, *, layers: float
+    model: ModelSpec,
+    plan: ParallelPlan,
+    params: float,
+    numerics: Numerics,
+    *,
+    layers: float,
+    moe_blocks: float | None = None,
 ) -> ModelStates:
-    """Model states of a stage of ``layers`` blocks: routed experts sharded over the expert-data-parallel
-    group (``costmodel.moe``), the rest over DP x CP."""
-    experts = expert_params_per_gpu(model, plan, layers)
+    """Model states of a stage of ``layers`` blocks (``moe_blocks`` of them MoE): routed experts sharded
+    over the expert-data-parallel group (``costmodel.moe``), the rest over DP x CP."""
+    experts = expert_params_per_gpu(model, plan, layers, moe_blocks)
     dense = model_state_bytes(params - experts, plan, numerics)
     if not experts:
         return dense
-    return _add(dense, model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_dp))
+    return _add(dense, model_state_bytes(experts, plan, numerics, shard_degree=plan.expert_shard_degree))
 
 
 def states_floor_bytes(
@@ -150,6 +170,36 @@ def _split_rank_layers(
     except ValueError:
         return (num_layers / pp,) * pp
     return tuple(map(float, split.all_rank_layers()))
+
+
+def rank_moe_blocks(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...] | None:
+    """MoE blocks of each pipeline rank, counted on the block indices of its chunks (``moe_layers``): a
+    rank of DeepSeek-V3's first stage holds its 3 dense blocks, the middle ranks none. None where the
+    model's share holds (no PP, a dense model), or is what is priced (a hybrid pattern's mean blocks, a
+    split the framework cannot make)."""
+    if plan.pp == 1 or not model.is_moe or model.layer_pattern:
+        return None
+    return _split_rank_moe(
+        model.num_layers,
+        model.moe_layers,
+        plan.pp,
+        plan.virtual_stages,
+        str(plan.framework),
+        model.mtp_layers,
+        plan.schedule.v_shape,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_rank_moe(
+    num_layers: int, moe: tuple[int, ...], pp: int, v: int, framework: str, mtp: int, v_shape: bool
+) -> tuple[int, ...] | None:
+    try:
+        split = split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
+    except ValueError:
+        return None
+    kind = frozenset(moe)
+    return tuple(sum(i in kind for r in split.rank_blocks(rank) for i in r) for rank in range(pp))
 
 
 def ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:

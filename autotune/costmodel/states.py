@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.modelshape import mlp_part_params, routed_expert_params
 from autotune.plan import Framework, GradDtype, ParallelPlan, Precision, Sharding, StoreDtype
 from autotune.specs import ModelSpec
 
@@ -316,9 +317,28 @@ def root_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, first: bool, la
 
 
 def stage_params_per_gpu(
-    model: ModelSpec, plan: ParallelPlan, *, first: bool, last: bool, layers: float | None = None
+    model: ModelSpec,
+    plan: ParallelPlan,
+    *,
+    first: bool,
+    last: bool,
+    layers: float | None = None,
+    moe_blocks: float | None = None,
 ) -> float:
     """Parameters one GPU of a stage holds before sharding: its blocks (``layers``, by default ``L/pp``;
-    ``autotune/stagesplit.py`` for uneven splits) and its ends."""
-    blocks = (model.num_layers / plan.pp if layers is None else layers) * layer_params_per_gpu(model, plan)
+    ``autotune/stagesplit.py`` for uneven splits) and its ends. ``moe_blocks``: how many of the blocks are
+    MoE blocks (``stagestates.rank_moe_blocks``: DeepSeek-V3's first stage holds its 3 dense blocks), where
+    the mean block would be off; None for the model's share."""
+    n = model.num_layers / plan.pp if layers is None else layers
+    blocks = n * layer_params_per_gpu(model, plan)
+    if moe_blocks is not None:
+        extra = mlp_params_per_gpu(model, plan, moe=True) - mlp_params_per_gpu(model, plan, moe=False)
+        blocks += (moe_blocks - n * len(model.moe_layers) / model.num_layers) * extra
     return blocks + root_params_per_gpu(model, plan, first=first, last=last)
+
+
+def mlp_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -> float:
+    """The MLP terms of an MoE or a dense block on one GPU: routed experts over ``ep x etp``, the rest
+    over TP (``layer_params_per_gpu`` is their mean with the mixer)."""
+    routed = routed_expert_params(model) if moe else 0
+    return (mlp_part_params(model, moe=moe) - routed) / plan.tp + routed / (plan.ep * plan.etp)

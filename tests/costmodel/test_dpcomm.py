@@ -148,7 +148,7 @@ def test_megatron_reduces_routed_experts_over_the_expert_data_parallel_group():
     total = 0.0
     for part, size, link in [
         (dense, 32, comm.group_link(cluster, 32, 2)),
-        (experts, plan.expert_dp, comm.group_link(cluster, plan.expert_dp, 8)),
+        (experts, plan.expert_shard_degree, comm.group_link(cluster, plan.expert_shard_degree, 8)),
     ]:
         gathers, reduces = collective_calls(model, plan, part, model.num_layers)
         total += comm.reduce_scatter_s(part * grad, size, link, reduces)
