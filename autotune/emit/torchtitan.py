@@ -113,6 +113,8 @@ def torchtitan_unsupported(plan: ParallelPlan) -> list[str]:
         reasons.append(f"FSDP2 has no {plan.sharding} (optimizer-only or gradient-only) sharding")
     if plan.sharding is Sharding.NONE and plan.dp > 1 and plan.world_size > plan.dp:
         reasons.append("torchtitan's DDP (replicate without sharding) does not compose with TP/PP/CP")
+    if plan.sharding is Sharding.NONE and plan.cp > 1:  # parallel_dims.py: the fsdp mesh is dp_shard x cp
+        reasons.append("torchtitan shards the model states over CP whenever CP > 1 (--sharding fsdp-full)")
     if plan.offload:
         reasons.append("enable_cpu_offload moves parameters and gradients too, not only the optimizer states")
     if plan.precision is Precision.FP16:

@@ -234,6 +234,15 @@ def test_deepseek_v3_with_context_parallelism_is_not_written():
     assert not torchtitan_model_unsupported(load_model("qwen3-30b-a3b"), plan)
 
 
+def test_an_unsharded_plan_with_context_parallelism_is_not_written():
+    """torchtitan applies FSDP on its ``dp_shard x cp`` mesh whenever CP > 1, so an unsharded TP x CP plan
+    runs with its states halved: not the plan that was priced (benchmarks/torchtitan_validate_sampled.py
+    counted rank 0's parameters: half the model's)."""
+    plan = ParallelPlan(tp=4, cp=2, global_batch=64, seq_len=8192)
+    assert "shards the model states over CP" in torchtitan_unsupported(plan)[0]
+    assert not torchtitan_unsupported(plan.replace(cp=1, tp=8))
+
+
 def test_catalog_llama3_models_get_their_flavor(emitted):
     assert [torchtitan_flavor(load_model(m)) for m in ("llama3-8b", "llama3-70b", "llama3-405b", "7b")] == [
         "8B",
