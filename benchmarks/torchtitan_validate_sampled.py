@@ -25,6 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 
 from autotune.catalog import load_model, make_cluster  # noqa: E402
+from autotune.costmodel.stagestates import stage_states  # noqa: E402
+from autotune.costmodel.states import MIXED_BF16, state_bytes_per_param  # noqa: E402
 from autotune.emit import emit_all, torchtitan_unsupported  # noqa: E402
 from autotune.emit.torchtitan import torchtitan_model_unsupported  # noqa: E402
 from autotune.plan import Framework, ParallelPlan  # noqa: E402
@@ -69,6 +71,7 @@ import torch
 import torch.distributed as dist
 import torchtitan.tools.utils as U
 import torchtitan.distributed.parallel_dims as PD
+from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torchtitan.config import TORCH_DTYPE_MAP, ConfigManager
 from torchtitan.protocols import train_spec as TS
@@ -108,15 +111,16 @@ def start(toml, world):
         if not spec.pipelining_fn:  # as train.py raises it
             name = job.model.name
             raise RuntimeError(f"Pipeline Parallel is enabled but {name} does not support pipelining")
-        spec.pipelining_fn(model, dims, job, torch.device("cpu"), args, spec.parallelize_fn, loss)
+        parts = spec.pipelining_fn(model, dims, job, torch.device("cpu"), args, spec.parallelize_fn, loss)[1]
     else:
-        spec.parallelize_fn(model, dims, job)
+        parts = [spec.parallelize_fn(model, dims, job)]
+    local = [p.to_local() if isinstance(p, DTensor) else p for m in parts for p in m.parameters()]
+    return sum(p.numel() for p in local)  # what rank 0 keeps: its stages' shards
 
 for job in json.loads(sys.stdin.read()):
     try:
         ARCH[0] = tuple(job["arch"])
-        start(job["toml"], job["world"])
-        out = {"ok": True}
+        out = {"ok": True, "rank0_params": start(job["toml"], job["world"])}
     except ImportError as e:  # a kernel library torchtitan imports where it applies it (DeepEP)
         out = {"ok": None, "error": f"ImportError: {e}"[:400]}
     except Exception as e:
@@ -127,6 +131,15 @@ for job in json.loads(sys.stdin.read()):
 
 def _unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     return torchtitan_unsupported(plan) + torchtitan_model_unsupported(model, plan)
+
+
+def rank0_params(model: ModelSpec, plan: ParallelPlan) -> float:
+    """The parameters autotune's memory model puts on rank 0 (pipeline stage 0, every virtual chunk of it):
+    its weight bytes (``costmodel.stagestates``) over the stored bytes per parameter, the unsharded copy
+    left out."""
+    _, params, states = stage_states(model, plan, MIXED_BF16, rank=0)
+    per = state_bytes_per_param(plan, MIXED_BF16)
+    return (states.weights_bytes - params * per.unsharded_copy) / per.weight
 
 
 def _job(i: int, case: str, gpu: str, plan: ParallelPlan) -> dict:
@@ -143,10 +156,29 @@ def run(per_case: int, seed: int) -> list[dict]:
     jobs = [_job(i, case, gpu, p) for i, (case, gpu, p) in enumerate(plans)]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "LOCAL_RANK": "0"}
     results = run_children(_CHILD, jobs, env)
-    return [
-        {"case": case, "plan": fields(p), **{k: v for k, v in results[i].items() if k != "id"}}
-        for i, (case, _, p) in enumerate(plans)
-    ]
+    rows = []
+    for i, (case, _, p) in enumerate(plans):
+        row = {"case": case, "plan": fields(p), **{k: v for k, v in results[i].items() if k != "id"}}
+        if "rank0_params" in row:
+            row["autotune_rank0_params"] = rank0_params(load_model(case.split(" on ")[0]), p)
+        rows.append(row)
+    return rows
+
+
+def params_summary(rows: list[dict]) -> str:
+    """How far autotune's rank-0 parameters (``rank0_params``) are from what torchtitan left on rank 0."""
+    errors = sorted(
+        (r["autotune_rank0_params"] / r["rank0_params"] - 1, r["case"]) for r in rows if r.get("rank0_params")
+    )
+    if not errors:
+        return ""
+    worst = max(errors, key=lambda e: abs(e[0]))
+    within = sum(abs(e) <= 0.002 for e, _ in errors)
+    return (
+        f"\nParameters on rank 0 (its stages' shards, after `parallelize_fn` / `pipelining_fn`) against "
+        f"autotune's memory model (`rank0_params`): {within} of {len(errors)} plans within 0.2 %, the "
+        f"largest difference {worst[0]:+.2%} ({worst[1]}).\n"
+    )
 
 
 def main() -> int:
@@ -160,6 +192,7 @@ def main() -> int:
     rows = run(args.per_case, args.seed)
     what = f"`python benchmarks/torchtitan_validate_sampled.py` (torchtitan {torchtitan.__version__})"
     text = summary(rows, "Sampled search plans through torchtitan's own start-up", what, "framework-fsdp")
+    text += params_summary(rows)
     print(text)
     if args.out:
         write_results(args.out, text, rows, {"torchtitan": torchtitan.__version__, "seed": args.seed})

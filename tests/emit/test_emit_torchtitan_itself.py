@@ -153,6 +153,11 @@ STARTS = {  # model, GPU, plan: one of each path torchtitan's start-up takes (no
         dict(tp=8, pp=8, dp=2, virtual_stages=8, schedule="interleaved", sharding="fsdp-full"),
     ),
     "Qwen3-30B-A3B EP8 x FSDP16": ("qwen3-30b-a3b", "h100-sxm", dict(dp=16, ep=8, sharding="fsdp-full")),
+    "DeepSeek-V3 TP2 x HSDP 16 x 8 x EP16": (
+        "deepseek-v3",
+        "h100-sxm",
+        dict(tp=2, dp=128, ep=16, sharding="hsdp", hsdp_shard_size=8, sequence_parallel=True),
+    ),
     "DeepSeek-V3 PP4 x EP16 x FSDP64 (uneven), full AC, rowwise": (
         "deepseek-v3",
         "h100-sxm",
@@ -165,12 +170,14 @@ STARTS = {  # model, GPU, plan: one of each path torchtitan's start-up takes (no
 
 def test_torchtitan_starts_the_emitted_plans_on_a_fake_process_group():
     """What ``Trainer.__init__`` does before a device (``benchmarks/torchtitan_validate_sampled.py``'s child:
-    meshes, meta model, converters, batch asserts, parallelize or pipelining) on one plan of each path; and
+    meshes, meta model, converters, batch asserts, parallelize or pipelining) on one plan of each path, and
+    the parameters it leaves on rank 0 (its stages' shards) are those autotune's memory model holds there
+    (HSDP experts replicated over ``dp_replicate``; DeepSeek-V3's dense first blocks on the first stage); and
     the harness refuses what torchtitan refuses (qwen3 with PP, deepseek_v3 with CP, written by hand)."""
     from benchmarks._sampled_plans import run_children
-    from benchmarks.torchtitan_validate_sampled import _CHILD
+    from benchmarks.torchtitan_validate_sampled import _CHILD, rank0_params
 
-    jobs = {}  # name: (TOML, world size, compute capability)
+    jobs, expected = {}, {}  # name: (TOML, world size, compute capability); autotune's rank-0 parameters
     for name, (model_name, gpu, fields) in STARTS.items():
         seq_len = fields.get("seq_len", 4096)
         rest = {k: v for k, v in fields.items() if k != "seq_len"}
@@ -179,6 +186,7 @@ def test_torchtitan_starts_the_emitted_plans_on_a_fake_process_group():
         assert not torchtitan_unsupported(plan) and not torchtitan_model_unsupported(model, plan), name
         arch = (10, 0) if gpu == "b200" else (9, 0)
         jobs[name] = (dumps_toml(to_torchtitan_config(plan, model)), plan.world_size, arch)
+        expected[name] = rank0_params(model, plan)
     qwen3, world, arch = jobs["Qwen3-30B-A3B EP8 x FSDP16"]
     qwen3 = qwen3.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2")
     jobs["qwen3 with PP 2"] = (qwen3.replace("shard_degree = 16", "shard_degree = 8"), world, arch)
@@ -189,5 +197,7 @@ def test_torchtitan_starts_the_emitted_plans_on_a_fake_process_group():
     results = run_children(_CHILD, batch, {**os.environ, "PYTHONWARNINGS": "ignore"}, procs=1)
     verdicts = {name: results[i] for i, name in enumerate(jobs)}
     assert [n for n in STARTS if verdicts[n]["ok"] is not True] == [], verdicts
+    for name in STARTS:  # FSDP2 pads a shard to a whole row: within 0.2 %
+        assert verdicts[name]["rank0_params"] == pytest.approx(expected[name], rel=2e-3), name
     assert "does not support pipelining" in verdicts["qwen3 with PP 2"]["error"]
     assert "Context Parallel only supports SDPA" in verdicts["deepseek_v3 with CP 2"]["error"]
