@@ -30,7 +30,7 @@ from autotune.costmodel.states import (
 from autotune.modelshape import mtp_block_model
 from autotune.plan import ParallelPlan, Schedule
 from autotune.specs import ClusterSpec, ModelSpec
-from autotune.stagesplit import head_rank, split_layers_of
+from autotune.stagesplit import StageSplit, head_rank, split_layers_of
 
 __all__ = [
     "NOT_READ",
@@ -151,25 +151,7 @@ def states_floor_bytes(
 def rank_layers(model: ModelSpec, plan: ParallelPlan) -> tuple[float, ...]:
     """Blocks of each pipeline rank as the plan's framework splits them; ``L/pp`` each where it cannot
     (an illegal plan still gets its numbers, ``check_plan`` gives the reason)."""
-    return _split_rank_layers(
-        model.num_layers,
-        plan.pp,
-        plan.virtual_stages,
-        str(plan.framework),
-        model.mtp_layers,
-        plan.schedule.v_shape,
-    )
-
-
-@functools.lru_cache(maxsize=1024)
-def _split_rank_layers(
-    num_layers: int, pp: int, v: int, framework: str, mtp: int, v_shape: bool
-) -> tuple[float, ...]:
-    try:
-        split = split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
-    except ValueError:
-        return (num_layers / pp,) * pp
-    return tuple(map(float, split.all_rank_layers()))
+    return _split_rank_layers(_split_key(model, plan))
 
 
 def rank_moe_blocks(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...] | None:
@@ -179,27 +161,43 @@ def rank_moe_blocks(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...] | N
     split the framework cannot make)."""
     if plan.pp == 1 or not model.is_moe or model.layer_pattern:
         return None
-    return _split_rank_moe(
-        model.num_layers,
-        model.moe_layers,
-        plan.pp,
-        plan.virtual_stages,
-        str(plan.framework),
-        model.mtp_layers,
-        plan.schedule.v_shape,
-    )
+    return _split_rank_moe(model.moe_layers, _split_key(model, plan))
+
+
+_SplitKey = tuple[int, int, int, str, int, bool]
+
+
+def _split_key(model: ModelSpec, plan: ParallelPlan) -> _SplitKey:
+    """What a split depends on: layers, PP, virtual stages, framework, MTP modules, V placement."""
+    v_shape = plan.schedule.v_shape
+    return (model.num_layers, plan.pp, plan.virtual_stages, str(plan.framework), model.mtp_layers, v_shape)
 
 
 @functools.lru_cache(maxsize=1024)
-def _split_rank_moe(
-    num_layers: int, moe: tuple[int, ...], pp: int, v: int, framework: str, mtp: int, v_shape: bool
-) -> tuple[int, ...] | None:
+def _split(key: _SplitKey) -> StageSplit | None:
+    num_layers, pp, v, framework, mtp, v_shape = key
     try:
-        split = split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
+        return split_layers_of(num_layers, pp, v, framework, mtp, v_shape=v_shape)
     except ValueError:
         return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_rank_layers(key: _SplitKey) -> tuple[float, ...]:
+    split = _split(key)
+    if split is None:
+        num_layers, pp = key[0], key[1]
+        return (num_layers / pp,) * pp
+    return tuple(map(float, split.all_rank_layers()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_rank_moe(moe: tuple[int, ...], key: _SplitKey) -> tuple[int, ...] | None:
+    split = _split(key)
+    if split is None:
+        return None
     kind = frozenset(moe)
-    return tuple(sum(i in kind for r in split.rank_blocks(rank) for i in r) for rank in range(pp))
+    return tuple(sum(i in kind for r in split.rank_blocks(rank) for i in r) for rank in range(split.pp))
 
 
 def ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
