@@ -202,16 +202,23 @@ def _split_rank_moe(moe: tuple[int, ...], key: _SplitKey) -> tuple[int, ...] | N
 
 def ranks_to_check(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
     """The first and last rank, and with unequal middle ranks the one with the most blocks and the one
-    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches)."""
-    return _ranks_of(rank_layers(model, plan), plan.num_microbatches, plan.virtual_stages, plan.schedule)
+    with the most blocks x in-flight micro-batches (earlier ranks hold more micro-batches); with MoE blocks
+    counted per rank (``rank_moe_blocks``), also the earliest middle rank with the most of them (GLM-4.5's
+    3 dense blocks make its first stage lighter than the next at an even split)."""
+    layers, moe = rank_layers(model, plan), rank_moe_blocks(model, plan)
+    return _ranks_of(layers, plan.num_microbatches, plan.virtual_stages, plan.schedule, moe)
 
 
 @functools.lru_cache(maxsize=4096)
-def _ranks_of(layers: tuple[float, ...], m: int, v: int, schedule: Schedule) -> tuple[int, ...]:
+def _ranks_of(
+    layers: tuple[float, ...], m: int, v: int, schedule: Schedule, moe: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
     pp = len(layers)
     ranks = {0, pp - 1}
     middle = range(1, pp - 1)
     if middle and len(set(layers)) > 1:
         ranks.add(max(middle, key=lambda r: (layers[r], -r)))
         ranks.add(max(middle, key=lambda r: (layers[r] * in_flight_of(m, pp, v, schedule, r), -r)))
+    if middle and moe is not None:
+        ranks.add(max(middle, key=lambda r: (moe[r], -r)))
     return tuple(sorted(ranks))

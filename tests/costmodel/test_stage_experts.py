@@ -5,7 +5,7 @@ both against the parameters torchtitan 0.2.2 leaves on a rank."""
 import pytest
 
 from autotune.catalog import load_model
-from autotune.costmodel.stagestates import rank_layers, rank_moe_blocks, stage_states
+from autotune.costmodel.stagestates import rank_layers, rank_moe_blocks, ranks_to_check, stage_states
 from autotune.costmodel.states import MIXED_BF16
 from autotune.modelshape import mlp_part_params, routed_expert_params
 from autotune.plan import ParallelPlan
@@ -54,3 +54,14 @@ def test_hsdp_replicas_hold_their_own_copy_of_the_experts():
     for plan, shard, expert_shard in ((full, 16, 2), (hsdp, 8, 1)):
         weights = stage_states(model, plan, MIXED_BF16, rank=0)[2].weights_bytes
         assert weights == pytest.approx(4 * (dense / shard + experts / expert_shard), rel=1e-9)
+
+
+def test_the_memory_check_takes_the_first_all_moe_stage_at_an_even_split():
+    """GLM-4.5's 92 blocks split 4 x 23 by Megatron: the first stage's 3 dense blocks make it lighter than
+    the next, which holds more micro-batches in flight than the last; so it is checked too."""
+    model = load_model("glm-4.5")
+    plan = _plan(pp=4, dp=16, ep=8, framework="megatron", sharding="zero1")
+    assert rank_layers(model, plan) == (23.0,) * 4 and rank_moe_blocks(model, plan) == (20, 23, 23, 23)
+    assert ranks_to_check(model, plan) == (0, 1, 3)
+    first, second = (stage_states(model, plan, MIXED_BF16, rank=r)[1] for r in (0, 1))
+    assert second > first
