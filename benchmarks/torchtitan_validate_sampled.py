@@ -143,11 +143,12 @@ def rank0_params(model: ModelSpec, plan: ParallelPlan) -> float:
 
 
 def _job(i: int, case: str, gpu: str, plan: ParallelPlan) -> dict:
-    name = case.split(" on ")[0]
+    name, cluster = case.split(" on ")[0], make_cluster(num_gpus=plan.world_size, gpu=gpu)
     with tempfile.TemporaryDirectory() as tmp:
-        emit_all(plan, load_model(name), make_cluster(num_gpus=plan.world_size, gpu=gpu), None, tmp)
+        emit_all(plan, load_model(name), cluster, None, tmp)
         toml = (Path(tmp) / "torchtitan.toml").read_text()
-    return {"id": i, "toml": toml, "world": plan.world_size, "arch": (10, 0) if "b200" in gpu else (9, 0)}
+    major, minor = divmod(round(10 * (cluster.gpu.compute_capability or 9.0)), 10)  # the catalog's, e.g. 10.0
+    return {"id": i, "toml": toml, "world": plan.world_size, "arch": (major, minor)}
 
 
 def run(per_case: int, seed: int) -> list[dict]:
