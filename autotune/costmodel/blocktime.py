@@ -56,13 +56,17 @@ class BlockTimes(NamedTuple):
     embed_tp_s: float = 0.0
     """TP collectives of the embedding (first pipeline rank)."""
     host_s: float = 0.0
-    """Host time of the block's eager operators where the device does not hide it (``hostops``; 0 on GPUs)."""
+    """Host time of the block's eager operators where the device does not hide it (``hostops``; 0 on GPUs)
+    and what the MoE dispatcher's host sync exposes (``moe_sync_s``)."""
     edge_host_s: float = 0.0
     """The same for the embedding, head and loss (charged to the last pipeline rank)."""
     ep_s: float = 0.0
     """Exposed expert-parallel all-to-all of the block (``moe.dispatch_s``)."""
     offload_s: float = 0.0
     """Exposed copies of activation offloading, fine-grained or of whole layers (``actoffload``)."""
+    moe_sync_s: float = 0.0
+    """The MoE dispatcher's share of ``host_s`` (``moehost``): the GPU idles through it, waiting for the
+    host's next kernel, so the DP collectives already queued on their own streams run then too."""
 
     @property
     def fwd_s(self) -> float:
@@ -203,7 +207,8 @@ def block_times(
     if plan.moe_a2a_overlap:
         bt = bt._replace(ep_s=_overlapped_ep_s(model, cluster, plan, bt, tokens))
     bt = bt._replace(offload_s=_offload_s(model, cluster, plan, bt))
-    return bt._replace(host_s=bt.host_s + _moe_host_s(model, plan, bt))
+    sync_s = _moe_host_s(model, plan, bt)
+    return bt._replace(host_s=bt.host_s + sync_s, moe_sync_s=sync_s)
 
 
 def _offload_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes) -> float:

@@ -12,6 +12,8 @@ behind the last forward sync, so it too takes ``max(device, host)``. With paddin
 (``plan.moe_capacity_factor``: ``drop_and_pad``, every split is ``capacity``) ``preprocess`` returns
 before any device-to-host copy and the sync is skipped: the host runs ahead, and a layer's host time shows
 only where it passes the device's over the whole forward and backward.
+The GPU idles through the exposed host time, so the DP collectives already queued on their own streams
+run then: ``steptime`` counts it in the window they hide behind (``BlockTimes.moe_sync_s``).
 
 Host time = host-visible operations x ``HOST_OP_S``. The operations per layer are counted at the level of
 the Python call sites in Megatron-Core and Transformer Engine (each an ATen operator or a TE extension call;

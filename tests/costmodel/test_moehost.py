@@ -1,9 +1,11 @@
 """The host time a Megatron MoE layer exposes through its per-layer host sync (autotune.costmodel.moehost)."""
 
+import itertools
+
 import pytest
 
 from autotune.catalog import load_model, make_cluster
-from autotune.costmodel import moehost
+from autotune.costmodel import estimate, moehost
 from autotune.costmodel.blocktime import block_times
 from autotune.plan import ParallelPlan
 
@@ -63,3 +65,15 @@ def test_padding_to_capacity_skips_the_sync_so_the_host_runs_ahead():
     device_fwd, device_bwd = 0.5 * host_fwd, host_bwd + host_fwd
     assert moehost.exposed_s(qwen, _plan(), device_fwd, device_bwd) == pytest.approx(0.5 * host_fwd)
     assert moehost.exposed_s(qwen, padded, device_fwd, device_bwd) == 0.0
+
+
+def test_a_host_bound_step_is_not_faster_with_more_expert_work():
+    """The GPU idles through the host sync, so DP traffic hides there too: before, more routed work per rank
+    (a busier router: ``moe_load_imbalance``) widened the window the gradient reduction hid behind and a
+    host-bound Qwen3-30B-A3B step on B300 priced 1.39 s at balance and 1.25 s at 2x."""
+    qwen = load_model("qwen3-30b-a3b")
+    cluster = make_cluster(num_gpus=16, gpu="b300")
+    plan = _plan(dp=16, ep=2, micro_batch=2, sharding="fsdp-full", recompute="selective")
+    times = [estimate(qwen, cluster, plan.replace(moe_load_imbalance=x)).step_time_s for x in (1, 1.5, 2, 3)]
+    assert all(b >= a * (1 - 1e-12) for a, b in itertools.pairwise(times))
+    assert block_times(qwen, cluster, plan).moe_sync_s > 0
