@@ -215,3 +215,25 @@ def test_an_nvl_card_is_its_sxm_twin_at_its_own_datasheet_peaks_over_pcie(nvl, s
     )
     slow, fast = (estimate(model, make_cluster(gpu=g, num_gpus=8), plan) for g in (nvl, sxm))
     assert slow.feasible and slow.tokens_per_s < fast.tokens_per_s
+
+
+def test_every_gh100_card_carries_the_measured_gh100_curves():
+    """The GEMM-shape, fp8 and attention curves were measured on a GH100 (H200); a Hopper card without them
+    priced every GEMM and attention call at the large-shape efficiency: the Grand Teton H100 (500 W, 2.4 TB/s)
+    ran a small-shape plan 2.7x faster than an H100 SXM."""
+    gh100 = [load_gpu(n) for n in gpu_names() if load_gpu(n).compute_capability == 9.0]
+    curves = load_gpu("h100-sxm")
+    assert len(gh100) >= 7
+    for gpu in gh100:
+        assert (gpu.gemm_shape_curve, gpu.attention_curves, gpu.fp8_gemm_scale) == (
+            curves.gemm_shape_curve,
+            curves.attention_curves,
+            curves.fp8_gemm_scale,
+        ), gpu.key
+    model = load_model("mistral-small-24b")
+    plan = ParallelPlan(tp=2, pp=2, dp=8, cp=8, global_batch=256, seq_len=2048, framework=Framework.MEGATRON)
+    capped, full = (
+        estimate(model, make_cluster(gpu=g, num_gpus=256), plan) for g in ("h100-96gb", "h100-sxm")
+    )
+    assert load_gpu("h100-96gb").power_limit_w == 500
+    assert capped.step_time_s > full.step_time_s
