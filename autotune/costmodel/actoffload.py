@@ -60,25 +60,29 @@ def offloaded_bytes_per_layer(model: ModelSpec, plan: ParallelPlan, *, e: int, k
     return tokens * width / plan.tp
 
 
-def exposed_s(nbytes: float, gpu: GPUSpec, fwd_device_s: float, bwd_device_s: float) -> float:
-    """Seconds of one block's offload copies (``nbytes`` each way) that its forward and backward device time
-    do not hide (module docstring)."""
+def exposed_s(nbytes: float, gpu: GPUSpec, fwd_device_s: float, bwd_device_s: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's offload copies (``nbytes`` each way) that its forward and
+    backward device time do not hide (module docstring)."""
     if not nbytes:
-        return 0.0
+        return 0.0, 0.0
     copy_s = nbytes / host_link_bytes_per_s(gpu)
-    return max(0.0, copy_s - fwd_device_s) + max(0.0, copy_s - bwd_device_s)
+    return max(0.0, copy_s - fwd_device_s), max(0.0, copy_s - bwd_device_s)
 
 
 def block_exposed_s(
     model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, fwd_device_s: float, bwd_device_s: float
-) -> float:
-    """Exposed copy seconds of one (mean) block and micro-batch: its fine-grained offload, and its share of
-    the layer-level offload's whole layers (module docstring)."""
+) -> tuple[float, float]:
+    """(forward, backward) exposed copy seconds of one (mean) block and micro-batch: its fine-grained
+    offload, and its share of the layer-level offload's whole layers (module docstring)."""
     e, k = cluster.gpu.half_bytes, kernels_for(plan)
-    s = exposed_s(offloaded_bytes_per_layer(model, plan, e=e, k=k), cluster.gpu, fwd_device_s, bwd_device_s)
+    fwd, bwd = exposed_s(
+        offloaded_bytes_per_layer(model, plan, e=e, k=k), cluster.gpu, fwd_device_s, bwd_device_s
+    )
     n = plan.offload_activation_layers
     if n:
         x, rc = LayerShape.of(model, plan), plan.recompute
         whole = layer_activation_bytes(x, tp=plan.tp, sp=plan.sequence_parallel, recompute=rc, e=e, k=k)
-        s += min(1.0, n / model.num_layers) * exposed_s(whole, cluster.gpu, fwd_device_s, bwd_device_s)
-    return s
+        share = min(1.0, n / model.num_layers)
+        f, b = exposed_s(whole, cluster.gpu, fwd_device_s, bwd_device_s)
+        fwd, bwd = fwd + share * f, bwd + share * b
+    return fwd, bwd

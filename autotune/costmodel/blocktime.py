@@ -206,14 +206,10 @@ def block_times(
     )
     if plan.moe_a2a_overlap:
         bt = bt._replace(ep_s=_overlapped_ep_s(model, cluster, plan, bt, tokens))
-    bt = bt._replace(offload_s=_offload_s(model, cluster, plan, bt))
-    sync_s = _moe_host_s(model, plan, bt)
+    offload = actoffload.block_exposed_s(model, cluster, plan, *_device_s(bt))
+    bt = bt._replace(offload_s=sum(offload))
+    sync_s = _moe_host_s(model, plan, bt, offload)
     return bt._replace(host_s=bt.host_s + sync_s, moe_sync_s=sync_s)
-
-
-def _offload_s(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
-    """What the block's activation-offload copies leave exposed (``actoffload``) against its device time."""
-    return actoffload.block_exposed_s(model, cluster, plan, *_device_s(bt))
 
 
 def _overlapped_ep_s(
@@ -236,12 +232,15 @@ def _overlapped_ep_s(
     )
 
 
-def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes) -> float:
+def _moe_host_s(model: ModelSpec, plan: ParallelPlan, bt: BlockTimes, offload: tuple[float, float]) -> float:
     """What the per-layer host sync of the MoE dispatcher exposes (``moehost``), against the block's device
-    time (``_device_s``) and the token exchange split by its calls (2 of 4, or of 6 with full recompute)."""
+    time (``_device_s``), the token exchange split by its calls (2 of 4, or of 6 with full recompute) and the
+    (forward, backward) offload copies the device waits for (``actoffload``): the host issues on meanwhile,
+    so a layer takes the longer of the host's time and the device's with its waits, not their sum less the
+    device's twice."""
     ep_fwd = bt.ep_s * (2 / 6 if plan.recompute is Recompute.FULL else 0.5)
     fwd_s, bwd_s = _device_s(bt)
-    return moehost.exposed_s(model, plan, fwd_s + ep_fwd, bwd_s + bt.ep_s - ep_fwd)
+    return moehost.exposed_s(model, plan, fwd_s + ep_fwd + offload[0], bwd_s + bt.ep_s - ep_fwd + offload[1])
 
 
 def _device_s(bt: BlockTimes) -> tuple[float, float]:

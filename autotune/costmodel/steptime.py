@@ -207,8 +207,10 @@ def step_time(
     m = plan.num_microbatches
     ov = dp_overlap_fraction(cluster)
     rerun_s = _rerun_s(bt, plan)
-    # what DP traffic hides behind: the device's work, and the MoE host sync it idles through (``moehost``)
-    mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s + rerun_s + bt.moe_sync_s) + head_s
+    # what DP traffic hides behind: the device's work and what its compute stream idles through, the MoE host
+    # sync (``moehost``) and the activation copies it waits for (``actoffload``)
+    idle_s = bt.moe_sync_s + bt.offload_s
+    mb_compute_s = blocks * (bt.fwd_s + bt.bwd_s + bt.recompute_s + rerun_s + idle_s) + head_s
     mb_s = blocks * (block_s + rerun_s) + head_s + edge_tp_s + edge_host
     busiest = max(k_last, k_other)
     params = _rank_params(model, plan, busiest)
