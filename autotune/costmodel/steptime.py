@@ -223,10 +223,11 @@ def step_time(
         if zero3
         else dp_collective_calls(model, plan, params, busiest)[0]
     )
-    # per-micro-batch traffic hides behind each micro-batch's compute, once-per-step traffic behind one's
+    # per-micro-batch traffic hides behind each micro-batch's compute; once-per-step traffic behind one
+    # micro-batch's, beside that micro-batch's own traffic (one window, not two)
     dp_exposed = (
-        m * exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
-        + exposed_s(dp.once_s, mb_compute_s, blocks, ov)
+        (m - 1) * exposed_s(dp_mb_s, mb_compute_s, blocks, ov)
+        + exposed_s(dp_mb_s + dp.once_s, mb_compute_s, blocks, ov)
         + dp.tail_s
     )
     # the hidden part still holds NCCL's SMs while the compute it overlaps runs (``ncclsm``)

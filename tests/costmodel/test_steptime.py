@@ -323,3 +323,17 @@ def test_a_measured_pipeline_action_cost_replaces_the_send_latency_of_torch_sche
     # DeepSpeed's and Megatron's schedules are not torch's: their sends keep the link latency
     ds = ParallelPlan(pp=2, global_batch=8, micro_batch=2, seq_len=64, framework="deepspeed", sharding="none")
     assert step_time(tiny, measured, ds).pp_p2p_s == step_time(tiny, unmeasured, ds).pp_p2p_s
+
+
+def test_once_per_step_traffic_shares_its_micro_batch_window_with_that_micro_batchs_own():
+    """HSDP's replica all-reduce (once per step) and FSDP's gathers and reduce-scatters (every micro-batch)
+    hid behind the same micro-batch's compute twice over, so with one micro-batch a recompute, which widens
+    that window, made a comm-bound GPT-3 step on 64 L40S faster: 155.1 s without, 150.1 selective, 145.7
+    full. One window now: each recompute costs time."""
+    model, cluster = load_model("gpt3-175b"), make_cluster(num_gpus=64, gpu="l40s")
+    plan = ParallelPlan(
+        dp=64, global_batch=64, seq_len=8192, sharding="hsdp", hsdp_shard_size=8, offload=True
+    )
+    times = [step_time(model, cluster, plan.replace(recompute=r)) for r in ("none", "selective", "full")]
+    assert times[0].dp_comm_s > 0.3 * times[0].step_time_s  # comm-bound
+    assert times[0].step_time_s < times[1].step_time_s < times[2].step_time_s
