@@ -58,6 +58,8 @@ __all__ = [
     "megatron_grad_bytes",
     "megatron_optimizer_bytes",
     "layer_params_per_gpu",
+    "router_params",
+    "tp_replicated_params",
     "root_params_per_gpu",
     "stage_params_per_gpu",
     "vocab_split",
@@ -286,10 +288,33 @@ def optimizer_step_temp_bytes(
 
 
 def layer_params_per_gpu(model: ModelSpec, plan: ParallelPlan) -> float:
-    """Parameters of one transformer block on one TP rank (Megatron splits every matrix by ``t``); routed
-    experts are split over ``ep x etp`` instead (``costmodel.moe``; the mean block of an MoE model)."""
-    experts = model.expert_params_per_layer
-    return (model.params_per_layer - experts) / plan.tp + experts / (plan.ep * plan.etp)
+    """Parameters of one transformer block on one TP rank (Megatron splits every matrix by ``t``) but those
+    every TP rank holds whole (``tp_replicated_params``); routed experts are split over ``ep x etp`` instead
+    (``costmodel.moe``; the mean block of an MoE model)."""
+    experts, whole = model.expert_params_per_layer, tp_replicated_params(model)
+    return (model.params_per_layer - experts - whole) / plan.tp + whole + experts / (plan.ep * plan.etp)
+
+
+def router_params(model: ModelSpec) -> int:
+    """One MoE layer's router: the ``E x h`` gate and the experts' score bias."""
+    e = model.num_experts
+    return model.hidden_size * e + (e if model.expert_bias else 0) if model.is_moe else 0
+
+
+def tp_replicated_params(model: ModelSpec) -> float:
+    """Parameters of the mean block that TP does not split: the norms (Megatron's and torch's TP split the
+    weight matrices; a norm runs on the whole hidden width, or the sequence shard), MLA's down projections
+    and latent norms (Megatron-Core ``linear_q_down_proj`` / ``linear_kv_down_proj`` built as TE
+    ``parallel_mode="duplicated"``, multi_latent_attention.py; torchtitan deepseek_v3 ``wq_a``, ``wkv_a``,
+    ``q_norm``, ``kv_norm`` as ``NoParallel``) and the router (Megatron's ``TopKRouter`` weight; torchtitan
+    ``moe.router.gate`` ``NoParallel``)."""
+    h = model.hidden_size
+    norms = model.num_layer_norms * h * (2 if model.bias else 1)
+    mla = 0
+    if model.uses_mla:
+        r_q, r_kv = model.q_lora_rank or 0, model.kv_lora_rank
+        mla = h * (r_q + r_kv + model.qk_rope_head_dim) + r_q + r_kv
+    return norms + mla + len(model.moe_layers) / model.num_layers * router_params(model)
 
 
 def vocab_split(plan: ParallelPlan) -> int:
@@ -341,4 +366,6 @@ def mlp_params_per_gpu(model: ModelSpec, plan: ParallelPlan, *, moe: bool) -> fl
     """The MLP terms of an MoE or a dense block on one GPU: routed experts over ``ep x etp``, the rest
     over TP (``layer_params_per_gpu`` is their mean with the mixer)."""
     routed = routed_expert_params(model) if moe else 0
-    return (mlp_part_params(model, moe=moe) - routed) / plan.tp + routed / (plan.ep * plan.etp)
+    router = router_params(model) if moe else 0  # whole on every TP rank (``tp_replicated_params``)
+    split = mlp_part_params(model, moe=moe) - routed - router
+    return split / plan.tp + router + routed / (plan.ep * plan.etp)

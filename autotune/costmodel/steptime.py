@@ -35,7 +35,7 @@ from autotune.costmodel.offload import (
     optimizer_s,
 )
 from autotune.costmodel.overlap import dp_overlap_fraction, exposed_s
-from autotune.costmodel.states import vocab_split
+from autotune.costmodel.states import tp_replicated_params, vocab_split
 from autotune.pickled import by_values
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -143,8 +143,11 @@ def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
     both = plan.pp == 1 or plan.schedule.v_shape  # a V holds the embedding and the head on rank 0
     ends = model.embedding_params if both else model.vocab_size * model.hidden_size
     body = model.num_params - model.embedding_params if plan.pp == 1 else blocks * model.params_per_layer
-    experts = (model.num_layers if plan.pp == 1 else blocks) * model.expert_params_per_layer
-    return (body - experts) / plan.tp + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
+    n = model.num_layers if plan.pp == 1 else blocks
+    experts, whole = n * model.expert_params_per_layer, n * tp_replicated_params(model)
+    return (
+        (body - experts - whole) / plan.tp + whole + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
+    )
 
 
 def _offload_s(
