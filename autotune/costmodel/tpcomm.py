@@ -30,12 +30,16 @@ weight (and bias) gradients are partial sums over the TP group (``sp_norm_grads`
 them once per step, coalesced (``finalize_model_grads``, ``_allreduce_layernorm_grads``); autotune's torch
 trainer does the same where no data-parallel wrapper runs (``trials.train.reduce_partial_grads``); under
 FSDP2 or ``replicate`` (DP > 1) FSDP2 all-reduces each such gradient over TP through DTensor, in every
-micro-batch (counted: 9 per micro-batch on ``tiny`` at TP 2 x DP 2, tests/trials/test_tp_comm.py).
+micro-batch (counted: 9 per micro-batch on ``tiny`` at TP 2 x DP 2, tests/trials/test_tp_comm.py). The
+other weights TP leaves whole see only the rank's sequence shard too and are reduced with them: MLA's down
+projections and latent norms and the router (``states.tp_replicated_params``; Megatron marks them
+``sequence_parallel``, torchtitan holds them as replicated DTensors).
 """
 
 from __future__ import annotations
 
 from autotune.costmodel import comm
+from autotune.costmodel.states import tp_replicated_params
 from autotune.modelshape import kv_replicas
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -158,7 +162,12 @@ def sp_norm_grads(
     if plan.tp <= 1 or not plan.sequence_parallel or plan.framework is Framework.DEEPSPEED:
         return 0.0, 0
     tensors = norm_grad_tensors(model, blocks, final_norm)
-    nbytes = tensors * model.hidden_size * NORM_GRAD_BYTES
+    nbytes: float = tensors * model.hidden_size * NORM_GRAD_BYTES
+    if model.uses_mla or model.is_moe:  # MLA's down projections and latent norms, the routers
+        norms = model.num_layer_norms * model.hidden_size * (2 if model.bias else 1)
+        nbytes += blocks * (tp_replicated_params(model) - norms) * NORM_GRAD_BYTES
+        moe_blocks = round(blocks * len(model.moe_layers) / model.num_layers)
+        tensors += blocks * (2 + 2 * bool(model.q_lora_rank)) * model.uses_mla + moe_blocks
     link = comm.group_link(cluster, plan.tp, 1)
     if plan.framework is Framework.FSDP and plan.dp > 1:
         calls = plan.num_microbatches * tensors

@@ -7,6 +7,7 @@ import pytest
 from autotune.catalog import load_model, make_cluster, model_from_dict
 from autotune.costmodel import comm, flops, pipeline
 from autotune.costmodel.dpcomm import collective_calls
+from autotune.costmodel.states import tp_replicated_params
 from autotune.costmodel.steptime import step_time
 from autotune.costmodel.tpcomm import NORM_GRAD_BYTES, norm_grad_tensors, sp_norm_grads
 from autotune.costmodel.tpcomm import collective_calls as tp_calls
@@ -295,6 +296,28 @@ def test_sequence_parallel_reduces_the_partial_norm_gradients():
     )
     pp = ParallelPlan(tp=2, pp=2, global_batch=4, micro_batch=1, seq_len=64, sequence_parallel=True)
     assert sp_norm_grads(tiny, cpu, pp, 2, False)[0] < sp_norm_grads(tiny, cpu, pp, 2, True)[0]
+
+
+def test_sequence_parallel_also_reduces_mla_down_projections_and_routers():
+    """The other weights TP leaves whole (``tp_replicated_params``: DeepSeek-V3's MLA down projections and
+    latent norms, the router) see only the sequence shard too: reduced with the norms, 4 + 1 more tensors
+    per MoE block (Megatron: one coalesced all-reduce)."""
+    model = load_model("deepseek-v3")
+    cluster = make_cluster(num_gpus=64, gpu="h100-sxm")
+    plan = ParallelPlan(
+        tp=8, dp=8, ep=8, global_batch=64, seq_len=4096, sequence_parallel=True, framework="megatron"
+    )
+    link = comm.group_link(cluster, 8, 1)
+    blocks = 8  # MoE blocks
+    elements = blocks * tp_replicated_params(model) + model.hidden_size  # and the final norm
+    assert sp_norm_grads(model, cluster, plan, blocks, True) == (
+        pytest.approx(comm.allreduce_s(elements * NORM_GRAD_BYTES, 8, link)),
+        0,
+    )
+    fsdp = plan.replace(framework="fsdp", sharding="fsdp-full")
+    assert sp_norm_grads(model, cluster, fsdp, blocks, True)[1] == fsdp.num_microbatches * (
+        norm_grad_tensors(model, blocks, True) + 5 * blocks
+    )
 
 
 def test_a_measured_pipeline_action_cost_replaces_the_send_latency_of_torch_schedules():
