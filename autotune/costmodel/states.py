@@ -58,6 +58,7 @@ __all__ = [
     "megatron_grad_bytes",
     "megatron_optimizer_bytes",
     "layer_params_per_gpu",
+    "layer_norm_params",
     "router_params",
     "tp_replicated_params",
     "root_params_per_gpu",
@@ -309,12 +310,16 @@ def tp_replicated_params(model: ModelSpec) -> float:
     ``q_norm``, ``kv_norm`` as ``NoParallel``) and the router (Megatron's ``TopKRouter`` weight; torchtitan
     ``moe.router.gate`` ``NoParallel``)."""
     h = model.hidden_size
-    norms = model.num_layer_norms * h * (2 if model.bias else 1)
     mla = 0
     if model.uses_mla:
         r_q, r_kv = model.q_lora_rank or 0, model.kv_lora_rank
         mla = h * (r_q + r_kv + model.qk_rope_head_dim) + r_q + r_kv
-    return norms + mla + len(model.moe_layers) / model.num_layers * router_params(model)
+    return layer_norm_params(model) + mla + len(model.moe_layers) / model.num_layers * router_params(model)
+
+
+def layer_norm_params(model: ModelSpec) -> int:
+    """The sub-layer norms of one block: a weight per norm, and a bias with ``ModelSpec.bias`` (LayerNorm)."""
+    return model.num_layer_norms * model.hidden_size * (2 if model.bias else 1)
 
 
 def vocab_split(plan: ParallelPlan) -> int:

@@ -39,7 +39,7 @@ projections and latent norms and the router (``states.tp_replicated_params``; Me
 from __future__ import annotations
 
 from autotune.costmodel import comm
-from autotune.costmodel.states import tp_replicated_params
+from autotune.costmodel.states import layer_norm_params, tp_replicated_params
 from autotune.modelshape import kv_replicas
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -164,8 +164,7 @@ def sp_norm_grads(
     tensors = norm_grad_tensors(model, blocks, final_norm)
     nbytes: float = tensors * model.hidden_size * NORM_GRAD_BYTES
     if model.uses_mla or model.is_moe:  # MLA's down projections and latent norms, the routers
-        norms = model.num_layer_norms * model.hidden_size * (2 if model.bias else 1)
-        nbytes += blocks * (tp_replicated_params(model) - norms) * NORM_GRAD_BYTES
+        nbytes += blocks * (tp_replicated_params(model) - layer_norm_params(model)) * NORM_GRAD_BYTES
         moe_blocks = round(blocks * len(model.moe_layers) / model.num_layers)
         tensors += blocks * (2 + 2 * bool(model.q_lora_rank)) * model.uses_mla + moe_blocks
     link = comm.group_link(cluster, plan.tp, 1)
