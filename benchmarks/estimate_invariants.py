@@ -12,6 +12,9 @@ Laws (a violation is a change beyond 0.5 % the wrong way):
   schedules, whose weight-gradient pass fills the bubble with the rerun (``steptime._bubble_fraction``);
 - ``offload``: offloading the optimizer never takes more device memory;
 - ``overlap``: turning Megatron's DP overlap off is never faster;
+- ``knobs``: torch.compile or async TP turned on is never slower; offloading the optimizer never faster;
+- ``irrelevant``: a field the plan does not read (the CP exchange at CP 1, the fp8 recipe of a bf16 plan,
+  the dispatcher at EP 1, the schedule at PP 1) changes nothing;
 - ``batch``: twice the global batch (twice the micro-batches) never lowers tokens/s;
 - ``gpu``: an H200 (an H100 SXM's FLOPs with more HBM bandwidth) is never slower than an H100 SXM;
 - ``sharding``: sharding more (ZeRO 0 < 1 < 2 < 3; FSDP none < grad-op < full) never allocates more than
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import random
 import sys
 from collections import Counter
@@ -41,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
 
 from autotune.catalog import gpu_names, load_model, make_cluster, model_names  # noqa: E402
-from autotune.costmodel import estimate  # noqa: E402
+from autotune.costmodel import Estimate, estimate  # noqa: E402
 from autotune.enumeration import enumerate_plans  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.legality import check_plan  # noqa: E402
@@ -59,6 +63,7 @@ SHARDING_ORDER = {
 }
 RECOMPUTE_ORDER = ("none", "selective", "full")
 TOY_MODELS = ("tiny", "small", "tiny-moe")
+LAWS = ("imbalance", "recompute", "offload", "overlap", "knobs", "irrelevant", "batch", "gpu", "sharding")
 
 
 def sample(
@@ -95,6 +100,27 @@ def _variant(
     return None if check_plan(other, model, cluster) else other
 
 
+def _unread_fields(plan: ParallelPlan) -> list[dict[str, object]]:
+    """Changes to fields this plan does not read (``ParallelPlan``'s field docs say when each is read)."""
+    out: list[dict[str, object]] = []
+    if plan.cp == 1:
+        out += [{"cp_comm": "allgather"}, {"cp_comm": "a2a"}]
+    if plan.precision.value != "fp8":
+        out.append({"fp8_recipe": "rowwise"})
+    if plan.ep == 1:
+        out.append({"moe_dispatcher": "allgather"})
+    if plan.pp == 1:
+        out.append({"schedule": "gpipe"})
+    return out
+
+
+def _differs(a: Estimate, b: Estimate) -> bool:
+    return not (
+        math.isclose(a.step_time_s, b.step_time_s, rel_tol=1e-9)
+        and math.isclose(a.memory_bytes_per_gpu, b.memory_bytes_per_gpu, rel_tol=1e-9)
+    )
+
+
 def violations(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[tuple[str, str]]:
     """(law, what moved) for every law of the module docstring this plan breaks."""
     base = estimate(model, cluster, plan)
@@ -119,6 +145,16 @@ def violations(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> li
     for flag in ("overlap_grad_reduce", "overlap_param_gather"):
         if getattr(plan, flag):
             slower("overlap", _variant(plan, model, cluster, **{flag: False}))
+    for knob in ("compile", "async_tp"):
+        if not getattr(plan, knob) and (other := _variant(plan, model, cluster, **{knob: True})):
+            if (e := estimate(model, cluster, other)).step_time_s > base.step_time_s * TOL:
+                out.append(("knobs", f"{knob}: {base.step_time_s:.4g} -> {e.step_time_s:.4g} s"))
+    if not plan.offload:
+        slower("knobs", _variant(plan, model, cluster, offload=True))
+    for unread in _unread_fields(plan):
+        other = _variant(plan, model, cluster, **unread)
+        if other and _differs(estimate(model, cluster, other), base):
+            out.append(("irrelevant", f"{unread} moved the estimate"))
     if other := _variant(plan, model, cluster, global_batch=plan.global_batch * 2):
         if (e := estimate(model, cluster, other)).tokens_per_s * TOL < base.tokens_per_s:
             out.append(("batch", f"{base.tokens_per_s:.4g} -> {e.tokens_per_s:.4g} tokens/s"))
@@ -164,10 +200,7 @@ def main() -> None:
         "",
         "| law | violations | first example |",
         "|---|---|---|",
-        *(
-            f"| {law} | {broken[law]} | {examples.get(law, '')} |"
-            for law in ("imbalance", "recompute", "offload", "overlap", "batch", "gpu", "sharding")
-        ),
+        *(f"| {law} | {broken[law]} | {examples.get(law, '')} |" for law in LAWS),
     ]
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

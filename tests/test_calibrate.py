@@ -85,22 +85,28 @@ def test_with_2_percent_noise_the_factors_come_back_close_and_the_fit_beats_the_
 NO_OVERHEAD = Factors(gemm_efficiency=0.55, collective_efficiency=0.6, dp_overlap_fraction=0.5)
 NOISE_SEEDS = range(1, 9)
 """Eight draws of 2 % noise on data with no overheads or latency scale. The AIC (a penalty of 2 per parameter)
-adds a factor the data does not need about one time in six: its false positives are a count over draws,
-not one draw's verdict (which moved with the plans the memory model lets into ``setup``)."""
+adds a group the data does not need at the rate Gaussian residuals pass it: P(chi2_1 > 2) = 0.16 for the
+latency scale, P(chi2_2 > 4) = 0.14 for the pair of overheads (~1.1-1.3 of 8 draws expected, 2 or more in 30 %
+of runs). Its false positives are a count over draws, not one draw's verdict (which moves with the plans the
+cost model ranks into ``setup``: session 50's step-time fixes moved them, and two of the eight draws then fit
+an overhead where none had before)."""
 AIC_FALSE_POSITIVES = 3
-"""At most this many of the eight draws may fit the latency scale the data does not have (~1.3 expected)."""
+"""At most this many of the eight draws may fit a group the data does not have (4 or more: 2 % of runs)."""
 
 
 @pytest.mark.slow
 def test_overheads_stay_out_when_the_data_does_not_need_them(setup):
     model, cluster, plans = setup
-    latency = 0
+    latency = overheads = 0
     for seed in NOISE_SEEDS:
         result = fit(model, cluster, _observe(model, cluster, plans, NO_OVERHEAD, noise=0.02, seed=seed))
         assert result.fitted[:3] == ("gemm_efficiency", "collective_efficiency", "dp_overlap_fraction")
-        assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0, seed
+        if "step_overhead_s" in result.fitted:
+            overheads += 1
+        else:
+            assert result.factors.step_overhead_s == result.factors.microbatch_overhead_s == 0.0, seed
         latency += "latency_scale" in result.fitted
-    assert latency <= AIC_FALSE_POSITIVES
+    assert latency <= AIC_FALSE_POSITIVES and overheads <= AIC_FALSE_POSITIVES
 
 
 @pytest.mark.slow
