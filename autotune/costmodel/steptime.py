@@ -35,7 +35,7 @@ from autotune.costmodel.offload import (
     optimizer_s,
 )
 from autotune.costmodel.overlap import dp_overlap_fraction, exposed_s
-from autotune.costmodel.states import tp_replicated_params, vocab_split
+from autotune.costmodel.states import layer_params_per_gpu, vocab_split
 from autotune.pickled import by_values
 from autotune.plan import Framework, ParallelPlan, Recompute
 from autotune.specs import ClusterSpec, ModelSpec
@@ -138,16 +138,13 @@ def _bubble_fraction(bt: BlockTimes, plan: ParallelPlan) -> float:
 
 
 def _rank_params(model: ModelSpec, plan: ParallelPlan, blocks: int) -> float:
-    """Parameters held by the most-loaded GPU: its blocks split over TP, plus the embedding / LM head on a
-    pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
+    """Parameters held by the most-loaded GPU: its blocks (``states.layer_params_per_gpu``), plus the
+    embedding / LM head on a pipeline end (split as ``states.vocab_split``); with PP=1 the whole model."""
     both = plan.pp == 1 or plan.schedule.v_shape  # a V holds the embedding and the head on rank 0
     ends = model.embedding_params if both else model.vocab_size * model.hidden_size
-    body = model.num_params - model.embedding_params if plan.pp == 1 else blocks * model.params_per_layer
     n = model.num_layers if plan.pp == 1 else blocks
-    experts, whole = n * model.expert_params_per_layer, n * tp_replicated_params(model)
-    return (
-        (body - experts - whole) / plan.tp + whole + experts / (plan.ep * plan.etp) + ends / vocab_split(plan)
-    )
+    rest = model.num_params - model.embedding_params - n * model.params_per_layer if plan.pp == 1 else 0.0
+    return n * layer_params_per_gpu(model, plan) + rest / plan.tp + ends / vocab_split(plan)
 
 
 def _offload_s(
