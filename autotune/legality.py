@@ -23,6 +23,7 @@ from autotune.legalrules import (
     fp8_recipe_missing,
     hsdp_group_bad,
     interleave_bad,
+    latent_moe_broken,
     megatron_fsdp_bad,
     microbatch_broken,
     mxfp8_gpu_bad,
@@ -371,8 +372,8 @@ def check_plan(plan: ParallelPlan, model: ModelSpec, cluster: ClusterSpec) -> li
         )
     errors += recompute_modules_model_errors(plan, model)
     errors += mixer_errors(plan, model)
-    if model.moe_latent_size and plan.framework is not Framework.MEGATRON:  # moe_layer.py fc1_latent_proj
-        errors.append(f"LatentMoE runs in Megatron-Core only: use --framework megatron, not {plan.framework}")
+    if latent := latent_moe_broken(model.moe_latent_size, plan.framework, plan.tp):
+        errors.append(latent)
     return errors + _expert_model_errors(plan, model) + _mtp_errors(plan, model)
 
 

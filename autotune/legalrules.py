@@ -42,6 +42,7 @@ __all__ = [
     "deepspeed_broken",
     "expert_model_broken",
     "expert_fold_broken",
+    "latent_moe_broken",
     "capacity_broken",
     "store_dtype_broken",
     "megatron_runs_stores",
@@ -223,6 +224,19 @@ def expert_model_broken(
         "megatron-sp": fw is Framework.MEGATRON and tp > 1 and not sequence_parallel,
     }
     return [name for name, broken in rules.items() if broken]
+
+
+def latent_moe_broken(latent_size: int, fw: Framework, tp: int) -> str:
+    """Who runs LatentMoE (routed experts behind ``fc1_latent_proj`` / ``fc2_latent_proj``): Megatron-Core
+    (``moe_layer.py``) and NeMo AutoModel's FSDP2 + EP ``nemotron_v3`` model, whose MoE parallelizer asserts
+    TP 1 (``components/moe/parallelizer.py``; its published Nemotron 3 Super run: 64 H100, EP 64, FSDP 64).
+    DeepSpeed has no model code for it. Empty when the plan's framework runs it."""
+    if not latent_size or fw is Framework.MEGATRON or (fw is Framework.FSDP and tp == 1):
+        return ""
+    if fw is Framework.FSDP:
+        return f"LatentMoE with TP runs in Megatron-Core only: use --tp 1 or --framework megatron (TP {tp})"
+    who = "Megatron-Core and FSDP2 (NeMo AutoModel)"
+    return f"LatentMoE runs in {who}: use --framework megatron or fsdp, not {fw}"
 
 
 def expert_fold_broken(

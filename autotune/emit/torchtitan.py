@@ -139,6 +139,8 @@ def torchtitan_model_unsupported(model: ModelSpec, plan: ParallelPlan | None = N
         return ["torchtitan 0.2.2 has no Gated DeltaNet model (its models: llama3, qwen3, deepseek_v3, ...)"]
     if model.layer_pattern:
         return ["torchtitan 0.2.2 has no hybrid Mamba-2 model (its models: llama3, qwen3, deepseek_v3, ...)"]
+    if model.moe_latent_size:
+        return ["torchtitan 0.2.2 has no LatentMoE model (its models: llama3, qwen3, deepseek_v3, ...)"]
     if plan is None:
         return []
     name = torchtitan_model(model)

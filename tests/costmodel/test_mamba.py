@@ -14,8 +14,10 @@ from autotune.catalog import load_model, make_cluster, model_from_dict
 from autotune.costmodel import estimate, flops, gemms
 from autotune.costmodel.activations import LayerShape, kernels_for, norm_side_bytes
 from autotune.costmodel.tpcomm import block_collectives
+from autotune.emit.torchtitan import torchtitan_model_unsupported
 from autotune.errors import ConfigError
-from autotune.plan import ParallelPlan, check_plan
+from autotune.legalrules import latent_moe_broken
+from autotune.plan import Framework, ParallelPlan, check_plan
 
 CONFIGS = Path(__file__).resolve().parents[2] / "autotune" / "data" / "hf_configs"
 NANO = CONFIGS / "nemotron-3-nano-30b-a3b.json"
@@ -237,12 +239,24 @@ def test_latent_moe_experts_and_dispatch_run_at_the_latent_width(super_):
     )
 
 
-def test_latent_moe_runs_in_megatron_only_and_is_emitted(super_):
+def test_latent_moe_runs_where_its_code_exists_and_is_emitted(super_):
+    """Megatron-Core, and FSDP2 at TP 1 (NeMo AutoModel's published 64-H100 run); not with TP outside
+    Megatron, and torchtitan has no model for it."""
     plan = ParallelPlan(dp=64, ep=64, global_batch=512, seq_len=8192, framework="megatron", sharding="zero1")
     cluster = make_cluster(num_gpus=64, gpu="b300")
     assert not check_plan(plan, super_, cluster)
     fsdp = plan.replace(framework="fsdp", sharding="fsdp-full")
-    assert any("LatentMoE runs in Megatron-Core only" in e for e in check_plan(fsdp, super_, cluster))
+    assert not check_plan(fsdp, super_, cluster)
+    tp = fsdp.replace(tp=2, dp=32, ep=32)
+    assert any(
+        e.startswith("LatentMoE with TP runs in Megatron-Core only") for e in check_plan(tp, super_, cluster)
+    )
+    assert latent_moe_broken(1024, Framework.DEEPSPEED, 1).startswith(
+        "LatentMoE runs in Megatron-Core and FSDP2"
+    )
+    assert torchtitan_model_unsupported(dataclasses.replace(super_, layer_pattern=""))[0].endswith(
+        "has no LatentMoE model (its models: llama3, qwen3, deepseek_v3, ...)"
+    )
     from autotune.emit.megatron import megatron_args_text
 
     assert "--moe-latent-size 1024" in megatron_args_text(plan, super_).splitlines()
