@@ -9,7 +9,10 @@ Laws (a violation is a change beyond 0.5 % the wrong way):
 
 - ``imbalance``: a busier EP rank (``moe_load_imbalance`` x1.5) is never faster, never smaller;
 - ``recompute``: more recompute (none < selective < full) is never faster, outside the zero-bubble
-  schedules, whose weight-gradient pass fills the bubble with the rerun (``steptime._bubble_fraction``);
+  schedules, whose weight-gradient pass fills the bubble with the rerun (``steptime._bubble_fraction``),
+  and never allocates more, outside GPipe (every micro-batch's forward held at once);
+- ``microbatch``: twice the micro-batch (half the micro-batches) never allocates less, outside GPipe under
+  PP (the reason below);
 - ``offload``: offloading the optimizer never takes more device memory;
 - ``overlap``: turning Megatron's DP overlap off is never faster;
 - ``knobs``: torch.compile or async TP turned on is never slower; offloading the optimizer never faster;
@@ -63,7 +66,18 @@ SHARDING_ORDER = {
 }
 RECOMPUTE_ORDER = ("none", "selective", "full")
 TOY_MODELS = ("tiny", "small", "tiny-moe")
-LAWS = ("imbalance", "recompute", "offload", "overlap", "knobs", "irrelevant", "batch", "gpu", "sharding")
+LAWS = (
+    "imbalance",
+    "recompute",
+    "microbatch",
+    "offload",
+    "overlap",
+    "knobs",
+    "irrelevant",
+    "batch",
+    "gpu",
+    "sharding",
+)
 
 
 def sample(
@@ -114,6 +128,11 @@ def _unread_fields(plan: ParallelPlan) -> list[dict[str, object]]:
     return out
 
 
+def _needed(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """The allocated peak (``MemoryBreakdown.needed_bytes``): what ``estimate`` compares with the device."""
+    return estimate(model, cluster, plan).memory.needed_bytes
+
+
 def _differs(a: Estimate, b: Estimate) -> bool:
     return not (
         math.isclose(a.step_time_s, b.step_time_s, rel_tol=1e-9)
@@ -136,9 +155,17 @@ def violations(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> li
         if other and estimate(model, cluster, other).memory_bytes_per_gpu * TOL < base.memory_bytes_per_gpu:
             out.append(("imbalance", "less memory"))
     rc = plan.recompute.value
-    if not plan.schedule.zero_bubble and not plan.recompute_modules and plan.recompute_layers is None:
+    gpipe = plan.pp > 1 and plan.schedule.value == "gpipe"
+    if not plan.recompute_modules and plan.recompute_layers is None:
         for more in RECOMPUTE_ORDER[RECOMPUTE_ORDER.index(rc) + 1 :]:
-            slower("recompute", _variant(plan, model, cluster, recompute=more))
+            other = _variant(plan, model, cluster, recompute=more)
+            if not plan.schedule.zero_bubble:
+                slower("recompute", other)
+            if other and not gpipe and _needed(model, cluster, other) > base.memory.needed_bytes * TOL:
+                out.append(("recompute", f"{rc} -> {more}: more memory"))
+    if not gpipe and (other := _variant(plan, model, cluster, micro_batch=plan.micro_batch * 2)):
+        if _needed(model, cluster, other) * TOL < base.memory.needed_bytes:
+            out.append(("microbatch", f"mbs {plan.micro_batch} -> {other.micro_batch}: less memory"))
     if not plan.offload and (other := _variant(plan, model, cluster, offload=True)):
         if estimate(model, cluster, other).memory_bytes_per_gpu > base.memory_bytes_per_gpu * TOL:
             out.append(("offload", "more memory"))
