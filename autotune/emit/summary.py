@@ -10,6 +10,7 @@ from autotune.emit.fsdp import transformer_layer_cls
 from autotune.emit.megatron import megatron_entry
 from autotune.emit.summarynotes import deepspeed_notes, stored_dtype_note
 from autotune.emit.torchtitan import REGISTRIES, torchtitan_flavor, torchtitan_model
+from autotune.modelshape import trial_model_gap
 from autotune.plan import Framework, LossKernel, ParallelPlan
 from autotune.specs import ClusterSpec, ModelSpec
 
@@ -51,10 +52,11 @@ def primary_file(plan: ParallelPlan) -> str:
     return _PRIMARY[plan.framework][0]
 
 
-def _priced_for(plan: ParallelPlan, written: set[str]) -> str:
+def _priced_for(plan: ParallelPlan, model: ModelSpec, written: set[str]) -> str:
     needed, start = _PRIMARY[plan.framework]
     if needed in written:  # the options that were written, in order
-        start = start.format("autotune's trainer" if "torchrun_args.txt" in written else "your train.py")
+        trainer = "torchrun_args.txt" in written and not trial_model_gap(model)  # else the worker refuses it
+        start = start.format("autotune's trainer" if trainer else "your train.py")
         kept = [f for f in start.split(", ") if f.split(" ")[0] in written]
         start = " or ".join([", ".join(kept[:-1]), kept[-1]] if len(kept) > 1 else kept)
         return f"Priced for **{plan.framework}**: start with {start}."
@@ -349,7 +351,7 @@ def render_summary(
         *([*_measured_lines(measured), ""] if measured else []),
         "## Files",
         "",
-        _priced_for(plan, {name for name, _ in written}),
+        _priced_for(plan, model, {name for name, _ in written}),
         "",
         *(f"- `{name}`: {what}" for name, what in written),
     ]

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from autotune.errors import TrialError
+from autotune.modelshape import trial_model_gap
 from autotune.plan import Framework, ParallelPlan
 from autotune.trials.config import FAULT_ENV, FAULT_RANK_ENV, FAULT_STEP_ENV, TrialConfig, slowdown_s
 from autotune.trials.cpu import CPU_AFFINITY_ENV, cpu_share
@@ -97,6 +98,8 @@ def init_distributed(device_pref: str = "auto") -> torch.device:
 def make_trainer(plan: ParallelPlan, config: TrialConfig, device: torch.device):
     if plan.moe_capacity_factor is not None and not config.workload:
         raise TrialError("the built-in trial MoE routes dropless: a capacity factor needs your --workload")
+    if not config.workload and (gap := trial_model_gap(config.model)):  # as `autotune search` refuses it
+        raise TrialError(f"the built-in trial model has no {gap}: run your own model (--workload / --script)")
     if plan.framework is Framework.DEEPSPEED:
         from autotune.trials.deepspeed_engine import DeepSpeedTrainer
 

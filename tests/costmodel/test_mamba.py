@@ -260,3 +260,19 @@ def test_latent_moe_runs_where_its_code_exists_and_is_emitted(super_):
     from autotune.emit.megatron import megatron_args_text
 
     assert "--moe-latent-size 1024" in megatron_args_text(plan, super_).splitlines()
+
+
+def test_autotunes_trainer_refuses_a_model_it_cannot_build_and_the_summary_says_so(super_, tmp_path):
+    """The built-in trial model has no Mamba-2 or LatentMoE layers: the worker refuses the plan in one line
+    (as ``autotune search`` refuses real trials of it), and the emitted summary starts from your script."""
+    from autotune.emit import emit_all
+    from autotune.errors import TrialError
+    from autotune.trials.config import TrialConfig
+    from autotune.trials.worker import make_trainer
+
+    plan = ParallelPlan(dp=64, ep=64, global_batch=512, seq_len=4096, sharding="fsdp-full")
+    with pytest.raises(TrialError, match="the built-in trial model has no a hybrid pattern of Mamba-2"):
+        make_trainer(plan, TrialConfig(model=super_, device="cpu"), device=None)
+    emit_all(plan, super_, make_cluster(num_gpus=64, gpu="h100-sxm"), None, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Priced for **fsdp**: start with launch_torchrun.sh (your train.py)." in summary
