@@ -1,8 +1,9 @@
 """Tier-2 harness: run a function on ``world_size`` gloo ranks in fresh processes, with a hard timeout.
 
-``run_on_ranks(fn, world_size)`` spawns the ranks with ``torch.multiprocessing`` on a free port, retries
-when the port was taken between choosing and binding ("Address already in use"), and returns each
-rank's return value (pickled through a file). ``fn(rank, world_size, *args)`` must be importable
+``run_on_ranks(fn, world_size)`` spawns the ranks with ``torch.multiprocessing``, which meet through a
+``FileStore`` in the run's own temporary folder (no TCP port: a port chosen free and bound later can be
+taken meanwhile by a neighbour's process, whose store the ranks then wait on until the timeout), and
+returns each rank's return value (pickled through a file). ``fn(rank, world_size, *args)`` must be importable
 (module level). The process group is torn down as PLATFORM.md prescribes (barrier, gc, destroy).
 Trial-level tests use ``autotune.trials.runner`` instead; this harness is for code below the worker.
 """
@@ -25,8 +26,6 @@ import torch.multiprocessing as mp
 
 __all__ = ["free_port", "run_on_ranks", "RanksFailed"]
 
-_PORT_TAKEN = "Address already in use"
-
 
 class RanksFailed(RuntimeError):
     """A rank raised, or the ranks did not finish within the timeout."""
@@ -38,16 +37,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out: str, args: tuple) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-    )
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, out: str, args: tuple) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        store = f"file://{Path(out, 'store')}"
+        dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
         value = fn(rank, world_size, *args)
         dist.barrier()
         gc.collect()
@@ -60,7 +54,7 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, out: s
 
 def _spawn(fn: Callable[..., Any], world_size: int, args: tuple, timeout_s: float) -> list[tuple[str, Any]]:
     with tempfile.TemporaryDirectory() as out:
-        ctx = mp.spawn(_entry, args=(fn, world_size, free_port(), out, args), nprocs=world_size, join=False)
+        ctx = mp.spawn(_entry, args=(fn, world_size, out, args), nprocs=world_size, join=False)
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.2):
@@ -74,16 +68,10 @@ def _spawn(fn: Callable[..., Any], world_size: int, args: tuple, timeout_s: floa
         return [pickle.loads(Path(out, f"{r}.pkl").read_bytes()) for r in range(world_size)]
 
 
-def run_on_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0, retries: int = 3
-) -> list[Any]:
+def run_on_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
     """``[fn(0, ws, *args), ..., fn(ws-1, ws, *args)]``, each in its own process on one gloo group."""
-    for attempt in range(retries):
-        results = _spawn(fn, world_size, args, timeout_s)
-        errors = [v for status, v in results if status == "error"]
-        if not errors:
-            return [v for _, v in results]
-        if attempt + 1 < retries and any(_PORT_TAKEN in e for e in errors):
-            continue
+    results = _spawn(fn, world_size, args, timeout_s)
+    errors = [v for status, v in results if status == "error"]
+    if errors:
         raise RanksFailed("\n".join(errors))
-    raise AssertionError("unreachable")
+    return [v for _, v in results]
