@@ -128,11 +128,6 @@ def _unread_fields(plan: ParallelPlan) -> list[dict[str, object]]:
     return out
 
 
-def _needed(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> float:
-    """The allocated peak (``MemoryBreakdown.needed_bytes``): what ``estimate`` compares with the device."""
-    return estimate(model, cluster, plan).memory.needed_bytes
-
-
 def _differs(a: Estimate, b: Estimate) -> bool:
     return not (
         math.isclose(a.step_time_s, b.step_time_s, rel_tol=1e-9)
@@ -158,13 +153,15 @@ def violations(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> li
     gpipe = plan.pp > 1 and plan.schedule.value == "gpipe"
     if not plan.recompute_modules and plan.recompute_layers is None:
         for more in RECOMPUTE_ORDER[RECOMPUTE_ORDER.index(rc) + 1 :]:
-            other = _variant(plan, model, cluster, recompute=more)
-            if not plan.schedule.zero_bubble:
-                slower("recompute", other)
-            if other and not gpipe and _needed(model, cluster, other) > base.memory.needed_bytes * TOL:
+            if (other := _variant(plan, model, cluster, recompute=more)) is None:
+                continue
+            e = estimate(model, cluster, other)  # one estimate for both halves of the law
+            if not plan.schedule.zero_bubble and e.step_time_s * TOL < base.step_time_s:
+                out.append(("recompute", f"{base.step_time_s:.4g} -> {e.step_time_s:.4g} s"))
+            if not gpipe and e.memory.needed_bytes > base.memory.needed_bytes * TOL:
                 out.append(("recompute", f"{rc} -> {more}: more memory"))
     if not gpipe and (other := _variant(plan, model, cluster, micro_batch=plan.micro_batch * 2)):
-        if _needed(model, cluster, other) * TOL < base.memory.needed_bytes:
+        if estimate(model, cluster, other).memory.needed_bytes * TOL < base.memory.needed_bytes:
             out.append(("microbatch", f"mbs {plan.micro_batch} -> {other.micro_batch}: less memory"))
     if not plan.offload and (other := _variant(plan, model, cluster, offload=True)):
         if estimate(model, cluster, other).memory_bytes_per_gpu > base.memory_bytes_per_gpu * TOL:
